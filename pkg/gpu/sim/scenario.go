@@ -1,0 +1,496 @@
+package sim
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/gpuhealth/gpuhealth/internal/strictyaml"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Scenario file identity.
+const (
+	APIVersion = "gpuhealth.dev/v1alpha1"
+	Kind       = "Scenario"
+)
+
+// Limits on a scenario.
+const (
+	MaxGPUs         = 64
+	MaxMIGInstances = 7
+	MaxRepeat       = 10_000_000
+	MaxNVLinks      = 18
+	DefaultNode     = "sim-node"
+	DefaultModel    = "NVIDIA H100 80GB HBM3"
+)
+
+// EventKind says what an Event does.
+type EventKind string
+
+// Event kinds, named after the scenario file's fields.
+const (
+	EventXID               EventKind = "xid"
+	EventECC               EventKind = "ecc"
+	EventRemappedRows      EventKind = "remappedRows"
+	EventRetiredPages      EventKind = "retiredPages"
+	EventTemperature       EventKind = "temperatureC"
+	EventClockEventReasons EventKind = "clockEventReasons"
+	EventPCIeReplays       EventKind = "pcieReplays"
+	EventNVLink            EventKind = "nvlink"
+	EventRecoveryAction    EventKind = "recoveryAction"
+	EventLost              EventKind = "lost"
+	EventReset             EventKind = "reset"
+	EventReboot            EventKind = "reboot"
+)
+
+// Scenario is a parsed scenario file: simulated GPUs and a timeline of faults and repairs.
+type Scenario struct {
+	Node         string
+	GPUCount     int
+	Model        string
+	MIGInstances map[int]int
+	// Duration, when set, is where the replay ends; otherwise it ends a settling time after the
+	// last event (see Options.Settle).
+	Duration time.Duration
+	// Events are sorted by At, ties in file order.
+	Events []Event
+}
+
+// Event is one step of a scenario. Only the fields of its Kind are meaningful.
+type Event struct {
+	At   time.Duration
+	Line int
+	Kind EventKind
+	// GPU is the index of the GPU concerned (-1 for a node-wide event: reboot).
+	GPU int
+	// MIG is the 1-based position of the MIG instance the event targets (0 for the whole GPU).
+	MIG    int
+	Repeat int
+
+	XID                 uint32
+	GPUInstance         *uint32
+	ComputeInstance     *uint32
+	CorrectedIncrease   uint64
+	UncorrectedIncrease uint64
+	RowsPending         *bool
+	RowsFailure         *bool
+	PagesPending        bool
+	TemperatureC        int64
+	ClockEventReasons   health.ClockEventReasons
+	PCIeReplaysIncrease int64
+	Link                uint32
+	LinkDown            *bool
+	LinkErrorsIncrease  int64
+	RecoveryAction      health.RecoveryAction
+}
+
+// scenarioFile mirrors the file; pointers tell "absent" from zero.
+type scenarioFile struct {
+	APIVersion string      `yaml:"apiVersion"`
+	Kind       string      `yaml:"kind"`
+	Node       string      `yaml:"node"`
+	GPUs       *gpusSpec   `yaml:"gpus"`
+	Duration   *duration   `yaml:"duration"`
+	Events     []eventSpec `yaml:"events"`
+}
+
+type gpusSpec struct {
+	Count        *int           `yaml:"count"`
+	Model        string         `yaml:"model"`
+	MIGInstances map[string]int `yaml:"migInstances"`
+}
+
+type eventSpec struct {
+	At              *duration `yaml:"at"`
+	GPU             *gpuRef   `yaml:"gpu"`
+	Repeat          *int      `yaml:"repeat"`
+	GPUInstance     *uint32   `yaml:"gpuInstance"`
+	ComputeInstance *uint32   `yaml:"computeInstance"`
+
+	XID               *uint32    `yaml:"xid"`
+	ECC               *eccSpec   `yaml:"ecc"`
+	RemappedRows      *rowsSpec  `yaml:"remappedRows"`
+	RetiredPages      *pagesSpec `yaml:"retiredPages"`
+	TemperatureC      *int64     `yaml:"temperatureC"`
+	ClockEventReasons *[]string  `yaml:"clockEventReasons"`
+	PCIeReplays       *int64     `yaml:"pcieReplays"`
+	NVLink            *linkSpec  `yaml:"nvlink"`
+	RecoveryAction    *string    `yaml:"recoveryAction"`
+	Lost              *bool      `yaml:"lost"`
+	Reset             *bool      `yaml:"reset"`
+	Reboot            *bool      `yaml:"reboot"`
+}
+
+type eccSpec struct {
+	CorrectedVolatile   *uint64 `yaml:"correctedVolatile"`
+	UncorrectedVolatile *uint64 `yaml:"uncorrectedVolatile"`
+}
+
+type rowsSpec struct {
+	Pending *bool `yaml:"pending"`
+	Failure *bool `yaml:"failure"`
+}
+
+type pagesSpec struct {
+	Pending *bool `yaml:"pending"`
+}
+
+type linkSpec struct {
+	Link      *uint32 `yaml:"link"`
+	Down      *bool   `yaml:"down"`
+	CRCErrors *int64  `yaml:"crcErrors"`
+}
+
+// duration is a Go duration string ("90s", "1h30m"); bare numbers are refused because their
+// unit would be a guess.
+type duration time.Duration
+
+func (d *duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
+		return fmt.Errorf("line %d: %q is not a duration; write one with a unit, such as 5s or 1m30s", n.Line, n.Value)
+	}
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration; write one with a unit, such as 5s or 1m30s", n.Line, n.Value)
+	}
+	*d = duration(v)
+	return nil
+}
+
+// gpuRef is a GPU index (an integer) or a UUID (a string).
+type gpuRef struct {
+	index int
+	uuid  string
+	line  int
+}
+
+func (g *gpuRef) UnmarshalYAML(n *yaml.Node) error {
+	g.line = n.Line
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: gpu must be an index or a UUID", n.Line)
+	}
+	if i, err := strconv.Atoi(n.Value); err == nil {
+		g.index = i
+		return nil
+	}
+	if n.Tag == "!!int" || n.Value == "" {
+		return fmt.Errorf("line %d: gpu %q is neither an index nor a UUID", n.Line, n.Value)
+	}
+	g.index, g.uuid = -1, n.Value
+	return nil
+}
+
+// LoadScenario reads and parses a scenario file. Errors name the file.
+func LoadScenario(path string) (*Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := ParseScenario(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return sc, nil
+}
+
+// ParseScenario parses and validates a scenario. Errors are one line and name the line and the
+// field.
+func ParseScenario(data []byte) (*Scenario, error) {
+	var f scenarioFile
+	if err := strictyaml.Decode(data, &f); err != nil {
+		return nil, err
+	}
+	root, err := strictyaml.DecodeNode(data)
+	if err != nil {
+		return nil, err
+	}
+	if f.APIVersion != APIVersion {
+		return nil, fmt.Errorf("apiVersion: must be %q, got %q", APIVersion, f.APIVersion)
+	}
+	if f.Kind != Kind {
+		return nil, fmt.Errorf("kind: must be %q, got %q", Kind, f.Kind)
+	}
+	sc := &Scenario{Node: f.Node, Model: DefaultModel, MIGInstances: map[int]int{}}
+	if sc.Node == "" {
+		sc.Node = DefaultNode
+	}
+	if f.GPUs == nil || f.GPUs.Count == nil {
+		return nil, errors.New("gpus.count: required")
+	}
+	sc.GPUCount = *f.GPUs.Count
+	if sc.GPUCount < 1 || sc.GPUCount > MaxGPUs {
+		return nil, fmt.Errorf("gpus.count: must be between 1 and %d, got %d", MaxGPUs, sc.GPUCount)
+	}
+	if f.GPUs.Model != "" {
+		sc.Model = f.GPUs.Model
+	}
+	for k, n := range f.GPUs.MIGInstances {
+		idx, err := strconv.Atoi(k)
+		if err != nil || idx < 0 || idx >= sc.GPUCount {
+			return nil, fmt.Errorf("gpus.migInstances: key %q must be a GPU index from 0 to %d", k, sc.GPUCount-1)
+		}
+		if n < 1 || n > MaxMIGInstances {
+			return nil, fmt.Errorf("gpus.migInstances[%q]: must be between 1 and %d instances, got %d", k, MaxMIGInstances, n)
+		}
+		sc.MIGInstances[idx] = n
+	}
+	if f.Duration != nil {
+		if *f.Duration < 0 {
+			return nil, errors.New("duration: must not be negative")
+		}
+		sc.Duration = time.Duration(*f.Duration)
+	}
+	eventNodes := strictyaml.Lookup(root, "events")
+	for i, spec := range f.Events {
+		line := 0
+		if eventNodes != nil && i < len(eventNodes.Content) {
+			line = eventNodes.Content[i].Line
+		}
+		ev, err := sc.event(spec, line)
+		if err != nil {
+			return nil, fmt.Errorf("events[%d] (line %d): %w", i, line, err)
+		}
+		sc.Events = append(sc.Events, ev)
+	}
+	slices.SortStableFunc(sc.Events, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
+	if sc.Duration > 0 && len(sc.Events) > 0 && sc.Events[len(sc.Events)-1].At > sc.Duration {
+		return nil, fmt.Errorf("duration: %v ends before the last event at %v", sc.Duration, sc.Events[len(sc.Events)-1].At)
+	}
+	return sc, nil
+}
+
+func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
+	ev := Event{Line: line, GPU: -1, Repeat: 1}
+	if spec.At == nil {
+		return ev, errors.New("at: required (a duration from the scenario start, such as 5s)")
+	}
+	if *spec.At < 0 {
+		return ev, errors.New("at: must not be negative")
+	}
+	ev.At = time.Duration(*spec.At)
+	if spec.Repeat != nil {
+		if *spec.Repeat < 1 || *spec.Repeat > MaxRepeat {
+			return ev, fmt.Errorf("repeat: must be between 1 and %d, got %d", MaxRepeat, *spec.Repeat)
+		}
+		ev.Repeat = *spec.Repeat
+	}
+
+	var kinds []EventKind
+	add := func(set bool, k EventKind) {
+		if set {
+			kinds = append(kinds, k)
+		}
+	}
+	add(spec.XID != nil, EventXID)
+	add(spec.ECC != nil, EventECC)
+	add(spec.RemappedRows != nil, EventRemappedRows)
+	add(spec.RetiredPages != nil, EventRetiredPages)
+	add(spec.TemperatureC != nil, EventTemperature)
+	add(spec.ClockEventReasons != nil, EventClockEventReasons)
+	add(spec.PCIeReplays != nil, EventPCIeReplays)
+	add(spec.NVLink != nil, EventNVLink)
+	add(spec.RecoveryAction != nil, EventRecoveryAction)
+	add(spec.Lost != nil, EventLost)
+	add(spec.Reset != nil, EventReset)
+	add(spec.Reboot != nil, EventReboot)
+	switch len(kinds) {
+	case 0:
+		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot")
+	case 1:
+		ev.Kind = kinds[0]
+	default:
+		return ev, fmt.Errorf("%s and %s in one event: give each its own event", kinds[0], kinds[1])
+	}
+
+	if ev.Kind == EventReboot {
+		if !*spec.Reboot {
+			return ev, errors.New("reboot: only 'reboot: true' is meaningful")
+		}
+		if spec.GPU != nil {
+			return ev, errors.New("gpu: a reboot concerns the whole node; remove gpu")
+		}
+		return ev, nil
+	}
+	if spec.GPU == nil {
+		return ev, errors.New("gpu: required (an index or a UUID)")
+	}
+	if err := sc.resolveGPU(*spec.GPU, &ev); err != nil {
+		return ev, err
+	}
+	if ev.MIG > 0 && ev.Kind != EventXID {
+		return ev, fmt.Errorf("gpu: %s events concern the physical GPU; name GPU %d instead of a MIG instance", ev.Kind, ev.GPU)
+	}
+	if (spec.GPUInstance != nil || spec.ComputeInstance != nil) && ev.Kind != EventXID {
+		return ev, errors.New("gpuInstance/computeInstance: only XIDs can be scoped to a MIG instance")
+	}
+	if spec.ComputeInstance != nil && spec.GPUInstance == nil {
+		return ev, errors.New("computeInstance: needs gpuInstance")
+	}
+
+	switch ev.Kind {
+	case EventXID:
+		if *spec.XID == 0 {
+			return ev, errors.New("xid: must be a positive XID number")
+		}
+		ev.XID = *spec.XID
+		if ev.MIG > 0 && spec.GPUInstance != nil {
+			return ev, errors.New("gpuInstance: the gpu is already a MIG instance")
+		}
+		ev.GPUInstance, ev.ComputeInstance = spec.GPUInstance, spec.ComputeInstance
+	case EventECC:
+		if spec.ECC.CorrectedVolatile == nil && spec.ECC.UncorrectedVolatile == nil {
+			return ev, errors.New("ecc: set correctedVolatile or uncorrectedVolatile (a counter increase)")
+		}
+		if spec.ECC.CorrectedVolatile != nil {
+			ev.CorrectedIncrease = *spec.ECC.CorrectedVolatile
+		}
+		if spec.ECC.UncorrectedVolatile != nil {
+			ev.UncorrectedIncrease = *spec.ECC.UncorrectedVolatile
+		}
+	case EventRemappedRows:
+		if spec.RemappedRows.Pending == nil && spec.RemappedRows.Failure == nil {
+			return ev, errors.New("remappedRows: set pending or failure")
+		}
+		ev.RowsPending, ev.RowsFailure = spec.RemappedRows.Pending, spec.RemappedRows.Failure
+	case EventRetiredPages:
+		if spec.RetiredPages.Pending == nil {
+			return ev, errors.New("retiredPages: set pending")
+		}
+		ev.PagesPending = *spec.RetiredPages.Pending
+	case EventTemperature:
+		if *spec.TemperatureC < -50 || *spec.TemperatureC > 200 {
+			return ev, fmt.Errorf("temperatureC: %d is not a plausible GPU temperature (-50 to 200)", *spec.TemperatureC)
+		}
+		ev.TemperatureC = *spec.TemperatureC
+	case EventClockEventReasons:
+		for i, name := range *spec.ClockEventReasons {
+			r, err := health.ParseClockEventReason(name)
+			if err != nil {
+				return ev, fmt.Errorf("clockEventReasons[%d]: %w", i, err)
+			}
+			ev.ClockEventReasons |= r
+		}
+	case EventPCIeReplays:
+		if *spec.PCIeReplays < 0 {
+			return ev, errors.New("pcieReplays: a counter increase must not be negative")
+		}
+		ev.PCIeReplaysIncrease = *spec.PCIeReplays
+	case EventNVLink:
+		l := spec.NVLink
+		if l.Link == nil {
+			return ev, errors.New("nvlink.link: required")
+		}
+		if *l.Link >= MaxNVLinks {
+			return ev, fmt.Errorf("nvlink.link: must be below %d, got %d", MaxNVLinks, *l.Link)
+		}
+		if (l.Down == nil) == (l.CRCErrors == nil) {
+			return ev, errors.New("nvlink: set exactly one of down or crcErrors")
+		}
+		if l.CRCErrors != nil && *l.CRCErrors < 0 {
+			return ev, errors.New("nvlink.crcErrors: a counter increase must not be negative")
+		}
+		ev.Link, ev.LinkDown = *l.Link, l.Down
+		if l.CRCErrors != nil {
+			ev.LinkErrorsIncrease = *l.CRCErrors
+		}
+	case EventRecoveryAction:
+		a, err := health.ParseRecoveryAction(*spec.RecoveryAction)
+		if err != nil {
+			return ev, fmt.Errorf("recoveryAction: %w", err)
+		}
+		ev.RecoveryAction = a
+	case EventLost:
+		if !*spec.Lost {
+			return ev, errors.New("lost: only 'lost: true' is meaningful; a lost GPU comes back with a reboot")
+		}
+	case EventReset:
+		if !*spec.Reset {
+			return ev, errors.New("reset: only 'reset: true' is meaningful")
+		}
+	}
+	return ev, nil
+}
+
+func (sc *Scenario) resolveGPU(ref gpuRef, ev *Event) error {
+	if ref.uuid == "" {
+		if ref.index < 0 || ref.index >= sc.GPUCount {
+			return fmt.Errorf("gpu: index %d is out of range (the scenario has %d GPUs: 0 to %d)", ref.index, sc.GPUCount, sc.GPUCount-1)
+		}
+		ev.GPU = ref.index
+		return nil
+	}
+	for i := range sc.GPUCount {
+		if strings.EqualFold(ref.uuid, GPUUUID(sc.Node, i)) {
+			ev.GPU = i
+			return nil
+		}
+		for m := 1; m <= sc.MIGInstances[i]; m++ {
+			if strings.EqualFold(ref.uuid, MIGUUID(sc.Node, i, m)) {
+				ev.GPU, ev.MIG = i, m
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("gpu: no GPU or MIG instance has UUID %q", ref.uuid)
+}
+
+// End is where a replay of the scenario stops: Duration when set, else settle after the last
+// event, so that hysteresis windows that the last events opened can close.
+func (sc *Scenario) End(settle time.Duration) time.Duration {
+	if sc.Duration > 0 {
+		return sc.Duration
+	}
+	if len(sc.Events) == 0 {
+		return settle
+	}
+	return sc.Events[len(sc.Events)-1].At + settle
+}
+
+// GPUUUID is the stable UUID of simulated GPU index on node, shaped like NVML's.
+func GPUUUID(node string, index int) string {
+	return "GPU-" + uuidFrom(fmt.Sprintf("%s/gpu/%d", node, index))
+}
+
+// MIGUUID is the stable UUID of the n-th (1-based) MIG instance of GPU index on node.
+func MIGUUID(node string, index, n int) string {
+	return "MIG-" + uuidFrom(fmt.Sprintf("%s/gpu/%d/mig/%d", node, index, n))
+}
+
+func uuidFrom(seed string) string {
+	h := sha256.Sum256([]byte(seed))
+	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}
+
+// Devices returns the scenario's GPUs and MIG instances with realistic attributes.
+func (sc *Scenario) Devices() []health.Device {
+	var devs []health.Device
+	for i := range sc.GPUCount {
+		gpu := health.Device{
+			UUID:     GPUUUID(sc.Node, i),
+			Index:    i,
+			PCIBusID: fmt.Sprintf("00000000:%02X:00.0", 0x10+i),
+			Minor:    i,
+			Model:    sc.Model,
+		}
+		devs = append(devs, gpu)
+		for m := 1; m <= sc.MIGInstances[i]; m++ {
+			devs = append(devs, health.Device{
+				UUID:  MIGUUID(sc.Node, i, m),
+				Index: i,
+				Minor: i,
+				Model: sc.Model + " MIG",
+				MIG:   &health.MIGPlacement{ParentUUID: gpu.UUID, GPUInstance: uint32(m), ComputeInstance: 0},
+			})
+		}
+	}
+	return devs
+}

@@ -1,0 +1,348 @@
+// Package sim is a simulated GPU backend driven by a scenario file: a list of timed faults and
+// repairs (see docs/scenario.md). It powers `gpuhealth simulate`, the demo, the e2e tests and the
+// benchmarks.
+//
+// The simulator keeps each GPU's readings (ECC and PCIe counters, temperature, clock-event
+// reasons, NVLink state, remapper state, recovery action) the way NVML would report them. Events
+// change those readings and emit the matching signal at once; every SampleInterval it also emits
+// a full sampling round, as the NVML backend's sampler does, so polled checks see clean samples
+// and their hysteresis can close. A lost GPU answers every sample with "lost". Events at the
+// same instant as a sampling round come first; the round at 0s comes before everything and sets
+// the counters' baselines.
+//
+// A replay runs either on virtual time (Options.Virtual: an hour of scenario takes milliseconds)
+// or on a clock (k8s.io/utils/clock), for the agent and the demo.
+package sim
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Simulated thresholds and idle readings.
+const (
+	SlowdownC          = 90
+	ShutdownC          = 95
+	IdleTemperatureC   = 35
+	DefaultSampleEvery = 10 * time.Second
+)
+
+// Sink receives what the simulated node does.
+type Sink interface {
+	// Signal receives one signal.
+	Signal(health.Signal)
+	// Reboot is called when the node reboots, with the new boot ID.
+	Reboot(bootID string, at time.Time)
+}
+
+// Options control a replay.
+type Options struct {
+	// SampleInterval is the period of sampling rounds (default DefaultSampleEvery).
+	SampleInterval time.Duration
+	// Settle is how long the replay goes on after the last event when the scenario has no
+	// duration (default: three sampling rounds).
+	Settle time.Duration
+	// Virtual replays on virtual time starting at Start: no waiting at all.
+	Virtual bool
+	// Start is the time of the scenario's 0s on virtual time (default: the Unix epoch).
+	Start time.Time
+	// Clock paces a non-virtual replay (default: the real clock).
+	Clock clock.Clock
+	// Forever keeps sampling after the scenario's end until the context is cancelled, as an
+	// agent does.
+	Forever bool
+}
+
+// Backend simulates the GPUs of one node.
+type Backend struct {
+	sc      *Scenario
+	opts    Options
+	devices []health.Device
+	gpus    []*gpuState
+	boots   int
+}
+
+// gpuState is what NVML would report for one simulated GPU.
+type gpuState struct {
+	uuid         string
+	migUUIDs     []string
+	lost         bool
+	corrected    uint64
+	uncorrected  uint64
+	rowsPending  bool
+	rowsFailure  bool
+	pagesPending bool
+	temperature  int64
+	clockReasons health.ClockEventReasons
+	pcieReplays  int64
+	linkDown     [MaxNVLinks]bool
+	linkErrors   [MaxNVLinks]int64
+	linksSeen    uint32 // bit set of links any event touched; only those are sampled
+	recovery     health.RecoveryAction
+}
+
+// New returns a backend for sc.
+func New(sc *Scenario, opts Options) *Backend {
+	if opts.SampleInterval <= 0 {
+		opts.SampleInterval = DefaultSampleEvery
+	}
+	if opts.Settle <= 0 {
+		opts.Settle = 3 * opts.SampleInterval
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Start.IsZero() {
+		opts.Start = time.Unix(0, 0).UTC()
+	}
+	b := &Backend{sc: sc, opts: opts, devices: sc.Devices()}
+	for i := range sc.GPUCount {
+		g := &gpuState{uuid: GPUUUID(sc.Node, i), temperature: IdleTemperatureC}
+		for m := 1; m <= sc.MIGInstances[i]; m++ {
+			g.migUUIDs = append(g.migUUIDs, MIGUUID(sc.Node, i, m))
+		}
+		b.gpus = append(b.gpus, g)
+	}
+	return b
+}
+
+// Devices returns the simulated GPUs and MIG instances.
+func (b *Backend) Devices() []health.Device { return b.devices }
+
+// NodeName returns the scenario's node name.
+func (b *Backend) NodeName() string { return b.sc.Node }
+
+// BootID returns the simulated node's current boot ID.
+func (b *Backend) BootID() string { return fmt.Sprintf("%s-boot-%d", b.sc.Node, b.boots) }
+
+// End is where a replay stops (without Options.Forever), as an offset from the start.
+func (b *Backend) End() time.Duration { return b.sc.End(b.opts.Settle) }
+
+// Run replays the scenario into sink. It returns nil at the scenario's end (or, with Forever,
+// when ctx is cancelled), and ctx's error if cancelled before the end.
+func (b *Backend) Run(ctx context.Context, sink Sink) error {
+	start := b.opts.Start
+	if !b.opts.Virtual {
+		start = b.opts.Clock.Now()
+	}
+	end := b.End()
+	interval := b.opts.SampleInterval
+	// The first sampling round sets every counter's baseline before anything happens. After it,
+	// events come before the sampling round of the same instant, so a counter increase is
+	// measured against the previous round.
+	for _, g := range b.gpus {
+		g.sample(start, sink)
+	}
+	nextSample := interval
+	events := b.sc.Events
+	for {
+		sample := len(events) == 0 || nextSample < events[0].At
+		at := nextSample
+		if !sample {
+			at = events[0].At
+		}
+		if at > end && !b.opts.Forever {
+			return nil
+		}
+		now := start.Add(at)
+		if !b.opts.Virtual {
+			if err := b.waitUntil(ctx, now); err != nil {
+				if b.opts.Forever {
+					return nil
+				}
+				return err
+			}
+		} else if err := ctx.Err(); err != nil {
+			return err
+		}
+		if sample {
+			for _, g := range b.gpus {
+				g.sample(now, sink)
+			}
+			nextSample += interval
+			continue
+		}
+		b.apply(events[0], now, sink)
+		events = events[1:]
+	}
+}
+
+func (b *Backend) waitUntil(ctx context.Context, t time.Time) error {
+	d := t.Sub(b.opts.Clock.Now())
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := b.opts.Clock.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C():
+		return nil
+	}
+}
+
+func (b *Backend) apply(ev Event, now time.Time, sink Sink) {
+	if ev.Kind == EventReboot {
+		b.boots++
+		for _, g := range b.gpus {
+			g.reboot()
+		}
+		sink.Reboot(b.BootID(), now)
+		return
+	}
+	g := b.gpus[ev.GPU]
+	for range ev.Repeat {
+		g.apply(ev, now, sink)
+	}
+}
+
+func (g *gpuState) apply(ev Event, now time.Time, sink Sink) {
+	base := health.Signal{Device: g.uuid, Time: now}
+	if g.lost && ev.Kind != EventXID {
+		// A lost GPU answers nothing but "lost"; its readings cannot change.
+		base.Kind = health.SignalLost
+		sink.Signal(base)
+		return
+	}
+	switch ev.Kind {
+	case EventXID:
+		s := base
+		s.Kind, s.XID = health.SignalXID, ev.XID
+		switch {
+		case ev.MIG > 0:
+			// NVML reports MIG XIDs on the parent with the instance IDs; do the same.
+			s.MIGScoped, s.GPUInstance, s.ComputeInstance = true, uint32(ev.MIG), 0
+		case ev.GPUInstance != nil:
+			s.MIGScoped, s.GPUInstance, s.ComputeInstance = true, *ev.GPUInstance, health.NoInstance
+			if ev.ComputeInstance != nil {
+				s.ComputeInstance = *ev.ComputeInstance
+			}
+		}
+		sink.Signal(s)
+	case EventECC:
+		g.corrected += ev.CorrectedIncrease
+		g.uncorrected += ev.UncorrectedIncrease
+		sink.Signal(g.eccSignal(base))
+	case EventRemappedRows:
+		if ev.RowsPending != nil {
+			g.rowsPending = *ev.RowsPending
+		}
+		if ev.RowsFailure != nil {
+			g.rowsFailure = *ev.RowsFailure
+		}
+		sink.Signal(g.rowsSignal(base))
+	case EventRetiredPages:
+		g.pagesPending = ev.PagesPending
+		s := base
+		s.Kind, s.Pending = health.SignalRetiredPages, g.pagesPending
+		sink.Signal(s)
+	case EventTemperature:
+		g.temperature = ev.TemperatureC
+		sink.Signal(g.temperatureSignal(base))
+	case EventClockEventReasons:
+		g.clockReasons = ev.ClockEventReasons
+		s := base
+		s.Kind, s.Reasons = health.SignalClockEvents, g.clockReasons
+		sink.Signal(s)
+	case EventPCIeReplays:
+		g.pcieReplays += ev.PCIeReplaysIncrease
+		s := base
+		s.Kind, s.Value = health.SignalPCIeReplays, g.pcieReplays
+		sink.Signal(s)
+	case EventNVLink:
+		g.linksSeen |= 1 << ev.Link
+		s := base
+		s.Link = ev.Link
+		if ev.LinkDown != nil {
+			g.linkDown[ev.Link] = *ev.LinkDown
+			s.Kind, s.Down = health.SignalNVLinkState, g.linkDown[ev.Link]
+		} else {
+			g.linkErrors[ev.Link] += ev.LinkErrorsIncrease
+			s.Kind, s.Value = health.SignalNVLinkErrors, g.linkErrors[ev.Link]
+		}
+		sink.Signal(s)
+	case EventRecoveryAction:
+		g.recovery = ev.RecoveryAction
+		s := base
+		s.Kind, s.Action = health.SignalRecoveryAction, g.recovery
+		sink.Signal(s)
+	case EventLost:
+		g.lost = true
+		base.Kind = health.SignalLost
+		sink.Signal(base)
+	case EventReset:
+		// A reset clears volatile counters, applies pending remaps and retirements, retrains
+		// NVLinks and satisfies the recovery action. It cannot bring back a lost GPU, and a
+		// remapper failure is permanent.
+		g.corrected, g.uncorrected = 0, 0
+		g.rowsPending, g.pagesPending = false, false
+		g.pcieReplays = 0
+		g.linkDown, g.linkErrors = [MaxNVLinks]bool{}, [MaxNVLinks]int64{}
+		g.recovery = health.RecoveryNone
+		base.Kind = health.SignalReset
+		sink.Signal(base)
+	}
+}
+
+func (g *gpuState) reboot() {
+	failure := g.rowsFailure
+	*g = gpuState{uuid: g.uuid, migUUIDs: g.migUUIDs, temperature: IdleTemperatureC, rowsFailure: failure}
+}
+
+func (g *gpuState) eccSignal(base health.Signal) health.Signal {
+	base.Kind, base.Corrected, base.Uncorrected = health.SignalECCCounters, g.corrected, g.uncorrected
+	return base
+}
+
+func (g *gpuState) rowsSignal(base health.Signal) health.Signal {
+	base.Kind, base.Pending, base.Failure = health.SignalRemappedRows, g.rowsPending, g.rowsFailure
+	return base
+}
+
+func (g *gpuState) temperatureSignal(base health.Signal) health.Signal {
+	base.Kind, base.Value, base.SlowdownC, base.ShutdownC = health.SignalTemperature, g.temperature, SlowdownC, ShutdownC
+	return base
+}
+
+// sample emits one sampling round, as the NVML sampler would.
+func (g *gpuState) sample(now time.Time, sink Sink) {
+	base := health.Signal{Device: g.uuid, Time: now}
+	if g.lost {
+		base.Kind = health.SignalLost
+		sink.Signal(base)
+		return
+	}
+	sink.Signal(g.eccSignal(base))
+	sink.Signal(g.rowsSignal(base))
+	s := base
+	s.Kind, s.Pending = health.SignalRetiredPages, g.pagesPending
+	sink.Signal(s)
+	sink.Signal(g.temperatureSignal(base))
+	s = base
+	s.Kind, s.Reasons = health.SignalClockEvents, g.clockReasons
+	sink.Signal(s)
+	s = base
+	s.Kind, s.Value = health.SignalPCIeReplays, g.pcieReplays
+	sink.Signal(s)
+	for link := range uint32(MaxNVLinks) {
+		if g.linksSeen&(1<<link) == 0 {
+			continue
+		}
+		s = base
+		s.Kind, s.Link, s.Down = health.SignalNVLinkState, link, g.linkDown[link]
+		sink.Signal(s)
+		s.Kind, s.Down, s.Value = health.SignalNVLinkErrors, false, g.linkErrors[link]
+		sink.Signal(s)
+	}
+	s = base
+	s.Kind, s.Action = health.SignalRecoveryAction, g.recovery
+	sink.Signal(s)
+	base.Kind = health.SignalSample
+	sink.Signal(base)
+}

@@ -1,0 +1,223 @@
+package health
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// CheckpointVersion is the version of the checkpoint format this package writes and reads.
+const CheckpointVersion = 1
+
+// ErrCorruptCheckpoint is wrapped by ReadCheckpoint when the file exists but cannot be trusted:
+// not JSON, a wrong checksum, or a version this package does not read. Callers report it and
+// start without the checkpoint; it is never fatal.
+var ErrCorruptCheckpoint = errors.New("corrupt checkpoint")
+
+// Checkpoint is the part of a Tracker's state that must outlive the process: sticky conditions
+// (everything except those a polled reading re-establishes) and the boot they belong to.
+type Checkpoint struct {
+	BootID  string               `json:"bootID"`
+	Time    time.Time            `json:"time"`
+	Devices []CheckpointedDevice `json:"devices"`
+}
+
+// CheckpointedDevice is one device's sticky conditions. The identity is kept so that a GPU
+// missing at restart (fallen off the bus) is still reported rather than forgotten.
+type CheckpointedDevice struct {
+	Device     Device      `json:"device"`
+	Conditions []Condition `json:"conditions"`
+}
+
+// checkpointFile is the on-disk envelope: the checksum covers the exact bytes of Data.
+type checkpointFile struct {
+	Version  int             `json:"version"`
+	Checksum string          `json:"checksum"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// sticky reports whether a condition belongs in a checkpoint. Conditions that clear when a
+// reading recovers are re-established by the next sample and are left out.
+func sticky(c Condition) bool { return c.ClearsOn != ClearsOnRecovered }
+
+// Checkpoint returns the tracker's sticky state. Devices without sticky conditions are omitted.
+func (t *Tracker) Checkpoint() Checkpoint {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cp := Checkpoint{BootID: t.bootID, Time: t.lastTime}
+	for _, ds := range t.ordered {
+		var conds []Condition
+		for _, c := range ds.conds {
+			if sticky(c.Condition) {
+				conds = append(conds, c.Condition)
+			}
+		}
+		if len(conds) > 0 {
+			cp.Devices = append(cp.Devices, CheckpointedDevice{Device: ds.dev, Conditions: conds})
+		}
+	}
+	return cp
+}
+
+// Restore loads a checkpoint taken by an earlier process. When cp was taken in the same boot
+// (bootID equal), its conditions come back as they were; after a reboot, only conditions a
+// reboot does not clear come back. Devices in the checkpoint that the tracker does not know are
+// added, so that a GPU that disappeared keeps its faults instead of vanishing. Restore sets the
+// tracker's boot ID to bootID and appends the resulting transitions to out.
+func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Transition) ([]Transition, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.bootID = bootID
+	rebooted := cp.BootID != bootID
+	added := false
+	for _, cd := range cp.Devices {
+		if _, ok := t.devices[cd.Device.UUID]; ok {
+			continue
+		}
+		if !slices.ContainsFunc(cd.Conditions, func(c Condition) bool { return !rebooted || !c.ClearsOn.ClearedByReboot() }) {
+			continue
+		}
+		if err := t.addLocked(cd.Device); err != nil {
+			return out, err
+		}
+		added = true
+	}
+	if added {
+		if err := t.linkLocked(); err != nil {
+			return out, err
+		}
+	}
+	ev := evaluation{t: t, now: now, out: out}
+	for _, cd := range cp.Devices {
+		ds, ok := t.devices[cd.Device.UUID]
+		if !ok {
+			continue
+		}
+		for _, c := range cd.Conditions {
+			if rebooted && c.ClearsOn.ClearedByReboot() {
+				continue
+			}
+			if c.Type == "" {
+				return ev.out, fmt.Errorf("%w: device %s has a condition without a type", ErrCorruptCheckpoint, cd.Device.UUID)
+			}
+			if i := ds.find(c.Type, c.Code); i >= 0 {
+				if ds.conds[i].Severity >= c.Severity {
+					continue
+				}
+				ds.conds[i].Condition = c
+			} else {
+				ds.conds = append(ds.conds, condState{Condition: c})
+			}
+			t.generation++
+			ev.refresh(ds, "")
+		}
+	}
+	return ev.out, nil
+}
+
+// MarshalCheckpoint encodes cp in the versioned, checksummed file format.
+func MarshalCheckpoint(cp Checkpoint) ([]byte, error) {
+	data, err := json.Marshal(cp)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(data)
+	return json.MarshalIndent(checkpointFile{Version: CheckpointVersion, Checksum: "sha256:" + hex.EncodeToString(sum[:]), Data: data}, "", "  ")
+}
+
+// UnmarshalCheckpoint decodes and verifies a checkpoint file's contents. Any problem wraps
+// ErrCorruptCheckpoint.
+func UnmarshalCheckpoint(b []byte) (Checkpoint, error) {
+	var f checkpointFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return Checkpoint{}, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
+	}
+	if f.Version != CheckpointVersion {
+		return Checkpoint{}, fmt.Errorf("%w: version %d, want %d", ErrCorruptCheckpoint, f.Version, CheckpointVersion)
+	}
+	// MarshalIndent re-indents the raw data; compact it back to the bytes that were summed.
+	var data bytes.Buffer
+	if err := json.Compact(&data, f.Data); err != nil {
+		return Checkpoint{}, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
+	}
+	sum := sha256.Sum256(data.Bytes())
+	if want, ok := strings.CutPrefix(f.Checksum, "sha256:"); !ok || want != hex.EncodeToString(sum[:]) {
+		return Checkpoint{}, fmt.Errorf("%w: checksum mismatch", ErrCorruptCheckpoint)
+	}
+	var cp Checkpoint
+	dec := json.NewDecoder(&data)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cp); err != nil {
+		return Checkpoint{}, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
+	}
+	return cp, nil
+}
+
+// WriteCheckpoint writes cp to path atomically: a temporary file in the same directory is
+// written, synced and renamed over path, so a crash leaves either the old or the new file.
+func WriteCheckpoint(path string, cp Checkpoint) error {
+	b, err := MarshalCheckpoint(cp)
+	if err != nil {
+		return fmt.Errorf("encode checkpoint: %w", err)
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create checkpoint directory: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("create checkpoint: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync checkpoint: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("close checkpoint: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("replace checkpoint: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync() // make the rename durable; not all filesystems support it
+		d.Close()
+	}
+	return nil
+}
+
+// ReadCheckpoint reads a checkpoint file. A missing file returns an error satisfying
+// errors.Is(err, fs.ErrNotExist); an untrustworthy one wraps ErrCorruptCheckpoint.
+func ReadCheckpoint(path string) (Checkpoint, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Checkpoint{}, err
+	}
+	cp, err := UnmarshalCheckpoint(b)
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return cp, nil
+}
+
+// ReadBootID returns the kernel's boot ID (/proc/sys/kernel/random/boot_id on Linux), which
+// changes at every boot.
+func ReadBootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("read boot ID: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}

@@ -1,0 +1,176 @@
+package health
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// XIDRule is what the Tracker does when it sees one XID.
+type XIDRule struct {
+	// Severity of the condition the XID raises. Healthy means the XID is counted and visible
+	// but changes nothing (application errors).
+	Severity Severity
+	ClearsOn ClearsOn
+	Evict    bool
+	Action   Action
+	// FollowRecoveryAction means the XID itself raises no condition: the backend reads NVML's
+	// GPU recovery action when it sees the XID, and the RecoveryAction check decides.
+	FollowRecoveryAction bool
+	// Description is the catalog's short name for the XID, used in condition messages.
+	Description string
+}
+
+// ThresholdCheck configures a polled check that compares a reading or a rate with a limit.
+type ThresholdCheck struct {
+	Enabled bool
+	// RecoverySamples is how many consecutive in-range samples clear the condition.
+	RecoverySamples int
+}
+
+// Policy is the data that decides what signals mean. Build one with DefaultPolicy or
+// DevicePluginPolicy, then adjust fields (the config package does this from a file). A Policy
+// must not be changed while a Tracker uses it.
+type Policy struct {
+	// Name is the profile the policy came from, for messages.
+	Name string
+	// XIDs maps each known XID to its rule.
+	XIDs map[uint32]XIDRule
+	// UnknownXID applies to XIDs missing from XIDs.
+	UnknownXID XIDRule
+	// Lost applies when a GPU is lost (fell off the bus, GPU_IS_LOST).
+	Lost XIDRule
+
+	// QuietPeriod ends conditions that clear on ClearsOnQuietPeriod: once this long has
+	// passed since the condition's signal was last seen, the condition clears.
+	QuietPeriod time.Duration
+
+	ECC struct {
+		Enabled bool
+		// CorrectedStormPerMinute is the corrected (single-bit) volatile error rate above which
+		// the GPU is Degraded until QuietPeriod passes without a storm.
+		CorrectedStormPerMinute float64
+	}
+	RowRemap     struct{ Enabled bool }
+	RetiredPages struct{ Enabled bool }
+	Thermal      struct {
+		ThresholdCheck
+		// SlowdownC and ShutdownC override the device's own thresholds when non-zero; when
+		// both are zero and the device reports none, DefaultSlowdownC and DefaultShutdownC apply.
+		SlowdownC, ShutdownC int64
+	}
+	ClockEvents struct {
+		ThresholdCheck
+		// Reasons lists the clock-event reasons that make a GPU Degraded.
+		Reasons ClockEventReasons
+	}
+	PCIeReplays struct {
+		ThresholdCheck
+		PerMinute float64
+	}
+	NVLink struct {
+		ThresholdCheck
+		// ErrorsPerMinute is the error rate, per link, above which the GPU is Degraded. A link
+		// that is down makes the GPU Unhealthy regardless.
+		ErrorsPerMinute float64
+	}
+	RecoveryAction struct{ Enabled bool }
+}
+
+// Defaults for the polled checks, used by DefaultPolicy.
+const (
+	DefaultSlowdownC               = 90
+	DefaultShutdownC               = 95
+	DefaultRecoverySamples         = 3
+	DefaultCorrectedStormPerMinute = 1000
+	DefaultQuietPeriod             = 10 * time.Minute
+	DefaultPCIeReplaysPerMinute    = 60
+	DefaultNVLinkErrorsPerMinute   = 60
+)
+
+// DefaultPolicy follows NVIDIA's XID catalog and turns on every polled check.
+func DefaultPolicy() *Policy {
+	p := &Policy{
+		Name:       "default",
+		XIDs:       XIDTable(),
+		UnknownXID: XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnGPUReset, Action: ActionResetGPU, Description: "unknown XID"},
+		Lost:       XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnNodeReboot, Evict: true, Action: ActionRebootNode, Description: "GPU is lost"},
+	}
+	p.ECC.Enabled = true
+	p.ECC.CorrectedStormPerMinute = DefaultCorrectedStormPerMinute
+	p.QuietPeriod = DefaultQuietPeriod
+	p.RowRemap.Enabled = true
+	p.RetiredPages.Enabled = true
+	p.Thermal.ThresholdCheck = ThresholdCheck{Enabled: true, RecoverySamples: DefaultRecoverySamples}
+	p.ClockEvents.ThresholdCheck = ThresholdCheck{Enabled: true, RecoverySamples: DefaultRecoverySamples}
+	p.ClockEvents.Reasons = ClockEventHWSlowdown | ClockEventHWThermalSlowdown | ClockEventHWPowerBrake
+	p.PCIeReplays.ThresholdCheck = ThresholdCheck{Enabled: true, RecoverySamples: DefaultRecoverySamples}
+	p.PCIeReplays.PerMinute = DefaultPCIeReplaysPerMinute
+	p.NVLink.ThresholdCheck = ThresholdCheck{Enabled: true, RecoverySamples: DefaultRecoverySamples}
+	p.NVLink.ErrorsPerMinute = DefaultNVLinkErrorsPerMinute
+	p.RecoveryAction.Enabled = true
+	return p
+}
+
+// DevicePluginIgnoredXIDs are the XIDs the NVIDIA device plugin skips.
+var devicePluginIgnoredXIDs = []uint32{13, 31, 43, 45, 68, 109}
+
+// DevicePluginPolicy reproduces the NVIDIA device plugin's health check: XIDs 13, 31, 43, 45,
+// 68 and 109 are ignored, every other XID makes the GPU Unhealthy and nothing clears it, a lost
+// GPU is Unhealthy, and no polled check runs.
+func DevicePluginPolicy() *Policy {
+	p := &Policy{
+		Name:       "device-plugin",
+		XIDs:       map[uint32]XIDRule{},
+		UnknownXID: XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnAdmin, Action: ActionInspect, Description: "critical XID"},
+		Lost:       XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnAdmin, Action: ActionInspect, Description: "GPU is lost"},
+		// Nothing in this profile clears on a quiet period; the value only has to be valid.
+		QuietPeriod: DefaultQuietPeriod,
+	}
+	catalog := XIDTable()
+	for _, xid := range devicePluginIgnoredXIDs {
+		rule := catalog[xid]
+		p.XIDs[xid] = XIDRule{Severity: Healthy, ClearsOn: ClearsOnAdmin, Action: ActionNone, Description: rule.Description}
+	}
+	for xid, rule := range catalog {
+		if _, ignored := p.XIDs[xid]; !ignored {
+			p.XIDs[xid] = XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnAdmin, Action: ActionInspect, Description: rule.Description}
+		}
+	}
+	return p
+}
+
+// Profiles lists the built-in policies by name.
+func Profiles() []string { return []string{"default", "device-plugin"} }
+
+// PolicyForProfile returns a fresh copy of a built-in policy.
+func PolicyForProfile(name string) (*Policy, error) {
+	switch name {
+	case "", "default":
+		return DefaultPolicy(), nil
+	case "device-plugin":
+		return DevicePluginPolicy(), nil
+	}
+	return nil, fmt.Errorf("unknown profile %q (want one of %v)", name, Profiles())
+}
+
+// XIDRuleFor returns the rule for an XID and whether the XID is in the table.
+func (p *Policy) XIDRuleFor(xid uint32) (XIDRule, bool) {
+	if r, ok := p.XIDs[xid]; ok {
+		return r, true
+	}
+	return p.UnknownXID, false
+}
+
+// Clone returns a deep copy, so a caller can derive a policy without changing the original.
+func (p *Policy) Clone() *Policy {
+	c := *p
+	c.XIDs = maps.Clone(p.XIDs)
+	return &c
+}
+
+// SortedXIDs returns the XIDs in the table in ascending order.
+func (p *Policy) SortedXIDs() []uint32 {
+	return slices.Sorted(maps.Keys(p.XIDs))
+}

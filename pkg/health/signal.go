@@ -1,0 +1,174 @@
+package health
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// SignalKind says which fact a Signal carries and so which of its fields are meaningful.
+type SignalKind uint8
+
+const (
+	// SignalXID: an XID critical error. Fields: XID, and MIGScoped, GPUInstance,
+	// ComputeInstance for an XID that NVML attributes to one MIG instance.
+	SignalXID SignalKind = iota + 1
+	// SignalECCCounters: the volatile ECC totals. Fields: Corrected, Uncorrected.
+	SignalECCCounters
+	// SignalECCStorm: the driver reported a single-bit ECC storm (an event, no fields).
+	SignalECCStorm
+	// SignalRemappedRows: row remapper state. Fields: Pending, Failure.
+	SignalRemappedRows
+	// SignalRetiredPages: page retirement state. Fields: Pending.
+	SignalRetiredPages
+	// SignalTemperature: a temperature reading. Fields: Value (°C), SlowdownC, ShutdownC (the
+	// device's own thresholds; zero when unknown).
+	SignalTemperature
+	// SignalClockEvents: the active clock-event (throttle) reasons. Fields: Reasons.
+	SignalClockEvents
+	// SignalPCIeReplays: the PCIe replay counter total. Fields: Value.
+	SignalPCIeReplays
+	// SignalNVLinkState: one NVLink's state. Fields: Link, Down.
+	SignalNVLinkState
+	// SignalNVLinkErrors: one NVLink's error counter total (CRC and replay). Fields: Link, Value.
+	SignalNVLinkErrors
+	// SignalRecoveryAction: NVML's GPU recovery action. Fields: Action.
+	SignalRecoveryAction
+	// SignalLost: the GPU is lost (fell off the bus, GPU_IS_LOST). No fields.
+	SignalLost
+	// SignalReset: the GPU was reset. No fields.
+	SignalReset
+	// SignalSample marks the end of one periodic sampling round for the device; the Tracker
+	// uses it to expire quiet periods. No fields.
+	SignalSample
+)
+
+var signalKindNames = [...]string{
+	SignalXID: "xid", SignalECCCounters: "eccCounters", SignalECCStorm: "eccStorm",
+	SignalRemappedRows: "remappedRows", SignalRetiredPages: "retiredPages",
+	SignalTemperature: "temperature", SignalClockEvents: "clockEvents",
+	SignalPCIeReplays: "pcieReplays", SignalNVLinkState: "nvlinkState",
+	SignalNVLinkErrors: "nvlinkErrors", SignalRecoveryAction: "recoveryAction",
+	SignalLost: "lost", SignalReset: "reset", SignalSample: "sample",
+}
+
+func (k SignalKind) String() string {
+	if int(k) < len(signalKindNames) && signalKindNames[k] != "" {
+		return signalKindNames[k]
+	}
+	return fmt.Sprintf("SignalKind(%d)", uint8(k))
+}
+
+// ClockEventReasons is a bit set of clock-event (throttle) reasons. The bits match NVML's
+// nvmlClocksEventReason values so the NVML backend can pass them through.
+type ClockEventReasons uint64
+
+// Clock-event reasons that the checks know by name.
+const (
+	ClockEventSWThermalSlowdown ClockEventReasons = 0x20
+	ClockEventHWSlowdown        ClockEventReasons = 0x08
+	ClockEventHWThermalSlowdown ClockEventReasons = 0x40
+	ClockEventHWPowerBrake      ClockEventReasons = 0x80
+)
+
+var clockEventNames = []struct {
+	bit  ClockEventReasons
+	name string
+}{
+	{ClockEventHWSlowdown, "hwSlowdown"},
+	{ClockEventHWThermalSlowdown, "hwThermalSlowdown"},
+	{ClockEventHWPowerBrake, "hwPowerBrake"},
+	{ClockEventSWThermalSlowdown, "swThermalSlowdown"},
+}
+
+// ParseClockEventReason parses one of hwSlowdown, hwThermalSlowdown, hwPowerBrake,
+// swThermalSlowdown.
+func ParseClockEventReason(s string) (ClockEventReasons, error) {
+	for _, n := range clockEventNames {
+		if n.name == s {
+			return n.bit, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown clock event reason %q (want hwSlowdown, hwThermalSlowdown, hwPowerBrake or swThermalSlowdown)", s)
+}
+
+func (r ClockEventReasons) String() string {
+	var names []string
+	for _, n := range clockEventNames {
+		if r&n.bit != 0 {
+			names = append(names, n.name)
+		}
+	}
+	if rest := r &^ (ClockEventHWSlowdown | ClockEventHWThermalSlowdown | ClockEventHWPowerBrake | ClockEventSWThermalSlowdown); rest != 0 {
+		names = append(names, fmt.Sprintf("0x%x", uint64(rest)))
+	}
+	return strings.Join(names, ",")
+}
+
+// RecoveryAction is NVML's GPU recovery action (nvmlDeviceGpuRecoveryAction_t).
+type RecoveryAction uint8
+
+// Recovery actions, with NVML's numeric values.
+const (
+	RecoveryNone          RecoveryAction = 0
+	RecoveryGPUReset      RecoveryAction = 1
+	RecoveryNodeReboot    RecoveryAction = 2
+	RecoveryDrainP2P      RecoveryAction = 3
+	RecoveryDrainAndReset RecoveryAction = 4
+)
+
+var recoveryActionNames = [...]string{
+	RecoveryNone: "none", RecoveryGPUReset: "gpuReset", RecoveryNodeReboot: "nodeReboot",
+	RecoveryDrainP2P: "drainP2P", RecoveryDrainAndReset: "drainAndReset",
+}
+
+func (a RecoveryAction) String() string {
+	if int(a) < len(recoveryActionNames) {
+		return recoveryActionNames[a]
+	}
+	return fmt.Sprintf("RecoveryAction(%d)", uint8(a))
+}
+
+// ParseRecoveryAction parses one of none, gpuReset, nodeReboot, drainP2P, drainAndReset.
+func ParseRecoveryAction(s string) (RecoveryAction, error) {
+	for i, name := range recoveryActionNames {
+		if s == name {
+			return RecoveryAction(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown recovery action %q (want none, gpuReset, nodeReboot, drainP2P or drainAndReset)", s)
+}
+
+// Signal is one raw fact about a device, as a backend observed it. It is a plain value so that
+// passing one costs no allocation; Kind says which fields are meaningful.
+type Signal struct {
+	Kind SignalKind
+	// Device is the UUID of the GPU (or MIG instance) the fact is about.
+	Device string
+	// Time is when the fact was observed. The Tracker never reads a clock of its own.
+	Time time.Time
+	// MIGScoped limits an XID to one MIG GPU instance, and to one compute instance in it
+	// unless ComputeInstance is NoInstance. Unscoped signals concern the whole GPU and every MIG
+	// instance on it.
+	MIGScoped       bool
+	GPUInstance     uint32
+	ComputeInstance uint32
+
+	XID         uint32
+	Value       int64
+	Corrected   uint64
+	Uncorrected uint64
+	SlowdownC   int64
+	ShutdownC   int64
+	Link        uint32
+	Pending     bool
+	Failure     bool
+	Down        bool
+	Reasons     ClockEventReasons
+	Action      RecoveryAction
+}
+
+// XIDSignal builds an XID signal for the whole GPU.
+func XIDSignal(uuid string, xid uint32, at time.Time) Signal {
+	return Signal{Kind: SignalXID, Device: uuid, Time: at, XID: xid}
+}

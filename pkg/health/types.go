@@ -1,0 +1,240 @@
+package health
+
+import (
+	"fmt"
+	"time"
+)
+
+// Severity is how bad a condition, or a device's effective health, is. Values are ordered: a
+// larger value is worse.
+type Severity uint8
+
+const (
+	// Healthy means no action is needed.
+	Healthy Severity = iota
+	// Degraded means people should know, but schedulers may keep placing work.
+	Degraded
+	// Unhealthy means no new work should be placed on the device.
+	Unhealthy
+)
+
+var severityNames = [...]string{Healthy: "Healthy", Degraded: "Degraded", Unhealthy: "Unhealthy"}
+
+func (s Severity) String() string {
+	if int(s) < len(severityNames) {
+		return severityNames[s]
+	}
+	return fmt.Sprintf("Severity(%d)", uint8(s))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s Severity) MarshalText() ([]byte, error) {
+	if int(s) >= len(severityNames) {
+		return nil, fmt.Errorf("invalid severity %d", uint8(s))
+	}
+	return []byte(severityNames[s]), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *Severity) UnmarshalText(b []byte) error {
+	v, err := ParseSeverity(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// ParseSeverity parses "Healthy", "Degraded" or "Unhealthy".
+func ParseSeverity(s string) (Severity, error) {
+	for i, name := range severityNames {
+		if s == name {
+			return Severity(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown severity %q (want Healthy, Degraded or Unhealthy)", s)
+}
+
+// ClearsOn says what ends a condition.
+type ClearsOn uint8
+
+const (
+	// ClearsOnGPUReset: the condition holds until the GPU is reset (or the node reboots).
+	ClearsOnGPUReset ClearsOn = iota
+	// ClearsOnNodeReboot: the condition holds until the node reboots.
+	ClearsOnNodeReboot
+	// ClearsOnRecovered: a polled reading is back in range for the check's hysteresis window.
+	ClearsOnRecovered
+	// ClearsOnQuietPeriod: no repeat of the signal for the check's quiet period.
+	ClearsOnQuietPeriod
+	// ClearsOnAdmin: only an administrator clears the condition.
+	ClearsOnAdmin
+)
+
+var clearsOnNames = [...]string{
+	ClearsOnGPUReset:    "gpuReset",
+	ClearsOnNodeReboot:  "nodeReboot",
+	ClearsOnRecovered:   "recovered",
+	ClearsOnQuietPeriod: "quietPeriod",
+	ClearsOnAdmin:       "admin",
+}
+
+func (c ClearsOn) String() string {
+	if int(c) < len(clearsOnNames) {
+		return clearsOnNames[c]
+	}
+	return fmt.Sprintf("ClearsOn(%d)", uint8(c))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (c ClearsOn) MarshalText() ([]byte, error) {
+	if int(c) >= len(clearsOnNames) {
+		return nil, fmt.Errorf("invalid clearsOn %d", uint8(c))
+	}
+	return []byte(clearsOnNames[c]), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (c *ClearsOn) UnmarshalText(b []byte) error {
+	v, err := ParseClearsOn(string(b))
+	if err != nil {
+		return err
+	}
+	*c = v
+	return nil
+}
+
+// ParseClearsOn parses one of gpuReset, nodeReboot, recovered, quietPeriod, admin.
+func ParseClearsOn(s string) (ClearsOn, error) {
+	for i, name := range clearsOnNames {
+		if s == name {
+			return ClearsOn(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown clearsOn %q (want gpuReset, nodeReboot, recovered, quietPeriod or admin)", s)
+}
+
+// ClearedByReboot reports whether a node reboot ends a condition that clears on c. A reboot
+// resets every GPU and restarts every reading, so only administrative conditions survive it.
+func (c ClearsOn) ClearedByReboot() bool { return c != ClearsOnAdmin }
+
+// Action is the remediation NVIDIA's catalog (or the check) recommends for a condition.
+type Action string
+
+// Recommended actions. They are advice for people and remediation tools; the library itself only
+// acts on severity, clearsOn and evict.
+const (
+	ActionNone               Action = "none"
+	ActionRestartApplication Action = "restartApplication"
+	ActionResetGPU           Action = "resetGPU"
+	ActionRebootNode         Action = "rebootNode"
+	ActionDrainP2P           Action = "drainP2P"
+	ActionDrainAndResetGPU   Action = "drainAndResetGPU"
+	ActionCheckHardware      Action = "checkHardware"
+	ActionCheckCooling       Action = "checkCooling"
+	ActionInspect            Action = "inspect"
+)
+
+// NoInstance is the GPU instance or compute instance ID of a signal that concerns the whole
+// GPU rather than one MIG instance. It matches NVML's 0xFFFFFFFF.
+const NoInstance = ^uint32(0)
+
+// MIGPlacement locates a MIG instance on its parent GPU.
+type MIGPlacement struct {
+	ParentUUID      string `json:"parentUUID"`
+	GPUInstance     uint32 `json:"gpuInstance"`
+	ComputeInstance uint32 `json:"computeInstance"`
+}
+
+// Device identifies a GPU or a MIG instance. UUID is the identity; the other fields are
+// attributes, and Index in particular may change when a card disappears.
+type Device struct {
+	UUID     string `json:"uuid"`
+	Index    int    `json:"index"`
+	PCIBusID string `json:"pciBusID,omitempty"`
+	Minor    int    `json:"minor"`
+	Model    string `json:"model,omitempty"`
+	// MIG is set for a MIG instance and nil for a whole GPU.
+	MIG *MIGPlacement `json:"mig,omitempty"`
+}
+
+// ConditionType names a family of conditions. Within one device a condition is identified by
+// its type and its Code.
+type ConditionType string
+
+// Condition types produced by the built-in checks.
+const (
+	ConditionXID                 ConditionType = "XID"
+	ConditionGPULost             ConditionType = "GPULost"
+	ConditionECCUncorrected      ConditionType = "ECCUncorrected"
+	ConditionECCCorrectedStorm   ConditionType = "ECCCorrectedStorm"
+	ConditionRowRemapFailure     ConditionType = "RowRemapFailure"
+	ConditionRowRemapPending     ConditionType = "RowRemapPending"
+	ConditionRetiredPagesPending ConditionType = "RetiredPagesPending"
+	ConditionThermal             ConditionType = "Thermal"
+	ConditionClockThrottle       ConditionType = "ClockThrottle"
+	ConditionPCIeReplayRate      ConditionType = "PCIeReplayRate"
+	ConditionNVLinkDown          ConditionType = "NVLinkDown"
+	ConditionNVLinkErrorRate     ConditionType = "NVLinkErrorRate"
+	ConditionRecoveryAction      ConditionType = "RecoveryAction"
+	ConditionAdmin               ConditionType = "Admin"
+)
+
+// Condition is one reason a device is not fully healthy.
+type Condition struct {
+	Type ConditionType `json:"type"`
+	// Code tells conditions of one type apart: the XID for XID conditions, the link for NVLink
+	// ones, zero otherwise.
+	Code              uint32    `json:"code,omitempty"`
+	Severity          Severity  `json:"severity"`
+	Reason            string    `json:"reason"`
+	Message           string    `json:"message"`
+	Since             time.Time `json:"since"`
+	LastSeen          time.Time `json:"lastSeen"`
+	ClearsOn          ClearsOn  `json:"clearsOn"`
+	RecommendedAction Action    `json:"recommendedAction"`
+	// Evict asks for running work on the device to be evicted, not just for new work to stay away.
+	Evict bool `json:"evict,omitempty"`
+}
+
+// XIDCount records how often an XID was seen on a device, including XIDs that do not change
+// health (application errors), so that they stay visible.
+type XIDCount struct {
+	XID      uint32    `json:"xid"`
+	Count    uint64    `json:"count"`
+	LastSeen time.Time `json:"lastSeen"`
+}
+
+// DeviceStatus is the health of one device at a point in time.
+type DeviceStatus struct {
+	Device Device `json:"device"`
+	// Health is the worst severity among the device's own conditions and, for a MIG instance,
+	// its parent's.
+	Health Severity `json:"health"`
+	// Evict is true when any condition in effect asks for eviction.
+	Evict bool `json:"evict"`
+	// Conditions in effect, the device's own first, then those inherited from the parent GPU.
+	Conditions []Condition `json:"conditions"`
+	XIDs       []XIDCount  `json:"xids,omitempty"`
+	// Unmonitored is set when the backend cannot watch the device (events not supported).
+	Unmonitored bool `json:"unmonitored,omitempty"`
+}
+
+// Snapshot is the health of every tracked device. Devices are ordered by index, each GPU
+// followed by its MIG instances.
+type Snapshot struct {
+	Time    time.Time      `json:"time"`
+	BootID  string         `json:"bootID,omitempty"`
+	Devices []DeviceStatus `json:"devices"`
+}
+
+// Transition records a change of a device's effective health.
+type Transition struct {
+	Time   time.Time `json:"time"`
+	Device Device    `json:"device"`
+	From   Severity  `json:"from"`
+	To     Severity  `json:"to"`
+	// Reason is the reason of the worst condition after the change, or, when the device became
+	// healthier, why the last condition cleared.
+	Reason string `json:"reason"`
+}
