@@ -1,0 +1,70 @@
+# gpuhealth's front door. `make help` lists the targets.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+GO        ?= go
+BIN       := bin
+GOFLAGS_TEST ?= -race -count=1
+# Tools are installed by hack/tools.sh into $(TOOLS_BIN), keyed by version.
+TOOLS_BIN := $(shell hack/tools.sh bindir)
+
+.PHONY: help
+help: ## List the targets.
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.PHONY: build
+build: ## Build bin/gpuhealth.
+	$(GO) build -o $(BIN)/gpuhealth ./cmd/gpuhealth
+
+.PHONY: demo
+demo: build ## Run the main job on the bundled example: replay examples/scenario.yaml.
+	$(BIN)/gpuhealth simulate --scenario examples/scenario.yaml --output table
+
+.PHONY: test
+test: verify unit e2e ## Everything CI runs: lint, unit tests (race), e2e tests on a real control plane.
+
+.PHONY: unit
+unit: ## Unit tests with the race detector, plus a short run of every fuzz target.
+	$(GO) test $(GOFLAGS_TEST) ./...
+	hack/fuzz.sh 10s
+
+.PHONY: e2e
+e2e: controlplane ## e2e tests against a real etcd + kube-apiserver + scheduler + controller-manager.
+	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
+
+.PHONY: controlplane
+controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl.
+	hack/controlplane/build.sh >/dev/null
+
+.PHONY: cluster-up
+cluster-up: controlplane ## Start a local control plane in the background; kubeconfig in .cluster/kubeconfig.
+	hack/controlplane/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop everything cluster-up started.
+	hack/controlplane/cluster.sh down
+
+.PHONY: lint
+lint: ## golangci-lint (pinned, installed by hack/tools.sh), including the go-nvml import rule.
+	hack/tools.sh install golangci-lint
+	$(TOOLS_BIN)/golangci-lint run ./...
+
+.PHONY: verify
+verify: lint ## gofmt, go vet, go mod tidy check and lint.
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+	hack/verify-tidy.sh
+
+.PHONY: bench
+bench: ## Benchmarks (testing.B) on one core with allocations; raw output in bin/bench.txt.
+	@mkdir -p $(BIN)
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 -cpu 1 ./pkg/health/... | tee $(BIN)/bench.txt
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME (default 1m each).
+	hack/fuzz.sh $${FUZZTIME:-1m}
+
+.PHONY: clean
+clean: ## Remove build outputs (not the control-plane cache).
+	rm -rf $(BIN)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs the project's pinned developer tools from the Go module proxy into a cache keyed by
+# version, outside the work tree so fresh clones on the same machine reuse them.
+#
+#   hack/tools.sh bindir               print the directory holding the tools
+#   hack/tools.sh install NAME...      install NAME if missing (golangci-lint)
+set -euo pipefail
+
+GOLANGCI_LINT_VERSION=v2.15.0
+
+cache_root=${GPUHEALTH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}
+bin_dir="$cache_root/tools/bin"
+
+install_tool() {
+	local name=$1 module version
+	case "$name" in
+	golangci-lint)
+		module=github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+		version=$GOLANGCI_LINT_VERSION
+		;;
+	*)
+		echo "hack/tools.sh: unknown tool $name" >&2
+		return 2
+		;;
+	esac
+	local target="$bin_dir/$name-$version"
+	if [[ ! -x "$target" ]]; then
+		echo "[tools] installing $name $version (a cold build takes a few minutes)" >&2
+		local tmp
+		tmp=$(mktemp -d)
+		GOBIN="$tmp" go install "$module@$version"
+		mkdir -p "$bin_dir"
+		mv "$tmp/$name" "$target"
+		rmdir "$tmp"
+	fi
+	ln -sfn "$target" "$bin_dir/$name"
+}
+
+case "${1:-}" in
+bindir) echo "$bin_dir" ;;
+install)
+	shift
+	for t in "$@"; do install_tool "$t"; done
+	;;
+*)
+	echo "usage: hack/tools.sh bindir | install NAME..." >&2
+	exit 2
+	;;
+esac
