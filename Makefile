@@ -51,10 +51,11 @@ lint: ## golangci-lint (pinned, installed by hack/tools.sh), including the go-nv
 	$(TOOLS_BIN)/golangci-lint run ./...
 
 .PHONY: verify
-verify: lint ## gofmt, go vet, go mod tidy check and lint.
+verify: lint ## gofmt, go vet, go mod tidy, generated docs, and lint.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 	hack/verify-tidy.sh
+	@$(GO) run ./hack/xiddoc | diff -u docs/xid-policy.md - || { echo "docs/xid-policy.md is stale: go run ./hack/xiddoc > docs/xid-policy.md"; exit 1; }
 
 .PHONY: bench
 bench: ## Benchmarks (testing.B) on one core with allocations; raw output in bin/bench.txt.
