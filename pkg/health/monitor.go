@@ -1,0 +1,177 @@
+package health
+
+import (
+	"sync"
+	"time"
+)
+
+// MaxPendingTransitions bounds the transitions a Subscription holds for a consumer that has not
+// caught up; past it the oldest are dropped and counted, and the snapshot stays exact.
+const MaxPendingTransitions = 4096
+
+// Monitor connects a backend to a Tracker and to any number of subscribers. Backends call
+// Signal, Reboot and SetUnmonitored (they declare those methods in their own small Sink
+// interfaces); subscribers receive the latest Snapshot and the transitions since they last
+// looked. A slow subscriber never blocks the backend: snapshots coalesce to the latest one.
+type Monitor struct {
+	tracker *Tracker
+
+	// feed serialises the backend-facing methods, so transitions reach subscribers in order.
+	feed sync.Mutex
+	buf  []Transition
+	// published is the tracker generation of the last published snapshot.
+	published uint64
+
+	mu   sync.Mutex
+	subs map[*Subscription]struct{}
+	last Snapshot
+}
+
+// NewMonitor returns a Monitor feeding t.
+func NewMonitor(t *Tracker) *Monitor {
+	m := &Monitor{tracker: t, subs: map[*Subscription]struct{}{}}
+	m.last = t.Snapshot()
+	m.published = t.Generation()
+	return m
+}
+
+// Tracker returns the monitor's tracker.
+func (m *Monitor) Tracker() *Tracker { return m.tracker }
+
+// Signal applies one signal. Signals about unknown devices are dropped: a backend only reports
+// devices of its own inventory.
+func (m *Monitor) Signal(s Signal) {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	m.buf, _ = m.tracker.Observe(s, m.buf[:0])
+	m.publishLocked()
+}
+
+// Reboot applies a node reboot (simulated backends report one; a real node restarts the agent).
+func (m *Monitor) Reboot(bootID string, at time.Time) {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	m.buf = m.tracker.Reboot(bootID, at, m.buf[:0])
+	m.publishLocked()
+}
+
+// SetUnmonitored marks a device the backend cannot watch.
+func (m *Monitor) SetUnmonitored(uuid string, unmonitored bool) {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	m.buf = m.buf[:0]
+	if m.tracker.SetUnmonitored(uuid, unmonitored) == nil {
+		m.publishLocked()
+	}
+}
+
+// Tick expires quiet periods as of now; call it periodically.
+func (m *Monitor) Tick(now time.Time) {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	m.buf = m.tracker.Tick(now, m.buf[:0])
+	m.publishLocked()
+}
+
+// Restore loads a checkpoint into the tracker and publishes the result.
+func (m *Monitor) Restore(cp Checkpoint, bootID string, now time.Time) error {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	var err error
+	m.buf, err = m.tracker.Restore(cp, bootID, now, m.buf[:0])
+	m.publishLocked()
+	return err
+}
+
+// publishLocked hands a new snapshot and the buffered transitions to every subscriber when
+// anything changed. Storms of identical signals change nothing and cost nothing here.
+func (m *Monitor) publishLocked() {
+	gen := m.tracker.Generation()
+	if gen == m.published && len(m.buf) == 0 {
+		return
+	}
+	m.published = gen
+	snap := m.tracker.Snapshot()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.last = snap
+	for sub := range m.subs {
+		sub.offer(snap, m.buf)
+	}
+}
+
+// Snapshot returns the latest published snapshot.
+func (m *Monitor) Snapshot() Snapshot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.last
+}
+
+// Subscribe registers a subscriber. It starts with the current snapshot pending, so a new
+// subscriber always sees the state once. Call Close when done.
+func (m *Monitor) Subscribe() *Subscription {
+	sub := &Subscription{monitor: m, notify: make(chan struct{}, 1)}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.subs[sub] = struct{}{}
+	sub.offer(m.last, nil)
+	return sub
+}
+
+// Subscription is one consumer's view of a Monitor.
+type Subscription struct {
+	monitor *Monitor
+	// notify holds one token when something is pending; the Monitor never blocks on it.
+	notify chan struct{}
+
+	mu          sync.Mutex
+	snapshot    Snapshot
+	hasSnapshot bool
+	transitions []Transition
+	dropped     int
+}
+
+func (s *Subscription) offer(snap Snapshot, ts []Transition) {
+	s.mu.Lock()
+	s.snapshot, s.hasSnapshot = snap, true
+	s.transitions = append(s.transitions, ts...)
+	if over := len(s.transitions) - MaxPendingTransitions; over > 0 {
+		s.transitions = append(s.transitions[:0], s.transitions[over:]...)
+		s.dropped += over
+	}
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// C is ready whenever an update is pending; then call Next.
+func (s *Subscription) C() <-chan struct{} { return s.notify }
+
+// Update is what a subscriber receives: the latest snapshot, the transitions since the last
+// update in order, and how many transitions were dropped because the subscriber fell behind.
+type Update struct {
+	Snapshot    Snapshot
+	Transitions []Transition
+	Dropped     int
+}
+
+// Next takes the pending update; ok is false when nothing is pending.
+func (s *Subscription) Next() (u Update, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.hasSnapshot {
+		return Update{}, false
+	}
+	u = Update{Snapshot: s.snapshot, Transitions: s.transitions, Dropped: s.dropped}
+	s.hasSnapshot, s.transitions, s.dropped = false, nil, 0
+	return u, true
+}
+
+// Close unregisters the subscription.
+func (s *Subscription) Close() {
+	s.monitor.mu.Lock()
+	defer s.monitor.mu.Unlock()
+	delete(s.monitor.subs, s)
+}
