@@ -212,7 +212,16 @@ func (t *Tracker) Observe(sig Signal, out []Transition) ([]Transition, error) {
 		t.lastTime = sig.Time
 	}
 	ev := evaluation{t: t, now: sig.Time, out: out}
-	ev.expireQuiet(ds)
+	// Quiet periods run out on the whole physical GPU: backends sample the GPU, never a MIG
+	// instance, so a quiet-period condition on an instance must end with the GPU's samples.
+	gpu := ds
+	if ds.parent != nil {
+		gpu = ds.parent
+	}
+	ev.expireQuiet(gpu)
+	for _, c := range gpu.children {
+		ev.expireQuiet(c)
+	}
 	ev.apply(ds, sig)
 	return ev.out, nil
 }
