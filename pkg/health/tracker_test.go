@@ -111,7 +111,9 @@ func TestStormOfIdenticalSignalsMakesOneTransition(t *testing.T) {
 	}{
 		{"XID 48", func(i int) health.Signal { return health.XIDSignal(gpuDevice(0).UUID, 48, at(time.Duration(i))) }},
 		{"XID 79", func(i int) health.Signal { return health.XIDSignal(gpuDevice(0).UUID, 79, at(0)) }},
-		{"XID 92", func(i int) health.Signal { return health.XIDSignal(gpuDevice(0).UUID, 92, at(time.Duration(i)*time.Millisecond)) }},
+		{"XID 92", func(i int) health.Signal {
+			return health.XIDSignal(gpuDevice(0).UUID, 92, at(time.Duration(i)*time.Millisecond))
+		}},
 		{"lost", func(i int) health.Signal {
 			return health.Signal{Kind: health.SignalLost, Device: gpuDevice(0).UUID, Time: at(time.Duration(i))}
 		}},
