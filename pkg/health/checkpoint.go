@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 )
@@ -70,29 +69,28 @@ func (t *Tracker) Checkpoint() Checkpoint {
 // Restore loads a checkpoint taken by an earlier process. When cp was taken in the same boot
 // (bootID equal), its conditions come back as they were; after a reboot, only conditions a
 // reboot does not clear come back. Devices in the checkpoint that the tracker does not know are
-// added, so that a GPU that disappeared keeps its faults instead of vanishing. Restore sets the
-// tracker's boot ID to bootID and appends the resulting transitions to out.
+// added, so that a GPU that disappeared keeps its faults instead of vanishing (a MIG instance
+// whose GPU vanished too brings back a bare entry for that GPU). Restore sets the tracker's boot
+// ID to bootID and appends the resulting transitions to out. A checkpoint that cannot be applied
+// as a whole is rejected with an error wrapping ErrCorruptCheckpoint and changes no device.
 func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Transition) ([]Transition, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.bootID = bootID
 	rebooted := cp.BootID != bootID
-	added := false
-	for _, cd := range cp.Devices {
-		if _, ok := t.devices[cd.Device.UUID]; ok {
-			continue
-		}
-		if !slices.ContainsFunc(cd.Conditions, func(c Condition) bool { return !rebooted || !c.ClearsOn.ClearedByReboot() }) {
-			continue
-		}
-		if err := t.addLocked(cd.Device); err != nil {
-			return out, err
-		}
-		added = true
+	keep := func(c Condition) bool { return !rebooted || !c.ClearsOn.ClearedByReboot() }
+	added, err := t.restoredDevicesLocked(cp, keep)
+	if err != nil {
+		return out, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
 	}
-	if added {
+	for _, d := range added {
+		if err := t.addLocked(d); err != nil {
+			return out, err // unreachable: restoredDevicesLocked checked it
+		}
+	}
+	if len(added) > 0 {
 		if err := t.linkLocked(); err != nil {
-			return out, err
+			return out, err // unreachable: restoredDevicesLocked checked it
 		}
 	}
 	ev := evaluation{t: t, now: now, out: out}
@@ -102,11 +100,8 @@ func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Tra
 			continue
 		}
 		for _, c := range cd.Conditions {
-			if rebooted && c.ClearsOn.ClearedByReboot() {
+			if !keep(c) {
 				continue
-			}
-			if c.Type == "" {
-				return ev.out, fmt.Errorf("%w: device %s has a condition without a type", ErrCorruptCheckpoint, cd.Device.UUID)
 			}
 			if i := ds.find(c.Type, c.Code); i >= 0 {
 				if ds.conds[i].Severity >= c.Severity {
@@ -121,6 +116,64 @@ func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Tra
 		}
 	}
 	return ev.out, nil
+}
+
+// restoredDevicesLocked checks everything Restore will apply and returns the devices it must
+// add, parents before their MIG instances, without changing the tracker.
+func (t *Tracker) restoredDevicesLocked(cp Checkpoint, keep func(Condition) bool) ([]Device, error) {
+	var added []Device
+	byUUID := map[string]Device{}
+	for _, cd := range cp.Devices {
+		if cd.Device.UUID == "" {
+			return nil, fmt.Errorf("device with index %d has no UUID", cd.Device.Index)
+		}
+		kept := false
+		for _, c := range cd.Conditions {
+			if !keep(c) {
+				continue
+			}
+			if c.Type == "" {
+				return nil, fmt.Errorf("device %s has a condition without a type", cd.Device.UUID)
+			}
+			kept = true
+		}
+		_, known := t.devices[cd.Device.UUID]
+		_, dup := byUUID[cd.Device.UUID]
+		if !kept || known || dup {
+			continue
+		}
+		byUUID[cd.Device.UUID] = cd.Device
+		added = append(added, cd.Device)
+	}
+	var parents []Device
+	for _, d := range added {
+		if d.MIG == nil {
+			continue
+		}
+		pu := d.MIG.ParentUUID
+		if pu == "" || pu == d.UUID {
+			return nil, fmt.Errorf("MIG device %q has no parent GPU", d.UUID)
+		}
+		parent, ok := byUUID[pu]
+		if ds, known := t.devices[pu]; known {
+			parent, ok = ds.dev, true
+		}
+		if !ok {
+			// The GPU vanished with its instance and had nothing sticky of its own.
+			parent = Device{UUID: pu, Index: d.Index, Minor: d.Minor}
+			for _, cd := range cp.Devices {
+				if cd.Device.UUID == pu {
+					parent = cd.Device
+				}
+			}
+			byUUID[pu] = parent
+			parents = append(parents, parent)
+		}
+		if parent.MIG != nil {
+			return nil, fmt.Errorf("MIG device %q names another MIG device %q as parent", d.UUID, pu)
+		}
+	}
+	return append(parents, added...), nil
 }
 
 // MarshalCheckpoint encodes cp in the versioned, checksummed file format.
