@@ -1,0 +1,26 @@
+// Package nvml is the NVML backend: it watches real NVIDIA GPUs through go-nvml and reports what
+// it learns as the health library's signals. It is the only package in the tree that imports
+// github.com/NVIDIA/go-nvml (a depguard rule in .golangci.yml enforces it), and so the one place
+// that turns an nvml.Return into a Go error.
+//
+// A Backend has two loops, both owned by Run and stopped when its context ends:
+//
+//   - the event loop waits on one NVML event set for XID critical errors, single- and double-bit
+//     ECC errors, single-bit ECC storms, DRAM retirement events and failures, "GPU unavailable" and
+//     GPU recovery-action events, and maps each to the GPU (and, for MIG, the GPU instance and
+//     compute instance) it concerns;
+//   - the sampler reads every GPU's counters and states each sample period (default 10 s):
+//     volatile ECC totals, remapped rows, retired pages, temperature and the GPU's own
+//     slowdown/shutdown thresholds, clock-event reasons, the PCIe replay counter, NVLink state and
+//     error counters, and NVML's GPU recovery action, and ends each GPU's round with a sample
+//     signal.
+//
+// ERROR_NOT_SUPPORTED always means "no data": a reading a GPU does not support produces no
+// signal, and a GPU whose events cannot be registered is reported as unmonitored (visible, not
+// unhealthy). Counters are passed on as totals; the library turns them into rates. A volatile ECC
+// total that goes down means the GPU was reset, and the backend reports the reset before the new
+// totals. See docs/nvml.md.
+//
+// Errors returned by this package wrap the nvml.Return that caused them, so
+// errors.Is(err, nvml.ERROR_GPU_IS_LOST) works.
+package nvml

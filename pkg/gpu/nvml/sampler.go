@@ -1,0 +1,139 @@
+package nvml
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// sampleLoop runs a sampling round at once (it sets the counters' baselines) and then every
+// sample period until ctx ends.
+func (b *Backend) sampleLoop(ctx context.Context, sink Sink) error {
+	for {
+		// The period runs from the start of a round, so slow reads do not stretch it.
+		timer := b.opts.clock.NewTimer(b.opts.samplePeriod)
+		b.sampleAll(sink)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C():
+		}
+	}
+}
+
+func (b *Backend) sampleAll(sink Sink) {
+	for _, g := range b.gpus {
+		b.emitReadings(g, b.read(g), sink)
+	}
+	b.stats.add(func(s *Stats) { s.Rounds++ })
+}
+
+// emitReadings turns one round of readings into signals and ends the round with SignalSample.
+// A lost GPU gets SignalLost and nothing else; readings without data produce no signal.
+func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
+	base := health.Signal{Device: g.dev.UUID, Time: r.Time}
+	if r.Lost {
+		b.log.Info("GPU is lost", "gpu", g.dev.UUID)
+		sink.Signal(with(base, health.SignalLost))
+		return
+	}
+	if len(r.Errors) > 0 {
+		b.stats.add(func(s *Stats) { s.SampleErrors += uint64(len(r.Errors)) })
+		b.log.Info("some readings failed", "gpu", g.dev.UUID, "errors", strings.Join(r.Errors, "; "))
+	}
+	if r.ECC != nil {
+		b.emitECC(g, *r.ECC, base, sink)
+	}
+	if rr := r.RemappedRows; rr != nil {
+		s := with(base, health.SignalRemappedRows)
+		s.Pending, s.Failure = rr.Pending, rr.Failure
+		sink.Signal(s)
+	}
+	if p := r.RetiredPagesPending; p != nil {
+		s := with(base, health.SignalRetiredPages)
+		s.Pending = *p
+		sink.Signal(s)
+	}
+	if t := r.Temperature; t != nil {
+		s := with(base, health.SignalTemperature)
+		s.Value, s.SlowdownC, s.ShutdownC = t.CurrentC, t.SlowdownC, t.ShutdownC
+		sink.Signal(s)
+	}
+	if c := r.ClockEventReasons; c != nil {
+		s := with(base, health.SignalClockEvents)
+		s.Reasons = *c
+		sink.Signal(s)
+	}
+	if p := r.PCIeReplays; p != nil {
+		s := with(base, health.SignalPCIeReplays)
+		s.Value = *p
+		sink.Signal(s)
+	}
+	for _, l := range r.NVLinks {
+		s := with(base, health.SignalNVLinkState)
+		s.Link, s.Down = uint32(l.Link), l.Down
+		sink.Signal(s)
+		if l.Errors != nil {
+			s := with(base, health.SignalNVLinkErrors)
+			s.Link, s.Value = uint32(l.Link), int64(min(*l.Errors, 1<<63-1))
+			sink.Signal(s)
+		}
+	}
+	if a := r.RecoveryAction; a != nil {
+		s := with(base, health.SignalRecoveryAction)
+		s.Action = *a
+		sink.Signal(s)
+	}
+	sink.Signal(with(base, health.SignalSample))
+}
+
+// emitECC passes the volatile ECC totals on. Volatile counters only restart at a GPU reset (or a
+// driver reload), so totals lower than the previous ones mean the GPU was reset: the reset is
+// reported first, so that the library clears what a reset clears and restarts its rates before
+// it sees the new totals.
+func (b *Backend) emitECC(g *gpu, e ECCReading, base health.Signal, sink Sink) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.eccValid && (e.Corrected < g.ecc.corrected || e.Uncorrected < g.ecc.uncorrected) {
+		b.log.Info("volatile ECC totals went down: the GPU was reset", "gpu", g.dev.UUID,
+			"corrected", e.Corrected, "previousCorrected", g.ecc.corrected,
+			"uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
+		b.stats.add(func(s *Stats) { s.Resets++ })
+		sink.Signal(with(base, health.SignalReset))
+	}
+	g.ecc, g.eccValid = eccTotals{corrected: e.Corrected, uncorrected: e.Uncorrected}, true
+	s := with(base, health.SignalECCCounters)
+	s.Corrected, s.Uncorrected = e.Corrected, e.Uncorrected
+	sink.Signal(s)
+}
+
+func with(base health.Signal, kind health.SignalKind) health.Signal {
+	base.Kind = kind
+	return base
+}
+
+// Stats counts what the backend did, for metrics and for tests. Nothing it sees is dropped
+// without being counted here.
+type Stats struct {
+	// Events is the number of events received from the event set.
+	Events uint64 `json:"events"`
+	// Unattributed counts events whose GPU could not be identified.
+	Unattributed uint64 `json:"unattributed"`
+	// WaitErrors counts EventSet.Wait failures other than a timeout; each is retried after a
+	// backoff.
+	WaitErrors uint64 `json:"waitErrors"`
+	// ConsecutiveWaitErrors counts the failures since the last successful Wait; Backoff is the
+	// delay before the next retry (0 when waiting normally).
+	ConsecutiveWaitErrors uint64        `json:"consecutiveWaitErrors"`
+	Backoff               time.Duration `json:"backoff"`
+	LastWaitError         string        `json:"lastWaitError,omitempty"`
+	// Rounds counts completed sampling rounds; SampleErrors counts readings that failed with
+	// anything but NOT_SUPPORTED or GPU_IS_LOST.
+	Rounds       uint64 `json:"rounds"`
+	SampleErrors uint64 `json:"sampleErrors"`
+	// Resets counts GPU resets detected from volatile ECC totals going down.
+	Resets uint64 `json:"resets"`
+}
