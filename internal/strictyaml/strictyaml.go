@@ -1,5 +1,6 @@
 // Package strictyaml decodes the project's YAML files (configs, scenarios) strictly: unknown
-// fields, duplicate keys, several documents and type mismatches are errors, and every error is
+// fields, duplicate keys, several documents and type mismatches (a fraction for an integer
+// included) are errors, and every error is
 // one line that names the line and the field, so a person can fix the file from the message.
 package strictyaml
 
@@ -8,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"reflect"
 	"regexp"
 	"strings"
 
@@ -30,6 +33,98 @@ func Decode(data []byte, out any) error {
 			return Clean(err)
 		}
 		return fmt.Errorf("line %d: only one YAML document is allowed", extra.Line)
+	}
+	// yaml.v3 truncates a fraction bound for an integer (1.5 becomes 1) without a word.
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil {
+		return Clean(err)
+	}
+	return checkWhole(&doc, reflect.TypeOf(out))
+}
+
+var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+
+// checkWhole walks n alongside the Go type it was decoded into and rejects a number with a
+// fraction where the type holds integers. Types with their own UnmarshalYAML check themselves.
+func checkWhole(n *yaml.Node, t reflect.Type) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		return nil
+	}
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if err := checkWhole(c, t); err != nil {
+				return err
+			}
+		}
+	case yaml.ScalarNode:
+		switch t.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			var f float64
+			if n.ShortTag() == "!!float" && n.Decode(&f) == nil && f != math.Trunc(f) {
+				return fmt.Errorf("line %d: %q is not a whole number", n.Line, n.Value)
+			}
+		}
+	case yaml.SequenceNode:
+		if t.Kind() != reflect.Slice && t.Kind() != reflect.Array {
+			return nil
+		}
+		for _, c := range n.Content {
+			if err := checkWhole(c, t.Elem()); err != nil {
+				return err
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			var vt reflect.Type
+			switch t.Kind() {
+			case reflect.Map:
+				if err := checkWhole(n.Content[i], t.Key()); err != nil {
+					return err
+				}
+				vt = t.Elem()
+			case reflect.Struct:
+				vt = fieldType(t, n.Content[i].Value)
+			}
+			if vt == nil {
+				continue
+			}
+			if err := checkWhole(n.Content[i+1], vt); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// fieldType returns the type of the field that the key name fills in struct t, looking into
+// inlined structs, or nil.
+func fieldType(t reflect.Type, name string) reflect.Type {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if tag == "-" || !f.IsExported() {
+			continue
+		}
+		if strings.Contains(","+opts+",", ",inline,") && f.Type.Kind() == reflect.Struct {
+			if ft := fieldType(f.Type, name); ft != nil {
+				return ft
+			}
+			continue
+		}
+		if tag == "" {
+			tag = strings.ToLower(f.Name)
+		}
+		if tag == name {
+			return f.Type
+		}
 	}
 	return nil
 }
@@ -65,8 +160,9 @@ func Lookup(root *yaml.Node, keys ...string) *yaml.Node {
 }
 
 var (
-	notFound   = regexp.MustCompile(`field (\S+) not found in type \S+`)
-	cannotInto = regexp.MustCompile("cannot unmarshal (!!\\w+)(?: `([^`]*)`)? into \\S+")
+	// A field name or a value may hold any character, newlines and spaces included.
+	notFound   = regexp.MustCompile(`(?s)field (.*) not found in type \S+`)
+	cannotInto = regexp.MustCompile("(?s)cannot unmarshal (!\\S*)(?: `([^`]*)`)? into \\S+")
 )
 
 var tagNames = map[string]string{
@@ -80,7 +176,9 @@ func Clean(err error) error {
 	if errors.As(err, &te) {
 		msgs := make([]string, 0, len(te.Errors))
 		for _, m := range te.Errors {
-			m = notFound.ReplaceAllString(m, `unknown field "$1"`)
+			m = notFound.ReplaceAllStringFunc(m, func(s string) string {
+				return fmt.Sprintf("unknown field %q", notFound.FindStringSubmatch(s)[1])
+			})
 			m = cannotInto.ReplaceAllStringFunc(m, func(s string) string {
 				sub := cannotInto.FindStringSubmatch(s)
 				what := tagNames[sub[1]]
@@ -94,8 +192,12 @@ func Clean(err error) error {
 			})
 			msgs = append(msgs, m)
 		}
-		return errors.New(strings.Join(msgs, "; "))
+		return errors.New(oneLine(strings.Join(msgs, "; ")))
 	}
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	return errors.New(strings.ReplaceAll(msg, "\n", " "))
+	return errors.New(oneLine(strings.TrimPrefix(err.Error(), "yaml: ")))
+}
+
+// oneLine folds line breaks the patterns above did not catch into spaces.
+func oneLine(s string) string {
+	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
 }

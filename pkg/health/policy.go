@@ -128,6 +128,14 @@ func DevicePluginPolicy() *Policy {
 		// Nothing in this profile clears on a quiet period; the value only has to be valid.
 		QuietPeriod: DefaultQuietPeriod,
 	}
+	// Every polled check is off, but with the default thresholds, so that a config that turns
+	// one on gets a working check rather than zero limits that fire on the first reading.
+	def := DefaultPolicy()
+	p.ECC.CorrectedStormPerMinute = def.ECC.CorrectedStormPerMinute
+	p.Thermal.RecoverySamples = def.Thermal.RecoverySamples
+	p.ClockEvents.RecoverySamples, p.ClockEvents.Reasons = def.ClockEvents.RecoverySamples, def.ClockEvents.Reasons
+	p.PCIeReplays.RecoverySamples, p.PCIeReplays.PerMinute = def.PCIeReplays.RecoverySamples, def.PCIeReplays.PerMinute
+	p.NVLink.RecoverySamples, p.NVLink.ErrorsPerMinute = def.NVLink.RecoverySamples, def.NVLink.ErrorsPerMinute
 	catalog := XIDTable()
 	for _, xid := range devicePluginIgnoredXIDs {
 		rule := catalog[xid]

@@ -237,7 +237,7 @@ func (c *HealthConfig) Validate() error {
 		validateRule(path, o.XIDRule, bad)
 	}
 	ch := c.Checks
-	if ch.ECC != nil && ch.ECC.CorrectedStormPerMinute != nil && *ch.ECC.CorrectedStormPerMinute <= 0 {
+	if ch.ECC != nil && ch.ECC.CorrectedStormPerMinute != nil && !positive(*ch.ECC.CorrectedStormPerMinute) {
 		bad("checks.ecc.correctedStormPerMinute", "must be positive, got %v", *ch.ECC.CorrectedStormPerMinute)
 	}
 	if t := ch.Thermal; t != nil {
@@ -261,13 +261,13 @@ func (c *HealthConfig) Validate() error {
 		validateSamples("checks.clockEvents.recoverySamples", k.RecoverySamples, bad)
 	}
 	if r := ch.PCIeReplays; r != nil {
-		if r.PerMinute != nil && *r.PerMinute <= 0 {
+		if r.PerMinute != nil && !positive(*r.PerMinute) {
 			bad("checks.pcieReplays.perMinute", "must be positive, got %v", *r.PerMinute)
 		}
 		validateSamples("checks.pcieReplays.recoverySamples", r.RecoverySamples, bad)
 	}
 	if n := ch.NVLink; n != nil {
-		if n.ErrorsPerMinute != nil && *n.ErrorsPerMinute <= 0 {
+		if n.ErrorsPerMinute != nil && !positive(*n.ErrorsPerMinute) {
 			bad("checks.nvlink.errorsPerMinute", "must be positive, got %v", *n.ErrorsPerMinute)
 		}
 		validateSamples("checks.nvlink.recoverySamples", n.RecoverySamples, bad)
@@ -293,6 +293,10 @@ func validateRule(path string, r XIDRule, bad func(string, string, ...any)) {
 		bad(path+".recommendedAction", "must not be empty")
 	}
 }
+
+// positive reports whether v is a usable rate limit: above zero and not NaN (YAML's .nan, which
+// no rate is ever above, would turn the check off without saying so).
+func positive(v float64) bool { return v > 0 }
 
 func validateSamples(path string, v *int, bad func(string, string, ...any)) {
 	if v != nil && (*v < 1 || *v > MaxRecoverySamples) {
