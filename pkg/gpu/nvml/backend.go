@@ -281,3 +281,7 @@ func sameHandle(a, b nvml.Device) bool {
 	}
 	return a == b
 }
+
+// OpenSystem opens the NVML library installed with the NVIDIA driver. Commands use it so that
+// go-nvml stays behind this package's door.
+func OpenSystem(opts ...Option) (*Backend, error) { return Open(nvml.New(), opts...) }

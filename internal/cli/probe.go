@@ -1,0 +1,154 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
+)
+
+func newProbeCommand() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "probe [--output json|table]",
+		Short: "Show each real GPU's identity, supported checks and current readings (NVML)",
+		Long: `probe opens NVML, lists every GPU (UUID, index, PCI bus ID, minor number, model, MIG
+instances), the health events each GPU supports, and one round of readings: ECC totals, row
+remapping, retired pages, temperature and its thresholds, power, clock-event reasons, PCIe
+replays, NVLink state and errors, and NVML's recovery action. Readings a GPU does not support
+are listed as unsupported ("no data", not a fault). Without the NVIDIA driver it exits 1.`,
+		Example: `  gpuhealth probe
+  gpuhealth probe --output json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "json" && output != "table" {
+				return badInput(fmt.Errorf("--output: must be json or table, got %q", output))
+			}
+			b, err := gpunvml.OpenSystem()
+			if err != nil {
+				return err
+			}
+			rep := b.Probe()
+			if err := b.Close(); err != nil {
+				return err
+			}
+			if output == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			return writeProbeTable(cmd.OutOrStdout(), rep)
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: json or table")
+	return cmd
+}
+
+func writeProbeTable(out io.Writer, rep gpunvml.Report) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "driver version:\t%s\n", orDash(rep.DriverVersion))
+	fmt.Fprintf(w, "GPUs:\t%d\n", len(rep.GPUs))
+	for _, s := range rep.Skipped {
+		fmt.Fprintf(w, "skipped:\t%s\n", s)
+	}
+	for _, g := range rep.GPUs {
+		d, r := g.Device, g.Readings
+		fmt.Fprintf(w, "\nGPU %d\t%s\n", d.Index, d.UUID)
+		fmt.Fprintf(w, "  model:\t%s\n", orDash(d.Model))
+		fmt.Fprintf(w, "  PCI bus ID:\t%s\n", orDash(d.PCIBusID))
+		fmt.Fprintf(w, "  minor:\t%d\n", d.Minor)
+		for _, m := range g.MIGDevices {
+			fmt.Fprintf(w, "  MIG device:\t%s (GPU instance %d, compute instance %d, %s)\n", m.UUID, m.MIG.GPUInstance, m.MIG.ComputeInstance, m.Model)
+		}
+		events := strings.Join(g.Events, ", ")
+		if events == "" {
+			events = "none (the GPU would be unmonitored for events)"
+		}
+		if g.EventsError != "" {
+			events = g.EventsError
+		}
+		fmt.Fprintf(w, "  events:\t%s\n", events)
+		if r.Lost {
+			fmt.Fprintf(w, "  state:\tLOST (NVML answered ERROR_GPU_IS_LOST)\n")
+			continue
+		}
+		if t := r.Temperature; t != nil {
+			fmt.Fprintf(w, "  temperature:\t%d°C (slowdown %s, shutdown %s)\n", t.CurrentC, celsius(t.SlowdownC), celsius(t.ShutdownC))
+		}
+		if p := r.Power; p != nil {
+			limit := "unknown"
+			if p.LimitMilliwatts > 0 {
+				limit = fmt.Sprintf("%.1f W", float64(p.LimitMilliwatts)/1000)
+			}
+			fmt.Fprintf(w, "  power:\t%.1f W (limit %s)\n", float64(p.UsageMilliwatts)/1000, limit)
+		}
+		if e := r.ECC; e != nil {
+			fmt.Fprintf(w, "  ECC (volatile):\tcorrected %d, uncorrected %d\n", e.Corrected, e.Uncorrected)
+		}
+		if rr := r.RemappedRows; rr != nil {
+			fmt.Fprintf(w, "  remapped rows:\tcorrected %d, uncorrected %d, pending %t, failure %t\n", rr.Corrected, rr.Uncorrected, rr.Pending, rr.Failure)
+		}
+		if p := r.RetiredPagesPending; p != nil {
+			fmt.Fprintf(w, "  retired pages:\tpending %t\n", *p)
+		}
+		if c := r.ClockEventReasons; c != nil {
+			fmt.Fprintf(w, "  clock events:\t%s\n", clockReasons(uint64(*c), c.String()))
+		}
+		if p := r.PCIeReplays; p != nil {
+			fmt.Fprintf(w, "  PCIe replays:\t%d\n", *p)
+		}
+		if len(r.NVLinks) > 0 {
+			down, errs, counted := 0, uint64(0), false
+			for _, l := range r.NVLinks {
+				if l.Down {
+					down++
+				}
+				if l.Errors != nil {
+					errs += *l.Errors
+					counted = true
+				}
+			}
+			errText := "error counters unsupported"
+			if counted {
+				errText = fmt.Sprintf("%d errors", errs)
+			}
+			fmt.Fprintf(w, "  NVLink:\t%d links, %d down, %s\n", len(r.NVLinks), down, errText)
+		}
+		if a := r.RecoveryAction; a != nil {
+			fmt.Fprintf(w, "  recovery action:\t%s\n", a)
+		}
+		if len(r.Unsupported) > 0 {
+			fmt.Fprintf(w, "  unsupported:\t%s\n", strings.Join(r.Unsupported, ", "))
+		}
+		for _, e := range r.Errors {
+			fmt.Fprintf(w, "  error:\t%s\n", e)
+		}
+	}
+	return w.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func celsius(v int64) string {
+	if v <= 0 {
+		return "unknown"
+	}
+	return fmt.Sprintf("%d°C", v)
+}
+
+func clockReasons(bits uint64, named string) string {
+	if bits == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%s (0x%x)", named, bits)
+}

@@ -1,0 +1,211 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/spf13/cobra"
+	"k8s.io/utils/clock"
+
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+// tickEvery is how often watch expires quiet periods when no signal arrives.
+const tickEvery = time.Second
+
+func newWatchCommand() *cobra.Command {
+	var backend, scenarioPath, configPath, output string
+	cmd := &cobra.Command{
+		Use:   "watch [--backend nvml|sim] [--scenario FILE] [--config FILE] [--output json|table]",
+		Short: "Watch this node's GPUs without Kubernetes and print each health transition",
+		Long: `watch runs the health monitor on this node and prints every transition of a GPU (or MIG
+instance) between Healthy, Degraded and Unhealthy as it happens: the way to check a node by hand.
+
+With --backend nvml (the default) it watches the real GPUs through NVML until interrupted
+(SIGINT or SIGTERM); without the NVIDIA driver it exits 1. With --backend sim it replays a
+scenario file on the real clock and exits at the scenario's end.
+
+--output json prints one JSON object per line: time, index, uuid, from, to, reason (and mig for
+a MIG instance).`,
+		Example: `  gpuhealth watch
+  gpuhealth watch --output json --config examples/healthconfig.yaml
+  gpuhealth watch --backend sim --scenario examples/scenario.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "json" && output != "table" {
+				return badInput(fmt.Errorf("--output: must be json or table, got %q", output))
+			}
+			switch {
+			case backend != "nvml" && backend != "sim":
+				return badInput(fmt.Errorf("--backend: must be nvml or sim, got %q", backend))
+			case backend == "sim" && scenarioPath == "":
+				return badInput(errors.New("--scenario: required with --backend sim"))
+			case backend == "nvml" && scenarioPath != "":
+				return badInput(errors.New("--scenario: only with --backend sim"))
+			}
+			cfg := config.Default()
+			if configPath != "" {
+				var err error
+				if cfg, err = config.Load(configPath); err != nil {
+					return badInput(err)
+				}
+			}
+			policy, err := cfg.Policy()
+			if err != nil {
+				return badInput(fmt.Errorf("%s: %w", configPath, err))
+			}
+			logger := funcr.New(func(prefix, args string) {
+				fmt.Fprintln(cmd.ErrOrStderr(), prefix, args)
+			}, funcr.Options{})
+
+			var src watchSource
+			if backend == "sim" {
+				sc, err := sim.LoadScenario(scenarioPath)
+				if err != nil {
+					return badInput(err)
+				}
+				be := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: cfg.SampleEvery()})
+				src = watchSource{devices: be.Devices(), run: func(ctx context.Context, m *health.Monitor) error { return be.Run(ctx, m) }}
+			} else {
+				b, err := gpunvml.OpenSystem(gpunvml.WithSamplePeriod(cfg.SampleEvery()), gpunvml.WithLogger(logger))
+				if err != nil {
+					return err
+				}
+				defer func() {
+					if err := b.Close(); err != nil {
+						logger.Error(err, "closing NVML")
+					}
+				}()
+				src = watchSource{devices: b.Devices(), run: func(ctx context.Context, m *health.Monitor) error { return b.Run(ctx, m) }}
+			}
+			return runWatch(cmd.Context(), src, policy, output, cmd.OutOrStdout(), logger)
+		},
+	}
+	cmd.Flags().StringVar(&backend, "backend", "nvml", "GPU backend: nvml (this node's GPUs) or sim (a scenario)")
+	cmd.Flags().StringVar(&scenarioPath, "scenario", "", "scenario file to replay (with --backend sim)")
+	cmd.Flags().StringVar(&configPath, "config", "", "HealthConfig file (default: the built-in default profile)")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: json or table")
+	return cmd
+}
+
+// watchSource is a backend watch runs: its devices, and a loop that feeds a monitor until the
+// end of a scenario or of its context.
+type watchSource struct {
+	devices []health.Device
+	run     func(context.Context, *health.Monitor) error
+}
+
+// runWatch runs src into a monitor and prints each transition until src returns (the end of a
+// scenario) or ctx ends (a signal). The backend runs in a goroutine this function waits for.
+func runWatch(ctx context.Context, src watchSource, policy *health.Policy, output string, out io.Writer, log logr.Logger) error {
+	tracker, err := health.NewTracker(policy, src.devices)
+	if err != nil {
+		return err
+	}
+	m := health.NewMonitor(tracker)
+	sub := m.Subscribe()
+	defer sub.Close()
+	sub.Next() // the initial all-healthy state is not a transition
+
+	p := transitionPrinter{out: out, json: output == "json"}
+	if err := p.header(src.devices); err != nil {
+		return err
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- src.run(runCtx, m) }()
+
+	ticker := time.NewTicker(tickEvery)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-sub.C():
+			if err := p.update(sub, log); err != nil {
+				// Stdout is gone; stop the backend and report why.
+				cancel()
+				if rerr := <-done; rerr != nil && !errors.Is(rerr, context.Canceled) {
+					err = errors.Join(err, rerr)
+				}
+				return err
+			}
+		case now := <-ticker.C:
+			m.Tick(now)
+		case err := <-done:
+			// Print what the last signals changed, then stop.
+			if perr := p.update(sub, log); perr != nil {
+				return perr
+			}
+			if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				return nil // interrupted: not a failure
+			}
+			return err
+		}
+	}
+}
+
+type transitionPrinter struct {
+	out  io.Writer
+	json bool
+}
+
+// transitionJSON is one line of `watch --output json`.
+type transitionJSON struct {
+	Time   time.Time            `json:"time"`
+	Index  int                  `json:"index"`
+	UUID   string               `json:"uuid"`
+	MIG    *health.MIGPlacement `json:"mig,omitempty"`
+	From   health.Severity      `json:"from"`
+	To     health.Severity      `json:"to"`
+	Reason string               `json:"reason"`
+}
+
+func (p transitionPrinter) header(devices []health.Device) error {
+	if p.json {
+		return nil
+	}
+	_, err := fmt.Fprintf(p.out, "watching %d devices; transitions:\n%-30s  %-5s  %-42s  %-22s  %s\n",
+		len(devices), "TIME", "INDEX", "UUID", "FROM -> TO", "REASON")
+	return err
+}
+
+func (p transitionPrinter) update(sub *health.Subscription, log logr.Logger) error {
+	u, ok := sub.Next()
+	if !ok {
+		return nil
+	}
+	if u.Dropped > 0 {
+		log.Info("watch fell behind: transitions were dropped", "dropped", u.Dropped)
+	}
+	for _, t := range u.Transitions {
+		if err := p.print(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p transitionPrinter) print(t health.Transition) error {
+	if p.json {
+		b, err := json.Marshal(transitionJSON{Time: t.Time, Index: t.Device.Index, UUID: t.Device.UUID, MIG: t.Device.MIG,
+			From: t.From, To: t.To, Reason: t.Reason})
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(p.out, "%s\n", b)
+		return err
+	}
+	_, err := fmt.Fprintf(p.out, "%-30s  %-5d  %-42s  %-22s  %s\n", t.Time.Format(time.RFC3339Nano), t.Device.Index,
+		t.Device.UUID, t.From.String()+" -> "+t.To.String(), t.Reason)
+	return err
+}
