@@ -250,6 +250,18 @@ func ParseScenario(data []byte) (*Scenario, error) {
 		sc.Duration = time.Duration(*f.Duration)
 	}
 	eventNodes := strictyaml.Lookup(root, "events")
+	if eventNodes != nil {
+		// The decoder drops null items ("- ~", a bare "-") without a word, which would also
+		// shift the lines reported for the events after them.
+		for i, n := range eventNodes.Content {
+			if n.Kind == yaml.AliasNode && n.Alias != nil {
+				n = n.Alias
+			}
+			if n.ShortTag() == "!!null" {
+				return nil, fmt.Errorf("events[%d] (line %d): the event is empty", i, n.Line)
+			}
+		}
+	}
 	for i, spec := range f.Events {
 		line := 0
 		if eventNodes != nil && i < len(eventNodes.Content) {
