@@ -380,7 +380,9 @@ func TestRealClockReplay(t *testing.T) {
 	sc := mustParseScenario(t, scenario("gpus: {count: 1}\n", "{at: 5s, gpu: 0, xid: 48}")+"duration: 10s\n")
 	rec := &recorder{}
 	done := make(chan error, 1)
-	go func() { done <- sim.New(sc, sim.Options{Clock: clk, SampleInterval: 10 * time.Second}).Run(context.Background(), rec) }()
+	go func() {
+		done <- sim.New(sc, sim.Options{Clock: clk, SampleInterval: 10 * time.Second}).Run(context.Background(), rec)
+	}()
 
 	waitForWaiters(t, clk, done)
 	// The round at the start came at once; nothing else until the clock moves.
