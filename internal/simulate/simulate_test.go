@@ -1,0 +1,337 @@
+package simulate_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuhealth/gpuhealth/internal/simulate"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+func load(t *testing.T, path string) *sim.Scenario {
+	t.Helper()
+	sc, err := sim.LoadScenario(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+func run(t *testing.T, sc *sim.Scenario, p *health.Policy) *simulate.Result {
+	t.Helper()
+	if p == nil {
+		p = health.DefaultPolicy()
+	}
+	res, err := simulate.Run(context.Background(), sc, p, simulate.Options{})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return res
+}
+
+// jsonOf renders the result as `gpuhealth simulate --output json` does and decodes it generically,
+// so the tests check the wire shape rather than Go field names.
+func jsonOf(t *testing.T, res *simulate.Result) map[string]any {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := res.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, buf.String())
+	}
+	return m
+}
+
+func keys(m map[string]any) []string {
+	var k []string
+	for key := range m {
+		k = append(k, key)
+	}
+	slices.Sort(k)
+	return k
+}
+
+func wantKeys(t *testing.T, what string, m map[string]any, want ...string) {
+	t.Helper()
+	for _, k := range want {
+		if _, ok := m[k]; !ok {
+			t.Errorf("%s has no %q key; keys %q", what, k, keys(m))
+		}
+	}
+}
+
+func TestJSONShape(t *testing.T) {
+	m := jsonOf(t, run(t, load(t, filepath.Join("testdata", "faults.yaml")), nil))
+	wantKeys(t, "the result", m, "node", "devices", "transitions")
+	if m["node"] != "sim-node-0" {
+		t.Fatalf("node %v", m["node"])
+	}
+	devices, ok := m["devices"].([]any)
+	if !ok || len(devices) != 3 {
+		t.Fatalf("devices %v, want a list of the 3 GPUs", m["devices"])
+	}
+	for i, d := range devices {
+		dev := d.(map[string]any)
+		wantKeys(t, fmt.Sprintf("devices[%d]", i), dev, "index", "uuid", "health", "evict", "conditions")
+		if dev["index"] != float64(i) || dev["uuid"] != sim.GPUUUID("sim-node-0", i) {
+			t.Errorf("devices[%d] index %v uuid %v: not listed by index", i, dev["index"], dev["uuid"])
+		}
+		if _, ok := dev["conditions"].([]any); !ok {
+			t.Errorf("devices[%d].conditions is %v, want a list (never null)", i, dev["conditions"])
+		}
+		if _, ok := dev["evict"].(bool); !ok {
+			t.Errorf("devices[%d].evict is %v, want a boolean", i, dev["evict"])
+		}
+	}
+
+	gpu0, gpu1 := devices[0].(map[string]any), devices[1].(map[string]any)
+	if gpu1["health"] != "Unhealthy" || gpu1["evict"] != true {
+		t.Fatalf("GPU 1: %v", gpu1)
+	}
+	cond := gpu1["conditions"].([]any)[0].(map[string]any)
+	wantKeys(t, "a condition", cond, "type", "severity", "reason", "message", "since", "clearsOn", "recommendedAction")
+	want := map[string]any{"type": "XID", "severity": "Unhealthy", "reason": "XID79", "since": "5s",
+		"clearsOn": "nodeReboot", "recommendedAction": "rebootNode"}
+	for k, v := range want {
+		if cond[k] != v {
+			t.Errorf("condition %s = %v, want %v", k, cond[k], v)
+		}
+	}
+	if msg, _ := cond["message"].(string); !strings.Contains(msg, "79") {
+		t.Errorf("message %q does not name the XID", msg)
+	}
+	if gpu0["health"] != "Degraded" || gpu0["conditions"].([]any)[0].(map[string]any)["since"] != "7s" {
+		t.Errorf("GPU 0: %v", gpu0)
+	}
+	// Application XIDs are counted and visible.
+	xids, _ := gpu0["xids"].([]any)
+	if len(xids) != 1 || xids[0].(map[string]any)["xid"] != float64(13) || xids[0].(map[string]any)["count"] != float64(3) {
+		t.Errorf("GPU 0 xids %v", gpu0["xids"])
+	}
+
+	transitions, ok := m["transitions"].([]any)
+	if !ok {
+		t.Fatalf("transitions %v", m["transitions"])
+	}
+	var got []string
+	for i, tr := range transitions {
+		tm := tr.(map[string]any)
+		wantKeys(t, fmt.Sprintf("transitions[%d]", i), tm, "at", "index", "uuid", "from", "to", "reason")
+		got = append(got, fmt.Sprintf("%v %v %v %v->%v %v", tm["at"], tm["index"], tm["uuid"], tm["from"], tm["to"], tm["reason"]))
+	}
+	wantT := []string{
+		fmt.Sprintf("5s 1 %s Healthy->Unhealthy XID79", sim.GPUUUID("sim-node-0", 1)),
+		fmt.Sprintf("7s 0 %s Healthy->Degraded TemperatureAtSlowdown", sim.GPUUUID("sim-node-0", 0)),
+		fmt.Sprintf("1m0s 2 %s Healthy->Unhealthy XID62", sim.MIGUUID("sim-node-0", 2, 2)),
+	}
+	if !slices.Equal(got, wantT) {
+		t.Fatalf("transitions\n%q\nwant\n%q", got, wantT)
+	}
+	if p := transitions[2].(map[string]any)["parentUUID"]; p != sim.GPUUUID("sim-node-0", 2) {
+		t.Errorf("MIG transition parentUUID %v", p)
+	}
+	// MIG instances are listed under their GPU.
+	migs, _ := devices[2].(map[string]any)["migDevices"].([]any)
+	if len(migs) != 2 || migs[1].(map[string]any)["health"] != "Unhealthy" || migs[0].(map[string]any)["health"] != "Healthy" {
+		t.Fatalf("MIG devices %v", migs)
+	}
+	if m["end"] != "2m0s" {
+		t.Errorf("end %v", m["end"])
+	}
+}
+
+func TestQuietNodeHasEmptyListsNotNulls(t *testing.T) {
+	sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\ngpus: {count: 2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := run(t, sc, nil).WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if strings.Contains(out, "null") || !strings.Contains(out, `"transitions": []`) || !strings.Contains(out, `"conditions": []`) {
+		t.Fatalf("output:\n%s", out)
+	}
+	if !strings.Contains(out, `"node": "sim-node"`) {
+		t.Fatalf("default node name missing:\n%s", out)
+	}
+}
+
+// exampleTransitions is what the bundled one-hour example must produce under the default profile.
+var exampleTransitions = []string{
+	"30s 3 Healthy->Unhealthy XID79",
+	"2m0s 2 Healthy->Unhealthy XID48",
+	"5m0s 5 Healthy->Unhealthy TemperatureAtShutdown",
+	"6m20s 5 Unhealthy->Degraded Recovered",
+	"8m20s 5 Degraded->Healthy Recovered",
+	"10m0s 4 Healthy->Degraded SingleBitECCStorm",
+	"12m0s 6 Healthy->Degraded ClocksThrottled",
+	"14m20s 6 Degraded->Healthy Recovered",
+	"16m0s 0 Healthy->Unhealthy XID109",
+	"20m0s 7 Healthy->Unhealthy XID62",
+	"20m0s 4 Degraded->Healthy QuietPeriodElapsed",
+	"30m0s 0 Unhealthy->Healthy GPUReset",
+	"30m0s 2 Unhealthy->Healthy GPUReset",
+	"40m0s 7 Unhealthy->Healthy GPUReset",
+	"45m0s 1 Healthy->Unhealthy RecoveryActionGPUReset",
+	"50m0s 1 Unhealthy->Healthy GPUReset",
+	"55m0s 3 Unhealthy->Healthy NodeReboot",
+}
+
+func transitionLines(res *simulate.Result) []string {
+	var out []string
+	for _, tr := range res.Transitions {
+		out = append(out, fmt.Sprintf("%s %d %s->%s %s", time.Duration(tr.At), tr.Index, tr.From, tr.To, tr.Reason))
+	}
+	return out
+}
+
+func TestTheOneHourExample(t *testing.T) {
+	sc := load(t, filepath.Join("..", "..", "examples", "scenario.yaml"))
+	res := run(t, sc, nil)
+	if got := transitionLines(res); !slices.Equal(got, exampleTransitions) {
+		t.Fatalf("transitions\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(exampleTransitions, "\n"))
+	}
+	for _, d := range res.Devices {
+		if d.Health != "Healthy" || len(d.Conditions) != 0 {
+			t.Errorf("GPU %d ends %s: %+v", d.Index, d.Health, d.Conditions)
+		}
+	}
+	if time.Duration(res.End) != time.Hour || res.BootID != "sim-node-0-boot-1" {
+		t.Fatalf("end %v boot %q", time.Duration(res.End), res.BootID)
+	}
+	// The storm of 10,000 XIDs 31 and 10,000 XIDs 109 is counted, and made one transition.
+	var counts []string
+	for _, x := range res.Devices[0].XIDs {
+		counts = append(counts, fmt.Sprintf("%d:%d", x.XID, x.Count))
+	}
+	if !slices.Equal(counts, []string{"31:10000", "109:10000"}) {
+		t.Fatalf("GPU 0 XIDs %q", counts)
+	}
+}
+
+func TestTheExampleUnderTheDevicePluginProfile(t *testing.T) {
+	sc := load(t, filepath.Join("..", "..", "examples", "scenario.yaml"))
+	res := run(t, sc, health.DevicePluginPolicy())
+	var got []string
+	for _, d := range res.Devices {
+		got = append(got, fmt.Sprintf("%d:%s", d.Index, d.Health))
+	}
+	// 79 (GPU 3), 48 (GPU 2) and 62 (in GPU 7's MIG instance) stick: neither a reset nor the
+	// reboot clears them; 13, 31, 109 are ignored; no polled check runs.
+	want := []string{"0:Healthy", "1:Healthy", "2:Unhealthy", "3:Unhealthy", "4:Healthy", "5:Healthy", "6:Healthy", "7:Healthy"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("final health %q, want %q", got, want)
+	}
+	if h := res.Devices[7].MIGDevices[1].Health; h != "Unhealthy" {
+		t.Fatalf("GPU 7 MIG instance 2: %s", h)
+	}
+	if len(res.Transitions) != 3 {
+		t.Fatalf("transitions %q, want the three faults only", transitionLines(res))
+	}
+}
+
+func TestConfigChangesTheOutcome(t *testing.T) {
+	sc := load(t, filepath.Join("testdata", "faults.yaml"))
+	cfg, err := config.Parse([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nchecks: {thermal: {slowdownC: 95, shutdownC: 100}}\nxids: {overrides: [{xids: [79], evict: false, clearsOn: gpuReset}]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := cfg.Policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, sc, p)
+	if res.Devices[0].Health != "Healthy" {
+		t.Errorf("92°C under a 95°C slowdown: %s", res.Devices[0].Health)
+	}
+	if d := res.Devices[1]; d.Health != "Unhealthy" || d.Evict || d.Conditions[0].ClearsOn != "gpuReset" {
+		t.Errorf("XID 79 with the override: %+v", d)
+	}
+}
+
+func TestSampleIntervalAndSettling(t *testing.T) {
+	sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\ngpus: {count: 1}\nevents:\n  - {at: 0s, gpu: 0, temperatureC: 97}\n  - {at: 1s, gpu: 0, temperatureC: 40}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := health.DefaultPolicy()
+	p.Thermal.RecoverySamples = 5
+	res, err := simulate.Run(context.Background(), sc, p, simulate.Options{SampleInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without a duration the replay runs long enough for the hysteresis window to close.
+	if got := transitionLines(res); !slices.Equal(got, []string{"0s 0 Healthy->Unhealthy TemperatureAtShutdown", "5s 0 Unhealthy->Healthy Recovered"}) {
+		t.Fatalf("transitions %q", got)
+	}
+	if res.Signals == 0 {
+		t.Fatal("no signals counted")
+	}
+}
+
+func TestQuietPeriodsEndByTheEnd(t *testing.T) {
+	// The last signal of a quiet-period condition is near the end: Run's final Tick still
+	// expires what has run out by then, and nothing that has not.
+	sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\ngpus: {count: 2}\nevents:\n  - {at: 0s, gpu: 0, xid: 92}\n  - {at: 5m, gpu: 1, xid: 92}\nduration: 12m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, sc, nil)
+	if res.Devices[0].Health != "Healthy" || res.Devices[1].Health != "Degraded" {
+		t.Fatalf("final health %s, %s; want Healthy, Degraded", res.Devices[0].Health, res.Devices[1].Health)
+	}
+}
+
+func TestTableOutput(t *testing.T) {
+	res := run(t, load(t, filepath.Join("testdata", "faults.yaml")), nil)
+	var buf bytes.Buffer
+	if err := res.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{
+		"NODE sim-node-0", "INDEX", "HEALTH", "TRANSITIONS (3)",
+		sim.GPUUUID("sim-node-0", 1), "XID79(Unhealthy, since 5s, until nodeReboot)",
+		"2/gi2/ci0", sim.MIGUUID("sim-node-0", 2, 2),
+		"TemperatureAtSlowdown",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table does not contain %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestRunStopsWhenCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := simulate.Run(ctx, load(t, filepath.Join("..", "..", "examples", "scenario.yaml")), health.DefaultPolicy(), simulate.Options{})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v, want context.Canceled", err)
+	}
+}
+
+func TestALongStormReplays(t *testing.T) {
+	// One million identical XIDs: one transition, one counter. No timing is asserted.
+	sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\ngpus: {count: 1}\nevents:\n  - {at: 1s, gpu: 0, xid: 48, repeat: 1000000}\nduration: 1h\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, sc, nil)
+	if len(res.Transitions) != 1 || res.Devices[0].XIDs[0].Count != 1_000_000 {
+		t.Fatalf("transitions %q, xids %+v", transitionLines(res), res.Devices[0].XIDs)
+	}
+}
