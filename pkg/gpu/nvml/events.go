@@ -85,7 +85,7 @@ func (b *Backend) Run(ctx context.Context, sink Sink) error {
 	return g.Wait()
 }
 
-// Supported returns the watched event types a GPU supports, as Run registers them.
+// supportedEvents returns the watched event types a GPU supports, as Run registers them.
 func (b *Backend) supportedEvents(g *gpu) (uint64, nvml.Return) {
 	mask, ret := g.handle.GetSupportedEventTypes()
 	return mask & WatchedEvents, ret
