@@ -131,19 +131,22 @@ func TestStormOfIdenticalSignalsMakesOneTransition(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, health.DefaultPolicy(), gpuDevice(0), migDevice(0, 1, 0))
-			var n int
-			for i := range 10_000 {
-				n += len(h.observe(tc.sig(i)))
-			}
-			// One device changes: the GPU, or the MIG instance for a scoped XID; a GPU-wide fault
-			// also changes its MIG instance, which is reported separately.
-			want := 2
+			h := newHarness(t, health.DefaultPolicy(), gpuDevice(0))
 			if tc.name == "MIG-scoped XID" {
-				want = 1
+				h = newHarness(t, health.DefaultPolicy(), gpuDevice(0), migDevice(0, 1, 0))
 			}
-			if n != want {
-				t.Fatalf("%d transitions, want %d: %+v", n, want, h.all)
+			gen := h.tr.Generation()
+			for i := range 10_000 {
+				h.observe(tc.sig(i))
+				if i == 0 {
+					gen = h.tr.Generation()
+				}
+			}
+			if len(h.all) != 1 {
+				t.Fatalf("%d transitions, want exactly one: %+v", len(h.all), h.all)
+			}
+			if h.tr.Generation() != gen {
+				t.Fatalf("generation moved from %d to %d during the storm", gen, h.tr.Generation())
 			}
 		})
 	}
