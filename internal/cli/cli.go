@@ -69,6 +69,6 @@ Unhealthy, and recovers it when the fault clears.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand())
+	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand(), newAgentCommand())
 	return root
 }

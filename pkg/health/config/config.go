@@ -44,7 +44,12 @@ type HealthConfig struct {
 	QuietPeriod *Duration `yaml:"quietPeriod,omitempty" json:"quietPeriod,omitempty"`
 	XIDs        XIDConfig `yaml:"xids,omitempty" json:"xids,omitempty"`
 	Checks      Checks    `yaml:"checks,omitempty" json:"checks,omitempty"`
+	// Agent configures `gpuhealth agent`; other commands ignore it.
+	Agent AgentConfig `yaml:"agent,omitempty" json:"agent,omitempty"`
 }
+
+// AgentSection returns the agent section with defaults filled in.
+func (c *HealthConfig) AgentSection() AgentConfig { return c.Agent.WithDefaults() }
 
 // XIDConfig changes the XID table.
 type XIDConfig struct {
@@ -272,6 +277,7 @@ func (c *HealthConfig) Validate() error {
 		}
 		validateSamples("checks.nvlink.recoverySamples", n.RecoverySamples, bad)
 	}
+	c.Agent.validate(bad)
 	if len(errs) == 0 {
 		return nil
 	}

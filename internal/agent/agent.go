@@ -1,0 +1,318 @@
+// Package agent wires a GPU backend to the health library and the library to the reporters:
+// the job of `gpuhealth agent`, one per GPU node.
+//
+//	backend ──signals──▶ Monitor ──updates──▶ fan-out ──▶ damped Writers (annotation, devicetaint, condition)
+//	                                                  ├──▶ Node Events, metrics
+//	                                                  └──▶ checkpoint file
+//
+// Every loop runs under one errgroup: the backend, one goroutine per writer, the fan-out, the
+// quiet-period ticker and the HTTP server (/metrics, /healthz, /readyz). The first loop that
+// fails cancels the others; a cancelled context (SIGTERM) stops everything cleanly.
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/condition"
+	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+// Sink is what a backend feeds: the Monitor, plus the agent's latency measurement.
+type Sink interface {
+	Signal(health.Signal)
+	Reboot(bootID string, at time.Time)
+	SetUnmonitored(uuid string, unmonitored bool)
+}
+
+// Backend is a source of GPU signals.
+type Backend interface {
+	Devices() []health.Device
+	Run(ctx context.Context, sink Sink) error
+}
+
+// Options configure an agent. NodeName, Client, Backend and Policy are required.
+type Options struct {
+	NodeName string
+	Client   kubernetes.Interface
+	Backend  Backend
+	Policy   *health.Policy
+	// BootID identifies the current boot, for the checkpoint.
+	BootID string
+	Agent  config.AgentConfig
+	// MetricsAddress serves /metrics, /healthz and /readyz; empty turns the server off.
+	MetricsAddress string
+	// Ready, when set, is called with the server's address once it listens (tests use ":0").
+	Ready func(addr string)
+	Clock clock.WithTicker
+	// Registry receives the metrics (default: a new registry).
+	Registry *prometheus.Registry
+}
+
+// Run runs the agent until ctx is done or a loop fails.
+func Run(ctx context.Context, opts Options) error {
+	if opts.NodeName == "" || opts.Client == nil || opts.Backend == nil || opts.Policy == nil {
+		return errors.New("agent: node name, client, backend and policy are required")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+		opts.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	agentCfg := opts.Agent.WithDefaults()
+	logger := klog.FromContext(ctx).WithValues("node", opts.NodeName)
+	ctx = klog.NewContext(ctx, logger)
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: opts.Client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "gpuhealth-agent", Host: opts.NodeName})
+	nodeRef := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: opts.NodeName}
+
+	tracker, err := health.NewTracker(opts.Policy, opts.Backend.Devices())
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	tracker.SetBootID(opts.BootID)
+	ckpt := newCheckpointer(agentCfg.CheckpointPath)
+	if err := ckpt.restore(ctx, tracker, opts.BootID, opts.Clock.Now()); err != nil {
+		logger.Error(err, "Ignoring the checkpoint", "path", agentCfg.CheckpointPath)
+		recorder.Eventf(nodeRef, corev1.EventTypeWarning, "CheckpointIgnored", "gpuhealth ignored its checkpoint %s: %v", agentCfg.CheckpointPath, err)
+	}
+	monitor := health.NewMonitor(tracker)
+
+	m := metrics.New(opts.NodeName)
+	if err := m.Register(opts.Registry); err != nil {
+		return fmt.Errorf("agent: register metrics: %w", err)
+	}
+	events := condition.NewEvents(recorder, opts.NodeName, "")
+	writers, err := newWriters(opts, agentCfg, m, recorder, nodeRef)
+	if err != nil {
+		return err
+	}
+
+	g, ctx := errgroup.WithContext(ctx)
+	sub := monitor.Subscribe()
+	defer sub.Close()
+	g.Go(func() error {
+		err := opts.Backend.Run(ctx, &meteredSink{monitor: monitor, metrics: m, clock: opts.Clock})
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("backend: %w", err)
+		}
+		return nil
+	})
+	for _, w := range writers {
+		g.Go(func() error { return w.Run(ctx) })
+	}
+	g.Go(func() error {
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-sub.C():
+			}
+			u, ok := sub.Next()
+			if !ok {
+				continue
+			}
+			if u.Dropped > 0 {
+				logger.Info("Fell behind; some transitions were not recorded as events", "dropped", u.Dropped)
+			}
+			m.Update(u.Snapshot, u.Transitions)
+			for _, t := range u.Transitions {
+				logger.Info("GPU health changed", "gpu", t.Device.UUID, "index", t.Device.Index, "from", t.From, "to", t.To, "reason", t.Reason)
+				events.Record(t)
+			}
+			if err := ckpt.save(tracker); err != nil {
+				logger.Error(err, "Writing the checkpoint failed", "path", agentCfg.CheckpointPath)
+			}
+			for _, w := range writers {
+				_ = w.Report(ctx, u.Snapshot)
+			}
+		}
+	})
+	g.Go(func() error {
+		ticker := opts.Clock.NewTicker(time.Second)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case now := <-ticker.C():
+				monitor.Tick(now)
+			}
+		}
+	})
+	if opts.MetricsAddress != "" {
+		g.Go(func() error { return serve(ctx, opts, writers) })
+	}
+	logger.Info("Agent started", "gpus", len(opts.Backend.Devices()), "reporters", agentCfg.Reporters, "bootID", opts.BootID)
+	return g.Wait()
+}
+
+func newWriters(opts Options, cfg config.AgentConfig, m *metrics.Metrics, recorder record.EventRecorder, nodeRef *corev1.ObjectReference) ([]*report.Writer, error) {
+	wopts := report.WriterOptions{Resync: time.Duration(*cfg.Resync), Clock: opts.Clock, Observer: m}
+	var writers []*report.Writer
+	for _, name := range cfg.Reporters {
+		var s report.Syncer
+		switch name {
+		case config.ReporterAnnotation:
+			s = annotation.New(opts.Client, opts.NodeName)
+		case config.ReporterDeviceTaint:
+			s = devicetaint.New(opts.Client, opts.NodeName, devicetaint.Options{
+				Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, NoExecute: cfg.NoExecute,
+				Unmatched: func(d health.DeviceStatus) {
+					m.Unmatched("devicetaint")
+					recorder.Eventf(nodeRef, corev1.EventTypeWarning, "NoDRADevice",
+						"GPU %d (%s) is %s but no device of driver %s on this node has %s=%s; it cannot be tainted",
+						d.Device.Index, d.Device.UUID, d.Health, cfg.DriverName, cfg.UUIDAttribute, d.Device.UUID)
+				},
+			})
+		case config.ReporterCondition:
+			s = condition.New(opts.Client, opts.NodeName, opts.Clock)
+		default:
+			return nil, fmt.Errorf("agent: unknown reporter %q", name)
+		}
+		writers = append(writers, report.NewWriter(s, wopts))
+	}
+	return writers, nil
+}
+
+// meteredSink feeds the monitor and measures how long signals waited.
+type meteredSink struct {
+	monitor *health.Monitor
+	metrics *metrics.Metrics
+	clock   clock.PassiveClock
+}
+
+func (s *meteredSink) Signal(sig health.Signal) {
+	s.monitor.Signal(sig)
+	s.metrics.ObserveSignal(sig.Time, s.clock.Now())
+}
+
+func (s *meteredSink) Reboot(bootID string, at time.Time) { s.monitor.Reboot(bootID, at) }
+
+func (s *meteredSink) SetUnmonitored(uuid string, unmonitored bool) {
+	s.monitor.SetUnmonitored(uuid, unmonitored)
+}
+
+// serve runs the HTTP server until ctx is done. /readyz turns ready once every reporter has
+// synced successfully at least once after start, that is, once the start-up reconcile is done.
+func serve(ctx context.Context, opts Options, writers []*report.Writer) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	var ready atomic.Bool // once ready, always ready: later sync errors are retried, not fatal
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			all := true
+			for _, wr := range writers {
+				all = all && wr.Synced()
+			}
+			ready.Store(all)
+		}
+		if !ready.Load() {
+			http.Error(w, "reporters have not synced yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", opts.MetricsAddress)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", opts.MetricsAddress, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	if opts.Ready != nil {
+		opts.Ready(lis.Addr().String())
+	}
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// checkpointer saves the tracker's sticky state when it changes and restores it at start.
+type checkpointer struct {
+	path string
+	last []byte
+}
+
+func newCheckpointer(path string) *checkpointer {
+	if path == "-" {
+		path = ""
+	}
+	return &checkpointer{path: path}
+}
+
+func (c *checkpointer) restore(ctx context.Context, t *health.Tracker, bootID string, now time.Time) error {
+	if c.path == "" {
+		return nil
+	}
+	cp, err := health.ReadCheckpoint(c.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	transitions, err := t.Restore(cp, bootID, now, nil)
+	if err != nil {
+		return err
+	}
+	klog.FromContext(ctx).Info("Restored the checkpoint", "path", c.path, "sameBoot", cp.BootID == bootID, "transitions", len(transitions))
+	c.last, _ = json.Marshal(cp.Devices)
+	return nil
+}
+
+// save writes the checkpoint when its devices differ from the last one written.
+func (c *checkpointer) save(t *health.Tracker) error {
+	if c.path == "" {
+		return nil
+	}
+	cp := t.Checkpoint()
+	b, err := json.Marshal(cp.Devices)
+	if err != nil {
+		return err
+	}
+	if c.last != nil && bytes.Equal(b, c.last) {
+		return nil
+	}
+	if err := health.WriteCheckpoint(c.path, cp); err != nil {
+		return err
+	}
+	c.last = b
+	return nil
+}

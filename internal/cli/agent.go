@@ -1,0 +1,154 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/internal/agent"
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+func newAgentCommand() *cobra.Command {
+	var (
+		backend, scenarioPath, nodeName, kubeconfig, configPath, metricsAddress, checkpoint string
+		logs                                                                                logOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "agent [--backend nvml|sim] [--scenario FILE] [--node-name NAME] [--kubeconfig FILE] [--config FILE]",
+		Short: "Watch this node's GPUs and report their health to Kubernetes (the DaemonSet's job)",
+		Long: `agent watches this node's GPUs and makes each GPU's health visible to every scheduler path:
+the Volcano-compatible volcano.sh/gpu-unhealthy-ids and gpuhealth.dev/gpu-health Node
+annotations, one DRA DeviceTaintRule per sick GPU, the GPUUnhealthy Node condition, Node Events
+and Prometheus metrics. Sticky faults survive restarts through a checkpoint file.
+
+With --backend sim it replays a scenario on the real clock (and keeps running after its end).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := logs.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			ctx := klog.NewContext(cmd.Context(), logger)
+			if nodeName == "" {
+				nodeName = os.Getenv("NODE_NAME")
+			}
+			if nodeName == "" {
+				return badInput(errors.New("--node-name: required (or set NODE_NAME)"))
+			}
+			cfg := config.Default()
+			if configPath != "" {
+				if cfg, err = config.Load(configPath); err != nil {
+					return badInput(err)
+				}
+			}
+			policy, err := cfg.Policy()
+			if err != nil {
+				return badInput(fmt.Errorf("%s: %w", configPath, err))
+			}
+			agentCfg := cfg.AgentSection()
+			if checkpoint != "" {
+				agentCfg.CheckpointPath = checkpoint
+			}
+			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, cfg.SampleEvery())
+			if err != nil {
+				return err
+			}
+			defer cleanup()
+			client, err := newClient(kubeconfig)
+			if err != nil {
+				return badInput(err)
+			}
+			return agent.Run(ctx, agent.Options{
+				NodeName: nodeName, Client: client, Backend: be, Policy: policy, BootID: bootID,
+				Agent: agentCfg, MetricsAddress: metricsAddress,
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&backend, "backend", "nvml", "GPU backend: nvml or sim")
+	f.StringVar(&scenarioPath, "scenario", "", "scenario file (with --backend sim)")
+	f.StringVar(&nodeName, "node-name", "", "this node's name (default $NODE_NAME)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	f.StringVar(&configPath, "config", "", "HealthConfig file, with its optional agent section")
+	f.StringVar(&metricsAddress, "metrics-address", ":9402", "address for /metrics, /healthz and /readyz (empty: off)")
+	f.StringVar(&checkpoint, "checkpoint", "", "checkpoint file (default from the config, else "+config.DefaultCheckpointPath+"; - turns it off)")
+	logs.addFlags(f)
+	return cmd
+}
+
+// simAgentBackend adapts the simulator to the agent: it replays on the real clock and keeps
+// sampling after the scenario's end.
+type simAgentBackend struct{ b *sim.Backend }
+
+func (s simAgentBackend) Devices() []health.Device { return s.b.Devices() }
+func (s simAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
+	return s.b.Run(ctx, sink)
+}
+
+type nvmlAgentBackend struct{ b *gpunvml.Backend }
+
+func (n nvmlAgentBackend) Devices() []health.Device { return n.b.Devices() }
+func (n nvmlAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
+	return n.b.Run(ctx, sink)
+}
+
+func openBackend(ctx context.Context, backend, scenarioPath string, sampleEvery time.Duration) (agent.Backend, string, func(), error) {
+	switch backend {
+	case "sim":
+		if scenarioPath == "" {
+			return nil, "", nil, badInput(errors.New("--scenario: required with --backend sim"))
+		}
+		sc, err := sim.LoadScenario(scenarioPath)
+		if err != nil {
+			return nil, "", nil, badInput(err)
+		}
+		b := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: sampleEvery, Forever: true})
+		return simAgentBackend{b}, b.BootID(), func() {}, nil
+	case "nvml":
+		if scenarioPath != "" {
+			return nil, "", nil, badInput(errors.New("--scenario: only with --backend sim"))
+		}
+		b, err := gpunvml.OpenSystem(gpunvml.WithSamplePeriod(sampleEvery), gpunvml.WithLogger(klog.FromContext(ctx)))
+		if err != nil {
+			return nil, "", nil, err
+		}
+		bootID, err := health.ReadBootID()
+		if err != nil {
+			_ = b.Close()
+			return nil, "", nil, err
+		}
+		return nvmlAgentBackend{b}, bootID, func() { _ = b.Close() }, nil
+	}
+	return nil, "", nil, badInput(fmt.Errorf("--backend: must be nvml or sim, got %q", backend))
+}
+
+// newClient builds a client from a kubeconfig file, or from the in-cluster configuration.
+func newClient(kubeconfig string) (kubernetes.Interface, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "gpuhealth"
+	return kubernetes.NewForConfig(cfg)
+}

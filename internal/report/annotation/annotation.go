@@ -1,0 +1,132 @@
+// Package annotation reports GPU health on the Node's annotations:
+//
+//   - volcano.sh/gpu-unhealthy-ids: the indexes of Unhealthy GPUs, ascending, comma-separated,
+//     no spaces ("0,3"), as Volcano's device plugin writes it and its scheduler reads it; removed
+//     when every GPU is healthy;
+//   - gpuhealth.dev/gpu-health: a JSON object keyed by device UUID with index, model, health,
+//     reasons and since (report.GPUSummary), for every GPU and MIG instance.
+//
+// Only these two keys are ever written, with a JSON merge patch, so other annotations are never
+// touched. The syncer reads the Node first and writes only when a value differs.
+package annotation
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Annotation keys.
+const (
+	UnhealthyIDsKey = "volcano.sh/gpu-unhealthy-ids"
+	HealthKey       = "gpuhealth.dev/gpu-health"
+)
+
+// Syncer writes the annotations of one Node.
+type Syncer struct {
+	client   kubernetes.Interface
+	nodeName string
+}
+
+var (
+	_ report.Syncer  = (*Syncer)(nil)
+	_ report.Starter = (*Syncer)(nil)
+)
+
+// New returns a Syncer for nodeName.
+func New(client kubernetes.Interface, nodeName string) *Syncer {
+	return &Syncer{client: client, nodeName: nodeName}
+}
+
+// Name implements report.Syncer.
+func (s *Syncer) Name() string { return "annotation" }
+
+// Start watches the Node so that a change by someone else (an annotation removed by hand) is
+// repaired at once rather than at the next resync.
+func (s *Syncer) Start(ctx context.Context, trigger func()) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
+		}))
+	inf := factory.Core().V1().Nodes().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { trigger() },
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Node)
+			n, ok2 := newObj.(*corev1.Node)
+			if !ok1 || !ok2 || o.Annotations[UnhealthyIDsKey] != n.Annotations[UnhealthyIDsKey] || o.Annotations[HealthKey] != n.Annotations[HealthKey] {
+				trigger()
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	// Not waiting for the cache: Sync reads the Node from the API server itself.
+	return nil
+}
+
+// Desired returns the two annotation values for snap; "" means the annotation must be absent.
+func Desired(snap health.Snapshot) (unhealthyIDs, healthJSON string, err error) {
+	idx := report.UnhealthyIndexes(snap)
+	parts := make([]string, len(idx))
+	for i, v := range idx {
+		parts[i] = strconv.Itoa(v)
+	}
+	summary := make(map[string]report.GPUSummary, len(snap.Devices))
+	for _, d := range snap.Devices {
+		summary[d.Device.UUID] = report.Summarize(d)
+	}
+	b, err := json.Marshal(summary) // map keys are sorted: the value is deterministic
+	if err != nil {
+		return "", "", err
+	}
+	return strings.Join(parts, ","), string(b), nil
+}
+
+// Sync implements report.Syncer.
+func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
+	ids, healthJSON, err := Desired(snap)
+	if err != nil {
+		return 0, err
+	}
+	node, err := s.client.CoreV1().Nodes().Get(ctx, s.nodeName, metav1.GetOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("get node %s: %w", s.nodeName, err)
+	}
+	patch := map[string]any{}
+	want := map[string]string{UnhealthyIDsKey: ids, HealthKey: healthJSON}
+	for key, value := range want {
+		current, present := node.Annotations[key]
+		switch {
+		case value == "" && present:
+			patch[key] = nil
+		case value != "" && current != value:
+			patch[key] = value
+		}
+	}
+	if len(patch) == 0 {
+		return 0, nil
+	}
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
+	if err != nil {
+		return 0, err
+	}
+	if _, err := s.client.CoreV1().Nodes().Patch(ctx, s.nodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"}); err != nil {
+		return 0, fmt.Errorf("patch node %s annotations: %w", s.nodeName, err)
+	}
+	return 1, nil
+}

@@ -1,0 +1,370 @@
+// Package devicetaint reports GPU health to DRA schedulers: for every GPU (or MIG instance) that
+// is not Healthy it keeps one cluster-scoped resource.k8s.io/v1 DeviceTaintRule selecting the DRA
+// device that represents it, and deletes the rule when the GPU recovers.
+//
+// The device is found in this node's ResourceSlices of the configured driver (default
+// gpu.nvidia.com) by the attribute carrying the GPU UUID (default "uuid", as the NVIDIA DRA
+// driver publishes it), so it works with any DRA GPU driver that publishes UUIDs. The taint:
+//
+//   - key gpuhealth.dev/<worst condition> (xid, gpu-lost, thermal, ecc-uncorrected, ...);
+//   - value the XID for XID conditions, else the condition's reason;
+//   - effect None for Degraded, NoSchedule for Unhealthy, NoExecute for conditions asking for
+//     eviction when the agent is configured to evict (off by default);
+//   - timeAdded set by the API server when the rule is created or its effect changes.
+//
+// Rules are labelled with the node and the GPU UUID and owned by the Node, so they go away with
+// it. A GPU with no matching DRA device is reported through Options.Unmatched, never an error.
+package devicetaint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Labels on every rule.
+const (
+	NodeLabel      = "gpuhealth.dev/node"
+	UUIDLabel      = "gpuhealth.dev/gpu-uuid"
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedBy      = "gpuhealth"
+	TaintKeyPrefix = "gpuhealth.dev/"
+	DefaultDriver  = "gpu.nvidia.com"
+	DefaultUUIDKey = "uuid"
+)
+
+// Options configure a Syncer.
+type Options struct {
+	// Driver is the DRA driver whose ResourceSlices describe the GPUs (default gpu.nvidia.com).
+	Driver string
+	// UUIDAttribute is the device attribute holding the GPU UUID (default "uuid"); it matches
+	// both the bare name and the driver-qualified one.
+	UUIDAttribute string
+	// NoExecute lets conditions that ask for eviction use the NoExecute effect. Off by default:
+	// evicting running work is a decision an operator opts into.
+	NoExecute bool
+	// Unmatched is called, once per device and state, for a device that is not Healthy but has
+	// no DRA device to taint.
+	Unmatched func(d health.DeviceStatus)
+}
+
+// Syncer keeps the DeviceTaintRules of one node.
+type Syncer struct {
+	client   kubernetes.Interface
+	nodeName string
+	opts     Options
+	nodeRef  *metav1.OwnerReference
+	// reported remembers which unmatched devices were reported, keyed by UUID and health.
+	reported map[string]health.Severity
+}
+
+var (
+	_ report.Syncer  = (*Syncer)(nil)
+	_ report.Starter = (*Syncer)(nil)
+)
+
+// New returns a Syncer for nodeName.
+func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
+	if opts.Driver == "" {
+		opts.Driver = DefaultDriver
+	}
+	if opts.UUIDAttribute == "" {
+		opts.UUIDAttribute = DefaultUUIDKey
+	}
+	return &Syncer{client: client, nodeName: nodeName, opts: opts, reported: map[string]health.Severity{}}
+}
+
+// Name implements report.Syncer.
+func (s *Syncer) Name() string { return "devicetaint" }
+
+// Start watches this node's ResourceSlices (a driver may publish them after the agent starts)
+// and this node's rules (someone may delete or edit one), asking for a Sync on any change.
+func (s *Syncer) Start(ctx context.Context, trigger func()) error {
+	onAny := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { trigger() },
+		UpdateFunc: func(any, any) { trigger() },
+		DeleteFunc: func(any) { trigger() },
+	}
+	slices := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, s.nodeName).String()
+		}))
+	if _, err := slices.Resource().V1().ResourceSlices().Informer().AddEventHandler(onAny); err != nil {
+		return err
+	}
+	rules := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}).String()
+		}))
+	if _, err := rules.Resource().V1().DeviceTaintRules().Informer().AddEventHandler(onAny); err != nil {
+		return err
+	}
+	slices.Start(ctx.Done())
+	rules.Start(ctx.Done())
+	return nil
+}
+
+// draDevice is a device in a ResourceSlice.
+type draDevice struct{ pool, name string }
+
+// Sync implements report.Syncer.
+func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
+	if err := s.ensureNodeRef(ctx); err != nil {
+		return 0, err
+	}
+	byUUID, err := s.devicesByUUID(ctx)
+	if err != nil {
+		return 0, err
+	}
+	desired := map[string]*resourceapi.DeviceTaintRule{}
+	for _, d := range snap.Devices {
+		if d.Health == health.Healthy {
+			delete(s.reported, d.Device.UUID)
+			continue
+		}
+		targets := byUUID[strings.ToLower(d.Device.UUID)]
+		if len(targets) == 0 {
+			if prev, ok := s.reported[d.Device.UUID]; (!ok || prev != d.Health) && s.opts.Unmatched != nil {
+				s.opts.Unmatched(d)
+			}
+			s.reported[d.Device.UUID] = d.Health
+			continue
+		}
+		delete(s.reported, d.Device.UUID)
+		for i, t := range targets {
+			r := s.rule(d, t, i)
+			desired[r.Name] = r
+		}
+	}
+
+	existing, err := s.client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{
+		LabelSelector: labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}).String(),
+	})
+	if err != nil {
+		return 0, fmt.Errorf("list DeviceTaintRules: %w", err)
+	}
+	writes := 0
+	var errs []error
+	rules := s.client.ResourceV1().DeviceTaintRules()
+	for i := range existing.Items {
+		have := &existing.Items[i]
+		want, ok := desired[have.Name]
+		delete(desired, have.Name)
+		if !ok {
+			err := rules.Delete(ctx, have.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
+			if err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("delete DeviceTaintRule %s: %w", have.Name, err))
+				continue
+			}
+			writes++
+			continue
+		}
+		if same(have, want) {
+			continue
+		}
+		updated := have.DeepCopy()
+		updated.Labels = want.Labels
+		updated.OwnerReferences = want.OwnerReferences
+		updated.Spec.DeviceSelector = want.Spec.DeviceSelector
+		updated.Spec.Taint.Key, updated.Spec.Taint.Value = want.Spec.Taint.Key, want.Spec.Taint.Value
+		if updated.Spec.Taint.Effect != want.Spec.Taint.Effect {
+			updated.Spec.Taint.Effect = want.Spec.Taint.Effect
+			updated.Spec.Taint.TimeAdded = nil // the effect changed: the server stamps the time
+		}
+		if _, err := rules.Update(ctx, updated, metav1.UpdateOptions{FieldManager: "gpuhealth-agent"}); err != nil {
+			errs = append(errs, fmt.Errorf("update DeviceTaintRule %s: %w", have.Name, err))
+			continue
+		}
+		writes++
+	}
+	for _, want := range desired {
+		if _, err := rules.Create(ctx, want, metav1.CreateOptions{FieldManager: "gpuhealth-agent"}); err != nil {
+			errs = append(errs, fmt.Errorf("create DeviceTaintRule %s: %w", want.Name, err))
+			continue
+		}
+		writes++
+	}
+	return writes, errors.Join(errs...)
+}
+
+func (s *Syncer) ensureNodeRef(ctx context.Context) error {
+	if s.nodeRef != nil {
+		return nil
+	}
+	node, err := s.client.CoreV1().Nodes().Get(ctx, s.nodeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get node %s: %w", s.nodeName, err)
+	}
+	s.nodeRef = &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
+	return nil
+}
+
+// devicesByUUID indexes the DRA devices of this node's slices of the driver by lower-cased UUID.
+func (s *Syncer) devicesByUUID(ctx context.Context) (map[string][]draDevice, error) {
+	list, err := s.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: fields.AndSelectors(
+			fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, s.nodeName),
+			fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, s.opts.Driver),
+		).String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list ResourceSlices: %w", err)
+	}
+	qualified := resourceapi.QualifiedName(s.opts.Driver + "/" + s.opts.UUIDAttribute)
+	bare := resourceapi.QualifiedName(s.opts.UUIDAttribute)
+	out := map[string][]draDevice{}
+	for _, slice := range list.Items {
+		for _, dev := range slice.Spec.Devices {
+			attr, ok := dev.Attributes[bare]
+			if !ok {
+				attr, ok = dev.Attributes[qualified]
+			}
+			if !ok || attr.StringValue == nil {
+				continue
+			}
+			key := strings.ToLower(*attr.StringValue)
+			out[key] = append(out[key], draDevice{pool: slice.Spec.Pool.Name, name: dev.Name})
+		}
+	}
+	return out, nil
+}
+
+func (s *Syncer) rule(d health.DeviceStatus, t draDevice, n int) *resourceapi.DeviceTaintRule {
+	name := RuleName(d.Device.UUID)
+	if n > 0 {
+		name += "-" + strconv.Itoa(n)
+	}
+	key, value := Taint(d)
+	driver, pool, device := s.opts.Driver, t.pool, t.name
+	return &resourceapi.DeviceTaintRule{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name,
+			Labels: map[string]string{
+				NodeLabel:      s.nodeName,
+				UUIDLabel:      labelValue(d.Device.UUID),
+				ManagedByLabel: ManagedBy,
+			},
+			OwnerReferences: []metav1.OwnerReference{*s.nodeRef},
+		},
+		Spec: resourceapi.DeviceTaintRuleSpec{
+			DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: &driver, Pool: &pool, Device: &device},
+			Taint:          resourceapi.DeviceTaint{Key: key, Value: value, Effect: Effect(d, s.opts.NoExecute)},
+		},
+	}
+}
+
+func same(have, want *resourceapi.DeviceTaintRule) bool {
+	hs, ws := have.Spec.DeviceSelector, want.Spec.DeviceSelector
+	return maps.Equal(have.Labels, want.Labels) &&
+		len(have.OwnerReferences) == 1 && have.OwnerReferences[0].UID == want.OwnerReferences[0].UID &&
+		hs != nil && eq(hs.Driver, ws.Driver) && eq(hs.Pool, ws.Pool) && eq(hs.Device, ws.Device) &&
+		have.Spec.Taint.Key == want.Spec.Taint.Key && have.Spec.Taint.Value == want.Spec.Taint.Value &&
+		have.Spec.Taint.Effect == want.Spec.Taint.Effect
+}
+
+func eq(a, b *string) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+
+// Effect maps a device's state to a taint effect.
+func Effect(d health.DeviceStatus, noExecute bool) resourceapi.DeviceTaintEffect {
+	switch {
+	case d.Health == health.Unhealthy && d.Evict && noExecute:
+		return resourceapi.DeviceTaintEffectNoExecute
+	case d.Health == health.Unhealthy:
+		return resourceapi.DeviceTaintEffectNoSchedule
+	default:
+		return resourceapi.DeviceTaintEffectNone
+	}
+}
+
+// Taint returns the taint key and value for a device's worst condition.
+func Taint(d health.DeviceStatus) (key, value string) {
+	conds := report.WorstFirst(d.Conditions)
+	if len(conds) == 0 {
+		return TaintKeyPrefix + "unhealthy", ""
+	}
+	c := conds[0]
+	name, ok := taintNames[c.Type]
+	if !ok {
+		name = kebab(string(c.Type))
+	}
+	key = TaintKeyPrefix + name
+	if c.Type == health.ConditionXID {
+		return key, strconv.FormatUint(uint64(c.Code), 10)
+	}
+	return key, labelValue(c.Reason)
+}
+
+// taintNames are the taint key suffixes of the built-in condition types.
+var taintNames = map[health.ConditionType]string{
+	health.ConditionXID:                 "xid",
+	health.ConditionGPULost:             "gpu-lost",
+	health.ConditionECCUncorrected:      "ecc-uncorrected",
+	health.ConditionECCCorrectedStorm:   "ecc-storm",
+	health.ConditionRowRemapFailure:     "row-remap-failure",
+	health.ConditionRowRemapPending:     "row-remap-pending",
+	health.ConditionRetiredPagesPending: "retired-pages-pending",
+	health.ConditionThermal:             "thermal",
+	health.ConditionClockThrottle:       "clock-throttle",
+	health.ConditionPCIeReplayRate:      "pcie-replays",
+	health.ConditionNVLinkDown:          "nvlink-down",
+	health.ConditionNVLinkErrorRate:     "nvlink-errors",
+	health.ConditionRecoveryAction:      "recovery-action",
+	health.ConditionAdmin:               "admin-drain",
+}
+
+// RuleName is the DeviceTaintRule name for a device UUID.
+func RuleName(uuid string) string {
+	return "gpuhealth-" + strings.Trim(invalidName.ReplaceAllString(strings.ToLower(uuid), "-"), "-")
+}
+
+var (
+	invalidName  = regexp.MustCompile(`[^a-z0-9-]+`)
+	invalidLabel = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+)
+
+// labelValue makes s a valid label value: allowed characters, at most 63, alphanumeric ends.
+func labelValue(s string) string {
+	s = invalidLabel.ReplaceAllString(s, "-")
+	if len(s) > 63 {
+		s = s[:63]
+	}
+	return strings.Trim(s, "-_.")
+}
+
+// kebab turns a condition type such as "ECCUncorrected" or "GPULost" into "ecc-uncorrected" or
+// "gpu-lost".
+func kebab(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		upper := r >= 'A' && r <= 'Z'
+		if upper && i > 0 {
+			prevLower := s[i-1] >= 'a' && s[i-1] <= 'z'
+			nextLower := i+1 < len(s) && s[i+1] >= 'a' && s[i+1] <= 'z'
+			prevUpper := s[i-1] >= 'A' && s[i-1] <= 'Z'
+			if prevLower || (prevUpper && nextLower) {
+				b.WriteByte('-')
+			}
+		}
+		if upper {
+			r += 'a' - 'A'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

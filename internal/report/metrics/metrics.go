@@ -1,0 +1,150 @@
+// Package metrics exposes GPU health and the agent's own work as Prometheus metrics. Per-GPU
+// values are computed from the latest snapshot at scrape time, so a GPU that disappears stops
+// being reported and no label set leaks.
+//
+//	gpuhealth_gpu_health{node,uuid,index,model}               0 Healthy, 1 Degraded, 2 Unhealthy
+//	gpuhealth_gpu_evict{node,uuid,index,model}                1 when a condition asks for eviction
+//	gpuhealth_gpu_condition{node,uuid,index,type,reason,severity} 1 for each condition in effect
+//	gpuhealth_xid_total{node,uuid,index,xid}                  XIDs seen, including application XIDs
+//	gpuhealth_transitions_total{node,to}                      health transitions
+//	gpuhealth_api_writes_total{reporter}                      writes to the API server
+//	gpuhealth_api_sync_errors_total{reporter}                 failed syncs
+//	gpuhealth_unmatched_devices_total{reporter}               unhealthy GPUs with no object to mark
+//	gpuhealth_signal_latency_seconds                          from a signal's observation to its evaluation
+package metrics
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Metrics owns the agent's collectors. Register them with Register.
+type Metrics struct {
+	node string
+
+	mu   sync.Mutex
+	snap health.Snapshot
+
+	healthDesc, evictDesc, conditionDesc, xidDesc *prometheus.Desc
+
+	transitions   *prometheus.CounterVec
+	writes        *prometheus.CounterVec
+	syncErrors    *prometheus.CounterVec
+	unmatched     *prometheus.CounterVec
+	signalLatency prometheus.Histogram
+}
+
+var (
+	_ prometheus.Collector = (*Metrics)(nil)
+	_ report.Observer      = (*Metrics)(nil)
+)
+
+// New returns the metrics of the agent on node.
+func New(node string) *Metrics {
+	gpuLabels := []string{"node", "uuid", "index", "model"}
+	return &Metrics{
+		node:          node,
+		healthDesc:    prometheus.NewDesc("gpuhealth_gpu_health", "GPU health: 0 Healthy, 1 Degraded, 2 Unhealthy.", gpuLabels, nil),
+		evictDesc:     prometheus.NewDesc("gpuhealth_gpu_evict", "1 when a condition in effect asks for eviction of running work.", gpuLabels, nil),
+		conditionDesc: prometheus.NewDesc("gpuhealth_gpu_condition", "1 for each condition in effect on a GPU.", []string{"node", "uuid", "index", "type", "reason", "severity"}, nil),
+		xidDesc:       prometheus.NewDesc("gpuhealth_xid_total", "XIDs seen on a GPU since the agent started, including ones that do not change health.", []string{"node", "uuid", "index", "xid"}, nil),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpuhealth_transitions_total", Help: "GPU health transitions, by the health reached.",
+		}, []string{"node", "to"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpuhealth_api_writes_total", Help: "Writes to the API server, by reporter.",
+		}, []string{"reporter"}),
+		syncErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpuhealth_api_sync_errors_total", Help: "Failed reporter syncs (each is retried with backoff).",
+		}, []string{"reporter"}),
+		unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpuhealth_unmatched_devices_total", Help: "Times a GPU that is not healthy had no object to mark (for example no DRA device with its UUID).",
+		}, []string{"reporter"}),
+		signalLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "gpuhealth_signal_latency_seconds",
+			Help:    "Time from a signal's observation by the backend to its evaluation.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}),
+	}
+}
+
+// Register registers every collector with reg.
+func (m *Metrics) Register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m, m.transitions, m.writes, m.syncErrors, m.unmatched, m.signalLatency} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Update records the latest snapshot and the transitions that led to it.
+func (m *Metrics) Update(snap health.Snapshot, transitions []health.Transition) {
+	m.mu.Lock()
+	m.snap = snap
+	m.mu.Unlock()
+	for _, t := range transitions {
+		m.transitions.WithLabelValues(m.node, t.To.String()).Inc()
+	}
+}
+
+// ObserveSync implements report.Observer.
+func (m *Metrics) ObserveSync(reporter string, writes int, err error) {
+	if writes > 0 {
+		m.writes.WithLabelValues(reporter).Add(float64(writes))
+	}
+	if err != nil {
+		m.syncErrors.WithLabelValues(reporter).Inc()
+	}
+}
+
+// Unmatched counts a GPU that a reporter could not mark.
+func (m *Metrics) Unmatched(reporter string) { m.unmatched.WithLabelValues(reporter).Inc() }
+
+// ObserveSignal records how long a signal waited before evaluation.
+func (m *Metrics) ObserveSignal(observed, evaluated time.Time) {
+	if d := evaluated.Sub(observed); d >= 0 {
+		m.signalLatency.Observe(d.Seconds())
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.healthDesc
+	ch <- m.evictDesc
+	ch <- m.conditionDesc
+	ch <- m.xidDesc
+}
+
+// Collect implements prometheus.Collector from the latest snapshot.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.mu.Lock()
+	snap := m.snap
+	m.mu.Unlock()
+	for _, d := range snap.Devices {
+		idx := strconv.Itoa(d.Device.Index)
+		send := func(desc *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
+			if metric, err := prometheus.NewConstMetric(desc, t, v, labels...); err == nil {
+				ch <- metric
+			}
+		}
+		send(m.healthDesc, prometheus.GaugeValue, float64(d.Health), m.node, d.Device.UUID, idx, d.Device.Model)
+		evict := 0.0
+		if d.Evict {
+			evict = 1
+		}
+		send(m.evictDesc, prometheus.GaugeValue, evict, m.node, d.Device.UUID, idx, d.Device.Model)
+		for _, c := range d.Conditions {
+			send(m.conditionDesc, prometheus.GaugeValue, 1, m.node, d.Device.UUID, idx, string(c.Type), c.Reason, c.Severity.String())
+		}
+		for _, x := range d.XIDs {
+			send(m.xidDesc, prometheus.CounterValue, float64(x.Count), m.node, d.Device.UUID, idx, strconv.FormatUint(uint64(x.XID), 10))
+		}
+	}
+}

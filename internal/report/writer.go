@@ -1,0 +1,160 @@
+// Package report holds what every reporter shares: the Syncer contract and the damped Writer
+// that drives a Syncer. Each sink (Node annotations, DeviceTaintRules, the Node condition, ...)
+// lives in a subpackage and only has to say how to make the API server match one snapshot.
+package report
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Syncer makes one sink in the API server match a snapshot. Sync must read what is there and
+// write only what differs; it returns how many writes it made. It is only ever called from one
+// goroutine, always with the latest snapshot.
+type Syncer interface {
+	Name() string
+	Sync(ctx context.Context, snap health.Snapshot) (writes int, err error)
+}
+
+// Starter is implemented by syncers that need to start something (informers) before the first
+// Sync. Start returns once they are ready; trigger asks the Writer for a Sync, for example when
+// an informer sees someone else change the objects the syncer owns.
+type Starter interface {
+	Start(ctx context.Context, trigger func()) error
+}
+
+// Observer receives what a Writer does, for metrics.
+type Observer interface {
+	ObserveSync(reporter string, writes int, err error)
+}
+
+// WriterOptions tune a Writer. Zero values take the defaults.
+type WriterOptions struct {
+	// Resync is how often the Writer syncs even when nothing changed (default 5m): it repairs
+	// anything someone else changed that no informer reported.
+	Resync time.Duration
+	// BaseDelay and MaxDelay bound the exponential backoff after errors (defaults 100ms, 30s).
+	BaseDelay, MaxDelay time.Duration
+	Clock               clock.WithTicker
+	Observer            Observer
+}
+
+// Writer is a damped writer: Report only records the latest snapshot and wakes the worker, so
+// a storm of reports coalesces into one Sync; failed syncs retry with exponential backoff (a
+// conflict is just another error); and a periodic resync keeps the sink honest.
+type Writer struct {
+	syncer Syncer
+	opts   WriterOptions
+	queue  workqueue.TypedRateLimitingInterface[string]
+
+	mu     sync.Mutex
+	latest health.Snapshot
+	has    bool
+	synced bool
+}
+
+const queueKey = "sync"
+
+// NewWriter returns a Writer for s.
+func NewWriter(s Syncer, opts WriterOptions) *Writer {
+	if opts.Resync <= 0 {
+		opts.Resync = 5 * time.Minute
+	}
+	if opts.BaseDelay <= 0 {
+		opts.BaseDelay = 100 * time.Millisecond
+	}
+	if opts.MaxDelay <= 0 {
+		opts.MaxDelay = 30 * time.Second
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	q := workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](opts.BaseDelay, opts.MaxDelay),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: s.Name(), Clock: opts.Clock},
+	)
+	return &Writer{syncer: s, opts: opts, queue: q}
+}
+
+// Name is the syncer's name.
+func (w *Writer) Name() string { return w.syncer.Name() }
+
+// Report records snap as the state to write and returns at once.
+func (w *Writer) Report(_ context.Context, snap health.Snapshot) error {
+	w.mu.Lock()
+	w.latest, w.has = snap, true
+	w.mu.Unlock()
+	w.queue.Add(queueKey)
+	return nil
+}
+
+// Synced reports whether the last Sync succeeded.
+func (w *Writer) Synced() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.synced
+}
+
+func (w *Writer) trigger() { w.queue.Add(queueKey) }
+
+// Run starts the syncer (if it is a Starter) and processes syncs until ctx is done. It returns
+// an error only when the syncer cannot start.
+func (w *Writer) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithValues("reporter", w.Name())
+	ctx = klog.NewContext(ctx, logger)
+	go func() {
+		<-ctx.Done()
+		w.queue.ShutDown()
+	}()
+	if st, ok := w.syncer.(Starter); ok {
+		if err := st.Start(ctx, w.trigger); err != nil {
+			w.queue.ShutDown()
+			return err
+		}
+	}
+	for w.processNext(ctx, logger) {
+	}
+	return nil
+}
+
+func (w *Writer) processNext(ctx context.Context, logger klog.Logger) bool {
+	key, quit := w.queue.Get()
+	if quit {
+		return false
+	}
+	defer w.queue.Done(key)
+	w.mu.Lock()
+	snap, has := w.latest, w.has
+	w.mu.Unlock()
+	if !has {
+		return true // nothing reported yet; the first Report queues a sync
+	}
+	writes, err := w.syncer.Sync(ctx, snap)
+	if w.opts.Observer != nil {
+		w.opts.Observer.ObserveSync(w.Name(), writes, err)
+	}
+	w.mu.Lock()
+	w.synced = err == nil
+	w.mu.Unlock()
+	if err != nil {
+		if ctx.Err() != nil {
+			return true
+		}
+		logger.Error(err, "Sync failed; retrying with backoff", "retries", w.queue.NumRequeues(key))
+		w.queue.AddRateLimited(key)
+		return true
+	}
+	if writes > 0 {
+		logger.V(2).Info("Synced", "writes", writes)
+	}
+	w.queue.Forget(key)
+	w.queue.AddAfter(key, w.opts.Resync)
+	return true
+}

@@ -1,0 +1,77 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Reporter names accepted in agent.reporters.
+const (
+	ReporterAnnotation  = "annotation"
+	ReporterDeviceTaint = "devicetaint"
+	ReporterCondition   = "condition"
+)
+
+// AllReporters lists every reporter, in the order the agent starts them.
+func AllReporters() []string {
+	return []string{ReporterAnnotation, ReporterDeviceTaint, ReporterCondition}
+}
+
+// Defaults of the agent section.
+const (
+	DefaultDriverName     = "gpu.nvidia.com"
+	DefaultUUIDAttribute  = "uuid"
+	DefaultCheckpointPath = "/var/lib/gpuhealth/checkpoint.json"
+	DefaultResync         = 5 * time.Minute
+)
+
+// AgentConfig is the `agent` section: how `gpuhealth agent` reports. It is plain data so that
+// this package stays free of Kubernetes imports.
+type AgentConfig struct {
+	// Reporters to run (default all): annotation, devicetaint, condition. Metrics always run.
+	Reporters []string `yaml:"reporters,omitempty" json:"reporters,omitempty"`
+	// DriverName is the DRA driver whose ResourceSlices carry the GPUs (default gpu.nvidia.com).
+	DriverName string `yaml:"driverName,omitempty" json:"driverName,omitempty"`
+	// UUIDAttribute is the DRA device attribute holding the GPU UUID (default uuid).
+	UUIDAttribute string `yaml:"uuidAttribute,omitempty" json:"uuidAttribute,omitempty"`
+	// NoExecute lets conditions that ask for eviction taint DRA devices NoExecute (default
+	// false: evicting running work is opt-in).
+	NoExecute bool `yaml:"noExecute,omitempty" json:"noExecute,omitempty"`
+	// CheckpointPath is where sticky faults are kept across restarts; "-" turns it off.
+	CheckpointPath string `yaml:"checkpointPath,omitempty" json:"checkpointPath,omitempty"`
+	// Resync is how often every reporter re-checks the API server without a change (default 5m).
+	Resync *Duration `yaml:"resync,omitempty" json:"resync,omitempty"`
+}
+
+// WithDefaults returns a copy with defaults filled in.
+func (a AgentConfig) WithDefaults() AgentConfig {
+	if a.Reporters == nil {
+		a.Reporters = AllReporters()
+	}
+	if a.DriverName == "" {
+		a.DriverName = DefaultDriverName
+	}
+	if a.UUIDAttribute == "" {
+		a.UUIDAttribute = DefaultUUIDAttribute
+	}
+	if a.CheckpointPath == "" {
+		a.CheckpointPath = DefaultCheckpointPath
+	}
+	if a.Resync == nil {
+		d := Duration(DefaultResync)
+		a.Resync = &d
+	}
+	return a
+}
+
+func (a AgentConfig) validate(bad func(path, format string, args ...any)) {
+	for i, r := range a.Reporters {
+		if !slices.Contains(AllReporters(), r) {
+			bad(fmt.Sprintf("agent.reporters[%d]", i), "unknown reporter %q (want one of %v)", r, AllReporters())
+		}
+	}
+	if a.Resync != nil && time.Duration(*a.Resync) < time.Second {
+		bad("agent.resync", "must be at least 1s, got %v", time.Duration(*a.Resync))
+	}
+}
