@@ -1,0 +1,170 @@
+// Command localcluster starts the test control plane in the background for humans and scripts
+// (`make cluster-up`, through hack/controlplane/cluster.sh). It starts etcd, kube-apiserver,
+// kube-scheduler and kube-controller-manager detached from itself, waits until they are ready,
+// writes the admin kubeconfig and the PID list, links kubectl, and exits leaving them running.
+// hack/controlplane/cluster.sh down stops them by the recorded PIDs.
+//
+// Layout under --dir (default .cluster):
+//
+//	kubeconfig        admin kubeconfig (system:masters)
+//	bin/kubectl       link to the cached kubectl
+//	pids              "name pid binary" per running component, in start order
+//	run/              data, certificates, component kubeconfigs, logs/
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "localcluster: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("localcluster", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", ".cluster", "directory for the kubeconfig, PIDs, kubectl link, data and logs")
+	binDir := fs.String("bin", "", "directory with the control-plane binaries (default: $"+controlplane.BinDirEnv+" or hack/controlplane/build.sh)")
+	featureGates := fs.String("feature-gates", "", "--feature-gates for kube-apiserver, kube-scheduler and kube-controller-manager")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: localcluster up [flags]")
+		fs.PrintDefaults()
+	}
+	if len(args) == 0 || args[0] != "up" {
+		fs.Usage()
+		return errors.New("the only command is up (cluster.sh down stops the cluster)")
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	root, err := filepath.Abs(*dir)
+	if err != nil {
+		return fmt.Errorf("cluster directory: %w", err)
+	}
+	pidsPath := filepath.Join(root, "pids")
+	kubeconfig := filepath.Join(root, "kubeconfig")
+	kubectl := filepath.Join(root, "bin", "kubectl")
+
+	if running, err := anyRunning(pidsPath); err != nil {
+		return err
+	} else if running {
+		fmt.Fprintf(stdout, "cluster already running (PIDs in %s)\nexport KUBECONFIG=%s\n", pidsPath, kubeconfig)
+		return nil
+	}
+
+	// A fresh cluster every time: old etcd data would leak objects into the new one.
+	runDir := filepath.Join(root, "run")
+	if err := os.RemoveAll(runDir); err != nil {
+		return fmt.Errorf("remove old cluster data: %w", err)
+	}
+	started := time.Now()
+	c, err := controlplane.Start(ctx, controlplane.Options{
+		BinDir:       *binDir,
+		Dir:          runDir,
+		KeepDir:      true,
+		FeatureGates: *featureGates,
+		Detach:       true,
+		StartTimeout: 3 * time.Minute,
+		Progress:     func(msg string) { fmt.Fprintf(stderr, "[cluster-up] %s\n", msg) },
+	})
+	if err != nil {
+		return err
+	}
+	if err := finish(c, pidsPath, kubeconfig, kubectl); err != nil {
+		_ = c.Stop()
+		return err
+	}
+	fmt.Fprintf(stdout, `cluster up in %s: %s (Kubernetes %s)
+  export KUBECONFIG=%s
+  %s get --raw /readyz
+logs: %s
+stop: make cluster-down
+`, time.Since(started).Round(100*time.Millisecond), c.Host(), controlplane.KubernetesVersion,
+		kubeconfig, kubectl, filepath.Join(runDir, "logs"))
+	return nil
+}
+
+// finish records what cluster.sh down needs and what users need, in that order: PIDs first, so a
+// failure after this point can still be cleaned up.
+func finish(c *controlplane.Cluster, pidsPath, kubeconfig, kubectl string) error {
+	var b strings.Builder
+	for _, p := range c.Processes() {
+		// /proc/PID/exe shows the resolved path; record that so the checks compare like with like.
+		bin, err := filepath.EvalSymlinks(p.Binary)
+		if err != nil {
+			return fmt.Errorf("resolve %s: %w", p.Binary, err)
+		}
+		fmt.Fprintf(&b, "%s %d %s\n", p.Name, p.PID, bin)
+	}
+	if err := writeFileAtomic(pidsPath, []byte(b.String())); err != nil {
+		return err
+	}
+	if err := c.WriteKubeconfig(kubeconfig, c.AdminConfig()); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(kubectl), 0o755); err != nil {
+		return fmt.Errorf("link kubectl: %w", err)
+	}
+	if err := os.Remove(kubectl); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("link kubectl: %w", err)
+	}
+	if err := os.Symlink(filepath.Join(c.BinDir(), controlplane.BinKubectl), kubectl); err != nil {
+		return fmt.Errorf("link kubectl: %w", err)
+	}
+	return nil
+}
+
+// anyRunning reports whether a process recorded in the PID file still runs the recorded binary
+// (a PID alone may have been reused by something else since).
+func anyRunning(pidsPath string) (bool, error) {
+	data, err := os.ReadFile(pidsPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", pidsPath, err)
+	}
+	for line := range strings.Lines(string(data)) {
+		fields := strings.Fields(line)
+		if len(fields) != 3 {
+			continue
+		}
+		exe, err := os.Readlink(filepath.Join("/proc", fields[1], "exe"))
+		if err == nil && strings.TrimSuffix(exe, " (deleted)") == fields[2] {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
