@@ -335,3 +335,31 @@ func TestALongStormReplays(t *testing.T) {
 		t.Fatalf("transitions %q, xids %+v", transitionLines(res), res.Devices[0].XIDs)
 	}
 }
+
+func TestCounterRatesAreMeasuredOverWholeRounds(t *testing.T) {
+	// NVML offers PCIe replay and NVLink error counters only to polling, so a rate is the
+	// increase over a sampling round, wherever in the round the increase fell. With the default
+	// 10s rounds and 60/min limits, 5 is under the limit (30/min) and 20 is over it (120/min).
+	cases := []struct {
+		name  string
+		event string
+		want  string
+	}{
+		{"few replays just after a round", "{at: 10500ms, gpu: 0, pcieReplays: 5}", "Healthy"},
+		{"few replays just before a round", "{at: 19500ms, gpu: 0, pcieReplays: 5}", "Healthy"},
+		{"many replays just after a round", "{at: 10500ms, gpu: 0, pcieReplays: 20}", "Degraded"},
+		{"few NVLink errors just after a round", "{at: 10500ms, gpu: 0, nvlink: {link: 1, crcErrors: 5}}", "Healthy"},
+		{"many NVLink errors just before a round", "{at: 19500ms, gpu: 0, nvlink: {link: 1, crcErrors: 20}}", "Degraded"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\ngpus: {count: 1}\nduration: 20s\nevents:\n  - " + tc.event + "\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := run(t, sc, nil).Devices[0].Health; got != tc.want {
+				t.Fatalf("health %s, want %s", got, tc.want)
+			}
+		})
+	}
+}

@@ -6,7 +6,9 @@
 // reasons, NVLink state, remapper state, recovery action) the way NVML would report them. Events
 // change those readings and emit the matching signal at once; every SampleInterval it also emits
 // a full sampling round, as the NVML backend's sampler does, so polled checks see clean samples
-// and their hysteresis can close. A lost GPU answers every sample with "lost". Events at the
+// and their hysteresis can close. PCIe replay and NVLink error counters are the exception: NVML
+// offers them only to polling, so their increases show in the next round and their rates are
+// measured over whole rounds, as on real hardware. A lost GPU answers every sample with "lost". Events at the
 // same instant as a sampling round come first; the round at 0s comes before everything and sets
 // the counters' baselines.
 //
@@ -82,7 +84,7 @@ type gpuState struct {
 	pcieReplays  int64
 	linkDown     [MaxNVLinks]bool
 	linkErrors   [MaxNVLinks]int64
-	linksSeen    uint32 // bit set of links any event touched; only those are sampled
+	linksSeen    uint32 // bit set of links the scenario uses; only those are sampled
 	recovery     health.RecoveryAction
 }
 
@@ -107,6 +109,13 @@ func New(sc *Scenario, opts Options) *Backend {
 			g.migUUIDs = append(g.migUUIDs, MIGUUID(sc.Node, i, m))
 		}
 		b.gpus = append(b.gpus, g)
+	}
+	// Links are sampled from the first round, so an error counter has a baseline before the
+	// first increase, as it would on a GPU whose links exist from the start.
+	for _, ev := range sc.Events {
+		if ev.Kind == EventNVLink {
+			b.gpus[ev.GPU].linksSeen |= 1 << ev.Link
+		}
 	}
 	return b
 }
@@ -251,21 +260,17 @@ func (g *gpuState) apply(ev Event, now time.Time, sink Sink) {
 		s.Kind, s.Reasons = health.SignalClockEvents, g.clockReasons
 		sink.Signal(s)
 	case EventPCIeReplays:
+		// Polled only: the next sampling round reports the new total.
 		g.pcieReplays += ev.PCIeReplaysIncrease
-		s := base
-		s.Kind, s.Value = health.SignalPCIeReplays, g.pcieReplays
-		sink.Signal(s)
 	case EventNVLink:
-		g.linksSeen |= 1 << ev.Link
-		s := base
-		s.Link = ev.Link
-		if ev.LinkDown != nil {
-			g.linkDown[ev.Link] = *ev.LinkDown
-			s.Kind, s.Down = health.SignalNVLinkState, g.linkDown[ev.Link]
-		} else {
+		if ev.LinkDown == nil {
+			// Polled only: the next sampling round reports the new total.
 			g.linkErrors[ev.Link] += ev.LinkErrorsIncrease
-			s.Kind, s.Value = health.SignalNVLinkErrors, g.linkErrors[ev.Link]
+			return
 		}
+		g.linkDown[ev.Link] = *ev.LinkDown
+		s := base
+		s.Kind, s.Link, s.Down = health.SignalNVLinkState, ev.Link, g.linkDown[ev.Link]
 		sink.Signal(s)
 	case EventRecoveryAction:
 		g.recovery = ev.RecoveryAction
@@ -291,8 +296,7 @@ func (g *gpuState) apply(ev Event, now time.Time, sink Sink) {
 }
 
 func (g *gpuState) reboot() {
-	failure := g.rowsFailure
-	*g = gpuState{uuid: g.uuid, migUUIDs: g.migUUIDs, temperature: IdleTemperatureC, rowsFailure: failure}
+	*g = gpuState{uuid: g.uuid, migUUIDs: g.migUUIDs, temperature: IdleTemperatureC, rowsFailure: g.rowsFailure, linksSeen: g.linksSeen}
 }
 
 func (g *gpuState) eccSignal(base health.Signal) health.Signal {

@@ -159,7 +159,12 @@ func TestCountersAccumulateAndResetClearsThem(t *testing.T) {
 		got  []string
 		want []string
 	}{
-		{"pcie event totals", valuesAt(health.SignalPCIeReplays, 2*time.Second, value), []string{"750"}},
+		// PCIe replay and NVLink error counters are polled only, as with NVML: nothing between
+		// rounds, the new total in the next round, and a baseline for every link from the start.
+		{"no pcie signal at the event", valuesAt(health.SignalPCIeReplays, 2*time.Second, value), nil},
+		{"no nvlink error signal at the event", valuesAt(health.SignalNVLinkErrors, 5*time.Second, value), nil},
+		{"nvlink baselines in the first round", valuesAt(health.SignalNVLinkErrors, 0, func(s health.Signal) string { return fmt.Sprint(s.Link, ":", s.Value) }), []string{"1:0", "3:0"}},
+		{"nvlink state at the event", valuesAt(health.SignalNVLinkState, 7*time.Second, func(s health.Signal) string { return fmt.Sprint(s.Link, ":", s.Down) }), []string{"1:true"}},
 		{"pcie in the round", valuesAt(health.SignalPCIeReplays, 10*time.Second, value), []string{"750"}},
 		{"pcie after the reset", valuesAt(health.SignalPCIeReplays, 20*time.Second, value), []string{"0"}},
 		{"ecc event totals", valuesAt(health.SignalECCCounters, 4*time.Second, func(s health.Signal) string { return fmt.Sprint(s.Corrected, s.Uncorrected) }), []string{"15 1"}},
@@ -270,6 +275,7 @@ func TestRebootRestoresIdleReadingsButNotARemapFailure(t *testing.T) {
 		"{at: 1s, gpu: 0, temperatureC: 99}",
 		"{at: 1s, gpu: 0, remappedRows: {failure: true, pending: true}}",
 		"{at: 1s, gpu: 0, pcieReplays: 10}",
+		"{at: 1s, gpu: 0, nvlink: {link: 4, crcErrors: 10}}",
 		"{at: 5s, reboot: true}",
 	)+"duration: 10s\n", sim.Options{SampleInterval: 10 * time.Second})
 	at10 := func(kind health.SignalKind) health.Signal {
@@ -289,6 +295,9 @@ func TestRebootRestoresIdleReadingsButNotARemapFailure(t *testing.T) {
 	}
 	if s := at10(health.SignalPCIeReplays); s.Value != 0 {
 		t.Errorf("pcie after reboot %d", s.Value)
+	}
+	if s := at10(health.SignalNVLinkErrors); s.Link != 4 || s.Value != 0 {
+		t.Errorf("NVLink errors after reboot %+v, want link 4 still sampled, from zero", s)
 	}
 }
 
