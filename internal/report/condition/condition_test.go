@@ -1,0 +1,109 @@
+package condition_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/gpuhealth/gpuhealth/internal/report/condition"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+func device(i int, h health.Severity, reason string) health.DeviceStatus {
+	d := health.DeviceStatus{Device: health.Device{UUID: "GPU-" + string(rune('a'+i)), Index: i}, Health: h}
+	if h != health.Healthy {
+		d.Conditions = []health.Condition{{Type: health.ConditionXID, Severity: h, Reason: reason}}
+	}
+	return d
+}
+
+func TestDesired(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		devs       []health.DeviceStatus
+		wantStatus corev1.ConditionStatus
+		wantReason string
+		wantInMsg  string
+	}{
+		{"healthy", []health.DeviceStatus{device(0, health.Healthy, ""), device(1, health.Healthy, "")}, corev1.ConditionFalse, condition.ReasonHealthy, "all 2 GPUs are healthy"},
+		{"degraded only", []health.DeviceStatus{device(0, health.Degraded, "ClocksThrottled"), device(1, health.Healthy, "")}, corev1.ConditionFalse, condition.ReasonDegraded, "1 of 2 GPUs degraded: 0 (GPU-a): ClocksThrottled"},
+		{"unhealthy", []health.DeviceStatus{device(0, health.Degraded, "ClocksThrottled"), device(1, health.Unhealthy, "XID79")}, corev1.ConditionTrue, condition.ReasonUnhealthy, "1 of 2 GPUs unhealthy: 1 (GPU-b): XID79"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, reason, msg := condition.Desired(health.Snapshot{Devices: tc.devs})
+			if status != tc.wantStatus || reason != tc.wantReason || !strings.Contains(msg, tc.wantInMsg) {
+				t.Errorf("Desired = %s, %s, %q; want %s, %s, containing %q", status, reason, msg, tc.wantStatus, tc.wantReason, tc.wantInMsg)
+			}
+		})
+	}
+}
+
+func TestSyncKeepsOtherConditionsAndTransitionTimes(t *testing.T) {
+	ctx := context.Background()
+	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}})
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
+	s := condition.New(client, "n1", clk)
+
+	sync := func(devs ...health.DeviceStatus) int {
+		t.Helper()
+		n, err := s.Sync(ctx, health.Snapshot{Devices: devs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	get := func() (corev1.NodeCondition, int) {
+		t.Helper()
+		node, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c corev1.NodeCondition
+		for _, x := range node.Status.Conditions {
+			if x.Type == condition.Type {
+				c = x
+			}
+		}
+		return c, len(node.Status.Conditions)
+	}
+	if n := sync(device(0, health.Unhealthy, "XID79")); n != 1 {
+		t.Fatalf("first sync wrote %d times, want 1", n)
+	}
+	c, count := get()
+	if c.Status != corev1.ConditionTrue || count != 2 {
+		t.Fatalf("condition %+v with %d conditions, want True next to Ready", c, count)
+	}
+	firstTransition := c.LastTransitionTime
+	clk.SetTime(time.Unix(2000, 0))
+	if n := sync(device(0, health.Unhealthy, "XID79")); n != 0 {
+		t.Errorf("unchanged state wrote %d times, want 0", n)
+	}
+	if n := sync(device(0, health.Unhealthy, "XID48")); n != 1 {
+		t.Errorf("new message wrote %d times, want 1", n)
+	}
+	c, _ = get()
+	if !c.LastTransitionTime.Equal(&firstTransition) {
+		t.Errorf("lastTransitionTime moved from %v to %v without a status change", firstTransition, c.LastTransitionTime)
+	}
+}
+
+func TestEventsPerTransition(t *testing.T) {
+	rec := record.NewFakeRecorder(10)
+	e := condition.NewEvents(rec, "n1", "")
+	dev := health.Device{UUID: "GPU-a", Index: 2}
+	e.Record(health.Transition{Device: dev, From: health.Healthy, To: health.Unhealthy, Reason: "XID79"})
+	e.Record(health.Transition{Device: dev, From: health.Unhealthy, To: health.Healthy, Reason: "NodeReboot"})
+	for _, want := range []string{"Warning GPUUnhealthy GPU 2 (GPU-a): Healthy -> Unhealthy: XID79", "Normal GPURecovered GPU 2 (GPU-a): Unhealthy -> Healthy: NodeReboot"} {
+		if got := <-rec.Events; got != want {
+			t.Errorf("event %q, want %q", got, want)
+		}
+	}
+}

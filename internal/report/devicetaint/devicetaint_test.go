@@ -1,0 +1,162 @@
+package devicetaint_test
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+func slice(node string, uuids ...string) *resourceapi.ResourceSlice {
+	s := &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: node + "-gpus"},
+		Spec: resourceapi.ResourceSliceSpec{
+			Driver: devicetaint.DefaultDriver, NodeName: ptr.To(node),
+			Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+		},
+	}
+	for i, u := range uuids {
+		s.Spec.Devices = append(s.Spec.Devices, resourceapi.Device{
+			Name:       "gpu-" + string(rune('0'+i)),
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": {StringValue: ptr.To(u)}},
+		})
+	}
+	return s
+}
+
+func status(uuid string, index int, h health.Severity, evict bool, conds ...health.Condition) health.DeviceStatus {
+	return health.DeviceStatus{Device: health.Device{UUID: uuid, Index: index}, Health: h, Evict: evict, Conditions: conds}
+}
+
+var (
+	xid79   = health.Condition{Type: health.ConditionXID, Code: 79, Severity: health.Unhealthy, Reason: "XID79", Evict: true}
+	thermal = health.Condition{Type: health.ConditionThermal, Severity: health.Degraded, Reason: "TemperatureAtSlowdown"}
+)
+
+func TestEffectAndTaint(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		dev       health.DeviceStatus
+		noExecute bool
+		effect    resourceapi.DeviceTaintEffect
+		key, val  string
+	}{
+		{"degraded is None", status("GPU-a", 0, health.Degraded, false, thermal), false, resourceapi.DeviceTaintEffectNone, "gpuhealth.dev/thermal", "TemperatureAtSlowdown"},
+		{"unhealthy is NoSchedule", status("GPU-a", 0, health.Unhealthy, true, xid79), false, resourceapi.DeviceTaintEffectNoSchedule, "gpuhealth.dev/xid", "79"},
+		{"evict is NoExecute when enabled", status("GPU-a", 0, health.Unhealthy, true, xid79, thermal), true, resourceapi.DeviceTaintEffectNoExecute, "gpuhealth.dev/xid", "79"},
+		{"lost GPU", status("GPU-a", 0, health.Unhealthy, false, health.Condition{Type: health.ConditionGPULost, Severity: health.Unhealthy, Reason: "GPULost"}), true, resourceapi.DeviceTaintEffectNoSchedule, "gpuhealth.dev/gpu-lost", "GPULost"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := devicetaint.Effect(tc.dev, tc.noExecute); got != tc.effect {
+				t.Errorf("Effect = %s, want %s", got, tc.effect)
+			}
+			key, val := devicetaint.Taint(tc.dev)
+			if key != tc.key || val != tc.val {
+				t.Errorf("Taint = %s=%s, want %s=%s", key, val, tc.key, tc.val)
+			}
+		})
+	}
+}
+
+func TestSyncCreatesUpdatesAndDeletesRules(t *testing.T) {
+	ctx := context.Background()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-n1"}}
+	client := fake.NewClientset(node, slice("n1", "GPU-a", "GPU-b"))
+	var unmatched []string
+	s := devicetaint.New(client, "n1", devicetaint.Options{NoExecute: true, Unmatched: func(d health.DeviceStatus) {
+		unmatched = append(unmatched, d.Device.UUID)
+	}})
+	rules := func() map[string]resourceapi.DeviceTaintRule {
+		t.Helper()
+		list, err := client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]resourceapi.DeviceTaintRule{}
+		for _, r := range list.Items {
+			out[r.Name] = r
+		}
+		return out
+	}
+	sync := func(devs ...health.DeviceStatus) int {
+		t.Helper()
+		n, err := s.Sync(ctx, health.Snapshot{Devices: devs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	if n := sync(status("GPU-a", 0, health.Degraded, false, thermal), status("GPU-b", 1, health.Healthy, false)); n != 1 {
+		t.Fatalf("first fault: %d writes, want 1", n)
+	}
+	r, ok := rules()[devicetaint.RuleName("GPU-a")]
+	if !ok {
+		t.Fatalf("no rule %s; rules: %v", devicetaint.RuleName("GPU-a"), rules())
+	}
+	sel := r.Spec.DeviceSelector
+	if *sel.Driver != devicetaint.DefaultDriver || *sel.Pool != "n1" || *sel.Device != "gpu-0" ||
+		r.Spec.Taint.Effect != resourceapi.DeviceTaintEffectNone || r.Labels[devicetaint.NodeLabel] != "n1" ||
+		r.Labels[devicetaint.UUIDLabel] != "GPU-a" || len(r.OwnerReferences) != 1 || r.OwnerReferences[0].UID != "uid-n1" {
+		t.Errorf("rule = %+v", r)
+	}
+
+	if n := sync(status("GPU-a", 0, health.Degraded, false, thermal), status("GPU-b", 1, health.Healthy, false)); n != 0 {
+		t.Errorf("unchanged state: %d writes, want 0", n)
+	}
+	if n := sync(status("GPU-a", 0, health.Unhealthy, true, xid79, thermal)); n != 1 {
+		t.Errorf("escalation: %d writes, want 1 (an update)", n)
+	}
+	if got := rules()[devicetaint.RuleName("GPU-a")].Spec.Taint; got.Effect != resourceapi.DeviceTaintEffectNoExecute || got.Key != "gpuhealth.dev/xid" {
+		t.Errorf("escalated taint = %+v, want NoExecute gpuhealth.dev/xid", got)
+	}
+	if n := sync(status("GPU-a", 0, health.Healthy, false), status("GPU-z", 7, health.Unhealthy, false, xid79)); n != 1 {
+		t.Errorf("recovery: %d writes, want 1 (a delete)", n)
+	}
+	if len(rules()) != 0 {
+		t.Errorf("rules left after recovery: %v", rules())
+	}
+	if len(unmatched) != 1 || unmatched[0] != "GPU-z" {
+		t.Errorf("unmatched = %v, want [GPU-z] once", unmatched)
+	}
+	sync(status("GPU-z", 7, health.Unhealthy, false, xid79))
+	if len(unmatched) != 1 {
+		t.Errorf("the same unmatched device was reported again: %v", unmatched)
+	}
+}
+
+func TestSyncRemovesStaleRulesFromAnEarlierRun(t *testing.T) {
+	ctx := context.Background()
+	stale := &resourceapi.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: "gpuhealth-old", Labels: map[string]string{devicetaint.NodeLabel: "n1"}}}
+	other := &resourceapi.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses", Labels: map[string]string{devicetaint.NodeLabel: "n2"}}}
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, slice("n1", "GPU-a"), stale, other)
+	s := devicetaint.New(client, "n1", devicetaint.Options{})
+	if n, err := s.Sync(ctx, health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Healthy, false)}}); err != nil || n != 1 {
+		t.Fatalf("Sync = %d, %v; want 1 delete", n, err)
+	}
+	list, err := client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 1 || list.Items[0].Name != "someone-elses" {
+		t.Errorf("rules = %v, want only the other node's rule left", list.Items)
+	}
+}
+
+func TestRuleNameIsAValidName(t *testing.T) {
+	for uuid, want := range map[string]string{
+		"GPU-76f99748-0f9a-e5e5-c69b-1e46cae6e125": "gpuhealth-gpu-76f99748-0f9a-e5e5-c69b-1e46cae6e125",
+		"MIG-A/B_C":                                "gpuhealth-mig-a-b-c",
+	} {
+		if got := devicetaint.RuleName(uuid); got != want {
+			t.Errorf("RuleName(%q) = %q, want %q", uuid, got, want)
+		}
+	}
+}
