@@ -153,7 +153,7 @@ func TestSyncRemovesStaleRulesFromAnEarlierRun(t *testing.T) {
 func TestRuleNameIsAValidName(t *testing.T) {
 	for uuid, want := range map[string]string{
 		"GPU-76f99748-0f9a-e5e5-c69b-1e46cae6e125": "gpuhealth-gpu-76f99748-0f9a-e5e5-c69b-1e46cae6e125",
-		"MIG-A/B_C":                                "gpuhealth-mig-a-b-c",
+		"MIG-A/B_C": "gpuhealth-mig-a-b-c",
 	} {
 		if got := devicetaint.RuleName(uuid); got != want {
 			t.Errorf("RuleName(%q) = %q, want %q", uuid, got, want)
