@@ -81,7 +81,7 @@ func FuzzParseScenario(f *testing.F) {
 		if err != nil {
 			t.Fatalf("devices of an accepted scenario: %v", err)
 		}
-		if repeats > 1000 || sc.End(30*time.Second) > 10*time.Minute {
+		if repeats > 1000 || sc.End(30*time.Second) > 2*time.Minute {
 			return // too long to replay on every fuzz input
 		}
 		sink := &trackerSink{tr: tr}
