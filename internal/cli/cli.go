@@ -29,7 +29,14 @@ func (e inputError) Unwrap() error { return e.err }
 func badInput(err error) error { return inputError{err} }
 
 // Execute runs the command line args and returns the process exit code.
-func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) (code int) {
+	// A panic is a bug; it still ends as one line and exit status 1, never a stack trace.
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(stderr, "gpuhealth: internal error: %v\n", r)
+			code = ExitFailure
+		}
+	}()
 	root := NewRootCommand(stdout, stderr)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"time"
 
 	yaml "go.yaml.in/yaml/v3"
 )
@@ -201,3 +202,23 @@ func Clean(err error) error {
 func oneLine(s string) string {
 	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
 }
+
+// Duration is a Go duration string in a file ("90s", "1h30m"). Bare numbers are refused: their
+// unit would be a guess.
+type Duration time.Duration
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: a duration must be a single value with a unit, such as 10s or 1m30s", n.Line)
+	}
+	v, err := time.ParseDuration(n.Value)
+	if n.Tag != "!!str" || err != nil {
+		return fmt.Errorf("line %d: %q is not a duration; write one with a unit, such as 10s or 1m30s", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration as a Go duration string.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }

@@ -28,9 +28,13 @@ const (
 	MaxGPUs         = 64
 	MaxMIGInstances = 7
 	MaxRepeat       = 10_000_000
-	MaxNVLinks      = 18
-	DefaultNode     = "sim-node"
-	DefaultModel    = "NVIDIA H100 80GB HBM3"
+	// MaxTotalRepeat bounds the signals all events of a scenario may produce (about ten
+	// seconds of replay), and MaxDuration its length on virtual time.
+	MaxTotalRepeat = 100_000_000
+	MaxDuration    = 7 * 24 * time.Hour
+	MaxNVLinks     = 18
+	DefaultNode    = "sim-node"
+	DefaultModel   = "NVIDIA H100 80GB HBM3"
 )
 
 // EventKind says what an Event does.
@@ -150,21 +154,8 @@ type linkSpec struct {
 	CRCErrors *int64  `yaml:"crcErrors"`
 }
 
-// duration is a Go duration string ("90s", "1h30m"); bare numbers are refused because their
-// unit would be a guess.
-type duration time.Duration
-
-func (d *duration) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
-		return fmt.Errorf("line %d: %q is not a duration; write one with a unit, such as 5s or 1m30s", n.Line, n.Value)
-	}
-	v, err := time.ParseDuration(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration; write one with a unit, such as 5s or 1m30s", n.Line, n.Value)
-	}
-	*d = duration(v)
-	return nil
-}
+// duration is a Go duration string ("90s", "1h30m").
+type duration = strictyaml.Duration
 
 // gpuRef is a GPU index (an integer) or a UUID (a string).
 type gpuRef struct {
@@ -274,6 +265,19 @@ func ParseScenario(data []byte) (*Scenario, error) {
 		sc.Events = append(sc.Events, ev)
 	}
 	slices.SortStableFunc(sc.Events, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
+	if sc.Duration > MaxDuration {
+		return nil, fmt.Errorf("duration: %v is longer than the longest scenario, %v", sc.Duration, MaxDuration)
+	}
+	total := 0
+	for _, ev := range sc.Events {
+		if ev.At > MaxDuration {
+			return nil, fmt.Errorf("events (line %d): at %v is past the longest scenario, %v", ev.Line, ev.At, MaxDuration)
+		}
+		total += ev.Repeat
+	}
+	if total > MaxTotalRepeat {
+		return nil, fmt.Errorf("events: %d signals in all (repeat included) is more than %d", total, MaxTotalRepeat)
+	}
 	if sc.Duration > 0 && len(sc.Events) > 0 && sc.Events[len(sc.Events)-1].At > sc.Duration {
 		return nil, fmt.Errorf("duration: %v ends before the last event at %v", sc.Duration, sc.Events[len(sc.Events)-1].At)
 	}

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	yaml "go.yaml.in/yaml/v3"
-
 	"github.com/gpuhealth/gpuhealth/internal/strictyaml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -125,24 +123,8 @@ type NVLinkCheck struct {
 	RecoverySamples *int     `yaml:"recoverySamples,omitempty" json:"recoverySamples,omitempty"`
 }
 
-// Duration is a Go duration string in the file ("10s").
-type Duration time.Duration
-
-// UnmarshalYAML accepts only strings with units.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
-		return fmt.Errorf("line %d: %q is not a duration; write one with a unit, such as 10s", n.Line, n.Value)
-	}
-	v, err := time.ParseDuration(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration; write one with a unit, such as 10s", n.Line, n.Value)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// MarshalText writes the duration as a Go duration string.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+// Duration is a Go duration string in the file ("10s"); a bare number is an error.
+type Duration = strictyaml.Duration
 
 // Default returns the configuration that selects the default profile and changes nothing.
 func Default() *HealthConfig {
