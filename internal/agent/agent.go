@@ -108,7 +108,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	monitor := health.NewMonitor(tracker)
 
-	m := metrics.New(opts.NodeName)
+	m := metrics.New(opts.NodeName, tracker.Snapshot)
 	if err := m.Register(opts.Registry); err != nil {
 		return fmt.Errorf("agent: register metrics: %w", err)
 	}
@@ -145,7 +145,7 @@ func Run(ctx context.Context, opts Options) error {
 			if u.Dropped > 0 {
 				logger.Info("Fell behind; some transitions were not recorded as events", "dropped", u.Dropped)
 			}
-			m.Update(u.Snapshot, u.Transitions)
+			m.Transitions(u.Transitions)
 			for _, t := range u.Transitions {
 				logger.Info("GPU health changed", "gpu", t.Device.UUID, "index", t.Device.Index, "from", t.From, "to", t.To, "reason", t.Reason)
 				events.Record(t)

@@ -15,7 +15,6 @@ package metrics
 
 import (
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,10 +25,8 @@ import (
 
 // Metrics owns the agent's collectors. Register them with Register.
 type Metrics struct {
-	node string
-
-	mu   sync.Mutex
-	snap health.Snapshot
+	node     string
+	snapshot func() health.Snapshot
 
 	healthDesc, evictDesc, conditionDesc, xidDesc *prometheus.Desc
 
@@ -45,11 +42,13 @@ var (
 	_ report.Observer      = (*Metrics)(nil)
 )
 
-// New returns the metrics of the agent on node.
-func New(node string) *Metrics {
+// New returns the metrics of the agent on node; snapshot is called at every scrape (pass the
+// tracker's Snapshot method).
+func New(node string, snapshot func() health.Snapshot) *Metrics {
 	gpuLabels := []string{"node", "uuid", "index", "model"}
 	return &Metrics{
 		node:          node,
+		snapshot:      snapshot,
 		healthDesc:    prometheus.NewDesc("gpuhealth_gpu_health", "GPU health: 0 Healthy, 1 Degraded, 2 Unhealthy.", gpuLabels, nil),
 		evictDesc:     prometheus.NewDesc("gpuhealth_gpu_evict", "1 when a condition in effect asks for eviction of running work.", gpuLabels, nil),
 		conditionDesc: prometheus.NewDesc("gpuhealth_gpu_condition", "1 for each condition in effect on a GPU.", []string{"node", "uuid", "index", "type", "reason", "severity"}, nil),
@@ -84,11 +83,8 @@ func (m *Metrics) Register(reg prometheus.Registerer) error {
 	return nil
 }
 
-// Update records the latest snapshot and the transitions that led to it.
-func (m *Metrics) Update(snap health.Snapshot, transitions []health.Transition) {
-	m.mu.Lock()
-	m.snap = snap
-	m.mu.Unlock()
+// Transitions counts health transitions.
+func (m *Metrics) Transitions(transitions []health.Transition) {
 	for _, t := range transitions {
 		m.transitions.WithLabelValues(m.node, t.To.String()).Inc()
 	}
@@ -124,10 +120,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector from the latest snapshot.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	m.mu.Lock()
-	snap := m.snap
-	m.mu.Unlock()
-	for _, d := range snap.Devices {
+	for _, d := range m.snapshot().Devices {
 		idx := strconv.Itoa(d.Device.Index)
 		send := func(desc *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
 			if metric, err := prometheus.NewConstMetric(desc, t, v, labels...); err == nil {

@@ -1,0 +1,15 @@
+package agent
+
+import rbacv1 "k8s.io/api/rbac/v1"
+
+// ClusterRoleRules are the least privileges the agent needs; the e2e tests run the agent with
+// exactly these, and the Helm chart's ClusterRole must match them.
+func ClusterRoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"devicetaintrules"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
+	}
+}

@@ -1,0 +1,326 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// gpuhealthBinary builds cmd/gpuhealth once per test binary, so agents run as real processes
+// that a test can kill.
+func gpuhealthBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		root, err := controlplane.RepoRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "gpuhealth-e2e-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "gpuhealth")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/gpuhealth")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+const agentNamespace = "gpuhealth-system"
+
+// agentKubeconfig gives the agent its own ServiceAccount bound to agent.ClusterRoleRules (least
+// privilege, never admin) and writes a kubeconfig with its token.
+func agentKubeconfig(t *testing.T, c *controlplane.Cluster) string {
+	t.Helper()
+	ctx := t.Context()
+	admin := c.Admin()
+	if _, err := c.CreateNamespace(ctx, agentNamespace); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gpuhealth-agent"}, Rules: agent.ClusterRoleRules()}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpuhealth-agent"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "gpuhealth-agent"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: agentNamespace, Name: "gpuhealth-agent"}},
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	cfg, err := c.ServiceAccountConfig(ctx, agentNamespace, "gpuhealth-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "agent.kubeconfig")
+	if err := c.WriteKubeconfig(path, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// gpuNode creates a Ready node with a ResourceSlice of count GPUs whose UUIDs are the
+// simulator's for that node, so the agent's sim backend and the DRA devices agree.
+func gpuNode(t *testing.T, c *controlplane.Cluster, node string, count int) []string {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := c.CreateReadyNode(ctx, node, nil); err != nil {
+		t.Fatal(err)
+	}
+	uuids := make([]string, count)
+	for i := range uuids {
+		uuids[i] = sim.GPUUUID(node, i)
+	}
+	if _, err := c.Admin().ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(node, uuids...), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return uuids
+}
+
+// agentConfig is the HealthConfig the e2e agents run with: fast sampling, and resyncs far apart
+// so that every write a test counts is one the agent chose to make.
+const agentConfig = `apiVersion: gpuhealth.dev/v1alpha1
+kind: HealthConfig
+sampleInterval: 500ms
+agent:
+  resync: 1h
+`
+
+// agentProcess is a running `gpuhealth agent`.
+type agentProcess struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	metrics string
+	log     string
+	done    chan struct{}
+}
+
+type agentSetup struct {
+	node, kubeconfig, checkpoint string
+	// scenario is the body of a scenario file after its header; empty means no events.
+	scenario string
+	gpus     int
+}
+
+// startAgent writes the scenario and config and starts an agent, stopped when the test ends.
+func startAgent(t *testing.T, s agentSetup) *agentProcess {
+	t.Helper()
+	dir := t.TempDir()
+	scenario := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d}\n%s", s.node, s.gpus, s.scenario)
+	scenarioPath := filepath.Join(dir, "scenario.yaml")
+	configPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(scenarioPath, []byte(scenario), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	a := &agentProcess{t: t, metrics: "http://127.0.0.1:" + strconv.Itoa(port), log: filepath.Join(dir, "agent.log"), done: make(chan struct{})}
+	logFile, err := os.Create(a.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.cmd = exec.Command(gpuhealthBinary(t), "agent", "--backend", "sim", "--scenario", scenarioPath,
+		"--node-name", s.node, "--kubeconfig", s.kubeconfig, "--config", configPath,
+		"--checkpoint", s.checkpoint, "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "-v", "2")
+	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
+	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = a.cmd.Wait()
+		logFile.Close()
+		close(a.done)
+	}()
+	t.Cleanup(func() {
+		a.stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(a.log)
+			t.Logf("agent log (%s):\n%s", s.node, tail(string(b), 80))
+		}
+	})
+	a.waitReady()
+	return a
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitReady waits for /readyz: the agent has reconciled every reporter once.
+func (a *agentProcess) waitReady() {
+	a.t.Helper()
+	err := wait.PollUntilContextTimeout(a.t.Context(), 100*time.Millisecond, pollTimeout, true, func(ctx context.Context) (bool, error) {
+		select {
+		case <-a.done:
+			return false, fmt.Errorf("agent exited: %v", a.cmd.ProcessState)
+		default:
+		}
+		resp, err := http.Get(a.metrics + "/readyz")
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		a.t.Fatalf("agent never became ready: %v", err)
+	}
+}
+
+// kill ends the agent with SIGKILL: no chance to clean up, as after a crash.
+func (a *agentProcess) kill() {
+	_ = a.cmd.Process.Kill()
+	<-a.done
+}
+
+// stop ends the agent with SIGTERM and waits, killing it if it does not stop in time.
+func (a *agentProcess) stop() {
+	select {
+	case <-a.done:
+		return
+	default:
+	}
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.done:
+	case <-time.After(15 * time.Second):
+		a.t.Errorf("agent did not stop within 15s of SIGTERM")
+		a.kill()
+	}
+}
+
+// writes returns gpuhealth_api_writes_total per reporter, scraped from the agent.
+func (a *agentProcess) writes() map[string]int {
+	a.t.Helper()
+	resp, err := http.Get(a.metrics + "/metrics")
+	if err != nil {
+		a.t.Fatalf("scrape metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	return parseWrites(a.t, resp.Body)
+}
+
+func parseWrites(t *testing.T, r io.Reader) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, `gpuhealth_api_writes_total{reporter="`)
+		if !ok {
+			continue
+		}
+		name, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		out[name] = int(v)
+	}
+	return out
+}
+
+// eventually polls cond until it holds, failing the test with what it last said.
+func eventually(t *testing.T, what string, cond func(ctx context.Context) (bool, string, error)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, pollTimeout, true, func(ctx context.Context) (bool, error) {
+		ok, msg, err := cond(ctx)
+		last = msg
+		return ok, err
+	})
+	if err != nil {
+		t.Fatalf("%s: %v (last seen: %s)", what, err, last)
+	}
+}
+
+// nodeAnnotations returns the node's annotations.
+func nodeAnnotations(ctx context.Context, c *controlplane.Cluster, node string) (map[string]string, error) {
+	n, err := c.Admin().CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return n.Annotations, nil
+}
+
+func nodeCondition(ctx context.Context, c *controlplane.Cluster, node string, typ corev1.NodeConditionType) (corev1.NodeCondition, error) {
+	n, err := c.Admin().CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return corev1.NodeCondition{}, err
+	}
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == typ {
+			return cond, nil
+		}
+	}
+	return corev1.NodeCondition{}, nil
+}
+
+func httpGet(url string) (string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
