@@ -88,7 +88,8 @@ type Options struct {
 	// Detach starts the processes in their own sessions without Pdeathsig, so they outlive this
 	// process (cluster-up). Tests leave it false so nothing outlives the test binary.
 	Detach bool
-	// StartTimeout bounds Start; default 2 minutes (a loaded 2-core CI machine is slow).
+	// StartTimeout bounds starting the processes (not building the binaries); default 2 minutes,
+	// as a loaded 2-core CI machine can be slow.
 	StartTimeout time.Duration
 	// Progress, if set, receives one line per start-up step.
 	Progress func(msg string)
@@ -133,17 +134,14 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if len(opts.Controllers) == 0 {
 		opts.Controllers = DefaultControllers()
 	}
-	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
-	defer cancel()
-
 	c := &Cluster{opts: opts}
 	defer func() {
 		if err != nil {
 			_ = c.Stop()
 		}
 	}()
-	started := time.Now()
 
+	// Outside StartTimeout: a cold build takes many minutes.
 	c.binDir = opts.BinDir
 	if c.binDir == "" {
 		c.binDir, err = FindBinDir(ctx)
@@ -153,6 +151,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+	defer cancel()
+	started := time.Now()
 
 	c.dir = opts.Dir
 	if c.dir == "" {
@@ -281,16 +282,24 @@ func (c *Cluster) progress(format string, args ...any) {
 
 func (c *Cluster) bin(name string) string { return filepath.Join(c.binDir, name) }
 
-// run starts a component and records it for Stop.
-func (c *Cluster) run(name string, args []string) (*process, error) {
+// runOnPorts starts a component that must listen on ports and records it for Stop.
+func (c *Cluster) runOnPorts(name string, ports []int, args []string) (*process, error) {
 	p, err := startProcess(name, c.bin(name), args, c.path("logs", name+".log"), c.opts.Detach)
 	if err != nil {
 		return nil, err
 	}
+	p.ports = ports
 	c.mu.Lock()
 	c.procs = append(c.procs, p)
 	c.mu.Unlock()
 	return p, nil
+}
+
+// forget drops a process that failed to start from the list Stop and Processes use.
+func (c *Cluster) forget(p *process) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.procs = slices.DeleteFunc(c.procs, func(q *process) bool { return q == p })
 }
 
 // startAttempts bounds retries when a component dies before it is ready. The usual cause is a
@@ -311,8 +320,10 @@ func (c *Cluster) startWithRetry(ctx context.Context, name string, start func() 
 		if lastErr == nil {
 			return nil
 		}
+		died, _ := p.exited()
 		_ = p.stop(5 * time.Second)
-		if exited, _ := p.exited(); !exited || ctx.Err() != nil {
+		c.forget(p)
+		if !died || ctx.Err() != nil {
 			break
 		}
 		c.progress("%s exited before it was ready (attempt %d/%d), retrying on new ports", name, attempt, startAttempts)
@@ -320,23 +331,53 @@ func (c *Cluster) startWithRetry(ctx context.Context, name string, start func() 
 	return lastErr
 }
 
-// waitReady polls ready until it succeeds, the process exits, or ctx ends.
+// waitReady polls until the process listens on all its ports and ready succeeds, the process
+// exits, or ctx ends. Checking that the process itself owns its ports matters: if another cluster
+// took a port in the race described at startAttempts, ready alone could be answered by the other
+// cluster's component (another etcd's /health looks just like ours).
 func waitReady(ctx context.Context, p *process, ready func(context.Context) error) error {
 	var lastErr error
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if exited, werr := p.exited(); exited {
-			return false, fmt.Errorf("%s exited before it was ready (%v)", p.name, werr)
+		if err := exitedEarly(p); err != nil {
+			return false, err
 		}
-		lastErr = ready(ctx)
-		return lastErr == nil, nil
+		for _, port := range p.ports {
+			ok, err := listensOn(p.pid(), port)
+			if err != nil {
+				return false, err
+			}
+			if !ok {
+				lastErr = fmt.Errorf("%s (pid %d) does not listen on port %d yet", p.name, p.pid(), port)
+				return false, nil
+			}
+		}
+		if lastErr = ready(ctx); lastErr != nil {
+			return false, nil
+		}
+		if err := exitedEarly(p); err != nil {
+			return false, err
+		}
+		return true, nil
 	})
 	if err == nil {
 		return nil
 	}
 	if lastErr != nil && ctx.Err() != nil {
-		err = fmt.Errorf("%w (last check: %v)", err, lastErr)
+		err = fmt.Errorf("%w (last check: %w)", err, lastErr)
 	}
 	return fmt.Errorf("wait for %s: %w\n----- last lines of %s -----\n%s", p.name, err, p.logPath, p.tail(30))
+}
+
+// exitedEarly returns an error if the process has exited.
+func exitedEarly(p *process) error {
+	exited, err := p.exited()
+	if !exited {
+		return nil
+	}
+	if err == nil {
+		err = errors.New("exit status 0")
+	}
+	return fmt.Errorf("%s exited before it was ready: %w", p.name, err)
 }
 
 func (c *Cluster) startEtcd(ctx context.Context) (string, error) {
@@ -353,7 +394,7 @@ func (c *Cluster) startEtcd(ctx context.Context) (string, error) {
 		if err := os.RemoveAll(dataDir); err != nil {
 			return nil, fmt.Errorf("clean etcd data directory: %w", err)
 		}
-		return c.run(compEtcd, []string{
+		return c.runOnPorts(compEtcd, ports, []string{
 			"--name=gpuhealth",
 			"--data-dir=" + dataDir,
 			"--listen-client-urls=" + clientURL,
@@ -421,7 +462,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, etcdURL string) error {
 		if c.opts.FeatureGates != "" {
 			args = append(args, "--feature-gates="+c.opts.FeatureGates)
 		}
-		return c.run(compAPIServer, append(args, c.opts.APIServerFlags...))
+		return c.runOnPorts(compAPIServer, ports, append(args, c.opts.APIServerFlags...))
 	}
 	ready := func(ctx context.Context) error {
 		if c.adminClient == nil {
@@ -546,7 +587,7 @@ podMaxBackoffSeconds: 2
 		if c.opts.FeatureGates != "" {
 			args = append(args, "--feature-gates="+c.opts.FeatureGates)
 		}
-		return c.run(compScheduler, append(args, c.opts.SchedulerFlags...))
+		return c.runOnPorts(compScheduler, ports, append(args, c.opts.SchedulerFlags...))
 	}
 	ready := func(ctx context.Context) error { return healthz(ctx, client, healthURL) }
 	if err := c.startWithRetry(ctx, compScheduler, start, ready); err != nil {
@@ -590,7 +631,7 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 		if c.opts.FeatureGates != "" {
 			args = append(args, "--feature-gates="+c.opts.FeatureGates)
 		}
-		return c.run(compControllerManager, append(args, c.opts.ControllerManagerFlags...))
+		return c.runOnPorts(compControllerManager, ports, append(args, c.opts.ControllerManagerFlags...))
 	}
 	ready := func(ctx context.Context) error { return healthz(ctx, client, healthURL) }
 	if err := c.startWithRetry(ctx, compControllerManager, start, ready); err != nil {

@@ -1,8 +1,10 @@
 package controlplane
 
 import (
+	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -284,5 +286,74 @@ func TestRepoRoot(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "hack", "controlplane", "build.sh")); err != nil {
 		t.Errorf("RepoRoot = %s without build.sh: %v", root, err)
+	}
+}
+
+func TestStartWithRetry(t *testing.T) {
+	tests := []struct {
+		name         string
+		scripts      []string // one per attempt; the last repeats
+		wantErr      bool
+		wantAttempts int
+	}{
+		{name: "ready at once", scripts: []string{"exec sleep 60"}, wantAttempts: 1},
+		{name: "port race then ready", scripts: []string{"echo address already in use; exit 1", "exec sleep 60"}, wantAttempts: 2},
+		{name: "always exits", scripts: []string{"echo bad flag; exit 1"}, wantErr: true, wantAttempts: startAttempts},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &Cluster{}
+			dir := t.TempDir()
+			var procs []*process
+			start := func() (*process, error) {
+				script := tc.scripts[min(len(procs), len(tc.scripts)-1)]
+				p, err := startProcess("sh", "/bin/sh", []string{"-c", script}, filepath.Join(dir, "sh.log"), false)
+				if err == nil {
+					procs = append(procs, p)
+				}
+				return p, err
+			}
+			// Always "ready", but only after a failing script has had time to exit.
+			ready := func(context.Context) error {
+				time.Sleep(200 * time.Millisecond)
+				return nil
+			}
+			err := c.startWithRetry(t.Context(), "sh", start, ready)
+			for _, p := range procs {
+				_ = p.stop(time.Second)
+			}
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tc.wantErr)
+			}
+			if tc.wantErr && !strings.Contains(err.Error(), "bad flag") {
+				t.Errorf("error does not carry the log tail: %v", err)
+			}
+			if len(procs) != tc.wantAttempts {
+				t.Errorf("%d attempts, want %d", len(procs), tc.wantAttempts)
+			}
+		})
+	}
+}
+
+func TestListensOn(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	if ok, err := listensOn(os.Getpid(), port); err != nil || !ok {
+		t.Errorf("listensOn(self, %d) = %v, %v; want true", port, ok, err)
+	}
+	other, err := startProcess("sleep", "/bin/sh", []string{"-c", "exec sleep 60"}, filepath.Join(t.TempDir(), "log"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.stop(time.Second) }()
+	if ok, err := listensOn(other.pid(), port); err != nil || ok {
+		t.Errorf("listensOn(other, %d) = %v, %v; want false (our port, not theirs)", port, ok, err)
+	}
+	_ = l.Close()
+	if ok, err := listensOn(os.Getpid(), port); err != nil || ok {
+		t.Errorf("listensOn(self, %d) after close = %v, %v; want false", port, ok, err)
 	}
 }

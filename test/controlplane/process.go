@@ -7,6 +7,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,6 +22,8 @@ type process struct {
 	name    string
 	logPath string
 	cmd     *exec.Cmd
+	// ports the process must listen on before it counts as ready; set before waitReady.
+	ports []int
 	// done is closed by the waiter goroutine when the child exits; waitErr is valid after that.
 	// A detached child outlives us; its waiter simply ends with our process.
 	done    chan struct{}
@@ -142,3 +147,54 @@ func tailFile(path string, n int) string {
 	}
 	return string(bytes.Join(lines, []byte("\n")))
 }
+
+// listensOn reports whether process pid holds a listening TCP socket on port, by matching the
+// socket inodes of /proc/net/tcp{,6} against the process's open file descriptors.
+func listensOn(pid, port int) (bool, error) {
+	inodes := map[string]bool{}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // no IPv6
+		}
+		if err != nil {
+			return false, fmt.Errorf("read %s: %w", table, err)
+		}
+		for i, line := range strings.Split(string(data), "\n") {
+			// sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+			fields := strings.Fields(line)
+			if i == 0 || len(fields) < 10 || fields[3] != tcpListen {
+				continue
+			}
+			local := fields[1]
+			p, err := strconv.ParseUint(local[strings.LastIndexByte(local, ':')+1:], 16, 16)
+			if err == nil && int(p) == port {
+				inodes[fields[9]] = true
+			}
+		}
+	}
+	if len(inodes) == 0 {
+		return false, nil
+	}
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(fdDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil // exited; the caller notices
+	}
+	if err != nil {
+		return false, fmt.Errorf("list open files of pid %d: %w", pid, err)
+	}
+	for _, fd := range fds {
+		link, err := os.Readlink(filepath.Join(fdDir, fd.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if inode, ok := strings.CutPrefix(link, "socket:["); ok && inodes[strings.TrimSuffix(inode, "]")] {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// tcpListen is the TCP_LISTEN state in /proc/net/tcp.
+const tcpListen = "0A"
