@@ -13,3 +13,12 @@ func ClusterRoleRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"devicetaintrules"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
 	}
 }
+
+// ClientQPS and ClientBurst bound the agent's requests to the API server; they are the kubelet's
+// defaults. A state change costs about six requests (a read and a write for the annotation and
+// the condition, a write for the rule, an Event), and the writers coalesce bursts of changes;
+// client-go's default of 5 QPS would queue every change behind its rate limiter.
+const (
+	ClientQPS   = 50
+	ClientBurst = 100
+)

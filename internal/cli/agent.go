@@ -150,5 +150,6 @@ func newClient(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "gpuhealth"
+	cfg.QPS, cfg.Burst = agent.ClientQPS, agent.ClientBurst
 	return kubernetes.NewForConfig(cfg)
 }

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +40,11 @@ const (
 type Syncer struct {
 	client   kubernetes.Interface
 	nodeName string
+
+	// written holds the values of the last successful patch, so that the informer event our own
+	// patch causes does not cost another Sync.
+	mu      sync.Mutex
+	written map[string]string
 }
 
 var (
@@ -67,7 +73,12 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Node)
 			n, ok2 := newObj.(*corev1.Node)
-			if !ok1 || !ok2 || o.Annotations[UnhealthyIDsKey] != n.Annotations[UnhealthyIDsKey] || o.Annotations[HealthKey] != n.Annotations[HealthKey] {
+			if !ok1 || !ok2 {
+				trigger()
+				return
+			}
+			changed := o.Annotations[UnhealthyIDsKey] != n.Annotations[UnhealthyIDsKey] || o.Annotations[HealthKey] != n.Annotations[HealthKey]
+			if changed && !s.isOurs(n) {
 				trigger()
 			}
 		},
@@ -77,6 +88,21 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	factory.Start(ctx.Done())
 	// Not waiting for the cache: Sync reads the Node from the API server itself.
 	return nil
+}
+
+// isOurs reports whether the node's annotations are exactly what the last patch wrote.
+func (s *Syncer) isOurs(n *corev1.Node) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.written == nil {
+		return false
+	}
+	for _, key := range []string{UnhealthyIDsKey, HealthKey} {
+		if n.Annotations[key] != s.written[key] {
+			return false
+		}
+	}
+	return true
 }
 
 // Desired returns the two annotation values for snap; "" means the annotation must be absent.
@@ -128,5 +154,8 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if _, err := s.client.CoreV1().Nodes().Patch(ctx, s.nodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"}); err != nil {
 		return 0, fmt.Errorf("patch node %s annotations: %w", s.nodeName, err)
 	}
+	s.mu.Lock()
+	s.written = want
+	s.mu.Unlock()
 	return 1, nil
 }

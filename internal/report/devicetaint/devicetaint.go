@@ -32,6 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
@@ -72,6 +73,14 @@ type Syncer struct {
 	nodeRef  *metav1.OwnerReference
 	// reported remembers which unmatched devices were reported, keyed by UUID and health.
 	reported map[string]health.Severity
+
+	// Reads come from informer caches: a LIST against the API server waits for the watch cache
+	// to be fresh (about 100 ms), a cache read costs nothing. A stale cache is harmless: a create
+	// that finds the rule already there becomes an update, a delete of a rule already gone is
+	// a no-op, an update on an old version conflicts and retries, and every change the cache
+	// catches up on triggers another Sync.
+	slices resourcelisters.ResourceSliceLister
+	rules  resourcelisters.DeviceTaintRuleLister
 }
 
 var (
@@ -93,30 +102,47 @@ func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
 // Name implements report.Syncer.
 func (s *Syncer) Name() string { return "devicetaint" }
 
-// Start watches this node's ResourceSlices (a driver may publish them after the agent starts)
-// and this node's rules (someone may delete or edit one), asking for a Sync on any change.
+// Start fills the caches of this node's ResourceSlices (a driver may publish them after the
+// agent starts) and of this node's rules (someone may delete or edit one), and asks for a Sync on
+// any change to them.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	onAny := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { trigger() },
 		UpdateFunc: func(any, any) { trigger() },
 		DeleteFunc: func(any) { trigger() },
 	}
-	slices := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+	sliceFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, s.nodeName).String()
+			o.FieldSelector = fields.AndSelectors(
+				fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, s.nodeName),
+				fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, s.opts.Driver),
+			).String()
 		}))
-	if _, err := slices.Resource().V1().ResourceSlices().Informer().AddEventHandler(onAny); err != nil {
+	sliceInformer := sliceFactory.Resource().V1().ResourceSlices()
+	if _, err := sliceInformer.Informer().AddEventHandler(onAny); err != nil {
 		return err
 	}
-	rules := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+	ruleFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}).String()
 		}))
-	if _, err := rules.Resource().V1().DeviceTaintRules().Informer().AddEventHandler(onAny); err != nil {
+	ruleInformer := ruleFactory.Resource().V1().DeviceTaintRules()
+	if _, err := ruleInformer.Informer().AddEventHandler(onAny); err != nil {
 		return err
 	}
-	slices.Start(ctx.Done())
-	rules.Start(ctx.Done())
+	s.slices, s.rules = sliceInformer.Lister(), ruleInformer.Lister()
+	sliceFactory.Start(ctx.Done())
+	ruleFactory.Start(ctx.Done())
+	for typ, ok := range sliceFactory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("devicetaint: cache of %v did not sync", typ)
+		}
+	}
+	for typ, ok := range ruleFactory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("devicetaint: cache of %v did not sync", typ)
+		}
+	}
 	return nil
 }
 
@@ -125,10 +151,13 @@ type draDevice struct{ pool, name string }
 
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
+	if s.rules == nil || s.slices == nil {
+		return 0, errors.New("devicetaint: Sync before Start")
+	}
 	if err := s.ensureNodeRef(ctx); err != nil {
 		return 0, err
 	}
-	byUUID, err := s.devicesByUUID(ctx)
+	byUUID, err := s.devicesByUUID()
 	if err != nil {
 		return 0, err
 	}
@@ -153,54 +182,77 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		}
 	}
 
-	existing, err := s.client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{
-		LabelSelector: labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}).String(),
-	})
+	existing, err := s.rules.List(labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}))
 	if err != nil {
 		return 0, fmt.Errorf("list DeviceTaintRules: %w", err)
 	}
 	writes := 0
 	var errs []error
 	rules := s.client.ResourceV1().DeviceTaintRules()
-	for i := range existing.Items {
-		have := &existing.Items[i]
+	for _, have := range existing {
 		want, ok := desired[have.Name]
 		delete(desired, have.Name)
 		if !ok {
 			err := rules.Delete(ctx, have.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
-			if err != nil && !apierrors.IsNotFound(err) {
+			switch {
+			case apierrors.IsNotFound(err):
+				// Already gone; the cache had not caught up.
+			case err != nil:
 				errs = append(errs, fmt.Errorf("delete DeviceTaintRule %s: %w", have.Name, err))
-				continue
+			default:
+				writes++
 			}
-			writes++
 			continue
 		}
-		if same(have, want) {
-			continue
+		n, err := s.update(ctx, have, want)
+		writes += n
+		if err != nil {
+			errs = append(errs, err)
 		}
-		updated := have.DeepCopy()
-		updated.Labels = want.Labels
-		updated.OwnerReferences = want.OwnerReferences
-		updated.Spec.DeviceSelector = want.Spec.DeviceSelector
-		updated.Spec.Taint.Key, updated.Spec.Taint.Value = want.Spec.Taint.Key, want.Spec.Taint.Value
-		if updated.Spec.Taint.Effect != want.Spec.Taint.Effect {
-			updated.Spec.Taint.Effect = want.Spec.Taint.Effect
-			updated.Spec.Taint.TimeAdded = nil // the effect changed: the server stamps the time
-		}
-		if _, err := rules.Update(ctx, updated, metav1.UpdateOptions{FieldManager: "gpuhealth-agent"}); err != nil {
-			errs = append(errs, fmt.Errorf("update DeviceTaintRule %s: %w", have.Name, err))
-			continue
-		}
-		writes++
 	}
 	for _, want := range desired {
-		if _, err := rules.Create(ctx, want, metav1.CreateOptions{FieldManager: "gpuhealth-agent"}); err != nil {
+		_, err := rules.Create(ctx, want, metav1.CreateOptions{FieldManager: "gpuhealth-agent"})
+		if apierrors.IsAlreadyExists(err) {
+			// The cache had not seen it yet: compare with the real one.
+			have, getErr := rules.Get(ctx, want.Name, metav1.GetOptions{})
+			if getErr != nil {
+				errs = append(errs, fmt.Errorf("get DeviceTaintRule %s: %w", want.Name, getErr))
+				continue
+			}
+			n, err := s.update(ctx, have, want)
+			writes += n
+			if err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("create DeviceTaintRule %s: %w", want.Name, err))
 			continue
 		}
 		writes++
 	}
 	return writes, errors.Join(errs...)
+}
+
+// update makes have look like want, if it does not already; it returns the writes made.
+func (s *Syncer) update(ctx context.Context, have, want *resourceapi.DeviceTaintRule) (int, error) {
+	if same(have, want) {
+		return 0, nil
+	}
+	updated := have.DeepCopy()
+	updated.Labels = want.Labels
+	updated.OwnerReferences = want.OwnerReferences
+	updated.Spec.DeviceSelector = want.Spec.DeviceSelector
+	updated.Spec.Taint.Key, updated.Spec.Taint.Value = want.Spec.Taint.Key, want.Spec.Taint.Value
+	if updated.Spec.Taint.Effect != want.Spec.Taint.Effect {
+		updated.Spec.Taint.Effect = want.Spec.Taint.Effect
+		updated.Spec.Taint.TimeAdded = nil // the effect changed: the server stamps the time
+	}
+	if _, err := s.client.ResourceV1().DeviceTaintRules().Update(ctx, updated, metav1.UpdateOptions{FieldManager: "gpuhealth-agent"}); err != nil {
+		return 0, fmt.Errorf("update DeviceTaintRule %s: %w", have.Name, err)
+	}
+	return 1, nil
 }
 
 func (s *Syncer) ensureNodeRef(ctx context.Context) error {
@@ -216,20 +268,18 @@ func (s *Syncer) ensureNodeRef(ctx context.Context) error {
 }
 
 // devicesByUUID indexes the DRA devices of this node's slices of the driver by lower-cased UUID.
-func (s *Syncer) devicesByUUID(ctx context.Context) (map[string][]draDevice, error) {
-	list, err := s.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-		FieldSelector: fields.AndSelectors(
-			fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, s.nodeName),
-			fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, s.opts.Driver),
-		).String(),
-	})
+func (s *Syncer) devicesByUUID() (map[string][]draDevice, error) {
+	list, err := s.slices.List(labels.Everything())
 	if err != nil {
 		return nil, fmt.Errorf("list ResourceSlices: %w", err)
 	}
 	qualified := resourceapi.QualifiedName(s.opts.Driver + "/" + s.opts.UUIDAttribute)
 	bare := resourceapi.QualifiedName(s.opts.UUIDAttribute)
 	out := map[string][]draDevice{}
-	for _, slice := range list.Items {
+	for _, slice := range list {
+		if slice.Spec.Driver != s.opts.Driver || slice.Spec.NodeName == nil || *slice.Spec.NodeName != s.nodeName {
+			continue
+		}
 		for _, dev := range slice.Spec.Devices {
 			attr, ok := dev.Attributes[bare]
 			if !ok {

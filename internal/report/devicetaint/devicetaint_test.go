@@ -3,6 +3,7 @@ package devicetaint_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -85,16 +86,28 @@ func TestSyncCreatesUpdatesAndDeletesRules(t *testing.T) {
 		}
 		return out
 	}
-	sync := func(devs ...health.DeviceStatus) int {
+	start(t, s)
+	// sync syncs until the API server holds wantRules rules, as the informer-triggered syncs of
+	// a running Writer would, and returns the writes it took.
+	sync := func(wantRules int, devs ...health.DeviceStatus) int {
 		t.Helper()
-		n, err := s.Sync(ctx, health.Snapshot{Devices: devs})
-		if err != nil {
-			t.Fatal(err)
+		total := 0
+		for range 200 {
+			n, err := s.Sync(ctx, health.Snapshot{Devices: devs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			total += n
+			if len(rules()) == wantRules && n == 0 {
+				return total
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		return n
+		t.Fatalf("no convergence to %d rules: %v", wantRules, rules())
+		return 0
 	}
 
-	if n := sync(status("GPU-a", 0, health.Degraded, false, thermal), status("GPU-b", 1, health.Healthy, false)); n != 1 {
+	if n := sync(1, status("GPU-a", 0, health.Degraded, false, thermal), status("GPU-b", 1, health.Healthy, false)); n != 1 {
 		t.Fatalf("first fault: %d writes, want 1", n)
 	}
 	r, ok := rules()[devicetaint.RuleName("GPU-a")]
@@ -108,16 +121,16 @@ func TestSyncCreatesUpdatesAndDeletesRules(t *testing.T) {
 		t.Errorf("rule = %+v", r)
 	}
 
-	if n := sync(status("GPU-a", 0, health.Degraded, false, thermal), status("GPU-b", 1, health.Healthy, false)); n != 0 {
+	if n := sync(1, status("GPU-a", 0, health.Degraded, false, thermal), status("GPU-b", 1, health.Healthy, false)); n != 0 {
 		t.Errorf("unchanged state: %d writes, want 0", n)
 	}
-	if n := sync(status("GPU-a", 0, health.Unhealthy, true, xid79, thermal)); n != 1 {
+	if n := sync(1, status("GPU-a", 0, health.Unhealthy, true, xid79, thermal)); n != 1 {
 		t.Errorf("escalation: %d writes, want 1 (an update)", n)
 	}
 	if got := rules()[devicetaint.RuleName("GPU-a")].Spec.Taint; got.Effect != resourceapi.DeviceTaintEffectNoExecute || got.Key != "gpuhealth.dev/xid" {
 		t.Errorf("escalated taint = %+v, want NoExecute gpuhealth.dev/xid", got)
 	}
-	if n := sync(status("GPU-a", 0, health.Healthy, false), status("GPU-z", 7, health.Unhealthy, false, xid79)); n != 1 {
+	if n := sync(0, status("GPU-a", 0, health.Healthy, false), status("GPU-z", 7, health.Unhealthy, false, xid79)); n != 1 {
 		t.Errorf("recovery: %d writes, want 1 (a delete)", n)
 	}
 	if len(rules()) != 0 {
@@ -126,7 +139,7 @@ func TestSyncCreatesUpdatesAndDeletesRules(t *testing.T) {
 	if len(unmatched) != 1 || unmatched[0] != "GPU-z" {
 		t.Errorf("unmatched = %v, want [GPU-z] once", unmatched)
 	}
-	sync(status("GPU-z", 7, health.Unhealthy, false, xid79))
+	sync(0, status("GPU-z", 7, health.Unhealthy, false, xid79))
 	if len(unmatched) != 1 {
 		t.Errorf("the same unmatched device was reported again: %v", unmatched)
 	}
@@ -138,6 +151,7 @@ func TestSyncRemovesStaleRulesFromAnEarlierRun(t *testing.T) {
 	other := &resourceapi.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses", Labels: map[string]string{devicetaint.NodeLabel: "n2"}}}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, slice("n1", "GPU-a"), stale, other)
 	s := devicetaint.New(client, "n1", devicetaint.Options{})
+	start(t, s)
 	if n, err := s.Sync(ctx, health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Healthy, false)}}); err != nil || n != 1 {
 		t.Fatalf("Sync = %d, %v; want 1 delete", n, err)
 	}
@@ -147,6 +161,23 @@ func TestSyncRemovesStaleRulesFromAnEarlierRun(t *testing.T) {
 	}
 	if len(list.Items) != 1 || list.Items[0].Name != "someone-elses" {
 		t.Errorf("rules = %v, want only the other node's rule left", list.Items)
+	}
+}
+
+// start starts the syncer's caches, as the Writer does before the first Sync.
+func start(t *testing.T, s *devicetaint.Syncer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := s.Start(ctx, func() {}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSyncBeforeStartIsAnError(t *testing.T) {
+	s := devicetaint.New(fake.NewClientset(), "n1", devicetaint.Options{})
+	if _, err := s.Sync(context.Background(), health.Snapshot{}); err == nil {
+		t.Fatal("Sync before Start succeeded")
 	}
 }
 
