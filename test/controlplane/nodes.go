@@ -41,10 +41,10 @@ func (c *Cluster) CreateReadyNode(ctx context.Context, name string, labels map[s
 
 	now := metav1.Now()
 	capacity := corev1.ResourceList{
-		corev1.ResourceCPU:              resource.MustParse("64"),
-		corev1.ResourceMemory:           resource.MustParse("512Gi"),
-		corev1.ResourcePods:             resource.MustParse("110"),
-		corev1.ResourceEphemeralStorage: resource.MustParse("1Ti"),
+		corev1.ResourceCPU:              *resource.NewQuantity(64, resource.DecimalSI),
+		corev1.ResourceMemory:           *resource.NewQuantity(512<<30, resource.BinarySI),
+		corev1.ResourcePods:             *resource.NewQuantity(110, resource.DecimalSI),
+		corev1.ResourceEphemeralStorage: *resource.NewQuantity(1<<40, resource.BinarySI),
 	}
 	node.Status = corev1.NodeStatus{
 		Capacity:    capacity,

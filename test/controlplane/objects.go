@@ -23,9 +23,9 @@ const GPUClaimRequest = "gpu"
 
 // Defaults of the fake GPUs: an H100 SXM, the most common data-centre part.
 const (
-	fakeGPUProduct = "NVIDIA H100 80GB HBM3"
-	fakeGPUArch    = "Hopper"
-	fakeGPUMemory  = "80Gi"
+	fakeGPUProduct     = "NVIDIA H100 80GB HBM3"
+	fakeGPUArch        = "Hopper"
+	fakeGPUMemoryBytes = 80 << 30
 )
 
 // GPUDeviceName is the device name NVIDIA's DRA driver gives the GPU with this index.
@@ -55,7 +55,7 @@ func GPUResourceSlice(node string, uuids ...string) *resourcev1.ResourceSlice {
 				"cudaDriverVersion":     {VersionValue: ptr.To("13.0.0")},
 			},
 			Capacity: map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{
-				"memory": {Value: resource.MustParse(fakeGPUMemory)},
+				"memory": {Value: *resource.NewQuantity(fakeGPUMemoryBytes, resource.BinarySI)},
 			},
 		})
 	}
