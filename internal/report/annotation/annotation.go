@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,7 +35,19 @@ import (
 const (
 	UnhealthyIDsKey = "volcano.sh/gpu-unhealthy-ids"
 	HealthKey       = "gpuhealth.dev/gpu-health"
+	// DrainsKey holds administrative per-GPU drains (written by `gpuhealth drain`, read by the
+	// agent and the extender): a JSON object keyed by GPU UUID whose values are Drain.
+	DrainsKey = "gpuhealth.dev/gpu-drains"
 )
+
+// Drain records who drained a GPU, when and why. A drained GPU is treated by every reporter as
+// Unhealthy with reason AdminDrain, until `gpuhealth undrain`.
+type Drain struct {
+	Index  int       `json:"index"`
+	Reason string    `json:"reason"`
+	By     string    `json:"by"`
+	At     time.Time `json:"at"`
+}
 
 // Syncer writes the annotations of one Node.
 type Syncer struct {
