@@ -51,7 +51,7 @@ func TestDecodeErrorsAreOneLineWithoutGoTypes(t *testing.T) {
 		{"empty", "", []string{"the file is empty"}},
 		{"blank", "\n\n   \n", []string{"the file is empty"}},
 		{"only comments", "# a\n# b\n", []string{"the file is empty"}},
-		{"unknown field", "name: a\nnmae: b\n", []string{"line 2", `unknown field "nmae"`}},
+		{"unknown field", "name: a\nnamez: b\n", []string{"line 2", `unknown field "namez"`}},
 		{"unknown nested field", "inner:\n  n: 1\n  m: 2\n", []string{"line 3", `unknown field "m"`}},
 		{"unknown field with a space", "name: a\n\"a b\": 1\n", []string{"line 2", `unknown field "a b"`}},
 		{"unknown field with a line break", "\"a\\nb\": 1\n", []string{"line 1", `unknown field "a\nb"`}},

@@ -81,7 +81,7 @@ func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Tra
 	keep := func(c Condition) bool { return !rebooted || !c.ClearsOn.ClearedByReboot() }
 	added, err := t.restoredDevicesLocked(cp, keep)
 	if err != nil {
-		return out, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
+		return out, fmt.Errorf("%w: %w", ErrCorruptCheckpoint, err)
 	}
 	for _, d := range added {
 		if err := t.addLocked(d); err != nil {
@@ -191,7 +191,7 @@ func MarshalCheckpoint(cp Checkpoint) ([]byte, error) {
 func UnmarshalCheckpoint(b []byte) (Checkpoint, error) {
 	var f checkpointFile
 	if err := json.Unmarshal(b, &f); err != nil {
-		return Checkpoint{}, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
+		return Checkpoint{}, fmt.Errorf("%w: %w", ErrCorruptCheckpoint, err)
 	}
 	if f.Version != CheckpointVersion {
 		return Checkpoint{}, fmt.Errorf("%w: version %d, want %d", ErrCorruptCheckpoint, f.Version, CheckpointVersion)
@@ -199,7 +199,7 @@ func UnmarshalCheckpoint(b []byte) (Checkpoint, error) {
 	// MarshalIndent re-indents the raw data; compact it back to the bytes that were summed.
 	var data bytes.Buffer
 	if err := json.Compact(&data, f.Data); err != nil {
-		return Checkpoint{}, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
+		return Checkpoint{}, fmt.Errorf("%w: %w", ErrCorruptCheckpoint, err)
 	}
 	sum := sha256.Sum256(data.Bytes())
 	if want, ok := strings.CutPrefix(f.Checksum, "sha256:"); !ok || want != hex.EncodeToString(sum[:]) {
@@ -209,7 +209,7 @@ func UnmarshalCheckpoint(b []byte) (Checkpoint, error) {
 	dec := json.NewDecoder(&data)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&cp); err != nil {
-		return Checkpoint{}, fmt.Errorf("%w: %v", ErrCorruptCheckpoint, err)
+		return Checkpoint{}, fmt.Errorf("%w: %w", ErrCorruptCheckpoint, err)
 	}
 	return cp, nil
 }

@@ -633,12 +633,6 @@ func (ev *evaluation) replace(ds *deviceState, c condState) {
 	ev.refresh(ds, "")
 }
 
-func (ev *evaluation) touch(ds *deviceState, typ ConditionType, code uint32) {
-	if i := ds.find(typ, code); i >= 0 {
-		ds.conds[i].LastSeen = ev.now
-	}
-}
-
 // polled applies a reading-based check with hysteresis: a worse reading takes effect at once;
 // a better one only after recoverySamples consecutive samples call for it.
 func (ev *evaluation) polled(ds *deviceState, typ ConditionType, code uint32, target Severity, recoverySamples int, action Action, reason string, msg func() string) {

@@ -21,7 +21,7 @@ func TestSeverityText(t *testing.T) {
 			}
 		})
 	}
-	if !(health.Healthy < health.Degraded && health.Degraded < health.Unhealthy) {
+	if health.Healthy >= health.Degraded || health.Degraded >= health.Unhealthy {
 		t.Fatal("severities are not ordered")
 	}
 	if _, err := health.ParseSeverity("unhealthy"); err == nil {

@@ -55,7 +55,7 @@ func gpuhealthBinary(t *testing.T) string {
 		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/gpuhealth")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
