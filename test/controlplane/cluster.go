@@ -112,6 +112,11 @@ type Cluster struct {
 	mu    sync.Mutex
 	procs []*process // in start order; stopped in reverse
 
+	// apiServerArgs and apiServerPorts keep kube-apiserver's command line across
+	// StopAPIServer and StartAPIServer.
+	apiServerArgs  []string
+	apiServerPorts []int
+
 	stopOnce sync.Once
 	stopErr  error
 }

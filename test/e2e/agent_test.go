@@ -331,3 +331,39 @@ func mustNodeRV(t *testing.T, c *controlplane.Cluster, node string) string {
 	}
 	return n.ResourceVersion
 }
+
+// TestAgentConvergesAfterAPIServerRestart takes kube-apiserver away while a fault happens: the
+// agent's writes fail and back off, and once the API server is back the agent converges to the
+// true state without being restarted itself.
+func TestAgentConvergesAfterAPIServerRestart(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	const node = "agent-apiserver-restart"
+	uuids := gpuNode(t, c, node, 4)
+	a := startAgent(t, agentSetup{node: node, gpus: 4, kubeconfig: agentKubeconfig(t, c), checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+		scenario: "events:\n  - {at: 4s, gpu: 1, xid: 79}\n"})
+	if err := c.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	// The fault happens while the API server is away; the agent sees it and cannot write.
+	time.Sleep(6 * time.Second)
+	if err := c.StartAPIServer(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "agent converges after the API server returns", func(ctx context.Context) (bool, string, error) {
+		ann, err := nodeAnnotations(ctx, c, node)
+		if err != nil {
+			return false, "", nil // the API server may still be warming up
+		}
+		rs, err := rules(ctx, c, node)
+		if err != nil {
+			return false, "", nil
+		}
+		_, ok := rs[devicetaint.RuleName(uuids[1])]
+		return ann[annotation.UnhealthyIDsKey] == "1" && ok && len(rs) == 1,
+			fmt.Sprintf("ids=%q rules=%v", ann[annotation.UnhealthyIDsKey], ruleNames(rs)), nil
+	})
+	if got := a.writes(); got["annotation"] < 1 || got["devicetaint"] != 1 {
+		t.Errorf("writes = %v; want the fault written once the API server was back", got)
+	}
+}
