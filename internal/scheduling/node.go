@@ -1,0 +1,343 @@
+// Package scheduling is the placement logic of gpuhealth's scheduler extender: it reads the GPU
+// health the agent writes on a Node (the volcano.sh/gpu-unhealthy-ids, gpuhealth.dev/gpu-health
+// and gpuhealth.dev/gpu-drains annotations) and decides whether a pod's GPU request fits a node,
+// which card a GPU-sharing pod should get, and how good a node is for it.
+//
+// Everything here is pure: no HTTP, no API client, no clock, no logging. Parsing never fails and
+// never panics on what it reads from the cluster; entries it cannot use are skipped and returned
+// as warnings for the caller to log, and the rest still count. The HTTP extender
+// (internal/scheduling/extender) decodes requests, calls this package and encodes the answers.
+package scheduling
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+)
+
+// Resource and annotation names of the device-plugin and Volcano GPU-sharing paths.
+const (
+	// ResourceGPU is the whole-GPU extended resource of NVIDIA's device plugin.
+	ResourceGPU corev1.ResourceName = "nvidia.com/gpu"
+	// ResourceGPUMemory is Volcano's GPU-sharing resource: on a pod, the MiB it needs on one
+	// card; on a node, the MiB of all its cards together.
+	ResourceGPUMemory corev1.ResourceName = "volcano.sh/gpu-memory"
+	// ResourceGPUNumber is, on a node, how many cards share ResourceGPUMemory.
+	ResourceGPUNumber corev1.ResourceName = "volcano.sh/gpu-number"
+
+	// GPUIndexAnnotation on a pod names the card (NVML index) a GPU-sharing pod runs on, as
+	// Volcano records it.
+	GPUIndexAnnotation = "volcano.sh/gpu-index"
+	// GPUUUIDAnnotation on a pod names the same card by UUID, which survives index shifts.
+	GPUUUIDAnnotation = "gpuhealth.dev/gpu-uuid"
+)
+
+// MaxGPUsPerNode bounds the GPU count read from a node's capacity, so that a corrupt quantity
+// cannot make the parser allocate without limit. Real nodes have at most a few dozen (MIG
+// instances counted as nvidia.com/gpu included).
+const MaxGPUsPerNode = 1024
+
+// maxWarnings bounds the warnings one annotation produces; a 256 KiB annotation of garbage must
+// not turn into 100,000 log lines.
+const maxWarnings = 8
+
+// Health is what the scheduler needs to know about one card.
+type Health int
+
+// Health values, best first.
+const (
+	Healthy Health = iota
+	// Degraded cards work but are suspect: filters keep them, scores avoid them.
+	Degraded
+	// Unhealthy cards, and drained ones, are never given to a pod.
+	Unhealthy
+)
+
+func (h Health) String() string {
+	switch h {
+	case Healthy:
+		return "Healthy"
+	case Degraded:
+		return "Degraded"
+	case Unhealthy:
+		return "Unhealthy"
+	}
+	return "Health(" + strconv.Itoa(int(h)) + ")"
+}
+
+// GPU is one physical card of a node.
+type GPU struct {
+	Index int
+	// UUID comes from the gpu-health annotation; empty when it does not list the card.
+	UUID   string
+	Health Health
+	// Drained is set when an administrator drained the card; Health is then Unhealthy too.
+	Drained bool
+}
+
+// NodeGPUs is the scheduler's view of one node's GPUs.
+type NodeGPUs struct {
+	Name string
+	// WholeGPUs is the node's nvidia.com/gpu capacity (0 when it has none).
+	WholeGPUs int
+	// Cards and MemoryPerCard (MiB) describe Volcano GPU sharing (volcano.sh/gpu-number and
+	// volcano.sh/gpu-memory ÷ gpu-number); both 0 when the node does not share GPUs.
+	Cards         int
+	MemoryPerCard int64
+	// GPUs holds indexes 0..max(WholeGPUs, Cards)-1, in order.
+	GPUs []GPU
+	// Unhealthy and Degraded count GPUs by health (drained ones are Unhealthy).
+	Unhealthy, Degraded int
+}
+
+// ParseNode reads a node's GPU capacity and health annotations. It never fails: unusable entries
+// are skipped and described in the warnings, and the rest still count.
+//
+// A GPU is Unhealthy when volcano.sh/gpu-unhealthy-ids lists its index, when gpu-health says
+// Unhealthy, or when gpu-drains drains it; Degraded when gpu-health says Degraded (or a MIG
+// instance on it is not Healthy) and it is not Unhealthy.
+func ParseNode(node *corev1.Node) (NodeGPUs, []string) {
+	var w warnings
+	n := NodeGPUs{Name: node.Name}
+	n.WholeGPUs = quantity(node.Status.Capacity, ResourceGPU, &w)
+	n.Cards = quantity(node.Status.Capacity, ResourceGPUNumber, &w)
+	if n.Cards > 0 {
+		if mem, ok := node.Status.Capacity[ResourceGPUMemory]; ok {
+			n.MemoryPerCard = mem.Value() / int64(n.Cards)
+		}
+		if n.MemoryPerCard <= 0 {
+			w.add("", "volcano.sh/gpu-number is %d but volcano.sh/gpu-memory is missing or zero: no GPU sharing", n.Cards)
+			n.Cards, n.MemoryPerCard = 0, 0
+		}
+	}
+	count := max(n.WholeGPUs, n.Cards)
+	n.GPUs = make([]GPU, count)
+	for i := range n.GPUs {
+		n.GPUs[i].Index = i
+	}
+
+	ann := node.Annotations
+	if v, ok := ann[annotation.UnhealthyIDsKey]; ok {
+		for _, i := range parseIndexList(v, count, &w) {
+			n.GPUs[i].Health = Unhealthy
+		}
+	}
+	uuids := map[string]int{} // UUID -> index, from gpu-health
+	if v, ok := ann[annotation.HealthKey]; ok {
+		parseHealth(v, n.GPUs, uuids, &w)
+	}
+	if v, ok := ann[annotation.DrainsKey]; ok {
+		parseDrains(v, n.GPUs, uuids, &w)
+	}
+	for _, g := range n.GPUs {
+		switch g.Health {
+		case Unhealthy:
+			n.Unhealthy++
+		case Degraded:
+			n.Degraded++
+		}
+	}
+	return n, w.list
+}
+
+// UUIDOf returns the UUID the gpu-health annotation gives the card at index, if any.
+func (n *NodeGPUs) UUIDOf(index int) string {
+	if index < 0 || index >= len(n.GPUs) {
+		return ""
+	}
+	return n.GPUs[index].UUID
+}
+
+// warnings collects at most maxWarnings messages per key and counts the rest.
+type warnings struct {
+	list    []string
+	perKey  map[string]int
+	dropped map[string]int
+}
+
+func (w *warnings) add(key, format string, args ...any) {
+	if w.perKey == nil {
+		w.perKey, w.dropped = map[string]int{}, map[string]int{}
+	}
+	if w.perKey[key] >= maxWarnings {
+		if w.dropped[key] == 0 {
+			w.list = append(w.list, fmt.Sprintf("%s: more entries ignored (at most %d warnings are given per annotation)", key, maxWarnings))
+		}
+		w.dropped[key]++
+		return
+	}
+	w.perKey[key]++
+	msg := fmt.Sprintf(format, args...)
+	if key != "" {
+		msg = key + ": " + msg
+	}
+	w.list = append(w.list, msg)
+}
+
+// quantity reads a count from capacity, clamped to [0, MaxGPUsPerNode].
+func quantity(capacity corev1.ResourceList, name corev1.ResourceName, w *warnings) int {
+	q, ok := capacity[name]
+	if !ok {
+		return 0
+	}
+	v := q.Value()
+	switch {
+	case v < 0:
+		w.add("", "capacity %s is negative (%s): taken as 0", name, q.String())
+		return 0
+	case v > MaxGPUsPerNode:
+		w.add("", "capacity %s is %s, more than %d: taken as %d", name, q.String(), MaxGPUsPerNode, MaxGPUsPerNode)
+		return MaxGPUsPerNode
+	}
+	return int(v)
+}
+
+// short quotes a value for a warning, cut to a readable length and safe for any bytes.
+func short(s string) string {
+	const limit = 40
+	if len(s) > limit {
+		// Quote escapes any invalid UTF-8 the cut leaves.
+		return strconv.Quote(s[:limit]) + "..."
+	}
+	return strconv.Quote(s)
+}
+
+// parseIndexList parses "0,3" the way Volcano's scheduler does (split on commas, parse each
+// entry, skip bad ones), also skipping indexes outside 0..count-1.
+func parseIndexList(v string, count int, w *warnings) []int {
+	key := annotation.UnhealthyIDsKey
+	if strings.TrimSpace(v) == "" {
+		return nil
+	}
+	var out []int
+	for entry := range strings.SplitSeq(v, ",") {
+		s := strings.TrimSpace(entry)
+		i, err := strconv.Atoi(s)
+		switch {
+		case err != nil:
+			w.add(key, "entry %s is not an index: ignored", short(s))
+		case i < 0 || i >= count:
+			w.add(key, "index %d is out of range (the node has %d GPUs): ignored", i, count)
+		default:
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// parseHealth applies the gpu-health annotation to gpus and records UUID -> index.
+func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
+	key := annotation.HealthKey
+	var entries map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(v), &entries); err != nil {
+		w.add(key, "not a JSON object (%v): ignored", err)
+		return
+	}
+	type mig struct {
+		uuid, parent string
+		health       string
+	}
+	var migs []mig
+	// Sorted, so that duplicates resolve the same way every time.
+	for _, uuid := range slices.Sorted(maps.Keys(entries)) {
+		raw := entries[uuid]
+		var s report.GPUSummary
+		if err := json.Unmarshal(raw, &s); err != nil {
+			w.add(key, "entry %s: %v: ignored", short(uuid), err)
+			continue
+		}
+		if !validHealth(s.Health) {
+			w.add(key, "entry %s: unknown health %s: ignored", short(uuid), short(s.Health))
+			continue
+		}
+		if s.ParentUUID != "" {
+			migs = append(migs, mig{uuid: uuid, parent: s.ParentUUID, health: s.Health})
+			continue
+		}
+		if s.Index < 0 || s.Index >= len(gpus) {
+			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", short(uuid), s.Index, len(gpus))
+			continue
+		}
+		if prev := gpus[s.Index].UUID; prev != "" {
+			w.add(key, "entries %s and %s both claim index %d: the worse health wins", short(prev), short(uuid), s.Index)
+		} else {
+			gpus[s.Index].UUID = uuid
+		}
+		uuids[uuid] = s.Index
+		worsen(&gpus[s.Index], healthOf(s.Health))
+	}
+	// A MIG instance that is not Healthy makes its card Degraded: the card still serves the
+	// other instances, but a whole-card or shared pod should prefer a clean one.
+	for _, m := range migs {
+		i, ok := uuids[m.parent]
+		if !ok {
+			w.add(key, "MIG instance %s: parent %s is not listed: ignored", short(m.uuid), short(m.parent))
+			continue
+		}
+		if healthOf(m.health) != Healthy {
+			worsen(&gpus[i], Degraded)
+		}
+	}
+}
+
+// parseDrains applies the gpu-drains annotation. A drain names its GPU by UUID; the index it
+// recorded is used only when gpu-health does not list that UUID (indexes can shift, UUIDs not).
+func parseDrains(v string, gpus []GPU, uuids map[string]int, w *warnings) {
+	key := annotation.DrainsKey
+	var entries map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(v), &entries); err != nil {
+		w.add(key, "not a JSON object (%v): ignored", err)
+		return
+	}
+	for _, uuid := range slices.Sorted(maps.Keys(entries)) {
+		raw := entries[uuid]
+		var d annotation.Drain
+		if err := json.Unmarshal(raw, &d); err != nil {
+			w.add(key, "entry %s: %v: ignored", short(uuid), err)
+			continue
+		}
+		i, known := uuids[uuid]
+		if !known {
+			i = d.Index
+		} else if d.Index != i {
+			w.add(key, "entry %s: recorded index %d, but the GPU is now index %d: using %d", short(uuid), d.Index, i, i)
+		}
+		if i < 0 || i >= len(gpus) {
+			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", short(uuid), i, len(gpus))
+			continue
+		}
+		gpus[i].Drained = true
+		worsen(&gpus[i], Unhealthy)
+		if gpus[i].UUID == "" {
+			gpus[i].UUID = uuid
+		}
+	}
+}
+
+func validHealth(s string) bool {
+	return s == "Healthy" || s == "Degraded" || s == "Unhealthy"
+}
+
+func healthOf(s string) Health {
+	switch s {
+	case "Degraded":
+		return Degraded
+	case "Unhealthy":
+		return Unhealthy
+	}
+	return Healthy
+}
+
+func worsen(g *GPU, h Health) {
+	if h > g.Health {
+		g.Health = h
+	}
+}
