@@ -387,7 +387,10 @@ func kindsBy(sigs []health.Signal) map[string][]health.SignalKind {
 
 func TestWaitErrorsBackOffAndRecover(t *testing.T) {
 	f := newFixture(t)
-	b := f.open(gpunvml.WithWaitBackoff(time.Second, 4*time.Second))
+	// Wait times out late here: a timeout is a successful Wait, which would end the run of
+	// consecutive errors this test counts if a loaded machine delayed the next send by more than
+	// the default second. (Cancellation waits for Wait to return, so not an hour either.)
+	b := f.open(gpunvml.WithWaitBackoff(time.Second, 4*time.Second), gpunvml.WithEventWait(5*time.Second))
 	m := newMonitor(t, b)
 	f.run(b, m)
 
