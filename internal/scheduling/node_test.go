@@ -207,9 +207,10 @@ func TestParseNode(t *testing.T) {
 			}
 			var unhealthy, degraded int
 			for _, g := range got.GPUs {
-				if g.Health == Unhealthy {
+				switch g.Health {
+				case Unhealthy:
 					unhealthy++
-				} else if g.Health == Degraded {
+				case Degraded:
 					degraded++
 				}
 			}

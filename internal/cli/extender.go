@@ -1,0 +1,89 @@
+package cli
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
+)
+
+// Client limits of the extender: informers cost one LIST and a WATCH each; the rest is one GET,
+// one PATCH and one Binding per bound pod, which must keep up with the scheduler.
+const (
+	extenderQPS   = 50
+	extenderBurst = 100
+)
+
+func newExtenderCommand() *cobra.Command {
+	var (
+		listenAddress, kubeconfig string
+		bind                      bool
+		maxRequestBytes           int64
+		logs                      logOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "extender --listen-address HOST:PORT [--kubeconfig FILE] [--bind]",
+		Short: "Serve kube-scheduler's HTTP extender API: keep pods off unhealthy and drained GPUs",
+		Long: `extender answers kube-scheduler's extender calls (/filter, /prioritize and, with --bind,
+/bind) for clusters that schedule GPUs through the device plugin (nvidia.com/gpu) or Volcano-style
+GPU sharing (volcano.sh/gpu-memory). It reads the GPU health the agent writes on each Node:
+nodes whose healthy, undrained GPUs cannot hold the pod are filtered out with a reason, nodes
+where the pod packs onto cards in use and avoids Degraded ones score higher, and --bind records
+the healthy card a GPU-sharing pod gets (volcano.sh/gpu-index, gpuhealth.dev/gpu-uuid) before
+binding it. /healthz answers once the node and pod caches are filled. See docs/extender.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := logs.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			ctx := klog.NewContext(cmd.Context(), logger)
+			if _, _, err := net.SplitHostPort(listenAddress); err != nil {
+				return badInput(fmt.Errorf("--listen-address: %w", err))
+			}
+			if maxRequestBytes <= 0 {
+				return badInput(fmt.Errorf("--max-request-bytes: must be positive, got %d", maxRequestBytes))
+			}
+			client, err := newExtenderClient(kubeconfig)
+			if err != nil {
+				return badInput(err)
+			}
+			ln, err := net.Listen("tcp", listenAddress)
+			if err != nil {
+				return err
+			}
+			return extender.Run(ctx, ln, client, extender.Options{Bind: bind, MaxRequestBytes: maxRequestBytes})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listenAddress, "listen-address", "127.0.0.1:8888", "address to serve the extender API and /healthz on")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	f.BoolVar(&bind, "bind", false, "serve /bind: bind pods, recording the chosen card of GPU-sharing pods first")
+	f.Int64Var(&maxRequestBytes, "max-request-bytes", extender.DefaultMaxRequestBytes, "largest request body accepted")
+	logs.addFlags(f)
+	return cmd
+}
+
+func newExtenderClient(kubeconfig string) (kubernetes.Interface, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "gpuhealth-extender"
+	cfg.QPS, cfg.Burst = extenderQPS, extenderBurst
+	return kubernetes.NewForConfig(cfg)
+}
