@@ -139,6 +139,8 @@ type agentSetup struct {
 	// scenario is the body of a scenario file after its header; empty means no events.
 	scenario string
 	gpus     int
+	// noExecute lets eviction-class faults taint NoExecute.
+	noExecute bool
 }
 
 // startAgent writes the scenario and config and starts an agent, stopped when the test ends.
@@ -151,7 +153,11 @@ func startAgent(t *testing.T, s agentSetup) *agentProcess {
 	if err := os.WriteFile(scenarioPath, []byte(scenario), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
+	cfg := agentConfig
+	if s.noExecute {
+		cfg += "  noExecute: true\n"
+	}
+	if err := os.WriteFile(configPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	port := freePort(t)
