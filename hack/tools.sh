@@ -3,10 +3,13 @@
 # version, outside the work tree so fresh clones on the same machine reuse them.
 #
 #   hack/tools.sh bindir               print the directory holding the tools
-#   hack/tools.sh install NAME...      install NAME if missing (golangci-lint)
+#   hack/tools.sh install NAME...      install NAME if missing (golangci-lint, helm)
 set -euo pipefail
 
 GOLANGCI_LINT_VERSION=v2.15.0
+# Helm is built from its Go module (no binary download); the chart tests run `helm lint` and
+# `helm template` with it.
+HELM_VERSION=v3.22.0
 
 cache_root=${GPUHEALTH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}
 bin_dir="$cache_root/tools/bin"
@@ -17,6 +20,10 @@ install_tool() {
 	golangci-lint)
 		module=github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 		version=$GOLANGCI_LINT_VERSION
+		;;
+	helm)
+		module=helm.sh/helm/v3/cmd/helm
+		version=$HELM_VERSION
 		;;
 	*)
 		echo "hack/tools.sh: unknown tool $name" >&2
