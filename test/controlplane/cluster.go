@@ -85,6 +85,10 @@ type Options struct {
 	APIServerFlags         []string
 	SchedulerFlags         []string
 	ControllerManagerFlags []string
+	// SchedulerConfigExtra is YAML appended to the KubeSchedulerConfiguration (v1) the scheduler
+	// runs with, for top-level fields the harness does not set itself, such as extenders or
+	// profiles. The harness sets clientConnection, leaderElection and the pod backoffs.
+	SchedulerConfigExtra string
 	// Detach starts the processes in their own sessions without Pdeathsig, so they outlive this
 	// process (cluster-up). Tests leave it false so nothing outlives the test binary.
 	Detach bool
@@ -568,7 +572,7 @@ leaderElection:
   leaderElect: false
 podInitialBackoffSeconds: 1
 podMaxBackoffSeconds: 2
-`, kubeconfig)
+`, kubeconfig) + c.opts.SchedulerConfigExtra
 	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
 		return fmt.Errorf("write scheduler config: %w", err)
 	}
