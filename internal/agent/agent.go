@@ -170,6 +170,8 @@ func Run(ctx context.Context, opts Options) error {
 			}
 		}
 	})
+	drains := &drainWatcher{client: opts.Client, nodeName: opts.NodeName, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
+	g.Go(func() error { return drains.run(ctx) })
 	if opts.MetricsAddress != "" {
 		g.Go(func() error { return serve(ctx, opts, writers) })
 	}

@@ -11,9 +11,10 @@ import (
 // a scheduler or an operator reads. Its JSON form is the value of the gpuhealth.dev/gpu-health
 // annotation, keyed by UUID.
 type GPUSummary struct {
-	Index  int    `json:"index"`
-	Model  string `json:"model,omitempty"`
-	Health string `json:"health"`
+	Index    int    `json:"index"`
+	PCIBusID string `json:"pciBusID,omitempty"`
+	Model    string `json:"model,omitempty"`
+	Health   string `json:"health"`
 	// Reasons are the reasons of the conditions in effect, worst first.
 	Reasons []string `json:"reasons,omitempty"`
 	// Since is when the worst condition in effect began; absent when healthy.
@@ -25,7 +26,7 @@ type GPUSummary struct {
 
 // Summarize reduces a device's status to a GPUSummary.
 func Summarize(d health.DeviceStatus) GPUSummary {
-	s := GPUSummary{Index: d.Device.Index, Model: d.Device.Model, Health: d.Health.String(), Evict: d.Evict}
+	s := GPUSummary{Index: d.Device.Index, PCIBusID: d.Device.PCIBusID, Model: d.Device.Model, Health: d.Health.String(), Evict: d.Evict}
 	if d.Device.MIG != nil {
 		s.ParentUUID = d.Device.MIG.ParentUUID
 	}

@@ -65,6 +65,17 @@ func (m *Monitor) SetUnmonitored(uuid string, unmonitored bool) {
 	}
 }
 
+// SetDrains applies the complete set of administrative drains (see Tracker.SetDrains) and
+// returns the UUIDs it does not know.
+func (m *Monitor) SetDrains(drained map[string]string, now time.Time) []string {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	var unknown []string
+	m.buf, unknown = m.tracker.SetDrains(drained, now, m.buf[:0])
+	m.publishLocked()
+	return unknown
+}
+
 // Tick expires quiet periods as of now; call it periodically.
 func (m *Monitor) Tick(now time.Time) {
 	m.feed.Lock()

@@ -272,6 +272,41 @@ func (t *Tracker) ClearCondition(uuid string, condType ConditionType, code uint3
 	return ev.out, t.generation != before, nil
 }
 
+// ReasonAdminDrain is the reason of the condition an administrative drain raises.
+const ReasonAdminDrain = "AdminDrain"
+
+// SetDrains makes the set of administratively drained devices exactly drained (UUID to a
+// message saying who drained it, when and why): each gets an Unhealthy ConditionAdmin that only
+// an undrain clears, and every other device loses its drain. A drain on a GPU reaches its MIG
+// instances. The drains live in the cluster, so the caller passes the whole set each time;
+// unknown UUIDs are returned, not an error, since a drained GPU may be missing from this node.
+func (t *Tracker) SetDrains(drained map[string]string, now time.Time, out []Transition) ([]Transition, []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ev := evaluation{t: t, now: now, out: out}
+	var unknown []string
+	for uuid := range drained {
+		if _, ok := t.devices[uuid]; !ok {
+			unknown = append(unknown, uuid)
+		}
+	}
+	slices.Sort(unknown)
+	for _, ds := range t.ordered {
+		msg, drain := drained[ds.dev.UUID]
+		i := ds.find(ConditionAdmin, 0)
+		switch {
+		case drain && (i < 0 || ds.conds[i].Message != msg):
+			ev.replace(ds, condState{Condition: Condition{
+				Type: ConditionAdmin, Severity: Unhealthy, ClearsOn: ClearsOnAdmin,
+				RecommendedAction: ActionInspect, Reason: ReasonAdminDrain, Message: msg,
+			}})
+		case !drain && i >= 0:
+			ev.removeAt(ds, i, ReasonAdminCleared)
+		}
+	}
+	return ev.out, unknown
+}
+
 // Snapshot returns a deep copy of every device's state.
 func (t *Tracker) Snapshot() Snapshot {
 	t.mu.Lock()

@@ -49,6 +49,35 @@ type Drain struct {
 	At     time.Time `json:"at"`
 }
 
+// ParseDrains decodes the drains annotation. An empty value means no drains.
+func ParseDrains(value string) (map[string]Drain, error) {
+	drains := map[string]Drain{}
+	if strings.TrimSpace(value) == "" {
+		return drains, nil
+	}
+	if err := json.Unmarshal([]byte(value), &drains); err != nil {
+		return nil, fmt.Errorf("%s: %w", DrainsKey, err)
+	}
+	for uuid := range drains {
+		if uuid == "" {
+			return nil, fmt.Errorf("%s: an entry has an empty UUID", DrainsKey)
+		}
+	}
+	return drains, nil
+}
+
+// Message is how a drain reads in a condition message.
+func (d Drain) Message() string {
+	msg := "drained by " + d.By
+	if !d.At.IsZero() {
+		msg += " at " + d.At.UTC().Format(time.RFC3339)
+	}
+	if d.Reason != "" {
+		msg += ": " + d.Reason
+	}
+	return msg
+}
+
 // Syncer writes the annotations of one Node.
 type Syncer struct {
 	client   kubernetes.Interface

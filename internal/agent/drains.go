@@ -1,0 +1,79 @@
+package agent
+
+import (
+	"context"
+	"maps"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// drainWatcher follows the administrative drains on this agent's Node (the gpu-drains
+// annotation written by `gpuhealth drain`) and hands the complete set to the monitor. The drains
+// live in the cluster, so they survive agent restarts and node reboots, and only an undrain ends
+// one. A malformed annotation is reported and the drains in force are kept: losing a drain
+// because someone mistyped would put work back on a GPU an operator took away.
+type drainWatcher struct {
+	client   kubernetes.Interface
+	nodeName string
+	monitor  *health.Monitor
+	clock    clock.PassiveClock
+	recorder record.EventRecorder
+	nodeRef  *corev1.ObjectReference
+
+	last map[string]string // the set last applied
+}
+
+// run watches the Node until ctx is done.
+func (w *drainWatcher) run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithValues("watcher", "drains")
+	factory := informers.NewSharedInformerFactoryWithOptions(w.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.nodeName).String()
+		}))
+	// Events arrive on one informer goroutine, so apply needs no lock.
+	apply := func(obj any) {
+		node, ok := obj.(*corev1.Node)
+		if !ok {
+			return
+		}
+		drains, err := annotation.ParseDrains(node.Annotations[annotation.DrainsKey])
+		if err != nil {
+			logger.Error(err, "Ignoring a malformed drains annotation; keeping the drains in force")
+			w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, "MalformedDrains", "gpuhealth kept the drains in force: %v", err)
+			return
+		}
+		set := make(map[string]string, len(drains))
+		for uuid, d := range drains {
+			set[uuid] = d.Message()
+		}
+		if w.last != nil && maps.Equal(set, w.last) {
+			return
+		}
+		w.last = set
+		if unknown := w.monitor.SetDrains(set, w.clock.Now()); len(unknown) > 0 {
+			logger.Info("Drains name GPUs this node does not have", "uuids", unknown)
+		}
+		logger.Info("Drains applied", "drained", len(set))
+	}
+	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    apply,
+		UpdateFunc: func(_, obj any) { apply(obj) },
+	}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
+	return nil
+}

@@ -1,0 +1,215 @@
+package cli
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// GPUStatus is one row of `gpuhealth status`. Its JSON form is a contract:
+// {"gpus": [{"node", "index", "uuid", "model", "health", "reasons", "since", "drained", ...}]}.
+type GPUStatus struct {
+	Node        string     `json:"node"`
+	Index       int        `json:"index"`
+	UUID        string     `json:"uuid"`
+	Model       string     `json:"model"`
+	Health      string     `json:"health"`
+	Reasons     []string   `json:"reasons"`
+	Since       *time.Time `json:"since"`
+	Drained     bool       `json:"drained"`
+	DrainReason string     `json:"drainReason,omitempty"`
+	DrainedBy   string     `json:"drainedBy,omitempty"`
+	DrainedAt   *time.Time `json:"drainedAt,omitempty"`
+	PCIBusID    string     `json:"pciBusID,omitempty"`
+	Evict       bool       `json:"evict,omitempty"`
+	ParentUUID  string     `json:"parentUUID,omitempty"`
+}
+
+func newStatusCommand() *cobra.Command {
+	var kubeconfig, node, output string
+	cmd := &cobra.Command{
+		Use:   "status [--node NODE] [-o table|wide|json]",
+		Short: "Show the health of every GPU in the cluster",
+		Long: `status reads what the gpuhealth agents report on the Nodes (and the administrative drains) and
+prints one row per GPU: node, index, UUID, model, health, reasons, since when, and whether an
+administrator drained it. -o wide adds MIG instances, PCI bus IDs and drain details; -o json
+prints {"gpus": [...]}.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "wide" && output != "json" {
+				return badInput(fmt.Errorf("-o: must be table, wide or json, got %q", output))
+			}
+			client, err := newUserClient(kubeconfig)
+			if err != nil {
+				return badInput(err)
+			}
+			ctx := cmd.Context()
+			var nodes []corev1.Node
+			if node != "" {
+				n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+				if apierrors.IsNotFound(err) {
+					return badInput(fmt.Errorf("node %q not found", node))
+				}
+				if err != nil {
+					return err
+				}
+				nodes = []corev1.Node{*n}
+			} else {
+				list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+				if err != nil {
+					return err
+				}
+				nodes = list.Items
+			}
+			gpus := collectStatus(nodes, klog.FromContext(ctx))
+			switch output {
+			case "json":
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(struct {
+					GPUs []GPUStatus `json:"gpus"`
+				}{gpus})
+			default:
+				return writeStatusTable(cmd.OutOrStdout(), gpus, output == "wide", time.Now())
+			}
+		},
+	}
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	cmd.Flags().StringVar(&node, "node", "", "only this node")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, wide or json")
+	return cmd
+}
+
+// collectStatus builds the rows from the Nodes' annotations. A node whose annotations cannot be
+// read is reported in the log and skipped; the others still count.
+func collectStatus(nodes []corev1.Node, logger klog.Logger) []GPUStatus {
+	gpus := []GPUStatus{}
+	for _, n := range nodes {
+		summaries := map[string]report.GPUSummary{}
+		if v := n.Annotations[annotation.HealthKey]; v != "" {
+			if err := json.Unmarshal([]byte(v), &summaries); err != nil {
+				logger.Error(err, "Skipping a node with a malformed health annotation", "node", n.Name)
+				continue
+			}
+		}
+		drains, err := annotation.ParseDrains(n.Annotations[annotation.DrainsKey])
+		if err != nil {
+			logger.Error(err, "Ignoring a malformed drains annotation", "node", n.Name)
+			drains = map[string]annotation.Drain{}
+		}
+		for uuid, s := range summaries {
+			row := GPUStatus{Node: n.Name, Index: s.Index, UUID: uuid, Model: s.Model, Health: s.Health,
+				Reasons: s.Reasons, Since: s.Since, PCIBusID: s.PCIBusID, Evict: s.Evict, ParentUUID: s.ParentUUID}
+			if d, ok := drains[uuid]; ok {
+				markDrained(&row, d)
+			}
+			gpus = append(gpus, row)
+		}
+		// A drain the agent has not reported yet (or for a GPU it no longer sees) still shows.
+		for uuid, d := range drains {
+			if _, ok := summaries[uuid]; !ok {
+				row := GPUStatus{Node: n.Name, Index: d.Index, UUID: uuid, Health: "Unknown"}
+				markDrained(&row, d)
+				gpus = append(gpus, row)
+			}
+		}
+	}
+	slices.SortFunc(gpus, func(a, b GPUStatus) int {
+		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Index, b.Index),
+			cmp.Compare(a.ParentUUID, b.ParentUUID), cmp.Compare(a.UUID, b.UUID))
+	})
+	return gpus
+}
+
+func markDrained(row *GPUStatus, d annotation.Drain) {
+	row.Drained, row.DrainReason, row.DrainedBy = true, d.Reason, d.By
+	if !d.At.IsZero() {
+		at := d.At
+		row.DrainedAt = &at
+	}
+	if row.Health != health.Unhealthy.String() {
+		row.Health = health.Unhealthy.String()
+		row.Since = row.DrainedAt
+	}
+	if !slices.Contains(row.Reasons, health.ReasonAdminDrain) {
+		row.Reasons = append([]string{health.ReasonAdminDrain}, row.Reasons...)
+	}
+}
+
+func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
+	header := "NODE\tINDEX\tUUID\tMODEL\tHEALTH\tREASONS\tSINCE\tDRAINED"
+	if wide {
+		header += "\tPCI BUS ID\tEVICT\tDRAINED BY\tDRAIN REASON"
+	}
+	fmt.Fprintln(tw, header)
+	for _, g := range gpus {
+		if g.ParentUUID != "" && !wide {
+			continue
+		}
+		index := fmt.Sprint(g.Index)
+		if g.Index < 0 {
+			index = "?"
+		}
+		if g.ParentUUID != "" {
+			index += "/mig"
+		}
+		reasons, since := "<none>", "<none>"
+		if len(g.Reasons) > 0 {
+			reasons = strings.Join(g.Reasons, ",")
+		}
+		if g.Since != nil {
+			since = duration.HumanDuration(now.Sub(*g.Since))
+		}
+		model := cmp.Or(g.Model, "<unknown>")
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%t", g.Node, index, g.UUID, model, g.Health, reasons, since, g.Drained)
+		if wide {
+			fmt.Fprintf(tw, "\t%s\t%t\t%s\t%s", cmp.Or(g.PCIBusID, "<none>"), g.Evict, cmp.Or(g.DrainedBy, "<none>"), cmp.Or(g.DrainReason, "<none>"))
+		}
+		fmt.Fprintln(tw)
+	}
+	if len(gpus) == 0 {
+		fmt.Fprintln(tw, "No GPUs reported: is the gpuhealth agent running on the GPU nodes?")
+	}
+	return tw.Flush()
+}
+
+// newUserClient builds a client for an operator: an explicit kubeconfig, else the usual
+// kubeconfig search ($KUBECONFIG, ~/.kube/config), else the in-cluster configuration.
+func newUserClient(kubeconfig string) (kubernetes.Interface, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if kubeconfig != "" {
+		rules.ExplicitPath = kubeconfig
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		if kubeconfig != "" || !clientcmd.IsEmptyConfig(err) {
+			return nil, fmt.Errorf("kubeconfig: %w", err)
+		}
+		if cfg, err = rest.InClusterConfig(); err != nil {
+			return nil, errors.New("no kubeconfig found: pass --kubeconfig or set KUBECONFIG")
+		}
+	}
+	cfg.UserAgent = "gpuhealth"
+	return kubernetes.NewForConfig(cfg)
+}
