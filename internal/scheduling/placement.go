@@ -211,8 +211,11 @@ func placeWhole(want int64, node *NodeGPUs, used Usage) (int64, string) {
 	usable := int64(node.WholeGPUs) - unhealthy
 	free := usable - max(used.GPUs, 0)
 	if free < want {
-		return 0, fmt.Sprintf("not enough healthy GPUs: %d requested, %d free (%d unhealthy or drained, %d in use)",
-			want, max(free, 0), unhealthy, max(used.GPUs, 0))
+		// Built without fmt: on a large cluster most nodes fail and this runs thousands of times
+		// per filter call.
+		return 0, "not enough healthy GPUs: " + strconv.FormatInt(want, 10) + " requested, " +
+			strconv.FormatInt(max(free, 0), 10) + " free (" + strconv.FormatInt(unhealthy, 10) +
+			" unhealthy or drained, " + strconv.FormatInt(max(used.GPUs, 0), 10) + " in use)"
 	}
 	score := packScore(used.GPUs+want, usable)
 	if degraded > 0 {

@@ -1,0 +1,189 @@
+package extender
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+)
+
+const (
+	benchNodes = 5000
+	benchGPUs  = 8
+)
+
+// benchCluster builds benchNodes nodes of benchGPUs GPUs with the mix a large fleet shows: every
+// node carries gpu-health for all its GPUs (as the agent writes it); about 5% have Unhealthy GPUs
+// (both annotations), 3% a Degraded one, 1% drained GPUs, 0.5% a malformed Volcano list; about
+// 60% run pods holding 1-8 GPUs. Node objects also carry the labels and status a kubelet writes,
+// which matters when the scheduler sends them (nodeCacheCapable: false).
+func benchCluster(b *testing.B) ([]*corev1.Node, []*corev1.Pod) {
+	b.Helper()
+	rng := rand.New(rand.NewPCG(1, 2))
+	var nodes []*corev1.Node
+	var pods []*corev1.Pod
+	for i := range benchNodes {
+		name := fmt.Sprintf("gpu-node-%05d", i)
+		health := map[string]report.GPUSummary{}
+		var unhealthy []string
+		drains := map[string]annotation.Drain{}
+		for g := range benchGPUs {
+			s := report.GPUSummary{Index: g, Model: "NVIDIA H100 80GB HBM3", Health: "Healthy"}
+			uuid := fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", i, g, 0, 0, i*benchGPUs+g)
+			switch r := rng.Float64(); {
+			case r < 0.05/benchGPUs*2:
+				s.Health, s.Reasons = "Unhealthy", []string{"XID79"}
+				now := time.Unix(1_800_000_000, 0).UTC()
+				s.Since = &now
+				unhealthy = append(unhealthy, strconv.Itoa(g))
+			case r < 0.08/benchGPUs*2:
+				s.Health, s.Reasons = "Degraded", []string{"RowRemapPending"}
+			case r < 0.09/benchGPUs*2:
+				drains[uuid] = annotation.Drain{Index: g, Reason: "maintenance", By: "admin@example.com", At: time.Unix(1_800_000_000, 0).UTC()}
+			}
+			health[uuid] = s
+		}
+		ann := map[string]string{annotation.HealthKey: mustMarshal(b, health)}
+		if len(unhealthy) > 0 {
+			ann[annotation.UnhealthyIDsKey] = strings.Join(unhealthy, ",")
+		}
+		if rng.Float64() < 0.005 {
+			ann[annotation.UnhealthyIDsKey] = "0,,x,-1,99"
+		}
+		if len(drains) > 0 {
+			ann[annotation.DrainsKey] = mustMarshal(b, drains)
+		}
+		n := node(name, benchGPUs, ann)
+		n.ResourceVersion = strconv.Itoa(1000 + i)
+		n.Labels = map[string]string{
+			"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+			"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+			"topology.kubernetes.io/zone": fmt.Sprintf("zone-%d", i%3),
+		}
+		n.Status.Allocatable = n.Status.Capacity.DeepCopy()
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", Message: "kubelet is posting ready status"}}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255)}, {Type: corev1.NodeHostName, Address: name}}
+		nodes = append(nodes, n)
+		if rng.Float64() < 0.6 {
+			p := pod(fmt.Sprintf("job-%05d", i), name, scheduling.ResourceGPU, int64(1+rng.IntN(benchGPUs)), nil)
+			p.UID = types.UID(fmt.Sprintf("uid-%05d", i))
+			pods = append(pods, p)
+		}
+	}
+	return nodes, pods
+}
+
+func mustMarshal(b *testing.B, v any) string {
+	b.Helper()
+	out, err := json.Marshal(v)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return string(out)
+}
+
+// benchServer is a Server whose state holds the cluster, as its informers would fill it.
+func benchServer(b *testing.B, nodes []*corev1.Node, pods []*corev1.Pod) *Server {
+	b.Helper()
+	s := New(nil, Options{})
+	for _, n := range nodes {
+		s.state.setNode(n)
+	}
+	for _, p := range pods {
+		h, ok, _ := scheduling.PodHold(p)
+		s.state.observe(p.UID, h, ok)
+	}
+	return s
+}
+
+// runFilterBench times whole /filter requests through the handler (decode, filter, encode; no
+// network) and reports the median and 99th percentile of one call.
+func runFilterBench(b *testing.B, h http.Handler, body []byte, check func(*extenderv1.ExtenderFilterResult)) {
+	b.Helper()
+	durations := make([]time.Duration, 0, b.N)
+	var last *httptest.ResponseRecorder
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, "/filter", bytes.NewReader(body))
+		start := time.Now()
+		h.ServeHTTP(rec, req)
+		durations = append(durations, time.Since(start))
+		last = rec
+	}
+	b.StopTimer()
+	var res extenderv1.ExtenderFilterResult
+	if err := json.Unmarshal(last.Body.Bytes(), &res); err != nil || res.Error != "" {
+		b.Fatalf("reply: %v %q", err, res.Error)
+	}
+	check(&res)
+	slices.Sort(durations)
+	pct := func(p float64) float64 {
+		return float64(durations[int(p*float64(len(durations)-1))].Nanoseconds()) / 1e6
+	}
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+}
+
+func filterArgs(b *testing.B, names []string, nodes *corev1.NodeList) []byte {
+	b.Helper()
+	p := pod("trainer", "", scheduling.ResourceGPU, 4, nil)
+	return []byte(mustMarshal(b, extenderv1.ExtenderArgs{Pod: p, NodeNames: nilIfEmpty(names), Nodes: nodes}))
+}
+
+func nilIfEmpty(names []string) *[]string {
+	if names == nil {
+		return nil
+	}
+	return &names
+}
+
+// BenchmarkExtenderFilter is one /filter call for a 4-GPU pod over 5,000 nodes × 8 GPUs with
+// nodeCacheCapable: true (node names in, node names out; health from the informer cache).
+func BenchmarkExtenderFilter(b *testing.B) {
+	nodes, pods := benchCluster(b)
+	s := benchServer(b, nodes, pods)
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
+		names[i] = n.Name
+	}
+	runFilterBench(b, s.Handler(), filterArgs(b, names, nil), func(res *extenderv1.ExtenderFilterResult) {
+		if got := len(*res.NodeNames) + len(res.FailedNodes); got != benchNodes {
+			b.Fatalf("%d nodes answered, want %d", got, benchNodes)
+		}
+		b.ReportMetric(float64(len(*res.NodeNames)), "fit-nodes")
+	})
+}
+
+// BenchmarkExtenderFilterNodeObjects is the same call with nodeCacheCapable: false: the request
+// carries all 5,000 Node objects and the reply the ones that fit. The cached parse is reused when
+// the resourceVersion matches, so this measures mostly JSON.
+func BenchmarkExtenderFilterNodeObjects(b *testing.B) {
+	nodes, pods := benchCluster(b)
+	s := benchServer(b, nodes, pods)
+	list := &corev1.NodeList{}
+	for _, n := range nodes {
+		list.Items = append(list.Items, *n)
+	}
+	runFilterBench(b, s.Handler(), filterArgs(b, nil, list), func(res *extenderv1.ExtenderFilterResult) {
+		if got := len(res.Nodes.Items) + len(res.FailedNodes); got != benchNodes {
+			b.Fatalf("%d nodes answered, want %d", got, benchNodes)
+		}
+	})
+}
