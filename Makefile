@@ -18,7 +18,11 @@ build: ## Build bin/gpuhealth.
 	$(GO) build -o $(BIN)/gpuhealth ./cmd/gpuhealth
 
 .PHONY: demo
-demo: build ## Run the main job on the bundled example: replay examples/scenario.yaml.
+demo: build ## The main job on a local cluster: 3 simulated GPU nodes, agents, scheduler, extender, faults, a drain, pods.
+	$(GO) run ./hack/demo --gpuhealth $(BIN)/gpuhealth --scenario examples/demo-scenario.yaml
+
+.PHONY: simulate
+simulate: build ## Replay examples/scenario.yaml (an hour of faults on 8 GPUs) on virtual time.
 	$(BIN)/gpuhealth simulate --scenario examples/scenario.yaml --output table
 
 .PHONY: test
@@ -60,7 +64,7 @@ verify: lint ## gofmt, go vet, go mod tidy, generated docs, and lint.
 .PHONY: bench
 bench: ## Benchmarks (testing.B) on one core with allocations; raw output in bin/bench.txt.
 	@mkdir -p $(BIN)
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 -cpu 1 ./pkg/health/... | tee $(BIN)/bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 -cpu 1 ./pkg/health/... ./internal/scheduling/... | tee $(BIN)/bench.txt
 
 .PHONY: bench-e2e
 bench-e2e: controlplane ## Signal -> API object latency (p50/p99 over 200 faults) and writes per change, real control plane.

@@ -47,6 +47,7 @@ type GPUStatus struct {
 
 func newStatusCommand() *cobra.Command {
 	var kubeconfig, node, output string
+	var problems bool
 	cmd := &cobra.Command{
 		Use:   "status [--node NODE] [-o table|wide|json]",
 		Short: "Show the health of every GPU in the cluster",
@@ -82,6 +83,9 @@ prints {"gpus": [...]}.`,
 				nodes = list.Items
 			}
 			gpus := collectStatus(nodes, klog.FromContext(ctx))
+			if problems {
+				gpus = slices.DeleteFunc(gpus, func(g GPUStatus) bool { return g.Health == health.Healthy.String() && !g.Drained })
+			}
 			switch output {
 			case "json":
 				enc := json.NewEncoder(cmd.OutOrStdout())
@@ -97,6 +101,7 @@ prints {"gpus": [...]}.`,
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
 	cmd.Flags().StringVar(&node, "node", "", "only this node")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, wide or json")
+	cmd.Flags().BoolVar(&problems, "problems", false, "only GPUs that are not Healthy or are drained")
 	return cmd
 }
 
@@ -189,7 +194,7 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 		fmt.Fprintln(tw)
 	}
 	if len(gpus) == 0 {
-		fmt.Fprintln(tw, "No GPUs reported: is the gpuhealth agent running on the GPU nodes?")
+		fmt.Fprintln(tw, "No GPUs to show.")
 	}
 	return tw.Flush()
 }

@@ -1,0 +1,413 @@
+// Command demo tells gpuhealth's story on a real, local control plane: `make demo`.
+//
+// It starts etcd, kube-apiserver, kube-scheduler (with `gpuhealth extender` configured) and
+// kube-controller-manager on 127.0.0.1, registers three simulated nodes with 8 GPUs each (DRA
+// ResourceSlices included), runs a real `gpuhealth agent` per node and the extender, replays
+// examples/demo-scenario.yaml on the first node (a GPU falls off the bus, another overheats and
+// recovers), drains a GPU of the second node as an operator would, submits pods through both
+// scheduler paths (DRA claims and nvidia.com/gpu requests), and prints what happens: the status
+// table as it changes, and where each pod landed and why. Everything it started is stopped at
+// the end, also on Ctrl-C.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
+)
+
+const (
+	gpusPerNode = 8
+	namespace   = "demo"
+	waitLimit   = 90 * time.Second
+)
+
+var nodes = []string{"demo-node-0", "demo-node-1", "demo-node-2"}
+
+func main() {
+	bin := flag.String("gpuhealth", "bin/gpuhealth", "the gpuhealth binary")
+	scenario := flag.String("scenario", "examples/demo-scenario.yaml", "scenario replayed on "+nodes[0])
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, *bin, *scenario)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+// story prints numbered chapters.
+type story struct {
+	out     io.Writer
+	start   time.Time
+	chapter int
+}
+
+func (s *story) say(format string, args ...any) {
+	fmt.Fprintf(s.out, "[%5.1fs] %s\n", time.Since(s.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (s *story) heading(title string) {
+	s.chapter++
+	fmt.Fprintf(s.out, "\n=== %d. %s\n", s.chapter, title)
+}
+
+func run(ctx context.Context, bin, scenarioPath string) error {
+	st := &story{out: os.Stdout, start: time.Now()}
+	bin, err := filepath.Abs(bin)
+	if err != nil {
+		return err
+	}
+	sc, err := sim.LoadScenario(scenarioPath)
+	if err != nil {
+		return err
+	}
+	if sc.Node != nodes[0] {
+		return fmt.Errorf("%s: node must be %s", scenarioPath, nodes[0])
+	}
+
+	st.heading("A local control plane")
+	st.say("finding or building etcd and Kubernetes %s (the first run builds them: about 10 minutes)", controlplane.KubernetesVersion)
+	binDir, err := controlplane.FindBinDir(ctx)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	extenderAddr := ln.Addr().String()
+	ln.Close()
+	c, err := controlplane.Start(ctx, controlplane.Options{
+		BinDir: binDir,
+		SchedulerConfigExtra: fmt.Sprintf(`extenders:
+- urlPrefix: "http://%s"
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  weight: 5
+  nodeCacheCapable: true
+  httpTimeout: 10s
+  managedResources:
+  - name: nvidia.com/gpu
+    ignoredByScheduler: false
+`, extenderAddr),
+	})
+	if err != nil {
+		return err
+	}
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range slices.Backward(procs) {
+			_ = p.Process.Signal(syscall.SIGTERM)
+			_ = p.Wait()
+		}
+		_ = c.Stop()
+		st.say("stopped every process the demo started")
+	}()
+	st.say("etcd, kube-apiserver, kube-scheduler and kube-controller-manager are up at %s", c.Host())
+
+	admin := c.Admin()
+	logDir, err := os.MkdirTemp("", "gpuhealth-demo-")
+	if err != nil {
+		return err
+	}
+	st.heading("Three GPU nodes, 8 GPUs each")
+	if err := setUpNodes(ctx, c, admin); err != nil {
+		return err
+	}
+	st.say("nodes %s registered, with nvidia.com/gpu capacity and DRA ResourceSlices (driver gpu.nvidia.com)", strings.Join(nodes, ", "))
+
+	start := func(name string, args ...string) error {
+		logFile, err := os.Create(filepath.Join(logDir, name+".log"))
+		if err != nil {
+			return err
+		}
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+		procs = append(procs, cmd)
+		return nil
+	}
+	kubeconfig := c.AdminKubeconfig()
+	if err := start("extender", "extender", "--listen-address", extenderAddr, "--kubeconfig", kubeconfig); err != nil {
+		return err
+	}
+	config := filepath.Join(logDir, "config.yaml")
+	if err := os.WriteFile(config, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"), 0o644); err != nil {
+		return err
+	}
+	for i, node := range nodes {
+		scenario := scenarioPath
+		if i > 0 {
+			scenario = filepath.Join(logDir, node+".yaml")
+			body := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d}\nevents: []\n", node, gpusPerNode)
+			if err := os.WriteFile(scenario, []byte(body), 0o644); err != nil {
+				return err
+			}
+		}
+		if err := start("agent-"+node, "agent", "--backend", "sim", "--scenario", scenario, "--node-name", node,
+			"--kubeconfig", kubeconfig, "--config", config, "--checkpoint", filepath.Join(logDir, node+".checkpoint"),
+			"--metrics-address", ""); err != nil {
+			return err
+		}
+	}
+	st.say("an agent runs for each node (simulated GPUs) and the scheduler extender listens on %s; logs in %s", extenderAddr, logDir)
+	if err := waitFor(ctx, "every agent to report", func() (bool, error) {
+		list, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		reported := 0
+		for _, n := range list.Items {
+			if n.Annotations[annotation.HealthKey] != "" {
+				reported++
+			}
+		}
+		return reported == len(nodes), nil
+	}); err != nil {
+		return err
+	}
+	status := func(args ...string) error {
+		cmd := exec.CommandContext(ctx, bin, append([]string{"status", "--kubeconfig", kubeconfig}, args...)...)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		return cmd.Run()
+	}
+	st.say("$ gpuhealth status --node %s", nodes[0])
+	if err := status("--node", nodes[0]); err != nil {
+		return err
+	}
+
+	st.heading("Faults on " + nodes[0])
+	st.say("the scenario makes GPU 3 fall off the bus (XID 79) and GPU 5 overheat (97 °C), then cools GPU 5 down")
+	if err := waitFor(ctx, "GPU 3 and GPU 5 of "+nodes[0]+" to be reported Unhealthy", func() (bool, error) {
+		n, err := admin.CoreV1().Nodes().Get(ctx, nodes[0], metav1.GetOptions{})
+		return err == nil && n.Annotations[annotation.UnhealthyIDsKey] == "3,5", err
+	}); err != nil {
+		return err
+	}
+	st.say("$ gpuhealth status --problems")
+	if err := status("--problems"); err != nil {
+		return err
+	}
+
+	st.heading("An operator drains GPU 2 of " + nodes[1])
+	cmd := exec.CommandContext(ctx, bin, "drain", nodes[1], "2", "--reason", "fan noise, RMA ticket 4711", "--kubeconfig", kubeconfig)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, "the drain to reach every reporter", func() (bool, error) {
+		n, err := admin.CoreV1().Nodes().Get(ctx, nodes[1], metav1.GetOptions{})
+		return err == nil && n.Annotations[annotation.UnhealthyIDsKey] == "2", err
+	}); err != nil {
+		return err
+	}
+	st.say("$ gpuhealth status --problems -o wide")
+	if err := status("--problems", "-o", "wide"); err != nil {
+		return err
+	}
+
+	st.heading("Work arrives")
+	if err := submitWork(ctx, st, admin); err != nil {
+		return err
+	}
+
+	st.heading("GPU 5 of " + nodes[0] + " cools down")
+	if err := waitFor(ctx, "GPU 5 to recover after three clean samples", func() (bool, error) {
+		n, err := admin.CoreV1().Nodes().Get(ctx, nodes[0], metav1.GetOptions{})
+		return err == nil && n.Annotations[annotation.UnhealthyIDsKey] == "3", err
+	}); err != nil {
+		return err
+	}
+	st.say("$ gpuhealth status --problems")
+	if err := status("--problems"); err != nil {
+		return err
+	}
+	st.say("GPU 3 stays out until the node reboots; GPU 2 of %s until `gpuhealth undrain %s 2`", nodes[1], nodes[1])
+	st.heading("The end")
+	return nil
+}
+
+func setUpNodes(ctx context.Context, c *controlplane.Cluster, admin kubernetes.Interface) error {
+	if _, err := admin.ResourceV1().DeviceClasses().Create(ctx, controlplane.GPUDeviceClass(), metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if _, err := c.CreateNamespace(ctx, namespace); err != nil {
+		return err
+	}
+	for _, name := range nodes {
+		node, err := c.CreateReadyNode(ctx, name, map[string]string{"gpuhealth.dev/demo": "true"})
+		if err != nil {
+			return err
+		}
+		gpus := *resource.NewQuantity(gpusPerNode, resource.DecimalSI)
+		node.Status.Capacity[scheduling.ResourceGPU] = gpus
+		node.Status.Allocatable[scheduling.ResourceGPU] = gpus
+		if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		uuids := make([]string, gpusPerNode)
+		for i := range uuids {
+			uuids[i] = sim.GPUUUID(name, i)
+		}
+		if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(name, uuids...), metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// submitWork sends pods down both scheduler paths and tells where each landed and why.
+func submitWork(ctx context.Context, st *story, admin kubernetes.Interface) error {
+	// The DRA path: claims for one GPU each, on the node with the faults. The stock scheduler
+	// skips the tainted devices.
+	for i := range 2 {
+		name := fmt.Sprintf("dra-job-%d", i)
+		claim := controlplane.GPUClaim(namespace, name)
+		if _, err := admin.ResourceV1().ResourceClaims(namespace).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		pod := controlplane.PodWithClaims(namespace, name, name)
+		pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: nodes[0]}
+		if _, err := admin.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	// The device-plugin path: whole-GPU requests that the extender filters by healthy GPUs.
+	wholeGPU := []struct {
+		name string
+		gpus int64
+	}{{"train-8-gpus", 8}, {"train-7-gpus", 7}, {"infer-6-gpus", 6}, {"train-8-gpus-too", 8}}
+	for _, w := range wholeGPU {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: w.name},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "pause:3.10",
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{scheduling.ResourceGPU: *resource.NewQuantity(w.gpus, resource.DecimalSI)}}}}},
+		}
+		if _, err := admin.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		// One at a time, so the story reads in order.
+		if err := waitFor(ctx, "the scheduler to decide on "+w.name, func() (bool, error) {
+			p, err := admin.CoreV1().Pods(namespace).Get(ctx, w.name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			return p.Spec.NodeName != "" || unschedulable(p) != "", nil
+		}); err != nil {
+			return err
+		}
+	}
+	names := []string{"dra-job-0", "dra-job-1"}
+	for _, w := range wholeGPU {
+		names = append(names, w.name)
+	}
+	if err := waitFor(ctx, "the DRA pods to be scheduled", func() (bool, error) {
+		for _, n := range names[:2] {
+			p, err := admin.CoreV1().Pods(namespace).Get(ctx, n, metav1.GetOptions{})
+			if err != nil || p.Spec.NodeName == "" {
+				return false, err
+			}
+		}
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	nodeList, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	// What earlier pods hold, so each placement is explained as the scheduler saw it.
+	used := map[string]*scheduling.Usage{}
+	for _, n := range nodes {
+		used[n] = &scheduling.Usage{}
+	}
+	for _, name := range names {
+		p, err := admin.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		switch {
+		case strings.HasPrefix(name, "dra-"):
+			claim, err := admin.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			st.say("%-18s -> %s, device %s: kube-scheduler's DRA allocator skips the devices gpuhealth tainted (gpu-3, gpu-5)", name, p.Spec.NodeName, allocated(claim))
+		case p.Spec.NodeName != "":
+			st.say("%-18s -> %s: %s", name, p.Spec.NodeName, why(p, nodeList.Items, used))
+			if hold, ok, _ := scheduling.PodHold(p); ok {
+				used[p.Spec.NodeName].Add(hold)
+			}
+		default:
+			st.say("%-18s -> Pending: %s", name, why(p, nodeList.Items, used))
+		}
+	}
+	return nil
+}
+
+func allocated(claim *resourcev1.ResourceClaim) string {
+	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) == 0 {
+		return "<none>"
+	}
+	return claim.Status.Allocation.Devices.Results[0].Device
+}
+
+// why explains a placement with the extender's own placement logic: what every node offered.
+func why(pod *corev1.Pod, nodes []corev1.Node, used map[string]*scheduling.Usage) string {
+	req := scheduling.PodRequest(pod)
+	var parts []string
+	for i := range nodes {
+		n, _ := scheduling.ParseNode(&nodes[i])
+		u := used[n.Name]
+		if fits, reason := scheduling.Filter(req, &n, *u); !fits {
+			parts = append(parts, fmt.Sprintf("%s: %s", n.Name, reason))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s: fits (%d healthy GPUs free)", n.Name, int64(n.WholeGPUs-n.Unhealthy)-u.GPUs))
+		}
+	}
+	return fmt.Sprintf("needs %d GPUs; %s", req.GPUs, strings.Join(parts, "; "))
+}
+
+func unschedulable(p *corev1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return c.Message
+		}
+	}
+	return ""
+}
+
+func waitFor(ctx context.Context, what string, cond func() (bool, error)) error {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, waitLimit, true, func(context.Context) (bool, error) { return cond() })
+	if err != nil {
+		return fmt.Errorf("waiting for %s: %w", what, err)
+	}
+	return nil
+}
