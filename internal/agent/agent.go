@@ -36,6 +36,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/claimstatus"
 	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
@@ -199,6 +200,8 @@ func newWriters(opts Options, cfg config.AgentConfig, m *metrics.Metrics, record
 			})
 		case config.ReporterCondition:
 			s = condition.New(opts.Client, opts.NodeName, opts.Clock)
+		case config.ReporterClaimStatus:
+			s = claimstatus.New(opts.Client, opts.NodeName, claimstatus.Options{Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, Clock: opts.Clock})
 		default:
 			return nil, fmt.Errorf("agent: unknown reporter %q", name)
 		}

@@ -11,8 +11,17 @@ func ClusterRoleRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"devicetaintrules"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
+		// The API server's per-driver check for status.devices: only for claims allocated on
+		// the agent's own node (its token is bound to a pod there), only for the GPU driver.
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, Verbs: []string{"associated-node:patch"}, ResourceNames: []string{DefaultDriverName}},
 	}
 }
+
+// DefaultDriverName is the DRA driver the default ClusterRole lets the agent write claim status
+// for; an installation with another driver changes the rule (the Helm chart takes it from values).
+const DefaultDriverName = "gpu.nvidia.com"
 
 // ClientQPS and ClientBurst bound the agent's requests to the API server; they are the kubelet's
 // defaults. A state change costs about six requests (a read and a write for the annotation and

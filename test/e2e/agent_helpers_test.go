@@ -19,11 +19,14 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
@@ -329,4 +332,43 @@ func httpGet(url string) (string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return string(b), err
+}
+
+// agentKubeconfigOnNode is agentKubeconfig with the ServiceAccount token bound to a pod on node,
+// as a DaemonSet pod's token is: the API server then knows the agent's node (user extra
+// authentication.kubernetes.io/node-name), which the resourceclaims/driver associated-node
+// permission requires.
+func agentKubeconfigOnNode(t *testing.T, c *controlplane.Cluster, node string) string {
+	t.Helper()
+	agentKubeconfig(t, c) // namespace, ServiceAccount, ClusterRole and binding
+	ctx := t.Context()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: "gpuhealth-agent-" + node},
+		Spec: corev1.PodSpec{
+			NodeName:           node,
+			ServiceAccountName: "gpuhealth-agent",
+			Containers:         []corev1.Container{{Name: "agent", Image: "gpuhealth:e2e"}},
+		},
+	}
+	pod, err := c.Admin().CoreV1().Pods(agentNamespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := c.Admin().CoreV1().ServiceAccounts(agentNamespace).CreateToken(ctx, "gpuhealth-agent", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To[int64](3600),
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(c.AdminConfig())
+	cfg.CertData, cfg.KeyData, cfg.CertFile, cfg.KeyFile = nil, nil, "", ""
+	cfg.BearerToken = tr.Status.Token
+	path := filepath.Join(t.TempDir(), "agent-"+node+".kubeconfig")
+	if err := c.WriteKubeconfig(path, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

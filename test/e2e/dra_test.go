@@ -117,7 +117,7 @@ func TestDRAPathAvoidsSickGPUs(t *testing.T) {
 
 	// GPU 3 falls off the bus (XID 79 asks for eviction), GPU 5 runs hot (Degraded); much later
 	// the node reboots and both recover.
-	startAgent(t, agentSetup{node: sick, gpus: 8, kubeconfig: agentKubeconfig(t, c), checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+	startAgent(t, agentSetup{node: sick, gpus: 8, kubeconfig: agentKubeconfigOnNode(t, c, sick), checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
 		noExecute: true, scenario: `events:
   - {at: 1s, gpu: 3, xid: 79}
   - {at: 1s, gpu: 5, temperatureC: 91}

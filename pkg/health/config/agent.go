@@ -11,11 +11,12 @@ const (
 	ReporterAnnotation  = "annotation"
 	ReporterDeviceTaint = "devicetaint"
 	ReporterCondition   = "condition"
+	ReporterClaimStatus = "claimstatus"
 )
 
 // AllReporters lists every reporter, in the order the agent starts them.
 func AllReporters() []string {
-	return []string{ReporterAnnotation, ReporterDeviceTaint, ReporterCondition}
+	return []string{ReporterAnnotation, ReporterDeviceTaint, ReporterCondition, ReporterClaimStatus}
 }
 
 // Defaults of the agent section.
@@ -29,7 +30,8 @@ const (
 // AgentConfig is the `agent` section: how `gpuhealth agent` reports. It is plain data so that
 // this package stays free of Kubernetes imports.
 type AgentConfig struct {
-	// Reporters to run (default all): annotation, devicetaint, condition. Metrics always run.
+	// Reporters to run (default all): annotation, devicetaint, condition, claimstatus. Metrics
+	// always run.
 	Reporters []string `yaml:"reporters,omitempty" json:"reporters,omitempty"`
 	// DriverName is the DRA driver whose ResourceSlices carry the GPUs (default gpu.nvidia.com).
 	DriverName string `yaml:"driverName,omitempty" json:"driverName,omitempty"`
