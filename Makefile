@@ -17,6 +17,10 @@ help: ## List the targets.
 build: ## Build bin/gpuhealth.
 	$(GO) build -o $(BIN)/gpuhealth ./cmd/gpuhealth
 
+.PHONY: kubectl-plugin
+kubectl-plugin: build ## bin/kubectl-gpuhealth, so that `kubectl gpuhealth status` works with bin/ on PATH.
+	ln -sf gpuhealth $(BIN)/kubectl-gpuhealth
+
 .PHONY: demo
 demo: build ## The main job on a local cluster: 3 simulated GPU nodes, agents, scheduler, extender, faults, a drain, pods.
 	$(GO) run ./hack/demo --gpuhealth $(BIN)/gpuhealth --scenario examples/demo-scenario.yaml
