@@ -26,17 +26,16 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	metav1apply "k8s.io/client-go/applyconfigurations/meta/v1"
 	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -61,7 +60,7 @@ type Syncer struct {
 	nodeName string
 	opts     Options
 	claims   resourcelisters.ResourceClaimLister
-	slices   resourcelisters.ResourceSliceLister
+	devices  *dradevices.Index
 }
 
 var (
@@ -82,36 +81,18 @@ func (s *Syncer) Name() string { return "claimstatus" }
 
 // Start fills the caches of claims (allocations come and go) and of this node's slices.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	onAny := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { trigger() },
-		UpdateFunc: func(any, any) { trigger() },
-		DeleteFunc: func(any) { trigger() },
+	devices, err := dradevices.Start(ctx, s.client, s.nodeName, s.opts.Driver, s.opts.UUIDAttribute, trigger)
+	if err != nil {
+		return fmt.Errorf("claimstatus: %w", err)
 	}
 	claimFactory := informers.NewSharedInformerFactory(s.client, 0)
 	claimInformer := claimFactory.Resource().V1().ResourceClaims()
-	if _, err := claimInformer.Informer().AddEventHandler(onAny); err != nil {
+	if _, err := claimInformer.Informer().AddEventHandler(dradevices.OnAnyChange(trigger)); err != nil {
 		return err
 	}
-	sliceFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.AndSelectors(
-				fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, s.nodeName),
-				fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, s.opts.Driver),
-			).String()
-		}))
-	sliceInformer := sliceFactory.Resource().V1().ResourceSlices()
-	if _, err := sliceInformer.Informer().AddEventHandler(onAny); err != nil {
-		return err
-	}
-	s.claims, s.slices = claimInformer.Lister(), sliceInformer.Lister()
+	s.claims, s.devices = claimInformer.Lister(), devices
 	claimFactory.Start(ctx.Done())
-	sliceFactory.Start(ctx.Done())
 	for typ, ok := range claimFactory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("claimstatus: cache of %v did not sync", typ)
-		}
-	}
-	for typ, ok := range sliceFactory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("claimstatus: cache of %v did not sync", typ)
 		}
@@ -120,14 +101,14 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 }
 
 // deviceKey names a DRA device.
-type deviceKey struct{ pool, device string }
+type deviceKey = dradevices.Device
 
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
-	if s.claims == nil || s.slices == nil {
+	if s.claims == nil || s.devices == nil {
 		return 0, errors.New("claimstatus: Sync before Start")
 	}
-	uuidOf, err := s.deviceUUIDs()
+	uuidOf, err := s.devices.UUIDs()
 	if err != nil {
 		return 0, err
 	}
@@ -161,32 +142,6 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	return writes, errors.Join(errs...)
 }
 
-// deviceUUIDs maps this node's DRA devices of the driver to their GPU UUIDs (lower case).
-func (s *Syncer) deviceUUIDs() (map[deviceKey]string, error) {
-	list, err := s.slices.List(labels.Everything())
-	if err != nil {
-		return nil, err
-	}
-	qualified := resourceapi.QualifiedName(s.opts.Driver + "/" + s.opts.UUIDAttribute)
-	bare := resourceapi.QualifiedName(s.opts.UUIDAttribute)
-	out := map[deviceKey]string{}
-	for _, slice := range list {
-		if slice.Spec.Driver != s.opts.Driver || slice.Spec.NodeName == nil || *slice.Spec.NodeName != s.nodeName {
-			continue
-		}
-		for _, dev := range slice.Spec.Devices {
-			attr, ok := dev.Attributes[bare]
-			if !ok {
-				attr, ok = dev.Attributes[qualified]
-			}
-			if ok && attr.StringValue != nil {
-				out[deviceKey{slice.Spec.Pool.Name, dev.Name}] = strings.ToLower(*attr.StringValue)
-			}
-		}
-	}
-	return out, nil
-}
-
 // desired returns, for each device of this node the claim holds whose GPU is not Healthy, the
 // condition it should carry.
 func (s *Syncer) desired(claim *resourceapi.ResourceClaim, uuidOf map[deviceKey]string, byUUID map[string]health.DeviceStatus) map[deviceKey]metav1.Condition {
@@ -198,7 +153,7 @@ func (s *Syncer) desired(claim *resourceapi.ResourceClaim, uuidOf map[deviceKey]
 		if r.Driver != s.opts.Driver {
 			continue
 		}
-		key := deviceKey{r.Pool, r.Device}
+		key := deviceKey{Pool: r.Pool, Name: r.Device}
 		uuid, ok := uuidOf[key]
 		if !ok {
 			continue
@@ -235,7 +190,7 @@ func condition(d health.DeviceStatus) metav1.Condition {
 func current(claim *resourceapi.ResourceClaim, uuidOf map[deviceKey]string, driver string) map[deviceKey]metav1.Condition {
 	out := map[deviceKey]metav1.Condition{}
 	for _, ds := range claim.Status.Devices {
-		key := deviceKey{ds.Pool, ds.Device}
+		key := deviceKey{Pool: ds.Pool, Name: ds.Device}
 		if _, mine := uuidOf[key]; !mine || ds.Driver != driver {
 			continue
 		}
@@ -280,7 +235,7 @@ func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, de
 	for k := range desired {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b deviceKey) int { return cmp.Or(cmp.Compare(a.pool, b.pool), cmp.Compare(a.device, b.device)) })
+	slices.SortFunc(keys, func(a, b deviceKey) int { return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Name, b.Name)) })
 	now := metav1.NewTime(s.opts.Clock.Now())
 	status := resourceapply.ResourceClaimStatus()
 	for _, k := range keys {
@@ -290,7 +245,7 @@ func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, de
 			since = got.LastTransitionTime
 		}
 		status.WithDevices(resourceapply.AllocatedDeviceStatus().
-			WithDriver(s.opts.Driver).WithPool(k.pool).WithDevice(k.device).
+			WithDriver(s.opts.Driver).WithPool(k.Pool).WithDevice(k.Name).
 			WithConditions(metav1apply.Condition().
 				WithType(want.Type).WithStatus(want.Status).WithReason(want.Reason).WithMessage(want.Message).
 				WithLastTransitionTime(since).WithObservedGeneration(claim.Generation)))
@@ -304,7 +259,7 @@ func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, de
 func (s *Syncer) knownDevices(claim *resourceapi.ResourceClaim) map[deviceKey]string {
 	out := map[deviceKey]string{}
 	for _, ds := range claim.Status.Devices {
-		out[deviceKey{ds.Pool, ds.Device}] = ""
+		out[deviceKey{Pool: ds.Pool, Name: ds.Device}] = ""
 	}
 	return out
 }

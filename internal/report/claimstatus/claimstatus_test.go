@@ -12,7 +12,7 @@ import (
 
 func TestDesiredAndDiffers(t *testing.T) {
 	s := New(nil, "n1", Options{Driver: "gpu.nvidia.com", UUIDAttribute: "uuid"})
-	uuidOf := map[deviceKey]string{{"n1", "gpu-0"}: "gpu-a", {"n1", "gpu-1"}: "gpu-b"}
+	uuidOf := map[deviceKey]string{{Pool: "n1", Name: "gpu-0"}: "gpu-a", {Pool: "n1", Name: "gpu-1"}: "gpu-b"}
 	byUUID := map[string]health.DeviceStatus{
 		"gpu-a": {Device: health.Device{UUID: "GPU-a"}, Health: health.Unhealthy, Evict: true,
 			Conditions: []health.Condition{{Type: health.ConditionXID, Severity: health.Unhealthy, Reason: "XID79", Message: "XID 79: GPU has fallen off the bus"}}},
@@ -30,7 +30,7 @@ func TestDesiredAndDiffers(t *testing.T) {
 	if len(want) != 1 {
 		t.Fatalf("desired = %+v, want one condition for the sick GPU only", want)
 	}
-	c := want[deviceKey{"n1", "gpu-0"}]
+	c := want[deviceKey{Pool: "n1", Name: "gpu-0"}]
 	if c.Type != ConditionType || c.Status != metav1.ConditionFalse || c.Reason != ReasonUnhealthy ||
 		!strings.Contains(c.Message, "XID79") || !strings.Contains(c.Message, "eviction requested") {
 		t.Errorf("condition = %+v", c)

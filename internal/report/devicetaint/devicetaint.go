@@ -28,14 +28,13 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -79,8 +78,8 @@ type Syncer struct {
 	// that finds the rule already there becomes an update, a delete of a rule already gone is
 	// a no-op, an update on an old version conflicts and retries, and every change the cache
 	// catches up on triggers another Sync.
-	slices resourcelisters.ResourceSliceLister
-	rules  resourcelisters.DeviceTaintRuleLister
+	devices *dradevices.Index
+	rules   resourcelisters.DeviceTaintRuleLister
 }
 
 var (
@@ -106,38 +105,20 @@ func (s *Syncer) Name() string { return "devicetaint" }
 // agent starts) and of this node's rules (someone may delete or edit one), and asks for a Sync on
 // any change to them.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	onAny := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { trigger() },
-		UpdateFunc: func(any, any) { trigger() },
-		DeleteFunc: func(any) { trigger() },
-	}
-	sliceFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.AndSelectors(
-				fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, s.nodeName),
-				fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, s.opts.Driver),
-			).String()
-		}))
-	sliceInformer := sliceFactory.Resource().V1().ResourceSlices()
-	if _, err := sliceInformer.Informer().AddEventHandler(onAny); err != nil {
-		return err
+	devices, err := dradevices.Start(ctx, s.client, s.nodeName, s.opts.Driver, s.opts.UUIDAttribute, trigger)
+	if err != nil {
+		return fmt.Errorf("devicetaint: %w", err)
 	}
 	ruleFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}).String()
 		}))
 	ruleInformer := ruleFactory.Resource().V1().DeviceTaintRules()
-	if _, err := ruleInformer.Informer().AddEventHandler(onAny); err != nil {
+	if _, err := ruleInformer.Informer().AddEventHandler(dradevices.OnAnyChange(trigger)); err != nil {
 		return err
 	}
-	s.slices, s.rules = sliceInformer.Lister(), ruleInformer.Lister()
-	sliceFactory.Start(ctx.Done())
+	s.devices, s.rules = devices, ruleInformer.Lister()
 	ruleFactory.Start(ctx.Done())
-	for typ, ok := range sliceFactory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("devicetaint: cache of %v did not sync", typ)
-		}
-	}
 	for typ, ok := range ruleFactory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("devicetaint: cache of %v did not sync", typ)
@@ -146,18 +127,15 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	return nil
 }
 
-// draDevice is a device in a ResourceSlice.
-type draDevice struct{ pool, name string }
-
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
-	if s.rules == nil || s.slices == nil {
+	if s.rules == nil || s.devices == nil {
 		return 0, errors.New("devicetaint: Sync before Start")
 	}
 	if err := s.ensureNodeRef(ctx); err != nil {
 		return 0, err
 	}
-	byUUID, err := s.devicesByUUID()
+	byUUID, err := s.devices.ByUUID()
 	if err != nil {
 		return 0, err
 	}
@@ -267,41 +245,13 @@ func (s *Syncer) ensureNodeRef(ctx context.Context) error {
 	return nil
 }
 
-// devicesByUUID indexes the DRA devices of this node's slices of the driver by lower-cased UUID.
-func (s *Syncer) devicesByUUID() (map[string][]draDevice, error) {
-	list, err := s.slices.List(labels.Everything())
-	if err != nil {
-		return nil, fmt.Errorf("list ResourceSlices: %w", err)
-	}
-	qualified := resourceapi.QualifiedName(s.opts.Driver + "/" + s.opts.UUIDAttribute)
-	bare := resourceapi.QualifiedName(s.opts.UUIDAttribute)
-	out := map[string][]draDevice{}
-	for _, slice := range list {
-		if slice.Spec.Driver != s.opts.Driver || slice.Spec.NodeName == nil || *slice.Spec.NodeName != s.nodeName {
-			continue
-		}
-		for _, dev := range slice.Spec.Devices {
-			attr, ok := dev.Attributes[bare]
-			if !ok {
-				attr, ok = dev.Attributes[qualified]
-			}
-			if !ok || attr.StringValue == nil {
-				continue
-			}
-			key := strings.ToLower(*attr.StringValue)
-			out[key] = append(out[key], draDevice{pool: slice.Spec.Pool.Name, name: dev.Name})
-		}
-	}
-	return out, nil
-}
-
-func (s *Syncer) rule(d health.DeviceStatus, t draDevice, n int) *resourceapi.DeviceTaintRule {
+func (s *Syncer) rule(d health.DeviceStatus, t dradevices.Device, n int) *resourceapi.DeviceTaintRule {
 	name := RuleName(d.Device.UUID)
 	if n > 0 {
 		name += "-" + strconv.Itoa(n)
 	}
 	key, value := Taint(d)
-	driver, pool, device := s.opts.Driver, t.pool, t.name
+	driver, pool, device := s.opts.Driver, t.Pool, t.Name
 	return &resourceapi.DeviceTaintRule{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name,
