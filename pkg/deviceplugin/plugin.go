@@ -22,6 +22,7 @@ import (
 // Defaults of PluginOptions.
 const (
 	DefaultResourceName    = "nvidia.com/gpu"
+	DefaultDir             = pluginapi.DevicePluginPath
 	DefaultPollInterval    = time.Second
 	DefaultRegisterTimeout = 10 * time.Second
 	kubeletSocketName      = "kubelet.sock"
@@ -56,7 +57,7 @@ func NewPlugin(svc *Service, opts PluginOptions) *Plugin {
 		opts.ResourceName = DefaultResourceName
 	}
 	if opts.Dir == "" {
-		opts.Dir = pluginapi.DevicePluginPath
+		opts.Dir = DefaultDir
 	}
 	if opts.Socket == "" {
 		opts.Socket = "gpuhealth-" + opts.ResourceName[strings.LastIndex(opts.ResourceName, "/")+1:] + ".sock"

@@ -1,0 +1,196 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/pkg/deviceplugin"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+func newDevicePluginCommand() *cobra.Command {
+	var (
+		backend, scenarioPath, configPath, resourceName, socketDir, checkpoint string
+		cdi                                                                    bool
+		logs                                                                   logOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "device-plugin [--backend nvml|sim] [--scenario FILE] [--config FILE] [--resource-name NAME] [--kubelet-socket-dir DIR] [--cdi]",
+		Short: "Serve this node's GPUs to the kubelet as a device plugin that marks sick GPUs Unhealthy and recovers them",
+		Long: `device-plugin is a kubelet device plugin for nvidia.com/gpu built on the gpuhealth library. It
+registers with the kubelet (and again whenever the kubelet restarts), lists every GPU by UUID, and
+tells the kubelet at once when a GPU turns Unhealthy, and when it is Healthy again: a GPU that
+recovers (after a reset, say) is schedulable again without restarting the plugin. Degraded GPUs
+stay schedulable.
+
+Allocate hands containers their GPUs as NVIDIA_VISIBLE_DEVICES=<UUID>,... or, with --cdi, as
+the CDI devices nvidia.com/gpu=<UUID>. GetPreferredAllocation prefers Healthy over Degraded GPUs
+and packs a request onto one NUMA node.
+
+With --checkpoint FILE, faults that last until a GPU reset or a reboot survive a restart of the
+plugin on the same boot.`,
+		Example: `  gpuhealth device-plugin
+  gpuhealth device-plugin --cdi --checkpoint /var/lib/gpuhealth/device-plugin.json
+  gpuhealth device-plugin --backend sim --scenario examples/scenario.yaml --kubelet-socket-dir /tmp/dp`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := logs.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			ctx := klog.NewContext(cmd.Context(), logger)
+			if resourceName == "" || !strings.Contains(resourceName, "/") {
+				return badInput(fmt.Errorf("--resource-name: must be a domain-prefixed name such as nvidia.com/gpu, got %q", resourceName))
+			}
+			if socketDir == "" {
+				return badInput(errors.New("--kubelet-socket-dir: required"))
+			}
+			cfg := config.Default()
+			if configPath != "" {
+				if cfg, err = config.Load(configPath); err != nil {
+					return badInput(err)
+				}
+			}
+			policy, err := cfg.Policy()
+			if err != nil {
+				return badInput(fmt.Errorf("%s: %w", configPath, err))
+			}
+			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, cfg.SampleEvery())
+			if err != nil {
+				return err
+			}
+			defer cleanup()
+			opts := deviceplugin.ServiceOptions{CDI: cdi}
+			if backend == "nvml" {
+				opts.NUMANode = deviceplugin.SysfsNUMA("/sys")
+			}
+			return runDevicePlugin(ctx, devicePluginRun{
+				backend: be, policy: policy, bootID: bootID, checkpoint: checkpoint, service: opts,
+				plugin: deviceplugin.PluginOptions{ResourceName: resourceName, Dir: socketDir},
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&backend, "backend", "nvml", "GPU backend: nvml or sim")
+	f.StringVar(&scenarioPath, "scenario", "", "scenario file (with --backend sim)")
+	f.StringVar(&configPath, "config", "", "HealthConfig file (default: the built-in default profile)")
+	f.StringVar(&resourceName, "resource-name", deviceplugin.DefaultResourceName, "extended resource to serve")
+	f.StringVar(&socketDir, "kubelet-socket-dir", strings.TrimSuffix(deviceplugin.DefaultDir, "/"), "the kubelet's device-plugins directory (holds kubelet.sock)")
+	f.BoolVar(&cdi, "cdi", false, "allocate GPUs as CDI devices nvidia.com/gpu=<UUID> instead of NVIDIA_VISIBLE_DEVICES")
+	f.StringVar(&checkpoint, "checkpoint", "", "file keeping sticky faults across restarts on the same boot (default: none)")
+	logs.addFlags(f)
+	return cmd
+}
+
+// devicePluginRun is what runDevicePlugin wires together.
+type devicePluginRun struct {
+	backend    agent.Backend
+	policy     *health.Policy
+	bootID     string
+	checkpoint string
+	service    deviceplugin.ServiceOptions
+	plugin     deviceplugin.PluginOptions
+}
+
+// runDevicePlugin runs backend → monitor → device plugin until ctx ends or a part fails. Each
+// part runs in a goroutine of one errgroup; the first failure stops the others.
+func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
+	logger := klog.FromContext(ctx)
+	tracker, err := health.NewTracker(r.policy, r.backend.Devices())
+	if err != nil {
+		return err
+	}
+	m := health.NewMonitor(tracker)
+	if err := restoreCheckpoint(ctx, m, r.checkpoint, r.bootID); err != nil {
+		return err
+	}
+	logger.Info("Starting the device plugin", "gpus", len(r.backend.Devices()), "resource", r.plugin.ResourceName, "cdi", r.service.CDI)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := r.backend.Run(gctx, m); err != nil && gctx.Err() == nil {
+			return fmt.Errorf("GPU backend: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		// Quiet periods expire with time, not only with signals.
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case now := <-t.C:
+				m.Tick(now)
+			}
+		}
+	})
+	if r.checkpoint != "" {
+		g.Go(func() error { return saveCheckpoints(gctx, m, r.checkpoint) })
+	}
+	g.Go(func() error {
+		return deviceplugin.NewPlugin(deviceplugin.NewService(m, r.service), r.plugin).Run(gctx)
+	})
+	err = g.Wait()
+	if err == nil || ctx.Err() != nil {
+		logger.Info("Device plugin stopped")
+		return nil
+	}
+	return err
+}
+
+func restoreCheckpoint(ctx context.Context, m *health.Monitor, path, bootID string) error {
+	if path == "" {
+		return nil
+	}
+	cp, err := health.ReadCheckpoint(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		// A damaged checkpoint must not keep the plugin down; start from what the GPUs say.
+		klog.FromContext(ctx).Error(err, "Ignoring the checkpoint", "path", path)
+		return nil
+	}
+	return m.Restore(cp, bootID, time.Now())
+}
+
+// saveCheckpoints writes the tracker's sticky state whenever it changes, until ctx ends.
+func saveCheckpoints(ctx context.Context, m *health.Monitor, path string) error {
+	sub := m.Subscribe()
+	defer sub.Close()
+	var last []byte
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sub.C():
+		}
+		sub.Next()
+		cp := m.Tracker().Checkpoint()
+		b, err := health.MarshalCheckpoint(cp)
+		if err != nil {
+			return err
+		}
+		if bytes.Equal(b, last) {
+			continue
+		}
+		if err := health.WriteCheckpoint(path, cp); err != nil {
+			klog.FromContext(ctx).Error(err, "Writing the checkpoint failed", "path", path)
+			continue
+		}
+		last = b
+	}
+}
