@@ -1,0 +1,62 @@
+{{/* Chart name, overridable. */}}
+{{- define "gpuhealth.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every object's name: the release name, plus the chart name unless it is in it. */}}
+{{- define "gpuhealth.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "gpuhealth.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpuhealth.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component; call with (dict "ctx" $ "component" "agent"). */}}
+{{- define "gpuhealth.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuhealth.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gpuhealth.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "gpuhealth.agent.name" -}}
+{{- printf "%s-agent" (include "gpuhealth.fullname" .) -}}
+{{- end -}}
+
+{{- define "gpuhealth.agent.serviceAccountName" -}}
+{{- default (include "gpuhealth.agent.name" .) .Values.agent.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The username the API server gives the agent's ServiceAccount; the admission policy matches it. */}}
+{{- define "gpuhealth.agent.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpuhealth.agent.serviceAccountName" .) -}}
+{{- end -}}
+
+{{- define "gpuhealth.extender.name" -}}
+{{- printf "%s-extender" (include "gpuhealth.fullname" .) -}}
+{{- end -}}
+
+{{- define "gpuhealth.extender.serviceAccountName" -}}
+{{- default (include "gpuhealth.extender.name" .) .Values.extender.serviceAccount.name -}}
+{{- end -}}

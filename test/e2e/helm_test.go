@@ -1,0 +1,449 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/condition"
+	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
+	"github.com/gpuhealth/gpuhealth/test/helm"
+)
+
+// The release the e2e tests install: its agent ServiceAccount is
+// system:serviceaccount:gpuhealth-helm:gpuhealth-agent.
+const (
+	helmRelease   = "gpuhealth"
+	helmNamespace = "gpuhealth-helm"
+	helmAgentSA   = "gpuhealth-agent"
+	helmPolicy    = "gpuhealth-agent-own-node"
+)
+
+// TestHelmChartConfinesAgentToItsNode renders the chart, applies every object to a real API
+// server, and then acts as the agent of node A with a ServiceAccount token bound to a Pod on A:
+// RBAC and the ValidatingAdmissionPolicy together must let it write its own Node's health and
+// nothing else. Finally a real agent runs under exactly these permissions and reports a fault.
+func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
+	t.Parallel()
+	manifest := renderChart(t, helm.Options{Release: helmRelease, Namespace: helmNamespace})
+	// Only the controllers the test needs: the policy's type checker, and the ServiceAccount
+	// controller the harness waits for.
+	c := controlplane.StartT(t, controlplane.Options{
+		DisableScheduler: true,
+		Controllers:      []string{"serviceaccount", "validatingadmissionpolicy-status-controller"},
+	})
+	ctx := t.Context()
+	admin := c.Admin()
+
+	const nodeA, nodeB = "helm-node-a", "helm-node-b"
+	uuidsA := gpuNode(t, c, nodeA, 2)
+	gpuNode(t, c, nodeB, 2)
+
+	if _, err := c.CreateNamespace(ctx, helmNamespace); err != nil {
+		t.Fatal(err)
+	}
+	applyManifest(t, c, manifest)
+	waitPolicyTypeChecked(t, c, helmPolicy)
+
+	// Tokens as the kubelet would mint them for the agent pods on A and B, and one bound to no pod.
+	cfgA := boundAgentConfig(t, c, nodeA)
+	cfgB := boundAgentConfig(t, c, nodeB)
+	unbound, err := c.ServiceAccountConfig(ctx, helmNamespace, helmAgentSA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asA, asB, asUnbound := clientFor(t, cfgA), clientFor(t, cfgB), clientFor(t, unbound)
+	if got := boundNode(t, asA); got != nodeA {
+		t.Fatalf("token bound to a pod on %s carries node-name %q", nodeA, got)
+	}
+
+	// An admin's drain and a foreign annotation on A, and a rule of B's, for the agent to leave alone.
+	mergePatchNode(t, admin, nodeA, map[string]any{annotation.DrainsKey: `{"GPU-x":{"by":"admin"}}`, "example.com/other": "keep"})
+	ruleOfB := policyRule("rule-of-b", nodeB, nodeB)
+	if _, err := admin.ResourceV1().DeviceTaintRules().Create(ctx, ruleOfB, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The policy takes effect once the API server's policy informer has it; wait for a denial.
+	waitDenied(t, "the policy to be enforced", func(ctx context.Context) error {
+		return patchAnnotations(ctx, asA, nodeB, map[string]any{annotation.UnhealthyIDsKey: "0"})
+	})
+
+	owned := map[string]any{annotation.UnhealthyIDsKey: "1", annotation.HealthKey: `{"GPU-1":{"health":"Unhealthy"}}`}
+	cases := []struct {
+		name    string
+		request func(ctx context.Context) error
+		// denied: "" means the request must succeed; otherwise the policy must deny it with a
+		// message containing this text.
+		denied string
+	}{
+		{"own node: gpuhealth annotations", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, owned)
+		}, ""},
+		{"own node: remove gpuhealth annotations", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{annotation.UnhealthyIDsKey: nil})
+		}, ""},
+		{"other node: gpuhealth annotation", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeB, owned)
+		}, "may not change Node " + nodeB},
+		{"own node: foreign annotation", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{"example.com/other": "changed"})
+		}, "example.com/other"},
+		{"own node: add an annotation", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{"example.com/new": "x"})
+		}, "example.com/new"},
+		{"own node: undrain (the drains annotation is the operator's)", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{annotation.DrainsKey: nil})
+		}, annotation.DrainsKey},
+		{"own node: labels", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, `{"metadata":{"labels":{"nvidia.com/gpu.present":"false"}}}`, "")
+		}, "labels"},
+		{"own node: spec (cordon)", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, `{"spec":{"unschedulable":true}}`, "")
+		}, "spec"},
+		{"own node: GPUUnhealthy condition", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, conditionPatch(string(condition.Type), "True"), "status")
+		}, ""},
+		{"own node: Ready condition", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, conditionPatch("Ready", "False"), "status")
+		}, "GPUUnhealthy"},
+		{"own node: status capacity", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, `{"status":{"capacity":{"nvidia.com/gpu":"0"}}}`, "status")
+		}, "GPUUnhealthy"},
+		{"own node: foreign annotation through nodes/status", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, `{"metadata":{"annotations":{"example.com/other":"changed"}}}`, "status")
+		}, "example.com/other"},
+		{"other node: GPUUnhealthy condition", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeB, conditionPatch(string(condition.Type), "True"), "status")
+		}, "may not change Node " + nodeB},
+		{"rule labelled for the other node", func(ctx context.Context) error {
+			return createRule(ctx, asA, policyRule("a-writes-b", nodeB, nodeB))
+		}, "not one labelled for \"" + nodeB + "\""},
+		{"rule labelled for its node, selecting the other node's pool", func(ctx context.Context) error {
+			return createRule(ctx, asA, policyRule("a-taints-b", nodeA, nodeB))
+		}, "DRA pool " + nodeA},
+		{"rule labelled for its node, selecting every pool", func(ctx context.Context) error {
+			r := policyRule("a-taints-all", nodeA, nodeA)
+			r.Spec.DeviceSelector.Pool = nil
+			return createRule(ctx, asA, r)
+		}, "DRA pool " + nodeA},
+		{"rule labelled for its node, owned by the other node", func(ctx context.Context) error {
+			b, err := admin.CoreV1().Nodes().Get(ctx, nodeB, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			r := policyRule("a-owned-by-b", nodeA, nodeA)
+			r.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: nodeB, UID: b.UID}}
+			return createRule(ctx, asA, r)
+		}, "owned only by its own Node"},
+		{"rule labelled for its node", func(ctx context.Context) error {
+			return createRule(ctx, asA, policyRule("a-own", nodeA, nodeA))
+		}, ""},
+		{"relabel its rule for the other node", func(ctx context.Context) error {
+			return updateRule(ctx, asA, "a-own", func(r *resourcev1.DeviceTaintRule) { r.Labels[devicetaint.NodeLabel] = nodeB })
+		}, "not one labelled for \"" + nodeB + "\""},
+		{"update its rule", func(ctx context.Context) error {
+			return updateRule(ctx, asA, "a-own", func(r *resourcev1.DeviceTaintRule) { r.Spec.Taint.Value = "79" })
+		}, ""},
+		{"update the other node's rule", func(ctx context.Context) error {
+			return updateRule(ctx, asA, ruleOfB.Name, func(r *resourcev1.DeviceTaintRule) { r.Spec.Taint.Value = "0" })
+		}, "not one labelled for \"" + nodeB + "\""},
+		{"delete the other node's rule", func(ctx context.Context) error {
+			return asA.ResourceV1().DeviceTaintRules().Delete(ctx, ruleOfB.Name, metav1.DeleteOptions{})
+		}, "not one labelled for \"" + nodeB + "\""},
+		{"delete its rule", func(ctx context.Context) error {
+			return asA.ResourceV1().DeviceTaintRules().Delete(ctx, "a-own", metav1.DeleteOptions{})
+		}, ""},
+		{"node B's agent: its own node", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asB, nodeB, owned)
+		}, ""},
+		{"node B's agent: node A", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asB, nodeA, owned)
+		}, "may not change Node " + nodeA},
+		{"token bound to no pod: own-looking write", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asUnbound, nodeA, owned)
+		}, "not bound to a Pod on a Node"},
+		{"token bound to no pod: rule", func(ctx context.Context) error {
+			return createRule(ctx, asUnbound, policyRule("unbound", nodeA, nodeA))
+		}, "not bound to a Pod on a Node"},
+		{"admin is not subject to the policy", func(ctx context.Context) error {
+			return patchAnnotations(ctx, admin, nodeB, map[string]any{"example.com/admin": "ok"})
+		}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.request(t.Context())
+			switch {
+			case tc.denied == "" && err != nil:
+				t.Fatalf("want success, got %v", err)
+			case tc.denied != "" && err == nil:
+				t.Fatalf("want denied by %s (%q), got success", helmPolicy, tc.denied)
+			case tc.denied != "" && !deniedByPolicy(err):
+				t.Fatalf("want denied by %s, got %v", helmPolicy, err)
+			case tc.denied != "" && !strings.Contains(err.Error(), tc.denied):
+				t.Fatalf("denial %q does not mention %q", err, tc.denied)
+			}
+		})
+	}
+	ann, err := nodeAnnotations(ctx, c, nodeA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ann[annotation.DrainsKey] == "" || ann["example.com/other"] != "keep" {
+		t.Fatalf("the agent changed annotations it does not own: %v", ann)
+	}
+
+	// A real agent with node A's bound token, under the chart's RBAC and policy, reports a fault
+	// on every sink.
+	kubeconfig := filepath.Join(t.TempDir(), "agent-a.kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig, cfgA); err != nil {
+		t.Fatal(err)
+	}
+	mergePatchNode(t, admin, nodeA, map[string]any{annotation.UnhealthyIDsKey: nil, annotation.HealthKey: nil})
+	startAgent(t, agentSetup{
+		node: nodeA, gpus: 2, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+		scenario: "events:\n  - {at: 1s, gpu: 1, xid: 48}\n",
+	})
+	eventually(t, "the agent's fault report on node A", func(ctx context.Context) (bool, string, error) {
+		ann, err := nodeAnnotations(ctx, c, nodeA)
+		if err != nil {
+			return false, "", err
+		}
+		rs, err := rules(ctx, c, nodeA)
+		if err != nil {
+			return false, "", err
+		}
+		cond, err := nodeCondition(ctx, c, nodeA, condition.Type)
+		if err != nil {
+			return false, "", err
+		}
+		r, ok := rs[devicetaint.RuleName(uuidsA[1])]
+		return ann[annotation.UnhealthyIDsKey] == "1" && ok && r.Spec.Taint.Value == "48" && cond.Status == corev1.ConditionTrue,
+			fmt.Sprintf("ids=%q rules=%v condition=%q", ann[annotation.UnhealthyIDsKey], ruleNames(rs), cond.Status), nil
+	})
+}
+
+// renderChart runs helm template, skipping the test when no helm can be built.
+func renderChart(t *testing.T, o helm.Options) string {
+	t.Helper()
+	if _, err := helm.Binary(); err != nil {
+		t.Skipf("no helm tool (hack/tools.sh install helm builds it from Go modules): %v", err)
+	}
+	out, err := helm.Template(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// applyManifest server-side applies every rendered object as the admin, in the rendered order
+// (helm sorts ServiceAccounts and RBAC before workloads). Nothing runs the pods: there is no
+// kubelet, and the test nodes lack the GPU label the DaemonSet selects.
+func applyManifest(t *testing.T, c *controlplane.Cluster, manifest string) {
+	t.Helper()
+	ctx := t.Context()
+	objs, err := helm.Decode(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.AdminConfig()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
+	for _, obj := range objs {
+		gvk := obj.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatalf("%s %s: %v", gvk, obj.GetName(), err)
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			ri = dyn.Resource(m.Resource).Namespace(obj.GetNamespace())
+		}
+		if _, err := ri.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: "helm-e2e", Force: true}); err != nil {
+			t.Fatalf("apply %s %s/%s: %v", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
+		}
+	}
+	t.Logf("applied %d rendered objects", len(objs))
+}
+
+// waitPolicyTypeChecked waits for the API server's type check of the policy and fails on any
+// warning: a misspelt field would otherwise only show up as a runtime error (and, with
+// failurePolicy Fail, as a denial of everything the agent does).
+func waitPolicyTypeChecked(t *testing.T, c *controlplane.Cluster, name string) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, pollTimeout, true, func(ctx context.Context) (bool, error) {
+		p, err := c.Admin().AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		last = fmt.Sprintf("generation %d, observed %d", p.Generation, p.Status.ObservedGeneration)
+		if p.Status.ObservedGeneration != p.Generation || p.Status.TypeChecking == nil {
+			return false, nil
+		}
+		for _, w := range p.Status.TypeChecking.ExpressionWarnings {
+			t.Errorf("policy %s: %s: %s", name, w.FieldRef, w.Warning)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("policy %s never type-checked: %v (%s)", name, err, last)
+	}
+}
+
+// boundAgentConfig creates a Pod of the agent's ServiceAccount on node and returns a rest.Config
+// with a token bound to that Pod, as the kubelet projects into the agent's container.
+func boundAgentConfig(t *testing.T, c *controlplane.Cluster, node string) *rest.Config {
+	t.Helper()
+	ctx := t.Context()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: helmNamespace, Name: "agent-" + node},
+		Spec: corev1.PodSpec{
+			ServiceAccountName: helmAgentSA,
+			NodeName:           node,
+			Containers:         []corev1.Container{{Name: "agent", Image: "gpuhealth:e2e"}},
+		},
+	}
+	pod, err := c.Admin().CoreV1().Pods(helmNamespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := c.Admin().CoreV1().ServiceAccounts(helmNamespace).CreateToken(ctx, helmAgentSA, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To[int64](3600),
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(c.AdminConfig())
+	cfg.BearerToken = tr.Status.Token
+	return cfg
+}
+
+func clientFor(t *testing.T, cfg *rest.Config) *kubernetes.Clientset {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// boundNode asks the API server who the client is and returns the node its token is bound to.
+func boundNode(t *testing.T, cs kubernetes.Interface) string {
+	t.Helper()
+	r, err := cs.AuthenticationV1().SelfSubjectReviews().Create(t.Context(), &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nodes := r.Status.UserInfo.Extra["authentication.kubernetes.io/node-name"]; len(nodes) == 1 {
+		return nodes[0]
+	}
+	return ""
+}
+
+// deniedByPolicy tells a denial by the admission policy from one by RBAC, which names no policy.
+func deniedByPolicy(err error) bool {
+	return (apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) && strings.Contains(err.Error(), helmPolicy)
+}
+
+func waitDenied(t *testing.T, what string, request func(ctx context.Context) error) {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, pollTimeout, true, func(ctx context.Context) (bool, error) {
+		last = request(ctx)
+		return deniedByPolicy(last), nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v (last: %v)", what, err, last)
+	}
+}
+
+func patchAnnotations(ctx context.Context, cs kubernetes.Interface, node string, ann map[string]any) error {
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann}})
+	if err != nil {
+		return err
+	}
+	return patchNode(ctx, cs, node, string(body), "")
+}
+
+func mergePatchNode(t *testing.T, cs kubernetes.Interface, node string, ann map[string]any) {
+	t.Helper()
+	if err := patchAnnotations(t.Context(), cs, node, ann); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// patchNode sends a strategic merge patch to the node or, with subresource "status", its status,
+// as the agent's condition reporter does.
+func patchNode(ctx context.Context, cs kubernetes.Interface, node, body, subresource string) error {
+	var sub []string
+	if subresource != "" {
+		sub = []string{subresource}
+	}
+	_, err := cs.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, []byte(body), metav1.PatchOptions{}, sub...)
+	return err
+}
+
+func conditionPatch(typ, status string) string {
+	now := time.Now().UTC().Format(time.RFC3339)
+	return fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":%q,"reason":"E2E","message":"set by the helm e2e test","lastHeartbeatTime":%q,"lastTransitionTime":%q}]}}`,
+		typ, status, now, now)
+}
+
+// policyRule is a DeviceTaintRule like the agent's: labelled for labelNode, selecting gpu-0 in
+// pool, owned by no one (the owner check is covered by the real agent, which sets its Node).
+func policyRule(name, labelNode, pool string) *resourcev1.DeviceTaintRule {
+	r := controlplane.GPUDeviceTaintRule(name, pool, controlplane.GPUDeviceName(0),
+		resourcev1.DeviceTaint{Key: "gpuhealth.dev/xid", Value: "48", Effect: resourcev1.DeviceTaintEffectNoSchedule})
+	r.Labels = map[string]string{devicetaint.NodeLabel: labelNode}
+	return r
+}
+
+func createRule(ctx context.Context, cs kubernetes.Interface, r *resourcev1.DeviceTaintRule) error {
+	_, err := cs.ResourceV1().DeviceTaintRules().Create(ctx, r, metav1.CreateOptions{})
+	return err
+}
+
+func updateRule(ctx context.Context, cs kubernetes.Interface, name string, change func(*resourcev1.DeviceTaintRule)) error {
+	r, err := cs.ResourceV1().DeviceTaintRules().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	change(r)
+	_, err = cs.ResourceV1().DeviceTaintRules().Update(ctx, r, metav1.UpdateOptions{})
+	return err
+}

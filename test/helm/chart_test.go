@@ -1,0 +1,339 @@
+package helm
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+const testNamespace = "gpuhealth-system"
+
+// requireHelm skips the test when no helm binary can be found or built; CI installs it first
+// (hack/tools.sh install helm), so there the tests always run.
+func requireHelm(t *testing.T) {
+	t.Helper()
+	if _, err := Binary(); err != nil {
+		t.Skipf("skipping: the helm tool could not be built (hack/tools.sh install helm): %v", err)
+	}
+}
+
+// rendered is the chart rendered with some values, indexed by kind and name.
+type rendered map[string]*unstructured.Unstructured
+
+func render(t *testing.T, set ...string) rendered {
+	t.Helper()
+	out, err := Template(context.Background(), Options{Release: "gpuhealth", Namespace: testNamespace, Set: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Decode(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rendered{}
+	for _, o := range objs {
+		key := o.GetKind() + "/" + o.GetName()
+		if _, dup := r[key]; dup {
+			t.Fatalf("rendered twice: %s", key)
+		}
+		r[key] = o
+	}
+	return r
+}
+
+// get converts the rendered object kind/name into out, failing if it is missing.
+func (r rendered) get(t *testing.T, kind, name string, out any) {
+	t.Helper()
+	o, ok := r[kind+"/"+name]
+	if !ok {
+		t.Fatalf("%s/%s not rendered; have %v", kind, name, r.keys())
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, out, true); err != nil {
+		t.Fatalf("%s/%s: %v", kind, name, err)
+	}
+}
+
+func (r rendered) has(kind, name string) bool {
+	_, ok := r[kind+"/"+name]
+	return ok
+}
+
+func (r rendered) keys() []string {
+	var keys []string
+	for k := range r {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+var valueSets = []struct {
+	name string
+	set  []string
+}{
+	{"defaults", nil},
+	{"extender and serviceMonitor", []string{"extender.enabled=true", "serviceMonitor.enabled=true"}},
+	{"extender binding", []string{"extender.enabled=true", "extender.bind=true"}},
+	{"device mounts, no policy", []string{"agent.nvml.mode=hostMounts", "admissionPolicy.enabled=false"}},
+}
+
+func TestLint(t *testing.T) {
+	requireHelm(t)
+	for _, tc := range valueSets {
+		t.Run(tc.name, func(t *testing.T) {
+			if out, err := Lint(context.Background(), Options{Set: tc.set}); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestAgentClusterRoleIsLeastPrivilege: the chart grants the agent exactly the rules the agent
+// declares it needs (and that the e2e tests run it with), no more.
+func TestAgentClusterRoleIsLeastPrivilege(t *testing.T) {
+	requireHelm(t)
+	var role rbacv1.ClusterRole
+	render(t).get(t, "ClusterRole", "gpuhealth-agent", &role)
+	if want := agent.ClusterRoleRules(); !equality.Semantic.DeepEqual(role.Rules, want) {
+		t.Errorf("chart's agent ClusterRole rules differ from agent.ClusterRoleRules():\n got %s\nwant %s", rulesString(role.Rules), rulesString(want))
+	}
+}
+
+func rulesString(rules []rbacv1.PolicyRule) string {
+	var b strings.Builder
+	for _, r := range rules {
+		fmt.Fprintf(&b, "\n  %v %v %v %v", r.APIGroups, r.Resources, r.Verbs, r.ResourceNames)
+	}
+	return b.String()
+}
+
+// TestIdentitiesLineUp: every workload runs as a ServiceAccount the chart creates, every binding
+// binds a rendered role to a rendered ServiceAccount, and the policy names the agent's account.
+func TestIdentitiesLineUp(t *testing.T) {
+	requireHelm(t)
+	for _, tc := range valueSets {
+		t.Run(tc.name, func(t *testing.T) {
+			r := render(t, tc.set...)
+			for key, o := range r {
+				if o.GetKind() != "ClusterRoleBinding" {
+					continue
+				}
+				var b rbacv1.ClusterRoleBinding
+				r.get(t, "ClusterRoleBinding", o.GetName(), &b)
+				if b.RoleRef.Kind != "ClusterRole" || !r.has("ClusterRole", b.RoleRef.Name) {
+					t.Errorf("%s binds %s %q, which the chart does not render", key, b.RoleRef.Kind, b.RoleRef.Name)
+				}
+				if len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Namespace != testNamespace ||
+					!r.has("ServiceAccount", b.Subjects[0].Name) {
+					t.Errorf("%s subjects %+v are not one ServiceAccount of the chart in %s", key, b.Subjects, testNamespace)
+				}
+				if b.RoleRef.Name != b.Name || b.Subjects[0].Name != b.Name {
+					t.Errorf("%s: each component's account, role and binding share its name; got role %s, account %s", key, b.RoleRef.Name, b.Subjects[0].Name)
+				}
+			}
+			var ds appsv1.DaemonSet
+			r.get(t, "DaemonSet", "gpuhealth-agent", &ds)
+			if sa := ds.Spec.Template.Spec.ServiceAccountName; sa != "gpuhealth-agent" || !r.has("ClusterRoleBinding", sa) {
+				t.Errorf("agent runs as %q, want the bound gpuhealth-agent", sa)
+			}
+			if r.has("Deployment", "gpuhealth-extender") {
+				var d appsv1.Deployment
+				r.get(t, "Deployment", "gpuhealth-extender", &d)
+				if sa := d.Spec.Template.Spec.ServiceAccountName; sa != "gpuhealth-extender" || !r.has("ClusterRoleBinding", sa) {
+					t.Errorf("extender runs as %q, want the bound gpuhealth-extender", sa)
+				}
+			}
+		})
+	}
+}
+
+func TestAdmissionPolicy(t *testing.T) {
+	requireHelm(t)
+	r := render(t)
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	r.get(t, "ValidatingAdmissionPolicy", "gpuhealth-agent-own-node", &policy)
+	if fp := policy.Spec.FailurePolicy; fp == nil || *fp != admissionregistrationv1.Fail {
+		t.Errorf("failurePolicy %v, want Fail", fp)
+	}
+	want := `request.userInfo.username == "system:serviceaccount:gpuhealth-system:gpuhealth-agent"`
+	if len(policy.Spec.MatchConditions) != 1 || policy.Spec.MatchConditions[0].Expression != want {
+		t.Errorf("matchConditions %+v, want the one %s", policy.Spec.MatchConditions, want)
+	}
+	if len(policy.Spec.Validations) == 0 {
+		t.Error("policy has no validations")
+	}
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	r.get(t, "ValidatingAdmissionPolicyBinding", "gpuhealth-agent-own-node", &binding)
+	if binding.Spec.PolicyName != "gpuhealth-agent-own-node" ||
+		!slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+		t.Errorf("binding %+v, want policy gpuhealth-agent-own-node with [Deny]", binding.Spec)
+	}
+	if off := render(t, "admissionPolicy.enabled=false"); off.has("ValidatingAdmissionPolicy", "gpuhealth-agent-own-node") {
+		t.Error("admissionPolicy.enabled=false still renders the policy")
+	}
+}
+
+func TestAgentDaemonSet(t *testing.T) {
+	requireHelm(t)
+	r := render(t)
+	var ds appsv1.DaemonSet
+	r.get(t, "DaemonSet", "gpuhealth-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+
+	var nodeName *corev1.EnvVar
+	for i := range c.Env {
+		if c.Env[i].Name == "NODE_NAME" {
+			nodeName = &c.Env[i]
+		}
+	}
+	if nodeName == nil || nodeName.ValueFrom == nil || nodeName.ValueFrom.FieldRef == nil || nodeName.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("NODE_NAME is not taken from spec.nodeName: %+v", nodeName)
+	}
+
+	var checkpoint *corev1.Volume
+	for i := range pod.Volumes {
+		if pod.Volumes[i].Name == "checkpoint" {
+			checkpoint = &pod.Volumes[i]
+		}
+	}
+	if checkpoint == nil || checkpoint.HostPath == nil || checkpoint.HostPath.Path != "/var/lib/gpuhealth" {
+		t.Errorf("checkpoint volume %+v, want hostPath /var/lib/gpuhealth", checkpoint)
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == "checkpoint" && m.MountPath == "/var/lib/gpuhealth" && !m.ReadOnly
+	}) || !slices.Contains(c.Args, "--checkpoint=/var/lib/gpuhealth/checkpoint.json") {
+		t.Errorf("checkpoint not mounted writable where --checkpoint points: mounts %+v args %v", c.VolumeMounts, c.Args)
+	}
+
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" && p.ContainerPort == 9402 }) {
+		t.Errorf("no metrics port 9402: %+v", c.Ports)
+	}
+	for _, p := range []struct {
+		probe *corev1.Probe
+		path  string
+	}{{c.LivenessProbe, "/healthz"}, {c.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.String() != "metrics" {
+			t.Errorf("want an HTTP probe on metrics%s, got %+v", p.path, p.probe)
+		}
+	}
+
+	if pod.RuntimeClassName == nil || *pod.RuntimeClassName != "nvidia" {
+		t.Errorf("runtimeClassName %v, want nvidia", pod.RuntimeClassName)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.Privileged != nil && *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("agent security context is not locked down: %+v", sc)
+	}
+	if pod.NodeSelector["nvidia.com/gpu.present"] != "true" || len(pod.Tolerations) == 0 {
+		t.Errorf("agent not aimed at GPU nodes: nodeSelector %v tolerations %v", pod.NodeSelector, pod.Tolerations)
+	}
+
+	// The HealthConfig the agent reads must be one the agent accepts.
+	var cm corev1.ConfigMap
+	r.get(t, "ConfigMap", "gpuhealth-agent-config", &cm)
+	cfg, err := config.Parse([]byte(cm.Data["healthconfig.yaml"]))
+	if err != nil {
+		t.Fatalf("rendered HealthConfig: %v\n%s", err, cm.Data["healthconfig.yaml"])
+	}
+	if got, want := cfg.Agent.WithDefaults().Reporters, config.AllReporters(); !slices.Equal(got, want) {
+		t.Errorf("reporters %v, want all %v", got, want)
+	}
+}
+
+func TestAgentDeviceMounts(t *testing.T) {
+	requireHelm(t)
+	var ds appsv1.DaemonSet
+	render(t, "agent.nvml.mode=hostMounts").get(t, "DaemonSet", "gpuhealth-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	if pod.RuntimeClassName != nil {
+		t.Errorf("hostMounts still asks for runtime class %q", *pod.RuntimeClassName)
+	}
+	c := pod.Containers[0]
+	if c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Error("hostMounts needs a privileged container for the host's device nodes")
+	}
+	for _, v := range []string{"dev", "driver-root"} {
+		if !slices.ContainsFunc(pod.Volumes, func(vol corev1.Volume) bool { return vol.Name == v && vol.HostPath != nil }) {
+			t.Errorf("no hostPath volume %s", v)
+		}
+	}
+}
+
+func TestExtender(t *testing.T) {
+	requireHelm(t)
+	if r := render(t); r.has("Deployment", "gpuhealth-extender") || r.has("ServiceMonitor", "gpuhealth-agent") {
+		t.Error("extender or ServiceMonitor rendered by default")
+	}
+	for _, bind := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bind=%t", bind), func(t *testing.T) {
+			r := render(t, "extender.enabled=true", fmt.Sprintf("extender.bind=%t", bind), "serviceMonitor.enabled=true")
+			var role rbacv1.ClusterRole
+			r.get(t, "ClusterRole", "gpuhealth-extender", &role)
+			want := []rbacv1.PolicyRule{
+				{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+				{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+			}
+			if bind {
+				want[1].Verbs = append(want[1].Verbs, "patch")
+				want = append(want, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/binding"}, Verbs: []string{"create"}})
+			}
+			if !equality.Semantic.DeepEqual(role.Rules, want) {
+				t.Errorf("extender rules:%s\nwant%s", rulesString(role.Rules), rulesString(want))
+			}
+
+			var d appsv1.Deployment
+			r.get(t, "Deployment", "gpuhealth-extender", &d)
+			if got := slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--bind"); got != bind {
+				t.Errorf("--bind in args: %t, want %t", got, bind)
+			}
+			var svc corev1.Service
+			r.get(t, "Service", "gpuhealth-extender", &svc)
+
+			var cm corev1.ConfigMap
+			r.get(t, "ConfigMap", "gpuhealth-extender-scheduler-config", &cm)
+			sc := cm.Data["scheduler-config.yaml"]
+			for _, s := range []string{
+				"urlPrefix: http://gpuhealth-extender." + testNamespace + ".svc:8888",
+				"filterVerb: filter", "prioritizeVerb: prioritize", "nodeCacheCapable: true", "name: nvidia.com/gpu",
+			} {
+				if !strings.Contains(sc, s) {
+					t.Errorf("scheduler config lacks %q:\n%s", s, sc)
+				}
+			}
+			if got := strings.Contains(sc, "bindVerb: bind"); got != bind {
+				t.Errorf("bindVerb in scheduler config: %t, want %t", got, bind)
+			}
+
+			sm := r["ServiceMonitor/gpuhealth-agent"]
+			if sm == nil || sm.GetAPIVersion() != "monitoring.coreos.com/v1" {
+				t.Fatalf("no monitoring.coreos.com/v1 ServiceMonitor: %v", r.keys())
+			}
+			var metricsSvc corev1.Service
+			r.get(t, "Service", "gpuhealth-agent-metrics", &metricsSvc)
+			sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+			for k, v := range sel {
+				if metricsSvc.Labels[k] != v {
+					t.Errorf("ServiceMonitor selects %s=%s, which the metrics Service lacks", k, v)
+				}
+			}
+		})
+	}
+}
