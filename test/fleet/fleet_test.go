@@ -1,0 +1,772 @@
+//go:build e2e
+
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/condition"
+	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
+)
+
+const (
+	gpusPerNode    = 8
+	agentNamespace = "gpuhealth-system"
+	agentAccount   = "gpuhealth-agent"
+	// waveXID is the fault of the wave: a double-bit ECC error makes a GPU Unhealthy (NoSchedule).
+	waveXID = 48
+	// waveEvery: one GPU in waveEvery fails in the wave (10%).
+	waveEvery = 10
+	// convergeLimit bounds how long the test waits for start-up and for the wave: a hang is a
+	// failure, but the figures themselves are never asserted.
+	convergeLimit = 5 * time.Minute
+)
+
+// Figures are what one fleet run measured; GPUHEALTH_FLEET_OUT receives them as JSON (hack/bench
+// reads it).
+type Figures struct {
+	Nodes     int      `json:"nodes"`
+	GPUs      int      `json:"gpus"`
+	Reporters []string `json:"reporters"`
+
+	// SetupSeconds is creating the Nodes and ResourceSlices (not part of the agent's cost).
+	SetupSeconds float64 `json:"setupSeconds"`
+	// StartupSeconds is from starting every agent at once until every agent's /readyz is ok (every
+	// reporter has done its start-up reconcile).
+	StartupSeconds  float64          `json:"startupSeconds"`
+	StartupRequests int64            `json:"startupRequests"`
+	StartupByKind   map[string]int64 `json:"startupByKind"`
+
+	// Per node: Go heap in use and process RSS added by the agents, and their goroutines.
+	HeapPerNodeKiB    float64 `json:"heapPerNodeKiB"`
+	RSSPerNodeKiB     float64 `json:"rssPerNodeKiB"`
+	GoroutinesPerNode float64 `json:"goroutinesPerNode"`
+
+	// Steady state: nothing changes for SteadySeconds after start-up.
+	SteadySeconds    float64          `json:"steadySeconds"`
+	SteadyRequests   int64            `json:"steadyRequests"`
+	SteadyPerSecond  float64          `json:"steadyRequestsPerSecond"`
+	SteadyByKind     map[string]int64 `json:"steadyByKind"`
+	SteadyWrites     int              `json:"steadyWrites"`
+	SteadyCPUPercent float64          `json:"steadyCPUPercent"` // of one core, all agents together
+	OpenWatches      int64            `json:"openWatches"`
+	WatchesPerNode   float64          `json:"watchesPerNode"`
+	Transports       int64            `json:"transports"`
+
+	// The wave: WaveGPUs GPUs on WaveNodes nodes fail at once.
+	WaveGPUs  int `json:"waveGPUs"`
+	WaveNodes int `json:"waveNodes"`
+	// Seconds from the injection until the last object of each kind was seen through a watch.
+	WaveAnnotationsSeconds float64 `json:"waveAnnotationsSeconds"`
+	WaveRulesSeconds       float64 `json:"waveRulesSeconds"`
+	WaveConditionsSeconds  float64 `json:"waveConditionsSeconds"`
+	// WaveAllSeconds is the later of the annotations and the rules: what schedulers read.
+	WaveAllSeconds float64 `json:"waveAllSeconds"`
+	// Per-object latency of the taints and annotations (p50, p99).
+	WaveP50Seconds float64          `json:"waveP50Seconds"`
+	WaveP99Seconds float64          `json:"waveP99Seconds"`
+	WaveRequests   int64            `json:"waveRequests"`
+	WaveByKind     map[string]int64 `json:"waveByKind"`
+	WaveWrites     map[string]int   `json:"waveWrites"`
+}
+
+// TestFleet runs GPUHEALTH_FLEET_NODES (default 500) simulated nodes × 8 GPUs, each with its own
+// agent.Run and its own clientset (own rest.Config, transport and connection, as separate agent
+// processes would have), against one kube-apiserver; measures start-up, memory per node, the API
+// requests of the steady state, and a wave in which one GPU in ten fails at once; and asserts
+// only correctness: every expected DeviceTaintRule and annotation exists at the end, nothing
+// else, and each reporter wrote once per change. The figures are printed (and written to
+// GPUHEALTH_FLEET_OUT as JSON), never asserted.
+//
+// Knobs: GPUHEALTH_FLEET=1 runs it; GPUHEALTH_FLEET_NODES; GPUHEALTH_FLEET_STEADY (a duration,
+// default 30s); GPUHEALTH_FLEET_REPORTERS (comma-separated, default all).
+func TestFleet(t *testing.T) {
+	if os.Getenv("GPUHEALTH_FLEET") != "1" {
+		t.Skip("the fleet test is heavy; set GPUHEALTH_FLEET=1 to run it (make bench does)")
+	}
+	nodes := envInt(t, "GPUHEALTH_FLEET_NODES", 500)
+	steady := envDuration(t, "GPUHEALTH_FLEET_STEADY", 30*time.Second)
+	reporters := config.AllReporters()
+	if v := os.Getenv("GPUHEALTH_FLEET_REPORTERS"); v != "" {
+		reporters = strings.Split(v, ",")
+	}
+	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds()}
+
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	ctx := t.Context()
+	adminCfg := c.AdminConfig()
+	adminCfg.QPS = -1 // no client-side limit for the test's own setup and observation
+	admin, err := kubernetes.NewForConfig(adminCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	setupStart := time.Now()
+	agentCfg := agentConfig(t, c, admin)
+	fleet := makeFleet(nodes)
+	if err := createNodes(ctx, admin, fleet); err != nil {
+		t.Fatal(err)
+	}
+	fig.SetupSeconds = time.Since(setupStart).Seconds()
+	t.Logf("%d nodes and ResourceSlices created in %.1fs", nodes, fig.SetupSeconds)
+
+	// Memory and goroutines before any agent or client exists.
+	heap0, rss0, gr0 := memory(t)
+
+	counter := newRequestCounter()
+	agentCtx, stopAgents := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
+	var agents errgroup.Group
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		stopAgents()
+		if err := agents.Wait(); err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}
+	defer stop()
+
+	start := time.Now()
+	for _, n := range fleet {
+		cfg := rest.CopyConfig(agentCfg)
+		cfg.QPS, cfg.Burst = agent.ClientQPS, agent.ClientBurst // as `gpuhealth agent` runs
+		// A Proxy function makes client-go's transport uncacheable, so every agent gets its own
+		// transport and its own connection, as separate processes would (client-go otherwise
+		// shares one transport among identical configs). It returns no proxy.
+		cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
+		cfg.WrapTransport = counter.wrap
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents.Go(func() error {
+			err := agent.Run(agentCtx, agent.Options{
+				NodeName: n.name, Client: client, Backend: n.backend, Policy: health.DefaultPolicy(), BootID: "fleet-boot",
+				Agent:          config.AgentConfig{CheckpointPath: "-", Resync: ptrDuration(time.Hour), Reporters: reporters},
+				MetricsAddress: "127.0.0.1:0",
+				Ready:          func(addr string) { n.addr.Store(addr) },
+				Registry:       n.registry,
+			})
+			if err != nil {
+				return fmt.Errorf("%s: %w", n.name, err)
+			}
+			return nil
+		})
+	}
+	if err := waitReady(ctx, fleet); err != nil {
+		t.Fatal(err)
+	}
+	fig.StartupSeconds = time.Since(start).Seconds()
+	startup := counter.snapshot()
+	fig.StartupRequests, fig.StartupByKind = total(startup), startup
+	t.Logf("%d agents ready in %.1fs after %d requests", nodes, fig.StartupSeconds, fig.StartupRequests)
+
+	// Let the start-up's stragglers (the condition writer, watches opening) settle, then measure.
+	time.Sleep(5 * time.Second)
+	heap1, rss1, gr1 := memory(t)
+	fig.HeapPerNodeKiB = float64(heap1-heap0) / 1024 / float64(nodes)
+	fig.RSSPerNodeKiB = float64(rss1-rss0) / 1024 / float64(nodes)
+	fig.GoroutinesPerNode = float64(gr1-gr0) / float64(nodes)
+
+	before, writesBefore, cpuBefore := counter.snapshot(), fleetWrites(t, fleet), processCPU(t)
+	time.Sleep(steady)
+	after, writesAfter, cpuAfter := counter.snapshot(), fleetWrites(t, fleet), processCPU(t)
+	fig.SteadyByKind = diff(after, before)
+	fig.SteadyRequests = total(fig.SteadyByKind)
+	fig.SteadyPerSecond = float64(fig.SteadyRequests) / steady.Seconds()
+	fig.SteadyWrites = sumWrites(writesAfter) - sumWrites(writesBefore)
+	fig.SteadyCPUPercent = 100 * (cpuAfter - cpuBefore).Seconds() / steady.Seconds()
+	fig.OpenWatches = counter.openWatches.Load()
+	fig.WatchesPerNode = float64(fig.OpenWatches) / float64(nodes)
+	fig.Transports = counter.transports.Load()
+
+	wave(t, admin, fleet, counter, &fig)
+
+	stop()
+	report(t, fig)
+}
+
+// fleetNode is one simulated node: its name, GPUs, the channel backend its agent reads, and
+// the agent's metrics.
+type fleetNode struct {
+	name     string
+	uuids    []string
+	backend  *chanBackend
+	registry *prometheus.Registry
+	addr     atomic.Value // string: the agent's /readyz address once it listens
+}
+
+func makeFleet(n int) []*fleetNode {
+	fleet := make([]*fleetNode, n)
+	for i := range fleet {
+		name := fmt.Sprintf("fleet-%04d", i)
+		node := &fleetNode{name: name, registry: prometheus.NewRegistry(), backend: &chanBackend{signals: make(chan health.Signal, gpusPerNode)}}
+		for g := range gpusPerNode {
+			u := sim.GPUUUID(name, g)
+			node.uuids = append(node.uuids, u)
+			node.backend.devices = append(node.backend.devices, health.Device{UUID: u, Index: g, Model: "fleet"})
+		}
+		fleet[i] = node
+	}
+	return fleet
+}
+
+// agentConfig gives the agents a ServiceAccount bound to agent.ClusterRoleRules (least privilege,
+// as the chart does) and returns its rest.Config. Every agent shares the ServiceAccount, as a
+// DaemonSet's pods do.
+func agentConfig(t *testing.T, c *controlplane.Cluster, admin kubernetes.Interface) *rest.Config {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := c.CreateNamespace(ctx, agentNamespace); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: agentAccount}, Rules: agent.ClusterRoleRules()}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: agentAccount},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: agentAccount},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: agentNamespace, Name: agentAccount}},
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.ServiceAccountConfig(ctx, agentNamespace, agentAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// createNodes creates each node (Ready, as a kubelet would report it) and its ResourceSlice
+// of 8 GPUs shaped like NVIDIA's DRA driver's, a few at a time.
+func createNodes(ctx context.Context, admin kubernetes.Interface, fleet []*fleetNode) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for _, n := range fleet {
+		g.Go(func() error {
+			node := controlplane.Node(n.name)
+			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}}
+			if _, err := admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create node %s: %w", n.name, err)
+			}
+			if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(n.name, n.uuids...), metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create ResourceSlice of %s: %w", n.name, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// waitReady polls every agent's /readyz until all say ok.
+func waitReady(ctx context.Context, fleet []*fleetNode) error {
+	httpClient := &http.Client{Timeout: 5 * time.Second}
+	pending := slices.Clone(fleet)
+	deadline := time.Now().Add(convergeLimit)
+	for len(pending) > 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d agents not ready after %v (first: %s)", len(pending), len(fleet), convergeLimit, pending[0].name)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		pending = slices.DeleteFunc(pending, func(n *fleetNode) bool {
+			addr, _ := n.addr.Load().(string)
+			if addr == "" {
+				return false
+			}
+			resp, err := httpClient.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return false
+			}
+			_ = resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		})
+		if len(pending) > 0 {
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// wave fails one GPU in ten at once and waits, through watches, until every DeviceTaintRule,
+// annotation and condition it implies is in the API server; then checks the final state.
+func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter *requestCounter, fig *Figures) {
+	t.Helper()
+	ctx := t.Context()
+	// The failing GPUs: every tenth of the fleet, so at most one per node (8 in a row hold at
+	// most one multiple of 10), spread over the nodes like independent failures.
+	wantRules := map[string]bool{}
+	wantIDs := map[string]string{}    // node -> volcano.sh/gpu-unhealthy-ids
+	failing := map[*fleetNode][]int{} // node -> GPU indexes
+	for i, n := range fleet {
+		for g := range gpusPerNode {
+			if (i*gpusPerNode+g)%waveEvery != 0 {
+				continue
+			}
+			failing[n] = append(failing[n], g)
+			wantRules[devicetaint.RuleName(n.uuids[g])] = true
+		}
+	}
+	for n, idx := range failing {
+		ids := make([]string, len(idx))
+		for i, g := range idx {
+			ids[i] = strconv.Itoa(g)
+		}
+		wantIDs[n.name] = strings.Join(ids, ",")
+	}
+	fig.WaveGPUs, fig.WaveNodes = len(wantRules), len(wantIDs)
+
+	// Watch from the current resourceVersion, so every event seen is the wave's.
+	nodeList, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ruleList, err := admin.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ruleList.Items) != 0 {
+		t.Fatalf("%d DeviceTaintRules before the wave, want none", len(ruleList.Items))
+	}
+	timeout := int64(convergeLimit.Seconds()) + 60
+	nodeWatch, err := admin.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: nodeList.ResourceVersion, TimeoutSeconds: &timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeWatch.Stop()
+	ruleWatch, err := admin.ResourceV1().DeviceTaintRules().Watch(ctx, metav1.ListOptions{ResourceVersion: ruleList.ResourceVersion, TimeoutSeconds: &timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ruleWatch.Stop()
+
+	writesBefore := fleetWrites(t, fleet)
+	before := counter.snapshot()
+	injected := time.Now()
+	for n, idx := range failing {
+		for _, g := range idx {
+			n.backend.signals <- health.Signal{Kind: health.SignalXID, Device: n.uuids[g], XID: waveXID, Time: injected}
+		}
+	}
+
+	pendingIDs := maps.Clone(wantIDs)
+	pendingConds := maps.Clone(wantIDs)
+	pendingRules := maps.Clone(wantRules)
+	var lat []time.Duration // per object: annotation or rule
+	var lastIDs, lastRules, lastConds time.Duration
+	deadline := time.After(convergeLimit)
+	for len(pendingIDs)+len(pendingRules)+len(pendingConds) > 0 {
+		var ev watch.Event
+		var ok bool
+		select {
+		case ev, ok = <-nodeWatch.ResultChan():
+		case ev, ok = <-ruleWatch.ResultChan():
+		case <-deadline:
+			t.Fatalf("after %v: %d annotations, %d DeviceTaintRules and %d conditions still missing", convergeLimit, len(pendingIDs), len(pendingRules), len(pendingConds))
+		}
+		if !ok {
+			t.Fatal("a watch closed during the wave")
+		}
+		now := time.Since(injected)
+		switch obj := ev.Object.(type) {
+		case *corev1.Node:
+			if want, ok := pendingIDs[obj.Name]; ok && obj.Annotations[annotation.UnhealthyIDsKey] == want {
+				delete(pendingIDs, obj.Name)
+				lat, lastIDs = append(lat, now), now
+			}
+			if _, ok := pendingConds[obj.Name]; ok && conditionTrue(obj) {
+				delete(pendingConds, obj.Name)
+				lastConds = now
+			}
+		case *resourcev1.DeviceTaintRule:
+			if ev.Type == watch.Added && pendingRules[obj.Name] {
+				delete(pendingRules, obj.Name)
+				lat, lastRules = append(lat, now), now
+			}
+		}
+	}
+	fig.WaveAnnotationsSeconds, fig.WaveRulesSeconds, fig.WaveConditionsSeconds = lastIDs.Seconds(), lastRules.Seconds(), lastConds.Seconds()
+	fig.WaveAllSeconds = max(lastIDs, lastRules).Seconds()
+	slices.Sort(lat)
+	fig.WaveP50Seconds, fig.WaveP99Seconds = percentile(lat, 0.50).Seconds(), percentile(lat, 0.99).Seconds()
+
+	// Let the writers settle (Events are batched by the broadcaster), then count and check.
+	time.Sleep(3 * time.Second)
+	fig.WaveByKind = diff(counter.snapshot(), before)
+	fig.WaveRequests = total(fig.WaveByKind)
+	writesAfter := fleetWrites(t, fleet)
+	fig.WaveWrites = map[string]int{}
+	for k, v := range writesAfter {
+		fig.WaveWrites[k] = v - writesBefore[k]
+	}
+	checkFinalState(t, admin, fleet, wantIDs, wantRules)
+	for sink, want := range map[string]int{"annotation": len(wantIDs), "devicetaint": len(wantRules), "condition": len(wantIDs)} {
+		if slices.Contains(fig.Reporters, sink) && fig.WaveWrites[sink] != want {
+			t.Errorf("%s: %d writes for the wave, want %d (one per changed object)", sink, fig.WaveWrites[sink], want)
+		}
+	}
+}
+
+// checkFinalState lists what the API server holds and compares it with the wave's expectation:
+// exactly the expected rules, and the expected unhealthy-ids annotation on exactly the failing
+// nodes (the other nodes have none).
+func checkFinalState(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, wantIDs map[string]string, wantRules map[string]bool) {
+	t.Helper()
+	ctx := t.Context()
+	rules, err := admin.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, r := range rules.Items {
+		got[r.Name] = true
+		if !wantRules[r.Name] {
+			t.Errorf("unexpected DeviceTaintRule %s", r.Name)
+		}
+	}
+	for name := range wantRules {
+		if !got[name] {
+			t.Errorf("DeviceTaintRule %s missing", name)
+		}
+	}
+	nodes, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Items) != len(fleet) {
+		t.Errorf("%d nodes, want %d", len(nodes.Items), len(fleet))
+	}
+	for _, n := range nodes.Items {
+		if got, want := n.Annotations[annotation.UnhealthyIDsKey], wantIDs[n.Name]; got != want {
+			t.Errorf("node %s: %s=%q, want %q", n.Name, annotation.UnhealthyIDsKey, got, want)
+		}
+		if n.Annotations[annotation.HealthKey] == "" {
+			t.Errorf("node %s: no %s annotation", n.Name, annotation.HealthKey)
+		}
+	}
+}
+
+func conditionTrue(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == condition.Type {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func report(t *testing.T, fig Figures) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "fleet: %d nodes × %d GPUs, one agent and one client each, reporters %s, kube-apiserver %s on loopback\n",
+		fig.Nodes, gpusPerNode, strings.Join(fig.Reporters, ","), controlplane.KubernetesVersion)
+	fmt.Fprintf(&b, "| figure | value |\n|---|---|\n")
+	fmt.Fprintf(&b, "| setup (Nodes + ResourceSlices) | %.1f s |\n", fig.SetupSeconds)
+	fmt.Fprintf(&b, "| start-up: all agents ready | %.1f s, %d requests (%s) |\n", fig.StartupSeconds, fig.StartupRequests, kinds(fig.StartupByKind))
+	fmt.Fprintf(&b, "| memory per node | heap %.0f KiB, RSS %.0f KiB, %.1f goroutines |\n", fig.HeapPerNodeKiB, fig.RSSPerNodeKiB, fig.GoroutinesPerNode)
+	fmt.Fprintf(&b, "| open watches | %d (%.1f per node) over %d client transports |\n", fig.OpenWatches, fig.WatchesPerNode, fig.Transports)
+	fmt.Fprintf(&b, "| steady state, %.0f s | %.2f requests/s (%s), %d writes, agents' CPU %.1f%% of a core |\n",
+		fig.SteadySeconds, fig.SteadyPerSecond, kinds(fig.SteadyByKind), fig.SteadyWrites, fig.SteadyCPUPercent)
+	fmt.Fprintf(&b, "| wave: %d GPUs on %d nodes fail at once | all taints and annotations in %.2f s (annotations %.2f s, rules %.2f s; per object p50 %.2f s, p99 %.2f s); conditions %.2f s |\n",
+		fig.WaveGPUs, fig.WaveNodes, fig.WaveAllSeconds, fig.WaveAnnotationsSeconds, fig.WaveRulesSeconds, fig.WaveP50Seconds, fig.WaveP99Seconds, fig.WaveConditionsSeconds)
+	fmt.Fprintf(&b, "| wave: API requests | %d (%s); writes %v |\n", fig.WaveRequests, kinds(fig.WaveByKind), fig.WaveWrites)
+	fmt.Println(b.String())
+	if path := os.Getenv("GPUHEALTH_FLEET_OUT"); path != "" {
+		out, err := json.MarshalIndent(fig, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, out, 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// chanBackend is a backend the test drives signal by signal; signals is buffered, so the wave is
+// injected into every node at once.
+type chanBackend struct {
+	devices []health.Device
+	signals chan health.Signal
+}
+
+var _ agent.Backend = (*chanBackend)(nil)
+
+func (b *chanBackend) Devices() []health.Device { return b.devices }
+
+func (b *chanBackend) Run(ctx context.Context, sink agent.Sink) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case s := <-b.signals:
+			sink.Signal(s)
+		}
+	}
+}
+
+// requestCounter counts the requests of every agent's client by kind ("PATCH nodes",
+// "WATCH devicetaintrules", ...) through rest.Config.WrapTransport, and the watches open now.
+type requestCounter struct {
+	mu          sync.Mutex
+	counts      map[string]int64
+	openWatches atomic.Int64
+	transports  atomic.Int64
+}
+
+func newRequestCounter() *requestCounter { return &requestCounter{counts: map[string]int64{}} }
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
+	c.transports.Add(1) // one per client: every agent has its own connection
+	return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		kind := requestKind(r)
+		c.mu.Lock()
+		c.counts[kind]++
+		c.mu.Unlock()
+		resp, err := rt.RoundTrip(r)
+		if err == nil && strings.HasPrefix(kind, "WATCH ") {
+			c.openWatches.Add(1)
+			resp.Body = &watchBody{ReadCloser: resp.Body, closed: func() { c.openWatches.Add(-1) }}
+		}
+		return resp, err
+	})
+}
+
+func (c *requestCounter) snapshot() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.counts)
+}
+
+// watchBody tells when a watch's response body is closed.
+type watchBody struct {
+	io.ReadCloser
+	once   sync.Once
+	closed func()
+}
+
+func (b *watchBody) Close() error {
+	b.once.Do(b.closed)
+	return b.ReadCloser.Close()
+}
+
+// requestKind names a request by verb and resource: GET on a collection is LIST, or WATCH with
+// watch=true; a subresource is resource/subresource.
+func requestKind(r *http.Request) string {
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	switch {
+	case len(parts) >= 2 && parts[0] == "api":
+		parts = parts[2:] // api, v1
+	case len(parts) >= 3 && parts[0] == "apis":
+		parts = parts[3:] // apis, group, version
+	default:
+		return r.Method + " " + r.URL.Path
+	}
+	if len(parts) >= 2 && parts[0] == "namespaces" && len(parts) > 2 {
+		parts = parts[2:]
+	}
+	verb := r.Method
+	if len(parts) == 0 {
+		return verb + " /"
+	}
+	resource := parts[0]
+	switch {
+	case len(parts) == 1 && r.Method == http.MethodGet && r.URL.Query().Get("watch") == "true":
+		verb = "WATCH"
+	case len(parts) == 1 && r.Method == http.MethodGet:
+		verb = "LIST"
+	case len(parts) >= 3:
+		resource += "/" + parts[2]
+	}
+	return verb + " " + resource
+}
+
+func fleetWrites(t *testing.T, fleet []*fleetNode) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, n := range fleet {
+		families, err := n.registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != "gpuhealth_api_writes_total" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "reporter" {
+						out[l.GetValue()] += int(m.GetCounter().GetValue())
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func sumWrites(w map[string]int) int {
+	s := 0
+	for _, v := range w {
+		s += v
+	}
+	return s
+}
+
+func diff(after, before map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for k, v := range after {
+		if d := v - before[k]; d != 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+func total(m map[string]int64) int64 {
+	var s int64
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+// kinds lists request counts by kind, most first.
+func kinds(m map[string]int64) string {
+	keys := slices.Collect(maps.Keys(m))
+	slices.SortFunc(keys, func(a, b string) int {
+		if m[a] != m[b] {
+			return int(m[b] - m[a])
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// memory returns the Go heap in use and the process RSS (bytes) after a GC, and the goroutines.
+func memory(t *testing.T) (heap, rss uint64, goroutines int) {
+	t.Helper()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kib, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rss = kib * 1024
+		}
+	}
+	return ms.HeapInuse, rss, runtime.NumGoroutine()
+}
+
+// processCPU is the user and system CPU time this process has used (every agent, plus the
+// test's own idle loops).
+func processCPU(t *testing.T) time.Duration {
+	t.Helper()
+	stat, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses and may hold spaces.
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("parse /proc/self/stat: %v %v", err1, err2)
+	}
+	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ is 100 on Linux
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[int(float64(len(sorted)-1)*p)]
+}
+
+func ptrDuration(d time.Duration) *config.Duration {
+	v := config.Duration(d)
+	return &v
+}
+
+func envInt(t *testing.T, key string, def int) int {
+	t.Helper()
+	v := os.Getenv(key)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", key, v)
+	}
+	return n
+}
+
+func envDuration(t *testing.T, key string, def time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv(key)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a positive duration", key, v)
+	}
+	return d
+}
