@@ -65,6 +65,10 @@ type Options struct {
 	Policy   *health.Policy
 	// BootID identifies the current boot, for the checkpoint.
 	BootID string
+	// BootTime is when the node booted. When the checkpoint is missing or unusable, sticky
+	// faults this agent reported on its Node after that time are restored from there; zero
+	// turns that fallback off.
+	BootTime time.Time
 	Agent  config.AgentConfig
 	// MetricsAddress serves /metrics, /healthz and /readyz; empty turns the server off.
 	MetricsAddress string
@@ -103,9 +107,18 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	tracker.SetBootID(opts.BootID)
 	ckpt := newCheckpointer(agentCfg.CheckpointPath)
-	if err := ckpt.restore(ctx, tracker, opts.BootID, opts.Clock.Now()); err != nil {
+	restored, err := ckpt.restore(ctx, tracker, opts.BootID, opts.Clock.Now())
+	if err != nil {
 		logger.Error(err, "Ignoring the checkpoint", "path", agentCfg.CheckpointPath)
 		recorder.Eventf(nodeRef, corev1.EventTypeWarning, "CheckpointIgnored", "gpuhealth ignored its checkpoint %s: %v", agentCfg.CheckpointPath, err)
+	}
+	if !restored && !opts.BootTime.IsZero() {
+		n, err := restoreFromNode(ctx, opts.Client, opts.NodeName, tracker, opts.BootID, opts.BootTime, opts.Clock.Now())
+		if err != nil {
+			logger.Error(err, "Could not restore faults from the node's annotation either")
+		} else if n > 0 {
+			logger.Info("Restored sticky faults from the node's gpu-health annotation", "gpus", n)
+		}
 	}
 	monitor := health.NewMonitor(tracker)
 
@@ -282,24 +295,25 @@ func newCheckpointer(path string) *checkpointer {
 	return &checkpointer{path: path}
 }
 
-func (c *checkpointer) restore(ctx context.Context, t *health.Tracker, bootID string, now time.Time) error {
+// restore loads the checkpoint; restored says whether there was a usable one.
+func (c *checkpointer) restore(ctx context.Context, t *health.Tracker, bootID string, now time.Time) (restored bool, err error) {
 	if c.path == "" {
-		return nil
+		return false, nil
 	}
 	cp, err := health.ReadCheckpoint(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	transitions, err := t.Restore(cp, bootID, now, nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	klog.FromContext(ctx).Info("Restored the checkpoint", "path", c.path, "sameBoot", cp.BootID == bootID, "transitions", len(transitions))
 	c.last, _ = json.Marshal(cp.Devices)
-	return nil
+	return true, nil
 }
 
 // save writes the checkpoint when its devices differ from the last one written.

@@ -71,8 +71,12 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			if err != nil {
 				return badInput(err)
 			}
+			bootTime, err := agent.ReadBootTime()
+			if err != nil {
+				klog.FromContext(ctx).Error(err, "No boot time: faults will not be restored from the node if the checkpoint is lost")
+			}
 			return agent.Run(ctx, agent.Options{
-				NodeName: nodeName, Client: client, Backend: be, Policy: policy, BootID: bootID,
+				NodeName: nodeName, Client: client, Backend: be, Policy: policy, BootID: bootID, BootTime: bootTime,
 				Agent: agentCfg, MetricsAddress: metricsAddress,
 			})
 		},

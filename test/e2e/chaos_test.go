@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/internal/simulate"
@@ -198,4 +200,57 @@ func (a *agentProcess) rssBytes() int64 {
 	}
 	a.t.Fatal("no VmRSS in the agent's /proc status")
 	return 0
+}
+
+// TestChaosCorruptCheckpoint truncates, then bit-flips, the agent's checkpoint while it is down:
+// the agent reports the bad file (a CheckpointIgnored Event), does not trust it, and still loses
+// no fault: it rebuilds the sticky ones from what it reported on its Node during this boot, so
+// the API server keeps exactly the state it had, without a single write.
+func TestChaosCorruptCheckpoint(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	const node = "chaos-checkpoint"
+	gpuNode(t, c, node, 8)
+	kubeconfig := agentKubeconfig(t, c)
+	checkpoint := filepath.Join(t.TempDir(), "ckpt.json")
+	faults := "events:\n  - {at: 0s, gpu: 2, xid: 79}\n  - {at: 1s, gpu: 5, xid: 48}\n"
+	ids, ruled := expectedState(t, node, 8, faults)
+	a := startAgent(t, agentSetup{node: node, gpus: 8, kubeconfig: kubeconfig, checkpoint: checkpoint, scenario: faults})
+	converged(t, c, node, ids, ruled)
+	a.kill()
+
+	for _, corrupt := range []struct {
+		name string
+		do   func(b []byte) []byte
+	}{
+		{"truncated", func(b []byte) []byte { return b[:len(b)/2] }},
+		{"bit flipped", func(b []byte) []byte {
+			i := strings.LastIndex(string(b), "XID") // inside the checksummed data
+			b[i] ^= 0x01
+			return b
+		}},
+	} {
+		t.Run(corrupt.name, func(t *testing.T) {
+			b, err := os.ReadFile(checkpoint)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(checkpoint, corrupt.do(b), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			a := startAgent(t, agentSetup{node: node, gpus: 8, kubeconfig: kubeconfig, checkpoint: checkpoint, scenario: "events: []\n"})
+			converged(t, c, node, ids, ruled)
+			if w := a.writes(); w["annotation"]+w["devicetaint"]+w["condition"] != 0 {
+				t.Errorf("the agent wrote %v after a corrupt checkpoint; want nothing (no fault lost, none invented)", w)
+			}
+			eventually(t, "a CheckpointIgnored event", func(ctx context.Context) (bool, string, error) {
+				evs, err := c.Admin().CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=CheckpointIgnored"})
+				if err != nil {
+					return false, "", err
+				}
+				return len(evs.Items) > 0, fmt.Sprint(len(evs.Items)), nil
+			})
+			a.kill()
+		})
+	}
 }
