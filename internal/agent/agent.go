@@ -69,7 +69,7 @@ type Options struct {
 	// faults this agent reported on its Node after that time are restored from there; zero
 	// turns that fallback off.
 	BootTime time.Time
-	Agent  config.AgentConfig
+	Agent    config.AgentConfig
 	// MetricsAddress serves /metrics, /healthz and /readyz; empty turns the server off.
 	MetricsAddress string
 	// Ready, when set, is called with the server's address once it listens (tests use ":0").
