@@ -55,10 +55,11 @@ type counterRate struct {
 }
 
 // perMinute records a sample and returns the rate since the previous one. It reports no rate
-// for the first sample, after the counter went backwards (a reset), and while time has not
+// for the first sample, after the counter went backwards (a reset), after the clock went
+// backwards (a new baseline: no rate is known across a clock step), and while time has not
 // advanced (the increase then counts towards the next rate).
 func (r *counterRate) perMinute(v int64, now time.Time) (float64, bool) {
-	if !r.valid || v < r.base {
+	if !r.valid || v < r.base || now.Before(r.at) {
 		*r = counterRate{base: v, at: now, valid: true}
 		return 0, false
 	}
@@ -688,7 +689,10 @@ func (ev *evaluation) polled(ds *deviceState, typ ConditionType, code uint32, ta
 		ds.conds[i].cleanSamples = 0
 		ds.conds[i].LastSeen = ev.now
 	default:
-		if ds.conds[i].cleanSamples > 0 && !ev.now.After(ds.conds[i].cleanAt) {
+		// Readings at one instant count once; a reading from before the last one counted means
+		// the clock stepped back, and counts as a new sample rather than stalling recovery until
+		// the clock catches up.
+		if ds.conds[i].cleanSamples > 0 && ev.now.Equal(ds.conds[i].cleanAt) {
 			return
 		}
 		ds.conds[i].cleanSamples++
@@ -712,7 +716,16 @@ func (ev *evaluation) expireQuiet(ds *deviceState) {
 	quiet := ev.t.policy.QuietPeriod
 	for i := 0; i < len(ds.conds); i++ {
 		c := &ds.conds[i]
-		if c.ClearsOn == ClearsOnQuietPeriod && ev.now.Sub(c.LastSeen) >= quiet {
+		if c.ClearsOn != ClearsOnQuietPeriod {
+			continue
+		}
+		if ev.now.Before(c.LastSeen) {
+			// The clock stepped back: the quiet period restarts on the new clock instead of
+			// lasting until the old one is reached again.
+			c.LastSeen = ev.now
+			continue
+		}
+		if ev.now.Sub(c.LastSeen) >= quiet {
 			ev.removeAt(ds, i, ReasonQuietPeriodElapsed)
 			i--
 		}
