@@ -34,11 +34,13 @@ test: verify unit e2e ## Everything CI runs: lint, unit tests (race), e2e tests 
 
 .PHONY: unit
 unit: ## Unit tests with the race detector, plus a short run of every fuzz target.
+	hack/tools.sh install helm
 	$(GO) test $(GOFLAGS_TEST) ./...
 	hack/fuzz.sh 10s
 
 .PHONY: e2e
 e2e: controlplane ## e2e tests against a real etcd + kube-apiserver + scheduler + controller-manager.
+	hack/tools.sh install helm
 	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
 
 .PHONY: controlplane
