@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
@@ -199,7 +200,11 @@ func Message(d health.DeviceStatus) string {
 		msg = "Degraded: " + msg
 	}
 	if len(msg) > maxMessage {
-		msg = msg[:maxMessage-3] + "..."
+		cut := maxMessage - 3
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut-- // never split a character
+		}
+		msg = msg[:cut] + "..."
 	}
 	return msg
 }
