@@ -28,6 +28,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -97,11 +98,13 @@ type Figures struct {
 	// WaveAllSeconds is the later of the annotations and the rules: what schedulers read.
 	WaveAllSeconds float64 `json:"waveAllSeconds"`
 	// Per-object latency of the taints and annotations (p50, p99).
-	WaveP50Seconds float64          `json:"waveP50Seconds"`
-	WaveP99Seconds float64          `json:"waveP99Seconds"`
-	WaveRequests   int64            `json:"waveRequests"`
-	WaveByKind     map[string]int64 `json:"waveByKind"`
-	WaveWrites     map[string]int   `json:"waveWrites"`
+	WaveP50Seconds float64 `json:"waveP50Seconds"`
+	WaveP99Seconds float64 `json:"waveP99Seconds"`
+	WaveRequests   int64   `json:"waveRequests"`
+	// WaveRewatches counts the observer's watches the API server closed during the wave.
+	WaveRewatches int              `json:"waveRewatches"`
+	WaveByKind    map[string]int64 `json:"waveByKind"`
+	WaveWrites    map[string]int   `json:"waveWrites"`
 }
 
 // TestFleet runs GPUHEALTH_FLEET_NODES (default 500) simulated nodes × 8 GPUs, each with its own
@@ -124,6 +127,10 @@ func TestFleet(t *testing.T) {
 	if v := os.Getenv("GPUHEALTH_FLEET_REPORTERS"); v != "" {
 		reporters = strings.Split(v, ",")
 	}
+	// Five hundred agents' informers log every cancelled watch at shutdown through klog's
+	// global logger; the test's assertions say what went wrong, so that noise is dropped.
+	klog.SetLogger(logr.Discard())
+	t.Cleanup(klog.ClearLogger)
 	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds()}
 
 	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
@@ -356,29 +363,52 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 	}
 	fig.WaveGPUs, fig.WaveNodes = len(wantRules), len(wantIDs)
 
-	// Watch from the current resourceVersion, so every event seen is the wave's.
-	nodeList, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
+	// Watch from the current resourceVersion, so every event seen is the wave's. A watch the
+	// API server closes (an overloaded server drops a watcher that falls behind) is reopened
+	// after a fresh LIST, whose items count as seen then: nothing is missed, only seen later.
+	nodes := &observed{
+		list: func(ctx context.Context) (string, []k8sruntime.Object, error) {
+			l, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return "", nil, err
+			}
+			objs := make([]k8sruntime.Object, len(l.Items))
+			for i := range l.Items {
+				objs[i] = &l.Items[i]
+			}
+			return l.ResourceVersion, objs, nil
+		},
+		watch: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return admin.CoreV1().Nodes().Watch(ctx, opts)
+		},
 	}
-	ruleList, err := admin.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
+	rules := &observed{
+		list: func(ctx context.Context) (string, []k8sruntime.Object, error) {
+			l, err := admin.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return "", nil, err
+			}
+			objs := make([]k8sruntime.Object, len(l.Items))
+			for i := range l.Items {
+				objs[i] = &l.Items[i]
+			}
+			return l.ResourceVersion, objs, nil
+		},
+		watch: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return admin.ResourceV1().DeviceTaintRules().Watch(ctx, opts)
+		},
 	}
-	if len(ruleList.Items) != 0 {
-		t.Fatalf("%d DeviceTaintRules before the wave, want none", len(ruleList.Items))
+	watchCtx, stopWatches := context.WithCancel(ctx)
+	defer stopWatches()
+	for _, o := range []*observed{nodes, rules} {
+		existing, err := o.start(watchCtx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o == rules && len(existing) != 0 {
+			t.Fatalf("%d DeviceTaintRules before the wave, want none", len(existing))
+		}
 	}
-	timeout := int64(convergeLimit.Seconds()) + 60
-	nodeWatch, err := admin.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: nodeList.ResourceVersion, TimeoutSeconds: &timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nodeWatch.Stop()
-	ruleWatch, err := admin.ResourceV1().DeviceTaintRules().Watch(ctx, metav1.ListOptions{ResourceVersion: ruleList.ResourceVersion, TimeoutSeconds: &timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ruleWatch.Stop()
 
 	writesBefore := fleetWrites(t, fleet)
 	before := counter.snapshot()
@@ -396,19 +426,19 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 	var lastIDs, lastRules, lastConds time.Duration
 	deadline := time.After(convergeLimit)
 	for len(pendingIDs)+len(pendingRules)+len(pendingConds) > 0 {
-		var ev watch.Event
-		var ok bool
+		var obj k8sruntime.Object
 		select {
-		case ev, ok = <-nodeWatch.ResultChan():
-		case ev, ok = <-ruleWatch.ResultChan():
+		case obj = <-nodes.objects:
+		case obj = <-rules.objects:
+		case err := <-nodes.errs:
+			t.Fatal(err)
+		case err := <-rules.errs:
+			t.Fatal(err)
 		case <-deadline:
 			t.Fatalf("after %v: %d annotations, %d DeviceTaintRules and %d conditions still missing", convergeLimit, len(pendingIDs), len(pendingRules), len(pendingConds))
 		}
-		if !ok {
-			t.Fatal("a watch closed during the wave")
-		}
 		now := time.Since(injected)
-		switch obj := ev.Object.(type) {
+		switch obj := obj.(type) {
 		case *corev1.Node:
 			if want, ok := pendingIDs[obj.Name]; ok && obj.Annotations[annotation.UnhealthyIDsKey] == want {
 				delete(pendingIDs, obj.Name)
@@ -419,12 +449,14 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 				lastConds = now
 			}
 		case *resourcev1.DeviceTaintRule:
-			if ev.Type == watch.Added && pendingRules[obj.Name] {
+			if pendingRules[obj.Name] {
 				delete(pendingRules, obj.Name)
 				lat, lastRules = append(lat, now), now
 			}
 		}
 	}
+	stopWatches()
+	fig.WaveRewatches = int(nodes.rewatches.Load() + rules.rewatches.Load())
 	fig.WaveAnnotationsSeconds, fig.WaveRulesSeconds, fig.WaveConditionsSeconds = lastIDs.Seconds(), lastRules.Seconds(), lastConds.Seconds()
 	fig.WaveAllSeconds = max(lastIDs, lastRules).Seconds()
 	slices.Sort(lat)
@@ -445,6 +477,71 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 			t.Errorf("%s: %d writes for the wave, want %d (one per changed object)", sink, fig.WaveWrites[sink], want)
 		}
 	}
+}
+
+// observed follows one kind of object through a watch and hands every added or modified object
+// to objects; when the API server closes the watch it lists again (handing over every item) and
+// watches from there.
+type observed struct {
+	list      func(context.Context) (string, []k8sruntime.Object, error)
+	watch     func(context.Context, metav1.ListOptions) (watch.Interface, error)
+	objects   chan k8sruntime.Object
+	errs      chan error
+	rewatches atomic.Int64
+}
+
+// start lists, returns the items there now, and follows changes from there until ctx is done.
+func (o *observed) start(ctx context.Context) ([]k8sruntime.Object, error) {
+	o.objects, o.errs = make(chan k8sruntime.Object, 1024), make(chan error, 1)
+	rv, items, err := o.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w, err := o.watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		defer func() { w.Stop() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-w.ResultChan():
+				if ok && (ev.Type == watch.Added || ev.Type == watch.Modified) {
+					select {
+					case o.objects <- ev.Object:
+					case <-ctx.Done():
+						return
+					}
+				}
+				if ok && ev.Type != watch.Error {
+					continue
+				}
+				// Closed, or an error (such as a resourceVersion too old): list and watch again.
+				w.Stop()
+				o.rewatches.Add(1)
+				rv, items, err := o.list(ctx)
+				if err == nil {
+					w, err = o.watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+				}
+				if err != nil {
+					if ctx.Err() == nil {
+						o.errs <- err
+					}
+					return
+				}
+				for _, obj := range items {
+					select {
+					case o.objects <- obj:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}
+	}()
+	return items, nil
 }
 
 // checkFinalState lists what the API server holds and compares it with the wave's expectation:
@@ -509,7 +606,7 @@ func report(t *testing.T, fig Figures) {
 		fig.SteadySeconds, fig.SteadyPerSecond, kinds(fig.SteadyByKind), fig.SteadyWrites, fig.SteadyCPUPercent)
 	fmt.Fprintf(&b, "| wave: %d GPUs on %d nodes fail at once | all taints and annotations in %.2f s (annotations %.2f s, rules %.2f s; per object p50 %.2f s, p99 %.2f s); conditions %.2f s |\n",
 		fig.WaveGPUs, fig.WaveNodes, fig.WaveAllSeconds, fig.WaveAnnotationsSeconds, fig.WaveRulesSeconds, fig.WaveP50Seconds, fig.WaveP99Seconds, fig.WaveConditionsSeconds)
-	fmt.Fprintf(&b, "| wave: API requests | %d (%s); writes %v |\n", fig.WaveRequests, kinds(fig.WaveByKind), fig.WaveWrites)
+	fmt.Fprintf(&b, "| wave: API requests | %d (%s); writes %v; observer re-watches %d |\n", fig.WaveRequests, kinds(fig.WaveByKind), fig.WaveWrites, fig.WaveRewatches)
 	fmt.Println(b.String())
 	if path := os.Getenv("GPUHEALTH_FLEET_OUT"); path != "" {
 		out, err := json.MarshalIndent(fig, "", "  ")
@@ -545,7 +642,8 @@ func (b *chanBackend) Run(ctx context.Context, sink agent.Sink) error {
 }
 
 // requestCounter counts the requests of every agent's client by kind ("PATCH nodes",
-// "WATCH devicetaintrules", ...) through rest.Config.WrapTransport, and the watches open now.
+// "WATCH devicetaintrules", ...) through rest.Config.WrapTransport, the failed ones again by
+// status ("failed 429"), and the watches open now.
 type requestCounter struct {
 	mu          sync.Mutex
 	counts      map[string]int64
@@ -567,6 +665,11 @@ func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 		c.counts[kind]++
 		c.mu.Unlock()
 		resp, err := rt.RoundTrip(r)
+		if failed := failure(resp, err); failed != "" {
+			c.mu.Lock()
+			c.counts["failed "+failed]++
+			c.mu.Unlock()
+		}
 		if err == nil && strings.HasPrefix(kind, "WATCH ") {
 			c.openWatches.Add(1)
 			resp.Body = &watchBody{ReadCloser: resp.Body, closed: func() { c.openWatches.Add(-1) }}
@@ -591,6 +694,19 @@ type watchBody struct {
 func (b *watchBody) Close() error {
 	b.once.Do(b.closed)
 	return b.ReadCloser.Close()
+}
+
+// failure names what went wrong with a request ("429", "409", "error"), or "" when nothing did.
+// Failed requests are also counted by kind like the others, so a retry shows as a second
+// request.
+func failure(resp *http.Response, err error) string {
+	switch {
+	case err != nil:
+		return "error"
+	case resp.StatusCode >= 300:
+		return strconv.Itoa(resp.StatusCode)
+	}
+	return ""
 }
 
 // requestKind names a request by verb and resource: GET on a collection is LIST, or WATCH with
@@ -666,10 +782,13 @@ func diff(after, before map[string]int64) map[string]int64 {
 	return out
 }
 
+// total is the number of requests in m (the "failed ..." entries count them a second time).
 func total(m map[string]int64) int64 {
 	var s int64
-	for _, v := range m {
-		s += v
+	for k, v := range m {
+		if !strings.HasPrefix(k, "failed ") {
+			s += v
+		}
 	}
 	return s
 }
