@@ -36,6 +36,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/report/claimstatus"
 	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
@@ -195,7 +196,30 @@ func Run(ctx context.Context, opts Options) error {
 
 func newWriters(opts Options, cfg config.AgentConfig, m *metrics.Metrics, recorder record.EventRecorder, nodeRef *corev1.ObjectReference) ([]*report.Writer, error) {
 	wopts := report.WriterOptions{Resync: time.Duration(*cfg.Resync), Clock: opts.Clock, Observer: m}
-	var writers []*report.Writer
+	var (
+		writers         []*report.Writer
+		conditionWriter *report.Writer // set below; the breaker nudges it when its state changes
+		cb              *breaker.Breaker
+	)
+	if cfg.CircuitBreaker.Enabled {
+		cb = breaker.New(opts.Client, opts.NodeName, breaker.Options{
+			Namespace: cfg.CircuitBreaker.Namespace, MaxFraction: cfg.CircuitBreaker.MaxFraction,
+			Window: time.Duration(*cfg.CircuitBreaker.Window), Clock: opts.Clock,
+		})
+	}
+	heldChanged := func(held []string) {
+		m.BreakerHeld(len(held))
+		if len(held) > 0 {
+			recorder.Eventf(nodeRef, corev1.EventTypeWarning, "CircuitBreakerOpen",
+				"%d GPUs are tainted None instead of NoSchedule/NoExecute: more than %.0f%% of the cluster's GPUs failed within %v (%v); run `gpuhealth breaker ack` to let them through",
+				len(held), 100*cfg.CircuitBreaker.MaxFraction, time.Duration(*cfg.CircuitBreaker.Window), held)
+		} else {
+			recorder.Eventf(nodeRef, corev1.EventTypeNormal, "CircuitBreakerClosed", "no GPU of this node is held back any more")
+		}
+		if conditionWriter != nil {
+			conditionWriter.Trigger()
+		}
+	}
 	for _, name := range cfg.Reporters {
 		var s report.Syncer
 		switch name {
@@ -210,17 +234,35 @@ func newWriters(opts Options, cfg config.AgentConfig, m *metrics.Metrics, record
 						"GPU %d (%s) is %s but no device of driver %s on this node has %s=%s; it cannot be tainted",
 						d.Device.Index, d.Device.UUID, d.Health, cfg.DriverName, cfg.UUIDAttribute, d.Device.UUID)
 				},
+				Breaker:     breakerOrNil(cb),
+				HeldChanged: heldChanged,
 			})
 		case config.ReporterCondition:
-			s = condition.New(opts.Client, opts.NodeName, opts.Clock)
+			cs := condition.New(opts.Client, opts.NodeName, opts.Clock)
+			if cb != nil {
+				cs.WithCircuitBreaker(cb.Held)
+			}
+			s = cs
 		case config.ReporterClaimStatus:
 			s = claimstatus.New(opts.Client, opts.NodeName, claimstatus.Options{Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, Clock: opts.Clock})
 		default:
 			return nil, fmt.Errorf("agent: unknown reporter %q", name)
 		}
-		writers = append(writers, report.NewWriter(s, wopts))
+		w := report.NewWriter(s, wopts)
+		if name == config.ReporterCondition {
+			conditionWriter = w
+		}
+		writers = append(writers, w)
 	}
 	return writers, nil
+}
+
+// breakerOrNil keeps a nil *Breaker from becoming a non-nil interface.
+func breakerOrNil(b *breaker.Breaker) devicetaint.Breaker {
+	if b == nil {
+		return nil
+	}
+	return b
 }
 
 // meteredSink feeds the monitor and measures how long signals waited.

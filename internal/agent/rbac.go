@@ -31,3 +31,11 @@ const (
 	ClientQPS   = 50
 	ClientBurst = 100
 )
+
+// BreakerRoleRules are the permissions the circuit breaker needs in its namespace (a Role, not a
+// ClusterRole): the shared budget ConfigMap.
+func BreakerRoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}},
+	}
+}

@@ -76,6 +76,6 @@ Unhealthy, and recovers it when the fault clears.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand(), newAgentCommand(), newDrainCommand(), newUndrainCommand(), newStatusCommand(), newExtenderCommand(), newDevicePluginCommand())
+	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand(), newAgentCommand(), newDrainCommand(), newUndrainCommand(), newStatusCommand(), newExtenderCommand(), newDevicePluginCommand(), newBreakerCommand())
 	return root
 }

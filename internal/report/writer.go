@@ -102,7 +102,8 @@ func (w *Writer) Synced() bool {
 	return w.synced
 }
 
-func (w *Writer) trigger() { w.queue.Add(queueKey) }
+// Trigger asks for a Sync of the latest snapshot, for changes the snapshot does not carry.
+func (w *Writer) Trigger() { w.queue.Add(queueKey) }
 
 // Run starts the syncer (if it is a Starter) and processes syncs until ctx is done. It returns
 // an error only when the syncer cannot start.
@@ -114,7 +115,7 @@ func (w *Writer) Run(ctx context.Context) error {
 		w.queue.ShutDown()
 	}()
 	if st, ok := w.syncer.(Starter); ok {
-		if err := st.Start(ctx, w.trigger); err != nil {
+		if err := st.Start(ctx, w.Trigger); err != nil {
 			w.queue.ShutDown()
 			return err
 		}

@@ -144,6 +144,8 @@ type agentSetup struct {
 	gpus     int
 	// noExecute lets eviction-class faults taint NoExecute.
 	noExecute bool
+	// breakerFraction, when set, turns the circuit breaker on with that share.
+	breakerFraction float64
 }
 
 // startAgent writes the scenario and config and starts an agent, stopped when the test ends.
@@ -159,6 +161,9 @@ func startAgent(t *testing.T, s agentSetup) *agentProcess {
 	cfg := agentConfig
 	if s.noExecute {
 		cfg += "  noExecute: true\n"
+	}
+	if s.breakerFraction > 0 {
+		cfg += fmt.Sprintf("  circuitBreaker: {enabled: true, maxFraction: %v, window: 10m, namespace: %s}\n", s.breakerFraction, agentNamespace)
 	}
 	if err := os.WriteFile(configPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

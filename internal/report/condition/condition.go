@@ -40,11 +40,23 @@ const (
 	ReasonHealthy   = "GPUsHealthy"
 )
 
+// BreakerType is the condition saying the circuit breaker holds back this node's GPUs.
+const BreakerType corev1.NodeConditionType = "GPUCircuitBreakerOpen"
+
 // Syncer keeps the GPUUnhealthy condition of one Node.
 type Syncer struct {
 	client   kubernetes.Interface
 	nodeName string
 	clock    clock.PassiveClock
+	// held, when set, reports the GPUs the circuit breaker holds back; the syncer then also
+	// keeps the GPUCircuitBreakerOpen condition.
+	held func() []string
+}
+
+// WithCircuitBreaker makes the syncer also keep the GPUCircuitBreakerOpen condition.
+func (s *Syncer) WithCircuitBreaker(held func() []string) *Syncer {
+	s.held = held
+	return s
 }
 
 var _ report.Syncer = (*Syncer)(nil)
@@ -98,28 +110,38 @@ func Desired(snap health.Snapshot) (corev1.ConditionStatus, string, string) {
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	status, reason, message := Desired(snap)
+	want := []corev1.NodeCondition{{Type: Type, Status: status, Reason: reason, Message: message}}
+	if s.held != nil {
+		want = append(want, breakerCondition(s.held()))
+	}
 	node, err := s.client.CoreV1().Nodes().Get(ctx, s.nodeName, metav1.GetOptions{})
 	if err != nil {
 		return 0, fmt.Errorf("get node %s: %w", s.nodeName, err)
 	}
 	now := metav1.NewTime(s.clock.Now())
-	transition := now
-	for _, c := range node.Status.Conditions {
-		if c.Type != Type {
-			continue
+	changed := false
+	for i := range want {
+		w := &want[i]
+		w.LastHeartbeatTime, w.LastTransitionTime = now, now
+		found := false
+		for _, c := range node.Status.Conditions {
+			if c.Type != w.Type {
+				continue
+			}
+			found = true
+			if c.Status == w.Status {
+				w.LastTransitionTime = c.LastTransitionTime
+			}
+			if c.Status != w.Status || c.Reason != w.Reason || c.Message != w.Message {
+				changed = true
+			}
 		}
-		if c.Status == status && c.Reason == reason && c.Message == message {
-			return 0, nil
-		}
-		if c.Status == status {
-			transition = c.LastTransitionTime
-		}
+		changed = changed || !found
 	}
-	cond := corev1.NodeCondition{
-		Type: Type, Status: status, Reason: reason, Message: message,
-		LastHeartbeatTime: now, LastTransitionTime: transition,
+	if !changed {
+		return 0, nil
 	}
-	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": want}})
 	if err != nil {
 		return 0, err
 	}
@@ -127,6 +149,16 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		return 0, fmt.Errorf("patch node %s condition: %w", s.nodeName, err)
 	}
 	return 1, nil
+}
+
+func breakerCondition(held []string) corev1.NodeCondition {
+	if len(held) == 0 {
+		return corev1.NodeCondition{Type: BreakerType, Status: corev1.ConditionFalse, Reason: "CircuitBreakerClosed",
+			Message: "no GPU of this node is held back"}
+	}
+	return corev1.NodeCondition{Type: BreakerType, Status: corev1.ConditionTrue, Reason: "CircuitBreakerOpen",
+		Message: fmt.Sprintf("%d GPUs of this node are tainted None instead of NoSchedule/NoExecute because too many of the cluster's GPUs failed at once (%s); `gpuhealth breaker ack` lets them through",
+			len(held), strings.Join(held, ", "))}
 }
 
 // Events records a Node Event for each GPU health transition.

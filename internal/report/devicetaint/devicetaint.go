@@ -62,6 +62,16 @@ type Options struct {
 	// Unmatched is called, once per device and state, for a device that is not Healthy but has
 	// no DRA device to taint.
 	Unmatched func(d health.DeviceStatus)
+	// Breaker, when set, must admit every escalation to NoSchedule or NoExecute; HeldChanged is
+	// called with this node's held-back GPUs whenever that set changes.
+	Breaker     Breaker
+	HeldChanged func(held []string)
+}
+
+// Breaker is the circuit breaker the syncer asks (see internal/report/breaker).
+type Breaker interface {
+	Admit(ctx context.Context, uuid string) (bool, error)
+	SetHeld(uuids []string) bool
 }
 
 // Syncer keeps the DeviceTaintRules of one node.
@@ -118,6 +128,13 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 		return err
 	}
 	s.devices, s.rules = devices, ruleInformer.Lister()
+	if st, ok := s.opts.Breaker.(interface {
+		Start(context.Context, func()) error
+	}); ok {
+		if err := st.Start(ctx, trigger); err != nil {
+			return err
+		}
+	}
 	ruleFactory.Start(ctx.Done())
 	for typ, ok := range ruleFactory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
@@ -164,8 +181,11 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("list DeviceTaintRules: %w", err)
 	}
-	writes := 0
 	var errs []error
+	if s.opts.Breaker != nil {
+		errs = append(errs, s.applyBreaker(ctx, desired, existing))
+	}
+	writes := 0
 	rules := s.client.ResourceV1().DeviceTaintRules()
 	for _, have := range existing {
 		want, ok := desired[have.Name]
@@ -211,6 +231,53 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		writes++
 	}
 	return writes, errors.Join(errs...)
+}
+
+// disruption ranks effects: None < NoSchedule < NoExecute.
+func disruption(e resourceapi.DeviceTaintEffect) int {
+	switch e {
+	case resourceapi.DeviceTaintEffectNoExecute:
+		return 2
+	case resourceapi.DeviceTaintEffectNoSchedule:
+		return 1
+	}
+	return 0
+}
+
+// applyBreaker asks the circuit breaker before any rule becomes more disruptive than it is now;
+// a GPU the breaker holds back is tainted None instead (still visible everywhere).
+func (s *Syncer) applyBreaker(ctx context.Context, desired map[string]*resourceapi.DeviceTaintRule, existing []*resourceapi.DeviceTaintRule) error {
+	now := map[string]resourceapi.DeviceTaintEffect{}
+	for _, r := range existing {
+		now[r.Name] = r.Spec.Taint.Effect
+	}
+	var held []string
+	var errs []error
+	for _, want := range desired {
+		if disruption(want.Spec.Taint.Effect) == 0 || disruption(want.Spec.Taint.Effect) <= disruption(now[want.Name]) {
+			continue
+		}
+		uuid := want.Labels[UUIDLabel]
+		ok, err := s.opts.Breaker.Admit(ctx, uuid)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("circuit breaker: %w", err))
+		}
+		if ok {
+			continue
+		}
+		// Held back: keep what the rule already has (the budget could not be asked) or None.
+		want.Spec.Taint.Effect = now[want.Name]
+		if want.Spec.Taint.Effect == "" {
+			want.Spec.Taint.Effect = resourceapi.DeviceTaintEffectNone
+		}
+		if err == nil {
+			held = append(held, uuid)
+		}
+	}
+	if s.opts.Breaker.SetHeld(held) && s.opts.HeldChanged != nil {
+		s.opts.HeldChanged(held)
+	}
+	return errors.Join(errs...)
 }
 
 // update makes have look like want, if it does not already; it returns the writes made.

@@ -11,6 +11,7 @@
 //	gpuhealth_api_sync_errors_total{reporter}                 failed syncs
 //	gpuhealth_unmatched_devices_total{reporter}               unhealthy GPUs with no object to mark
 //	gpuhealth_signal_latency_seconds                          from a signal's observation to its evaluation
+//	gpuhealth_circuit_breaker_held_gpus{node}                 GPUs the circuit breaker holds back
 package metrics
 
 import (
@@ -35,6 +36,7 @@ type Metrics struct {
 	syncErrors    *prometheus.CounterVec
 	unmatched     *prometheus.CounterVec
 	signalLatency prometheus.Histogram
+	breakerHeld   *prometheus.GaugeVec
 }
 
 var (
@@ -65,6 +67,9 @@ func New(node string, snapshot func() health.Snapshot) *Metrics {
 		unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpuhealth_unmatched_devices_total", Help: "Times a GPU that is not healthy had no object to mark (for example no DRA device with its UUID).",
 		}, []string{"reporter"}),
+		breakerHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpuhealth_circuit_breaker_held_gpus", Help: "GPUs of this node the circuit breaker holds back from NoSchedule/NoExecute (0: closed).",
+		}, []string{"node"}),
 		signalLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "gpuhealth_signal_latency_seconds",
 			Help:    "Time from a signal's observation by the backend to its evaluation.",
@@ -75,7 +80,7 @@ func New(node string, snapshot func() health.Snapshot) *Metrics {
 
 // Register registers every collector with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m, m.transitions, m.writes, m.syncErrors, m.unmatched, m.signalLatency} {
+	for _, c := range []prometheus.Collector{m, m.transitions, m.writes, m.syncErrors, m.unmatched, m.signalLatency, m.breakerHeld} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -102,6 +107,9 @@ func (m *Metrics) ObserveSync(reporter string, writes int, err error) {
 
 // Unmatched counts a GPU that a reporter could not mark.
 func (m *Metrics) Unmatched(reporter string) { m.unmatched.WithLabelValues(reporter).Inc() }
+
+// BreakerHeld records how many GPUs of this node the circuit breaker holds back.
+func (m *Metrics) BreakerHeld(n int) { m.breakerHeld.WithLabelValues(m.node).Set(float64(n)) }
 
 // ObserveSignal records how long a signal waited before evaluation.
 func (m *Metrics) ObserveSignal(observed, evaluated time.Time) {

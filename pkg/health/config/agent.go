@@ -1,7 +1,9 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 )
@@ -44,7 +46,28 @@ type AgentConfig struct {
 	CheckpointPath string `yaml:"checkpointPath,omitempty" json:"checkpointPath,omitempty"`
 	// Resync is how often every reporter re-checks the API server without a change (default 5m).
 	Resync *Duration `yaml:"resync,omitempty" json:"resync,omitempty"`
+	// CircuitBreaker stops disruptive taint effects in a mass failure.
+	CircuitBreaker CircuitBreakerConfig `yaml:"circuitBreaker,omitempty" json:"circuitBreaker,omitempty"`
 }
+
+// CircuitBreakerConfig: when more than MaxFraction of the cluster's GPUs would turn NoSchedule or
+// NoExecute within Window, further GPUs are tainted None instead, until an operator acknowledges
+// (`gpuhealth breaker ack`) or the wave leaves the window. The agents share the budget through a
+// ConfigMap in Namespace.
+type CircuitBreakerConfig struct {
+	Enabled     bool      `yaml:"enabled,omitempty" json:"enabled,omitempty"`
+	MaxFraction float64   `yaml:"maxFraction,omitempty" json:"maxFraction,omitempty"`
+	Window      *Duration `yaml:"window,omitempty" json:"window,omitempty"`
+	// Namespace of the shared ConfigMap (default: $POD_NAMESPACE, else gpuhealth-system).
+	Namespace string `yaml:"namespace,omitempty" json:"namespace,omitempty"`
+}
+
+// Circuit breaker defaults.
+const (
+	DefaultBreakerFraction  = 0.1
+	DefaultBreakerWindow    = 10 * time.Minute
+	DefaultBreakerNamespace = "gpuhealth-system"
+)
 
 // WithDefaults returns a copy with defaults filled in.
 func (a AgentConfig) WithDefaults() AgentConfig {
@@ -64,6 +87,16 @@ func (a AgentConfig) WithDefaults() AgentConfig {
 		d := Duration(DefaultResync)
 		a.Resync = &d
 	}
+	if a.CircuitBreaker.MaxFraction == 0 {
+		a.CircuitBreaker.MaxFraction = DefaultBreakerFraction
+	}
+	if a.CircuitBreaker.Window == nil {
+		d := Duration(DefaultBreakerWindow)
+		a.CircuitBreaker.Window = &d
+	}
+	if a.CircuitBreaker.Namespace == "" {
+		a.CircuitBreaker.Namespace = cmp.Or(os.Getenv("POD_NAMESPACE"), DefaultBreakerNamespace)
+	}
 	return a
 }
 
@@ -75,5 +108,11 @@ func (a AgentConfig) validate(bad func(path, format string, args ...any)) {
 	}
 	if a.Resync != nil && time.Duration(*a.Resync) < time.Second {
 		bad("agent.resync", "must be at least 1s, got %v", time.Duration(*a.Resync))
+	}
+	if f := a.CircuitBreaker.MaxFraction; f < 0 || f > 1 || f != f {
+		bad("agent.circuitBreaker.maxFraction", "must be between 0 and 1, got %v", f)
+	}
+	if w := a.CircuitBreaker.Window; w != nil && time.Duration(*w) <= 0 {
+		bad("agent.circuitBreaker.window", "must be positive, got %v", time.Duration(*w))
 	}
 }

@@ -1,0 +1,171 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/condition"
+	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
+)
+
+// TestCircuitBreakerStopsAMassEviction fails half of a small cluster's GPUs at once with a fault
+// that asks for eviction, NoExecute enabled, and the circuit breaker allowing a quarter: exactly
+// the budget gets NoExecute and their pods are evicted by the real controller-manager; every
+// other sick GPU is tainted None, loudly, and its pod stays; after `gpuhealth breaker ack` the
+// held GPUs get their effect too.
+func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{})
+	ctx := t.Context()
+	const ns, gpus = "breaker", 4
+	nodes := []string{"breaker-0", "breaker-1", "breaker-2", "breaker-3"}
+	uuids := map[string][]string{}
+	for _, n := range nodes {
+		uuids[n] = gpuNode(t, c, n, gpus)
+	}
+	if _, err := c.Admin().ResourceV1().DeviceClasses().Create(ctx, controlplane.GPUDeviceClass(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfigs := map[string]string{}
+	for _, n := range nodes {
+		kubeconfigs[n] = agentKubeconfigOnNode(t, c, n)
+	}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: "gpuhealth-agent-breaker"}, Rules: agent.BreakerRoleRules()}
+	if _, err := c.Admin().RbacV1().Roles(agentNamespace).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: "gpuhealth-agent-breaker"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: agentNamespace, Name: "gpuhealth-agent"}},
+	}
+	if _, err := c.Admin().RbacV1().RoleBindings(agentNamespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Two jobs per node, on GPUs 0 and 1: the ones about to fail.
+	var jobs []string
+	for _, n := range nodes {
+		c.StartKubeletT(t, n)
+		for i := range 2 {
+			name := fmt.Sprintf("%s-job-%d", n, i)
+			podWithClaim(t, c, pinnedClaim(ns, name, uuids[n][i], ""), n)
+			jobs = append(jobs, name)
+		}
+	}
+	for _, j := range jobs {
+		dev := "gpu-0"
+		if strings.HasSuffix(j, "-1") {
+			dev = "gpu-1"
+		}
+		waitAllocated(t, c, ns, j, dev)
+	}
+
+	// 8 of the 16 GPUs fall off the bus at once; a quarter (4) may be evicted.
+	for _, n := range nodes {
+		startAgent(t, agentSetup{node: n, gpus: gpus, kubeconfig: kubeconfigs[n], checkpoint: filepath.Join(t.TempDir(), n+".ckpt"),
+			noExecute: true, breakerFraction: 0.25,
+			scenario: "events:\n  - {at: 12s, gpu: 0, xid: 79}\n  - {at: 12s, gpu: 1, xid: 79}\n"})
+	}
+	effects := func(ctx context.Context) (map[resourcev1.DeviceTaintEffect]int, error) {
+		list, err := c.Admin().ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: devicetaint.ManagedByLabel + "=" + devicetaint.ManagedBy})
+		if err != nil {
+			return nil, err
+		}
+		out := map[resourcev1.DeviceTaintEffect]int{}
+		for _, r := range list.Items {
+			out[r.Spec.Taint.Effect]++
+		}
+		return out, nil
+	}
+	remaining := func(ctx context.Context) ([]string, error) {
+		var left []string
+		for _, j := range jobs {
+			_, err := c.Admin().CoreV1().Pods(ns).Get(ctx, j, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			left = append(left, j)
+		}
+		return left, nil
+	}
+
+	eventually(t, "the wave is reported on every node", func(ctx context.Context) (bool, string, error) {
+		var ids []string
+		for _, n := range nodes {
+			ann, err := nodeAnnotations(ctx, c, n)
+			if err != nil {
+				return false, "", err
+			}
+			ids = append(ids, ann[annotation.UnhealthyIDsKey])
+		}
+		return slices.Equal(ids, []string{"0,1", "0,1", "0,1", "0,1"}), fmt.Sprint(ids), nil
+	})
+	eventually(t, "the budget gets NoExecute, the rest None, and only the budget's pods go", func(ctx context.Context) (bool, string, error) {
+		e, err := effects(ctx)
+		if err != nil {
+			return false, "", err
+		}
+		left, err := remaining(ctx)
+		if err != nil {
+			return false, "", err
+		}
+		if e[resourcev1.DeviceTaintEffectNoExecute] > 4 {
+			return false, "", fmt.Errorf("%d GPUs got NoExecute past a budget of 4", e[resourcev1.DeviceTaintEffectNoExecute])
+		}
+		return e[resourcev1.DeviceTaintEffectNoExecute] == 4 && e[resourcev1.DeviceTaintEffectNone] == 4 && len(left) == 4,
+			fmt.Sprintf("effects=%v pods left=%v", e, left), nil
+	})
+	eventually(t, "held GPUs are reported loudly", func(ctx context.Context) (bool, string, error) {
+		open := 0
+		for _, n := range nodes {
+			cond, err := nodeCondition(ctx, c, n, condition.BreakerType)
+			if err != nil {
+				return false, "", err
+			}
+			if cond.Status == corev1.ConditionTrue {
+				open++
+			}
+		}
+		evs, err := c.Admin().CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "reason=CircuitBreakerOpen"})
+		if err != nil {
+			return false, "", err
+		}
+		return open > 0 && len(evs.Items) > 0, fmt.Sprintf("%d nodes with the condition True, %d events", open, len(evs.Items)), nil
+	})
+
+	if out, stderr, code := gpuhealthCLI(t, "breaker", "ack", "--kubeconfig", c.AdminKubeconfig(), "-n", agentNamespace); code != 0 {
+		t.Fatalf("breaker ack: exit %d, %q %q", code, out, stderr)
+	}
+	eventually(t, "after the acknowledgement every sick GPU gets NoExecute and its pod goes", func(ctx context.Context) (bool, string, error) {
+		e, err := effects(ctx)
+		if err != nil {
+			return false, "", err
+		}
+		left, err := remaining(ctx)
+		if err != nil {
+			return false, "", err
+		}
+		return e[resourcev1.DeviceTaintEffectNoExecute] == 8 && len(left) == 0, fmt.Sprintf("effects=%v pods left=%v", e, left), nil
+	})
+}
