@@ -374,8 +374,10 @@ func measureAgent(ctx context.Context, o options, dir, node, scenario, kubeconfi
 	if err := cmd.Start(); err != nil {
 		return 0, 0, 0, 0, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	// done is closed once the agent has exited; waitErr says how.
+	done := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -394,9 +396,8 @@ func measureAgent(ctx context.Context, o options, dir, node, scenario, kubeconfi
 			}
 		}
 		select {
-		case err := <-done:
-			done <- err
-			return 0, 0, 0, 0, fmt.Errorf("agent exited before it was ready (%v); log %s", err, logPath)
+		case <-done:
+			return 0, 0, 0, 0, fmt.Errorf("agent exited before it was ready (log %s): %w", logPath, waitErr)
 		case <-ctx.Done():
 			return 0, 0, 0, 0, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
