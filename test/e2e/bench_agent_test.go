@@ -230,7 +230,7 @@ func TestBenchSignalToObject(t *testing.T) {
 	for _, sink := range reporters {
 		w := writesAfter[sink] - writesBefore[sink]
 		fmt.Fprintf(&b, "| %s | %d | %d | %.2f |\n", sink, w, changes, float64(w)/float64(changes))
-		if sink != "condition" && w != changes {
+		if (sink == "annotation" || sink == "devicetaint") && w != changes { // condition coalesces flips; claimstatus writes only for claims
 			t.Errorf("%s: %d writes for %d state changes, want exactly one each", sink, w, changes)
 		}
 	}
