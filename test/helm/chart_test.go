@@ -112,6 +112,24 @@ func TestAgentClusterRoleIsLeastPrivilege(t *testing.T) {
 	}
 }
 
+func TestCircuitBreakerRoleIsLeastPrivilege(t *testing.T) {
+	requireHelm(t)
+	if render(t).has("Role", "gpuhealth-agent-breaker") {
+		t.Error("the breaker's Role is rendered although the breaker is off")
+	}
+	r := render(t, "config.agent.circuitBreaker.enabled=true")
+	var role rbacv1.Role
+	r.get(t, "Role", "gpuhealth-agent-breaker", &role)
+	if want := agent.BreakerRoleRules(); !equality.Semantic.DeepEqual(role.Rules, want) {
+		t.Errorf("chart's breaker Role rules differ from agent.BreakerRoleRules():\n got %s\nwant %s", rulesString(role.Rules), rulesString(want))
+	}
+	var binding rbacv1.RoleBinding
+	r.get(t, "RoleBinding", "gpuhealth-agent-breaker", &binding)
+	if binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 || binding.Subjects[0].Name != "gpuhealth-agent" {
+		t.Errorf("breaker RoleBinding = %+v", binding)
+	}
+}
+
 func rulesString(rules []rbacv1.PolicyRule) string {
 	var b strings.Builder
 	for _, r := range rules {
