@@ -68,7 +68,11 @@ verify: lint ## gofmt, go vet, go mod tidy, generated docs, and lint.
 	@$(GO) run ./hack/xiddoc | diff -u docs/xid-policy.md - || { echo "docs/xid-policy.md is stale: go run ./hack/xiddoc > docs/xid-policy.md"; exit 1; }
 
 .PHONY: bench
-bench: ## Benchmarks (testing.B) on one core with allocations; raw output in bin/bench.txt.
+bench: build controlplane ## Every figure of docs/benchmarks.md as one table (library, agent idle/storm, signal->object latency, extender, 500-node fleet), medians of several runs; ~11-15 min. Raw output in bin/bench/.
+	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) run ./hack/bench --gpuhealth $(BIN)/gpuhealth --out docs/benchmarks.md --raw $(BIN)/bench
+
+.PHONY: bench-lib
+bench-lib: ## Library and extender benchmarks only (testing.B, one core, allocations); raw output in bin/bench.txt.
 	@mkdir -p $(BIN)
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 -cpu 1 ./pkg/health/... ./internal/scheduling/... | tee $(BIN)/bench.txt
 
