@@ -139,8 +139,15 @@ func openBackend(ctx context.Context, backend, scenarioPath string, sampleEvery 
 	return nil, "", nil, badInput(fmt.Errorf("--backend: must be nvml or sim, got %q", backend))
 }
 
-// newClient builds a client from a kubeconfig file, or from the in-cluster configuration.
+// newClient builds the agent's client: from a kubeconfig file, or from the in-cluster
+// configuration.
 func newClient(kubeconfig string) (kubernetes.Interface, error) {
+	return newComponentClient(kubeconfig, "gpuhealth", agent.ClientQPS, agent.ClientBurst)
+}
+
+// newComponentClient builds the client of a long-running component (agent, extender): from a
+// kubeconfig file, or from the in-cluster configuration, with its user agent and rate limits.
+func newComponentClient(kubeconfig, userAgent string, qps float32, burst int) (kubernetes.Interface, error) {
 	var (
 		cfg *rest.Config
 		err error
@@ -153,7 +160,7 @@ func newClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
-	cfg.UserAgent = "gpuhealth"
-	cfg.QPS, cfg.Burst = agent.ClientQPS, agent.ClientBurst
+	cfg.UserAgent = userAgent
+	cfg.QPS, cfg.Burst = qps, burst
 	return kubernetes.NewForConfig(cfg)
 }

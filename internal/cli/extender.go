@@ -6,8 +6,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
@@ -71,19 +69,5 @@ binding it. /healthz answers once the node and pod caches are filled. See docs/e
 }
 
 func newExtenderClient(kubeconfig string) (kubernetes.Interface, error) {
-	var (
-		cfg *rest.Config
-		err error
-	)
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	cfg.UserAgent = "gpuhealth-extender"
-	cfg.QPS, cfg.Burst = extenderQPS, extenderBurst
-	return kubernetes.NewForConfig(cfg)
+	return newComponentClient(kubeconfig, "gpuhealth-extender", extenderQPS, extenderBurst)
 }
