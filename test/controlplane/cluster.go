@@ -576,6 +576,25 @@ podMaxBackoffSeconds: 2
 	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
 		return fmt.Errorf("write scheduler config: %w", err)
 	}
+	err = c.startServing(ctx, compScheduler, c.opts.SchedulerFlags, func(serving []string) []string {
+		return append([]string{
+			"--config=" + configPath,
+			"--authentication-kubeconfig=" + kubeconfig,
+			"--authorization-kubeconfig=" + kubeconfig,
+		}, serving...)
+	})
+	if err != nil {
+		return err
+	}
+	c.progress("kube-scheduler ready")
+	return nil
+}
+
+// startServing starts a component that serves /healthz on a free port with a certificate from our
+// CA (scheduler, controller-manager) and waits until it is healthy. args gets the serving flags
+// and returns the component's own flags; the shared --feature-gates and then extra (which win)
+// follow.
+func (c *Cluster) startServing(ctx context.Context, name string, extra []string, args func(serving []string) []string) error {
 	var healthURL string
 	var client *http.Client
 	start := func() (*process, error) {
@@ -583,27 +602,19 @@ podMaxBackoffSeconds: 2
 		if err != nil {
 			return nil, err
 		}
-		serving, cl, err := c.componentServing(compScheduler, ports[0])
+		serving, cl, err := c.componentServing(name, ports[0])
 		if err != nil {
 			return nil, err
 		}
 		healthURL, client = fmt.Sprintf("https://127.0.0.1:%d/healthz", ports[0]), cl
-		args := append([]string{
-			"--config=" + configPath,
-			"--authentication-kubeconfig=" + kubeconfig,
-			"--authorization-kubeconfig=" + kubeconfig,
-		}, serving...)
+		cmdline := args(serving)
 		if c.opts.FeatureGates != "" {
-			args = append(args, "--feature-gates="+c.opts.FeatureGates)
+			cmdline = append(cmdline, "--feature-gates="+c.opts.FeatureGates)
 		}
-		return c.runOnPorts(compScheduler, ports, append(args, c.opts.SchedulerFlags...))
+		return c.runOnPorts(name, ports, append(cmdline, extra...))
 	}
 	ready := func(ctx context.Context) error { return healthz(ctx, client, healthURL) }
-	if err := c.startWithRetry(ctx, compScheduler, start, ready); err != nil {
-		return err
-	}
-	c.progress("kube-scheduler ready")
-	return nil
+	return c.startWithRetry(ctx, name, start, ready)
 }
 
 func (c *Cluster) startControllerManager(ctx context.Context) error {
@@ -611,19 +622,8 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var healthURL string
-	var client *http.Client
-	start := func() (*process, error) {
-		ports, err := freePorts(1)
-		if err != nil {
-			return nil, err
-		}
-		serving, cl, err := c.componentServing(compControllerManager, ports[0])
-		if err != nil {
-			return nil, err
-		}
-		healthURL, client = fmt.Sprintf("https://127.0.0.1:%d/healthz", ports[0]), cl
-		args := append([]string{
+	err = c.startServing(ctx, compControllerManager, c.opts.ControllerManagerFlags, func(serving []string) []string {
+		return append([]string{
 			"--kubeconfig=" + kubeconfig,
 			"--authentication-kubeconfig=" + kubeconfig,
 			"--authorization-kubeconfig=" + kubeconfig,
@@ -637,13 +637,8 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 			// Log evictions and claim deallocation, which e2e failures usually hinge on.
 			"--v=2",
 		}, serving...)
-		if c.opts.FeatureGates != "" {
-			args = append(args, "--feature-gates="+c.opts.FeatureGates)
-		}
-		return c.runOnPorts(compControllerManager, ports, append(args, c.opts.ControllerManagerFlags...))
-	}
-	ready := func(ctx context.Context) error { return healthz(ctx, client, healthURL) }
-	if err := c.startWithRetry(ctx, compControllerManager, start, ready); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	// /healthz passes before the controllers run; the default ServiceAccount appearing proves the

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
@@ -27,25 +28,6 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
-
-// chanBackend is a backend the benchmark drives signal by signal.
-type chanBackend struct {
-	devices []health.Device
-	signals chan health.Signal
-}
-
-func (b *chanBackend) Devices() []health.Device { return b.devices }
-
-func (b *chanBackend) Run(ctx context.Context, sink agent.Sink) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case s := <-b.signals:
-			sink.Signal(s)
-		}
-	}
-}
 
 // seen is one observation of a watched object: when, and the value the benchmark waits for.
 type seen struct {
@@ -137,9 +119,9 @@ func TestBenchSignalToObject(t *testing.T) {
 	if reporters == nil {
 		reporters = config.AllReporters()
 	}
-	backend := &chanBackend{signals: make(chan health.Signal)}
+	backend := &agenttest.Backend{Signals: make(chan health.Signal)}
 	for i, u := range uuids {
-		backend.devices = append(backend.devices, health.Device{UUID: u, Index: i, Model: "bench"})
+		backend.GPUs = append(backend.GPUs, health.Device{UUID: u, Index: i, Model: "bench"})
 	}
 	reg := prometheus.NewRegistry()
 	agentCtx, stopAgent := context.WithCancel(ctx)
@@ -193,14 +175,14 @@ func TestBenchSignalToObject(t *testing.T) {
 		rule := devicetaint.RuleName(uuids[gpu])
 		at = at.Add(time.Second)
 		start := time.Now()
-		backend.signals <- health.Signal{Kind: health.SignalXID, Device: uuids[gpu], XID: 48, Time: at}
+		backend.Signals <- health.Signal{Kind: health.SignalXID, Device: uuids[gpu], XID: 48, Time: at}
 		annLat = append(annLat, waitValue(t, ids, strconv.Itoa(gpu)).Sub(start))
 		ruleLat = append(ruleLat, waitValue(t, ruleEvents, "ADDED "+rule).Sub(start))
 		time.Sleep(changeSpacing)
 
 		at = at.Add(time.Second)
 		start = time.Now()
-		backend.signals <- health.Signal{Kind: health.SignalReset, Device: uuids[gpu], Time: at}
+		backend.Signals <- health.Signal{Kind: health.SignalReset, Device: uuids[gpu], Time: at}
 		annRec = append(annRec, waitValue(t, ids, "").Sub(start))
 		ruleRec = append(ruleRec, waitValue(t, ruleEvents, "DELETED "+rule).Sub(start))
 		time.Sleep(changeSpacing)

@@ -35,6 +35,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
@@ -235,7 +236,7 @@ func TestFleet(t *testing.T) {
 type fleetNode struct {
 	name     string
 	uuids    []string
-	backend  *chanBackend
+	backend  *agenttest.Backend
 	registry *prometheus.Registry
 	addr     atomic.Value // string: the agent's /readyz address once it listens
 }
@@ -244,11 +245,11 @@ func makeFleet(n int) []*fleetNode {
 	fleet := make([]*fleetNode, n)
 	for i := range fleet {
 		name := fmt.Sprintf("fleet-%04d", i)
-		node := &fleetNode{name: name, registry: prometheus.NewRegistry(), backend: &chanBackend{signals: make(chan health.Signal, gpusPerNode)}}
+		node := &fleetNode{name: name, registry: prometheus.NewRegistry(), backend: &agenttest.Backend{Signals: make(chan health.Signal, gpusPerNode)}}
 		for g := range gpusPerNode {
 			u := sim.GPUUUID(name, g)
 			node.uuids = append(node.uuids, u)
-			node.backend.devices = append(node.backend.devices, health.Device{UUID: u, Index: g, Model: "fleet"})
+			node.backend.GPUs = append(node.backend.GPUs, health.Device{UUID: u, Index: g, Model: "fleet"})
 		}
 		fleet[i] = node
 	}
@@ -415,7 +416,7 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 	injected := time.Now()
 	for n, idx := range failing {
 		for _, g := range idx {
-			n.backend.signals <- health.Signal{Kind: health.SignalXID, Device: n.uuids[g], XID: waveXID, Time: injected}
+			n.backend.Signals <- health.Signal{Kind: health.SignalXID, Device: n.uuids[g], XID: waveXID, Time: injected}
 		}
 	}
 
@@ -615,28 +616,6 @@ func report(t *testing.T, fig Figures) {
 		}
 		if err := os.WriteFile(path, out, 0o644); err != nil {
 			t.Error(err)
-		}
-	}
-}
-
-// chanBackend is a backend the test drives signal by signal; signals is buffered, so the wave is
-// injected into every node at once.
-type chanBackend struct {
-	devices []health.Device
-	signals chan health.Signal
-}
-
-var _ agent.Backend = (*chanBackend)(nil)
-
-func (b *chanBackend) Devices() []health.Device { return b.devices }
-
-func (b *chanBackend) Run(ctx context.Context, sink agent.Sink) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case s := <-b.signals:
-			sink.Signal(s)
 		}
 	}
 }
