@@ -40,7 +40,9 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report/claimstatus"
 	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -128,7 +130,14 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("agent: register metrics: %w", err)
 	}
 	events := condition.NewEvents(recorder, opts.NodeName, "")
-	writers, err := newWriters(opts, agentCfg, m, recorder, nodeRef)
+	// One cache of the Node and one of its DRA devices, shared by every reporter and the drains
+	// watcher: one watch of each per agent.
+	caches := sharedCaches{
+		nodes:   nodecache.New(opts.Client, opts.NodeName),
+		devices: dradevices.New(opts.Client, opts.NodeName, agentCfg.DriverName, agentCfg.UUIDAttribute),
+	}
+	defer caches.shutdown()
+	writers, err := newWriters(opts, agentCfg, caches, m, recorder, nodeRef)
 	if err != nil {
 		return err
 	}
@@ -185,7 +194,7 @@ func Run(ctx context.Context, opts Options) error {
 			}
 		}
 	})
-	drains := &drainWatcher{client: opts.Client, nodeName: opts.NodeName, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
+	drains := &drainWatcher{nodes: caches.nodes, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
 	g.Go(func() error { return drains.run(ctx) })
 	if opts.MetricsAddress != "" {
 		g.Go(func() error { return serve(ctx, opts, writers) })
@@ -194,7 +203,20 @@ func Run(ctx context.Context, opts Options) error {
 	return g.Wait()
 }
 
-func newWriters(opts Options, cfg config.AgentConfig, m *metrics.Metrics, recorder record.EventRecorder, nodeRef *corev1.ObjectReference) ([]*report.Writer, error) {
+// sharedCaches are the informer caches every reporter reads.
+type sharedCaches struct {
+	nodes   *nodecache.Cache
+	devices *dradevices.Index
+}
+
+// shutdown waits for the informers' goroutines once the agent's context is done. Shutting down
+// a cache that never started returns at once.
+func (c sharedCaches) shutdown() {
+	c.nodes.Shutdown()
+	c.devices.Shutdown()
+}
+
+func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *metrics.Metrics, recorder record.EventRecorder, nodeRef *corev1.ObjectReference) ([]*report.Writer, error) {
 	wopts := report.WriterOptions{Resync: time.Duration(*cfg.Resync), Clock: opts.Clock, Observer: m}
 	var (
 		writers         []*report.Writer
@@ -224,10 +246,10 @@ func newWriters(opts Options, cfg config.AgentConfig, m *metrics.Metrics, record
 		var s report.Syncer
 		switch name {
 		case config.ReporterAnnotation:
-			s = annotation.New(opts.Client, opts.NodeName)
+			s = annotation.New(opts.Client, opts.NodeName, caches.nodes)
 		case config.ReporterDeviceTaint:
 			s = devicetaint.New(opts.Client, opts.NodeName, devicetaint.Options{
-				Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, NoExecute: cfg.NoExecute,
+				Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, Devices: caches.devices, NoExecute: cfg.NoExecute,
 				Unmatched: func(d health.DeviceStatus) {
 					m.Unmatched("devicetaint")
 					recorder.Eventf(nodeRef, corev1.EventTypeWarning, "NoDRADevice",
@@ -236,15 +258,17 @@ func newWriters(opts Options, cfg config.AgentConfig, m *metrics.Metrics, record
 				},
 				Breaker:     breakerOrNil(cb),
 				HeldChanged: heldChanged,
+				Relist:      time.Duration(*cfg.Resync),
+				Clock:       opts.Clock,
 			})
 		case config.ReporterCondition:
-			cs := condition.New(opts.Client, opts.NodeName, opts.Clock)
+			cs := condition.New(opts.Client, opts.NodeName, caches.nodes, opts.Clock)
 			if cb != nil {
 				cs.WithCircuitBreaker(cb.Held)
 			}
 			s = cs
 		case config.ReporterClaimStatus:
-			s = claimstatus.New(opts.Client, opts.NodeName, claimstatus.Options{Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, Clock: opts.Clock})
+			s = claimstatus.New(opts.Client, opts.NodeName, claimstatus.Options{Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, Devices: caches.devices, Clock: opts.Clock})
 		default:
 			return nil, fmt.Errorf("agent: unknown reporter %q", name)
 		}

@@ -5,16 +5,13 @@ import (
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -24,8 +21,7 @@ import (
 // one. A malformed annotation is reported and the drains in force are kept: losing a drain
 // because someone mistyped would put work back on a GPU an operator took away.
 type drainWatcher struct {
-	client   kubernetes.Interface
-	nodeName string
+	nodes    *nodecache.Cache
 	monitor  *health.Monitor
 	clock    clock.PassiveClock
 	recorder record.EventRecorder
@@ -34,13 +30,9 @@ type drainWatcher struct {
 	last map[string]string // the set last applied
 }
 
-// run watches the Node until ctx is done.
+// run follows the Node until ctx is done.
 func (w *drainWatcher) run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("watcher", "drains")
-	factory := informers.NewSharedInformerFactoryWithOptions(w.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.nodeName).String()
-		}))
 	// Events arrive on one informer goroutine, so apply needs no lock.
 	apply := func(obj any) {
 		node, ok := obj.(*corev1.Node)
@@ -66,14 +58,15 @@ func (w *drainWatcher) run(ctx context.Context) error {
 		}
 		logger.Info("Drains applied", "drained", len(set))
 	}
-	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if err := w.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    apply,
 		UpdateFunc: func(_, obj any) { apply(obj) },
 	}); err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
+	if err := w.nodes.Start(ctx); err != nil {
+		return err
+	}
 	<-ctx.Done()
-	factory.Shutdown()
 	return nil
 }

@@ -10,8 +10,11 @@ func ClusterRoleRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"devicetaintrules"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"devicetaintrules"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
+		// The claimstatus reporter finds claims through the pods bound to the node (a watch
+		// selected by spec.nodeName) and reads each claim by name.
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
 		// The API server's per-driver check for status.devices: only for claims allocated on
 		// the agent's own node (its token is bound to a pod there), only for the GPU driver.
@@ -24,8 +27,8 @@ func ClusterRoleRules() []rbacv1.PolicyRule {
 const DefaultDriverName = "gpu.nvidia.com"
 
 // ClientQPS and ClientBurst bound the agent's requests to the API server; they are the kubelet's
-// defaults. A state change costs about six requests (a read and a write for the annotation and
-// the condition, a write for the rule, an Event), and the writers coalesce bursts of changes;
+// defaults. A state change costs about four requests (a write each for the annotation, the
+// condition and the rule, and an Event), and the writers coalesce bursts of changes;
 // client-go's default of 5 QPS would queue every change behind its rate limiter.
 const (
 	ClientQPS   = 50

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -64,6 +65,10 @@ type Figures struct {
 	Nodes     int      `json:"nodes"`
 	GPUs      int      `json:"gpus"`
 	Reporters []string `json:"reporters"`
+	// FlowControl says whether the agents had the chart's FlowSchema and priority level.
+	FlowControl bool `json:"flowControl"`
+	// Breaker says whether the agents ran the circuit breaker (budget 20%, above the wave).
+	Breaker bool `json:"breaker"`
 
 	// SetupSeconds is creating the Nodes and ResourceSlices (not part of the agent's cost).
 	SetupSeconds float64 `json:"setupSeconds"`
@@ -116,8 +121,14 @@ type Figures struct {
 // else, and each reporter wrote once per change. The figures are printed (and written to
 // GPUHEALTH_FLEET_OUT as JSON), never asserted.
 //
+// The agents' ServiceAccount gets the FlowSchema and priority level the Helm chart installs
+// (agent.FlowControl), as in production.
+//
 // Knobs: GPUHEALTH_FLEET=1 runs it; GPUHEALTH_FLEET_NODES; GPUHEALTH_FLEET_STEADY (a duration,
-// default 30s); GPUHEALTH_FLEET_REPORTERS (comma-separated, default all).
+// default 30s); GPUHEALTH_FLEET_REPORTERS (comma-separated, default all);
+// GPUHEALTH_FLEET_FLOWCONTROL=0 leaves the agents in the API server's default flow control;
+// GPUHEALTH_FLEET_BREAKER=1 turns the circuit breaker on (a budget above the wave);
+// GPUHEALTH_FLEET_KEEP=DIR keeps the control plane's logs and data in DIR.
 func TestFleet(t *testing.T) {
 	if os.Getenv("GPUHEALTH_FLEET") != "1" {
 		t.Skip("the fleet test is heavy; set GPUHEALTH_FLEET=1 to run it (make bench does)")
@@ -132,9 +143,15 @@ func TestFleet(t *testing.T) {
 	// global logger; the test's assertions say what went wrong, so that noise is dropped.
 	klog.SetLogger(logr.Discard())
 	t.Cleanup(klog.ClearLogger)
-	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds()}
+	flowControl := os.Getenv("GPUHEALTH_FLEET_FLOWCONTROL") != "0"
+	breaker := os.Getenv("GPUHEALTH_FLEET_BREAKER") == "1"
+	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds(), FlowControl: flowControl, Breaker: breaker}
 
-	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	cpOpts := controlplane.Options{DisableScheduler: true, DisableControllerManager: true}
+	if dir := os.Getenv("GPUHEALTH_FLEET_KEEP"); dir != "" {
+		cpOpts.Dir, cpOpts.KeepDir = dir, true
+	}
+	c := controlplane.StartT(t, cpOpts)
 	ctx := t.Context()
 	adminCfg := c.AdminConfig()
 	adminCfg.QPS = -1 // no client-side limit for the test's own setup and observation
@@ -144,7 +161,10 @@ func TestFleet(t *testing.T) {
 	}
 
 	setupStart := time.Now()
-	agentCfg := agentConfig(t, c, admin)
+	agentCfg := agentConfig(t, c, admin, breaker)
+	if flowControl {
+		installFlowControl(t, admin)
+	}
 	fleet := makeFleet(nodes)
 	if err := createNodes(ctx, admin, fleet); err != nil {
 		t.Fatal(err)
@@ -171,6 +191,12 @@ func TestFleet(t *testing.T) {
 	}
 	defer stop()
 
+	agentSettings := config.AgentConfig{CheckpointPath: "-", Resync: ptrDuration(time.Hour), Reporters: reporters}
+	if breaker {
+		// The wave is exactly 10% of the GPUs: a budget of 20% admits all of it, so the
+		// final state is the same and the figures show what the shared budget costs.
+		agentSettings.CircuitBreaker = config.CircuitBreakerConfig{Enabled: true, MaxFraction: 0.2, Namespace: agentNamespace}
+	}
 	start := time.Now()
 	for _, n := range fleet {
 		cfg := rest.CopyConfig(agentCfg)
@@ -187,7 +213,7 @@ func TestFleet(t *testing.T) {
 		agents.Go(func() error {
 			err := agent.Run(agentCtx, agent.Options{
 				NodeName: n.name, Client: client, Backend: n.backend, Policy: health.DefaultPolicy(), BootID: "fleet-boot",
-				Agent:          config.AgentConfig{CheckpointPath: "-", Resync: ptrDuration(time.Hour), Reporters: reporters},
+				Agent:          agentSettings,
 				MetricsAddress: "127.0.0.1:0",
 				Ready:          func(addr string) { n.addr.Store(addr) },
 				Registry:       n.registry,
@@ -259,7 +285,7 @@ func makeFleet(n int) []*fleetNode {
 // agentConfig gives the agents a ServiceAccount bound to agent.ClusterRoleRules (least privilege,
 // as the chart does) and returns its rest.Config. Every agent shares the ServiceAccount, as a
 // DaemonSet's pods do.
-func agentConfig(t *testing.T, c *controlplane.Cluster, admin kubernetes.Interface) *rest.Config {
+func agentConfig(t *testing.T, c *controlplane.Cluster, admin kubernetes.Interface, breaker bool) *rest.Config {
 	t.Helper()
 	ctx := t.Context()
 	if _, err := c.CreateNamespace(ctx, agentNamespace); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -277,11 +303,57 @@ func agentConfig(t *testing.T, c *controlplane.Cluster, admin kubernetes.Interfa
 	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if breaker {
+		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: agentAccount + "-breaker"}, Rules: agent.BreakerRoleRules()}
+		if _, err := admin.RbacV1().Roles(agentNamespace).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		rb := &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: role.Name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+			Subjects:   binding.Subjects,
+		}
+		if _, err := admin.RbacV1().RoleBindings(agentNamespace).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cfg, err := c.ServiceAccountConfig(ctx, agentNamespace, agentAccount)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// installFlowControl creates the FlowSchema and priority level the chart installs for the agents
+// and waits until the API server uses them.
+func installFlowControl(t *testing.T, admin kubernetes.Interface) {
+	t.Helper()
+	ctx := t.Context()
+	schema, level := agent.FlowControl(agentAccount, agentNamespace, agentAccount)
+	if _, err := admin.FlowcontrolV1().PriorityLevelConfigurations().Create(ctx, level, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.FlowcontrolV1().FlowSchemas().Create(ctx, schema, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The API server's flow-control configuration controller marks a schema it has taken in
+	// with a Dangling condition (False: its priority level exists).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		fs, err := admin.FlowcontrolV1().FlowSchemas().Get(ctx, schema.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range fs.Status.Conditions {
+			if c.Type == flowcontrolv1.FlowSchemaConditionDangling && c.Status == flowcontrolv1.ConditionFalse {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("FlowSchema %s not taken in by the API server after 30s: %+v", schema.Name, fs.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // createNodes creates each node (Ready, as a kubelet would report it) and its ResourceSlice
@@ -596,8 +668,15 @@ func conditionTrue(n *corev1.Node) bool {
 func report(t *testing.T, fig Figures) {
 	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "fleet: %d nodes × %d GPUs, one agent and one client each, reporters %s, kube-apiserver %s on loopback\n",
-		fig.Nodes, gpusPerNode, strings.Join(fig.Reporters, ","), controlplane.KubernetesVersion)
+	flow := "the chart's FlowSchema and priority level"
+	if !fig.FlowControl {
+		flow = "default flow control"
+	}
+	if fig.Breaker {
+		flow += ", circuit breaker on"
+	}
+	fmt.Fprintf(&b, "fleet: %d nodes × %d GPUs, one agent and one client each, reporters %s, %s, kube-apiserver %s on loopback\n",
+		fig.Nodes, gpusPerNode, strings.Join(fig.Reporters, ","), flow, controlplane.KubernetesVersion)
 	fmt.Fprintf(&b, "| figure | value |\n|---|---|\n")
 	fmt.Fprintf(&b, "| setup (Nodes + ResourceSlices) | %.1f s |\n", fig.SetupSeconds)
 	fmt.Fprintf(&b, "| start-up: all agents ready | %.1f s, %d requests (%s) |\n", fig.StartupSeconds, fig.StartupRequests, kinds(fig.StartupByKind))

@@ -10,6 +10,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -353,5 +354,26 @@ func TestExtender(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAgentFlowControl: the chart's FlowSchema and priority level are agent.FlowControl()'s,
+// the ones the fleet test measures with; they can be turned off.
+func TestAgentFlowControl(t *testing.T) {
+	requireHelm(t)
+	r := render(t)
+	wantSchema, wantLevel := agent.FlowControl("gpuhealth-agent", testNamespace, "gpuhealth-agent")
+	var schema flowcontrolv1.FlowSchema
+	r.get(t, "FlowSchema", "gpuhealth-agent", &schema)
+	if !equality.Semantic.DeepEqual(schema.Spec, wantSchema.Spec) {
+		t.Errorf("chart's FlowSchema spec differs from agent.FlowControl():\n got %+v\nwant %+v", schema.Spec, wantSchema.Spec)
+	}
+	var level flowcontrolv1.PriorityLevelConfiguration
+	r.get(t, "PriorityLevelConfiguration", "gpuhealth-agent", &level)
+	if !equality.Semantic.DeepEqual(level.Spec, wantLevel.Spec) {
+		t.Errorf("chart's PriorityLevelConfiguration spec differs from agent.FlowControl():\n got %+v\nwant %+v", level.Spec, wantLevel.Spec)
+	}
+	if off := render(t, "agent.flowControl.enabled=false"); off.has("FlowSchema", "gpuhealth-agent") || off.has("PriorityLevelConfiguration", "gpuhealth-agent") {
+		t.Error("flow control rendered although agent.flowControl.enabled=false")
 	}
 }

@@ -7,7 +7,8 @@
 //     reasons and since (report.GPUSummary), for every GPU and MIG instance.
 //
 // Only these two keys are ever written, with a JSON merge patch, so other annotations are never
-// touched. The syncer reads the Node first and writes only when a value differs.
+// touched. The syncer reads the Node from the agent's shared cache (nodecache) and writes only
+// when a value differs.
 package annotation
 
 import (
@@ -21,13 +22,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -82,6 +82,7 @@ func (d Drain) Message() string {
 type Syncer struct {
 	client   kubernetes.Interface
 	nodeName string
+	nodes    *nodecache.Cache
 
 	// written holds the values of the last successful patch, so that the informer event our own
 	// patch causes does not cost another Sync.
@@ -94,9 +95,13 @@ var (
 	_ report.Starter = (*Syncer)(nil)
 )
 
-// New returns a Syncer for nodeName.
-func New(client kubernetes.Interface, nodeName string) *Syncer {
-	return &Syncer{client: client, nodeName: nodeName}
+// New returns a Syncer for nodeName that reads the Node from nodes, the agent's shared cache; nil
+// gives the syncer a cache of its own.
+func New(client kubernetes.Interface, nodeName string, nodes *nodecache.Cache) *Syncer {
+	if nodes == nil {
+		nodes = nodecache.New(client, nodeName)
+	}
+	return &Syncer{client: client, nodeName: nodeName, nodes: nodes}
 }
 
 // Name implements report.Syncer.
@@ -105,12 +110,7 @@ func (s *Syncer) Name() string { return "annotation" }
 // Start watches the Node so that a change by someone else (an annotation removed by hand) is
 // repaired at once rather than at the next resync.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
-		}))
-	inf := factory.Core().V1().Nodes().Informer()
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { trigger() },
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Node)
@@ -127,9 +127,7 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	}); err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
-	// Not waiting for the cache: Sync reads the Node from the API server itself.
-	return nil
+	return s.nodes.Start(ctx)
 }
 
 // isOurs reports whether the node's annotations are exactly what the last patch wrote.
@@ -171,9 +169,9 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	node, err := s.client.CoreV1().Nodes().Get(ctx, s.nodeName, metav1.GetOptions{})
+	node, err := s.nodes.Get(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("get node %s: %w", s.nodeName, err)
+		return 0, err
 	}
 	patch := map[string]any{}
 	want := map[string]string{UnhealthyIDsKey: ids, HealthKey: healthJSON}
@@ -193,9 +191,11 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.client.CoreV1().Nodes().Patch(ctx, s.nodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"}); err != nil {
+	patched, err := s.client.CoreV1().Nodes().Patch(ctx, s.nodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"})
+	if err != nil {
 		return 0, fmt.Errorf("patch node %s annotations: %w", s.nodeName, err)
 	}
+	s.nodes.Wrote(patched)
 	s.mu.Lock()
 	s.written = want
 	s.mu.Unlock()

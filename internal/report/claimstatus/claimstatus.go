@@ -13,6 +13,14 @@
 // fight over ownership and the DRA driver's own entries and conditions are left alone. The API
 // server also requires the per-driver synthetic permission resourceclaims/driver
 // (associated-node:patch for an agent whose token is bound to a pod on the claim's node).
+//
+// The claims are found as the kubelet finds them: through the pods bound to this node (one watch
+// selected by spec.nodeName, a selector the API server indexes) and the claims those pods use.
+// ResourceClaims cannot be selected by node, and a cluster-wide claim watch in every agent would
+// cache every claim of the cluster on every node and cost the API server one dispatch per agent
+// for every claim event. Claims are read with a GET only when there is something to check: while
+// a GPU of the node is not Healthy, for claims that still carry our condition, and once after
+// start for every claim on the node (conditions left by an earlier run).
 package claimstatus
 
 import (
@@ -20,18 +28,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	metav1apply "k8s.io/client-go/applyconfigurations/meta/v1"
 	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
@@ -51,7 +64,10 @@ const (
 type Options struct {
 	// Driver and UUIDAttribute find this node's GPUs among DRA devices, as for DeviceTaintRules.
 	Driver, UUIDAttribute string
-	Clock                 clock.PassiveClock
+	// Devices, when set, is the agent's shared index of this node's DRA devices (of Driver and
+	// UUIDAttribute); nil gives the syncer one of its own.
+	Devices *dradevices.Index
+	Clock   clock.PassiveClock
 }
 
 // Syncer keeps the GPU health conditions of the claims allocated on one node.
@@ -59,8 +75,11 @@ type Syncer struct {
 	client   kubernetes.Interface
 	nodeName string
 	opts     Options
-	claims   resourcelisters.ResourceClaimLister
+	pods     corelisters.PodLister
 	devices  *dradevices.Index
+	// marked holds the claims that carry our condition, as far as this syncer knows; nil until a
+	// Sync has checked every claim on the node.
+	marked map[types.NamespacedName]bool
 }
 
 var (
@@ -79,25 +98,105 @@ func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
 // Name implements report.Syncer.
 func (s *Syncer) Name() string { return "claimstatus" }
 
-// Start fills the caches of claims (allocations come and go) and of this node's slices.
+// Start fills the caches of this node's pods (claims come and go with them) and slices.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	devices, err := dradevices.Start(ctx, s.client, s.nodeName, s.opts.Driver, s.opts.UUIDAttribute, trigger)
+	devices, err := dradevices.Attach(ctx, s.opts.Devices, s.client, s.nodeName, s.opts.Driver, s.opts.UUIDAttribute, trigger)
 	if err != nil {
 		return fmt.Errorf("claimstatus: %w", err)
 	}
-	claimFactory := informers.NewSharedInformerFactory(s.client, 0)
-	claimInformer := claimFactory.Resource().V1().ResourceClaims()
-	if _, err := claimInformer.Informer().AddEventHandler(dradevices.OnAnyChange(trigger)); err != nil {
+	podFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String()
+		}))
+	podInformer := podFactory.Core().V1().Pods()
+	// Only the pod's name and claims are kept: the cache holds every pod of the node.
+	if err := podInformer.Informer().SetTransform(claimsOnly); err != nil {
 		return err
 	}
-	s.claims, s.devices = claimInformer.Lister(), devices
-	claimFactory.Start(ctx.Done())
-	for typ, ok := range claimFactory.WaitForCacheSync(ctx.Done()) {
+	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if pod, ok := obj.(*corev1.Pod); !ok || len(podClaims(pod)) > 0 {
+				trigger()
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Pod)
+			n, ok2 := newObj.(*corev1.Pod)
+			if !ok1 || !ok2 || !slices.Equal(podClaims(o), podClaims(n)) {
+				trigger()
+			}
+		},
+		DeleteFunc: func(any) { trigger() },
+	}); err != nil {
+		return err
+	}
+	s.pods, s.devices = podInformer.Lister(), devices
+	podFactory.Start(ctx.Done())
+	for typ, ok := range podFactory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("claimstatus: cache of %v did not sync", typ)
 		}
 	}
+	go func() {
+		<-ctx.Done()
+		podFactory.Shutdown()
+	}()
 	return nil
+}
+
+// claimsOnly strips a pod down to what Sync reads.
+func claimsOnly(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil // a tombstone
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion},
+		Spec:       corev1.PodSpec{NodeName: pod.Spec.NodeName, ResourceClaims: pod.Spec.ResourceClaims},
+		Status: corev1.PodStatus{
+			ResourceClaimStatuses:       pod.Status.ResourceClaimStatuses,
+			ExtendedResourceClaimStatus: pod.Status.ExtendedResourceClaimStatus,
+		},
+	}, nil
+}
+
+// podClaims returns the names of the ResourceClaims a pod uses, sorted: those it names, those
+// generated for it from templates, and the one backing its DRA extended resources.
+func podClaims(pod *corev1.Pod) []string {
+	var names []string
+	for _, rc := range pod.Spec.ResourceClaims {
+		if rc.ResourceClaimName != nil {
+			names = append(names, *rc.ResourceClaimName)
+		}
+	}
+	for _, st := range pod.Status.ResourceClaimStatuses {
+		if st.ResourceClaimName != nil {
+			names = append(names, *st.ResourceClaimName)
+		}
+	}
+	if ext := pod.Status.ExtendedResourceClaimStatus; ext != nil && ext.ResourceClaimName != "" {
+		names = append(names, ext.ResourceClaimName)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// claimsOnNode returns the claims of the pods bound to this node.
+func (s *Syncer) claimsOnNode() (map[types.NamespacedName]bool, error) {
+	pods, err := s.pods.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	out := map[types.NamespacedName]bool{}
+	for _, pod := range pods {
+		if pod.Spec.NodeName != s.nodeName {
+			continue
+		}
+		for _, name := range podClaims(pod) {
+			out[types.NamespacedName{Namespace: pod.Namespace, Name: name}] = true
+		}
+	}
+	return out, nil
 }
 
 // deviceKey names a DRA device.
@@ -105,7 +204,7 @@ type deviceKey = dradevices.Device
 
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
-	if s.claims == nil || s.devices == nil {
+	if s.pods == nil || s.devices == nil {
 		return 0, errors.New("claimstatus: Sync before Start")
 	}
 	uuidOf, err := s.devices.UUIDs()
@@ -113,33 +212,74 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		return 0, err
 	}
 	byUUID := make(map[string]health.DeviceStatus, len(snap.Devices))
+	sick := false
 	for _, d := range snap.Devices {
 		byUUID[strings.ToLower(d.Device.UUID)] = d
+		sick = sick || d.Health != health.Healthy
 	}
-	claims, err := s.claims.List(labels.Everything())
-	if err != nil {
-		return 0, err
+	// Which claims to read: those that may need a condition (every claim on the node while a
+	// GPU is not Healthy, and all of them once after start) and those that carry one.
+	check := map[types.NamespacedName]bool{}
+	if sick || s.marked == nil {
+		if check, err = s.claimsOnNode(); err != nil {
+			return 0, err
+		}
 	}
+	marked := s.marked
+	if marked == nil {
+		marked = map[types.NamespacedName]bool{}
+	}
+	for key := range marked {
+		check[key] = true
+	}
+	keys := slices.SortedFunc(maps.Keys(check), func(a, b types.NamespacedName) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 	writes := 0
 	var errs []error
-	for _, claim := range claims {
+	for _, key := range keys {
+		claim, err := s.client.ResourceV1().ResourceClaims(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			delete(marked, key) // the claim is gone
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("get claim %s: %w", key, err))
+			continue
+		}
 		if claim.Status.Allocation == nil && !hasOurConditions(claim) {
+			delete(marked, key)
 			continue
 		}
 		desired := s.desired(claim, uuidOf, byUUID)
 		if !s.differs(claim, uuidOf, desired) {
+			setMark(marked, key, hasOurConditions(claim))
 			continue
 		}
 		if err := s.apply(ctx, claim, desired); err != nil {
 			if apierrors.IsNotFound(err) {
-				continue // the claim is gone
+				delete(marked, key)
+				continue
 			}
-			errs = append(errs, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err))
+			errs = append(errs, fmt.Errorf("claim %s: %w", key, err))
 			continue
 		}
+		setMark(marked, key, len(desired) > 0)
 		writes++
 	}
+	if s.marked != nil || len(errs) == 0 {
+		// After start, only a round without errors has seen every claim.
+		s.marked = marked
+	}
 	return writes, errors.Join(errs...)
+}
+
+func setMark(marked map[types.NamespacedName]bool, key types.NamespacedName, on bool) {
+	if on {
+		marked[key] = true
+	} else {
+		delete(marked, key)
+	}
 }
 
 // desired returns, for each device of this node the claim holds whose GPU is not Healthy, the

@@ -1,11 +1,17 @@
 package claimstatus
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -50,5 +56,85 @@ func TestDesiredAndDiffers(t *testing.T) {
 func TestSyncBeforeStartIsAnError(t *testing.T) {
 	if _, err := New(nil, "n1", Options{}).Sync(t.Context(), health.Snapshot{}); err == nil {
 		t.Fatal("Sync before Start succeeded")
+	}
+}
+
+// TestClaimsAreReadOnlyWhenThereIsSomethingToCheck: claims are found through the node's pods
+// and read only once after start, while a GPU is sick, or while they carry our condition.
+func TestClaimsAreReadOnlyWhenThereIsSomethingToCheck(t *testing.T) {
+	ctx := t.Context()
+	gpuSlice := &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "n1-gpus"},
+		Spec: resourceapi.ResourceSliceSpec{Driver: "gpu.nvidia.com", NodeName: ptr.To("n1"), Pool: resourceapi.ResourcePool{Name: "n1", ResourceSliceCount: 1},
+			Devices: []resourceapi.Device{
+				{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": {StringValue: ptr.To("GPU-a")}}},
+				{Name: "gpu-1", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": {StringValue: ptr.To("GPU-b")}}},
+			}},
+	}
+	pod := func(name, node, claim string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+			Spec:       corev1.PodSpec{NodeName: node, ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(claim)}}},
+		}
+	}
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c1"},
+		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: "gpu.nvidia.com", Pool: "n1", Device: "gpu-0"}},
+		}}}}
+	other := claim.DeepCopy()
+	other.Name = "c2"
+	client := fake.NewClientset(gpuSlice, pod("p1", "n1", "c1"), pod("p2", "n2", "c2"), claim, other)
+	var gets []string
+	client.PrependReactor("get", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		gets = append(gets, a.(k8stesting.GetAction).GetName())
+		return false, nil, nil
+	})
+	s := New(client, "n1", Options{Driver: "gpu.nvidia.com", UUIDAttribute: "uuid"})
+	if err := s.Start(ctx, func() {}); err != nil {
+		t.Fatal(err)
+	}
+	snap := func(bHealth health.Severity) health.Snapshot {
+		b := health.DeviceStatus{Device: health.Device{UUID: "GPU-b", Index: 1}, Health: bHealth}
+		if bHealth != health.Healthy {
+			b.Conditions = []health.Condition{{Type: health.ConditionXID, Severity: bHealth, Reason: "XID48"}}
+		}
+		return health.Snapshot{Devices: []health.DeviceStatus{{Device: health.Device{UUID: "GPU-a"}, Health: health.Healthy}, b}}
+	}
+	for _, step := range []struct {
+		name     string
+		snap     health.Snapshot
+		wantGets int
+	}{
+		{"first sync checks every claim on the node", snap(health.Healthy), 1},
+		{"all healthy, nothing marked: no reads", snap(health.Healthy), 0},
+		{"a GPU is sick: the node's claims are checked", snap(health.Unhealthy), 1},
+		{"recovered, nothing was written: no reads", snap(health.Healthy), 0},
+	} {
+		gets = nil
+		if n, err := s.Sync(ctx, step.snap); err != nil || n != 0 {
+			t.Fatalf("%s: Sync = %d, %v; want no writes (the claim holds the healthy GPU)", step.name, n, err)
+		}
+		if len(gets) != step.wantGets {
+			t.Errorf("%s: read claims %v, want %d reads", step.name, gets, step.wantGets)
+		}
+	}
+}
+
+func TestPodClaims(t *testing.T) {
+	pod := &corev1.Pod{
+		Spec: corev1.PodSpec{ResourceClaims: []corev1.PodResourceClaim{
+			{Name: "direct", ResourceClaimName: ptr.To("shared")},
+			{Name: "templated", ResourceClaimTemplateName: ptr.To("tmpl")},
+		}},
+		Status: corev1.PodStatus{
+			ResourceClaimStatuses: []corev1.PodResourceClaimStatus{
+				{Name: "templated", ResourceClaimName: ptr.To("p-templated-x1")},
+				{Name: "not-needed"},
+			},
+			ExtendedResourceClaimStatus: &corev1.PodExtendedResourceClaimStatus{ResourceClaimName: "p-extended-x2"},
+		},
+	}
+	if got, want := podClaims(pod), []string{"p-extended-x2", "p-templated-x1", "shared"}; !slices.Equal(got, want) {
+		t.Errorf("podClaims = %v, want %v", got, want)
 	}
 }

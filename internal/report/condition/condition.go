@@ -8,7 +8,9 @@
 //
 // The condition is written with a strategic merge patch of nodes/status that touches only this
 // condition (the kubelet's conditions are left alone), and only when type, status, reason or
-// message differ from what the Node has. lastTransitionTime changes only when status does.
+// message differ from what the Node has (read from the agent's shared cache, nodecache). A
+// change to the condition by someone else is repaired at once. lastTransitionTime changes only
+// when status does.
 //
 // Events records a Node Event for every health transition of a GPU.
 package condition
@@ -18,15 +20,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -47,10 +52,16 @@ const BreakerType corev1.NodeConditionType = "GPUCircuitBreakerOpen"
 type Syncer struct {
 	client   kubernetes.Interface
 	nodeName string
+	nodes    *nodecache.Cache
 	clock    clock.PassiveClock
 	// held, when set, reports the GPUs the circuit breaker holds back; the syncer then also
 	// keeps the GPUCircuitBreakerOpen condition.
 	held func() []string
+
+	// written is what the last patch wrote, so that the informer event of our own patch does
+	// not cost another Sync.
+	mu      sync.Mutex
+	written []corev1.NodeCondition
 }
 
 // WithCircuitBreaker makes the syncer also keep the GPUCircuitBreakerOpen condition.
@@ -59,18 +70,92 @@ func (s *Syncer) WithCircuitBreaker(held func() []string) *Syncer {
 	return s
 }
 
-var _ report.Syncer = (*Syncer)(nil)
+var (
+	_ report.Syncer  = (*Syncer)(nil)
+	_ report.Starter = (*Syncer)(nil)
+)
 
-// New returns a Syncer for nodeName.
-func New(client kubernetes.Interface, nodeName string, clk clock.PassiveClock) *Syncer {
+// New returns a Syncer for nodeName that reads the Node from nodes, the agent's shared cache; nil
+// gives the syncer a cache of its own.
+func New(client kubernetes.Interface, nodeName string, nodes *nodecache.Cache, clk clock.PassiveClock) *Syncer {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return &Syncer{client: client, nodeName: nodeName, clock: clk}
+	if nodes == nil {
+		nodes = nodecache.New(client, nodeName)
+	}
+	return &Syncer{client: client, nodeName: nodeName, nodes: nodes, clock: clk}
 }
 
 // Name implements report.Syncer.
 func (s *Syncer) Name() string { return "condition" }
+
+// Start watches the Node so that a change to our conditions by someone else is repaired at once
+// rather than at the next resync.
+func (s *Syncer) Start(ctx context.Context, trigger func()) error {
+	if err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Node)
+			n, ok2 := newObj.(*corev1.Node)
+			if !ok1 || !ok2 {
+				trigger()
+				return
+			}
+			if !sameConditions(ours(o), ours(n)) && !s.isOurs(n) {
+				trigger()
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	return s.nodes.Start(ctx)
+}
+
+// ours returns the node's conditions of the types this syncer keeps.
+func ours(n *corev1.Node) []corev1.NodeCondition {
+	var out []corev1.NodeCondition
+	for _, c := range n.Status.Conditions {
+		if c.Type == Type || c.Type == BreakerType {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// sameConditions compares type, status, reason and message, in order.
+func sameConditions(a, b []corev1.NodeCondition) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Type != b[i].Type || a[i].Status != b[i].Status || a[i].Reason != b[i].Reason || a[i].Message != b[i].Message {
+			return false
+		}
+	}
+	return true
+}
+
+// isOurs reports whether the node's conditions are exactly what the last patch wrote.
+func (s *Syncer) isOurs(n *corev1.Node) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.written == nil {
+		return false
+	}
+	have := ours(n)
+	for _, w := range s.written {
+		found := false
+		for _, h := range have {
+			if h.Type == w.Type {
+				found = sameConditions([]corev1.NodeCondition{h}, []corev1.NodeCondition{w})
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
 
 // Desired returns the condition's status, reason and message for snap.
 func Desired(snap health.Snapshot) (corev1.ConditionStatus, string, string) {
@@ -114,9 +199,9 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if s.held != nil {
 		want = append(want, breakerCondition(s.held()))
 	}
-	node, err := s.client.CoreV1().Nodes().Get(ctx, s.nodeName, metav1.GetOptions{})
+	node, err := s.nodes.Get(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("get node %s: %w", s.nodeName, err)
+		return 0, err
 	}
 	now := metav1.NewTime(s.clock.Now())
 	changed := false
@@ -145,9 +230,14 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.client.CoreV1().Nodes().PatchStatus(ctx, s.nodeName, body); err != nil {
+	patched, err := s.client.CoreV1().Nodes().PatchStatus(ctx, s.nodeName, body)
+	if err != nil {
 		return 0, fmt.Errorf("patch node %s condition: %w", s.nodeName, err)
 	}
+	s.nodes.Wrote(patched)
+	s.mu.Lock()
+	s.written = want
+	s.mu.Unlock()
 	return 1, nil
 }
 

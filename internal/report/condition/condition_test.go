@@ -50,7 +50,7 @@ func TestSyncKeepsOtherConditionsAndTransitionTimes(t *testing.T) {
 	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}})
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
-	s := condition.New(client, "n1", clk)
+	s := condition.New(client, "n1", nil, clk)
 
 	sync := func(devs ...health.DeviceStatus) int {
 		t.Helper()

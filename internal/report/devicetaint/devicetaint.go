@@ -14,6 +14,11 @@
 //
 // Rules are labelled with the node and the GPU UUID and owned by the Node, so they go away with
 // it. A GPU with no matching DRA device is reported through Options.Unmatched, never an error.
+//
+// The syncer does not watch rules, because at fleet scale that costs the API server one
+// dispatch per agent for every rule event in the cluster; it keeps its own view, listed at start
+// and every Options.Relist and updated with each write's response, so a rule deleted or edited by
+// hand is repaired at the next relist (the agent's resync period).
 package devicetaint
 
 import (
@@ -24,14 +29,14 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
@@ -56,6 +61,9 @@ type Options struct {
 	// UUIDAttribute is the device attribute holding the GPU UUID (default "uuid"); it matches
 	// both the bare name and the driver-qualified one.
 	UUIDAttribute string
+	// Devices, when set, is the agent's shared index of this node's DRA devices (of Driver and
+	// UUIDAttribute); nil gives the syncer one of its own.
+	Devices *dradevices.Index
 	// NoExecute lets conditions that ask for eviction use the NoExecute effect. Off by default:
 	// evicting running work is a decision an operator opts into.
 	NoExecute bool
@@ -66,6 +74,11 @@ type Options struct {
 	// called with this node's held-back GPUs whenever that set changes.
 	Breaker     Breaker
 	HeldChanged func(held []string)
+	// Relist is how often the syncer lists its rules from the API server to catch changes made
+	// by someone else (default 5m; the agent uses its resync period).
+	Relist time.Duration
+	// Clock times the relists (default the real clock).
+	Clock clock.PassiveClock
 }
 
 // Breaker is the circuit breaker the syncer asks (see internal/report/breaker).
@@ -83,13 +96,19 @@ type Syncer struct {
 	// reported remembers which unmatched devices were reported, keyed by UUID and health.
 	reported map[string]health.Severity
 
-	// Reads come from informer caches: a LIST against the API server waits for the watch cache
-	// to be fresh (about 100 ms), a cache read costs nothing. A stale cache is harmless: a create
-	// that finds the rule already there becomes an update, a delete of a rule already gone is
-	// a no-op, an update on an old version conflicts and retries, and every change the cache
-	// catches up on triggers another Sync.
+	// devices comes from an informer cache of this node's ResourceSlices (watched with field
+	// selectors the API server indexes). The rules are not watched: DeviceTaintRules are
+	// cluster-scoped and the API server cannot index a label selector, so every agent's watch would
+	// receive every rule event of the cluster, N agents × M events per wave (the fleet test saw
+	// the server drop hundreds of such watches). The syncer keeps its own view instead: listed
+	// at start and every Relist, and updated with the object every write returns. The agent is
+	// the only writer of its rules (the admission policy sees to that for other agents); a rule
+	// someone deletes or edits by hand is repaired at the next relist, and a write that finds
+	// the view wrong (a conflict, a rule already there or gone) relists at once.
 	devices *dradevices.Index
-	rules   resourcelisters.DeviceTaintRuleLister
+	view    map[string]*resourceapi.DeviceTaintRule // by name
+	fresh   bool                                    // false: list before the next Sync uses view
+	listed  time.Time
 }
 
 var (
@@ -105,29 +124,26 @@ func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
 	if opts.UUIDAttribute == "" {
 		opts.UUIDAttribute = DefaultUUIDKey
 	}
+	if opts.Relist <= 0 {
+		opts.Relist = 5 * time.Minute
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
 	return &Syncer{client: client, nodeName: nodeName, opts: opts, reported: map[string]health.Severity{}}
 }
 
 // Name implements report.Syncer.
 func (s *Syncer) Name() string { return "devicetaint" }
 
-// Start fills the caches of this node's ResourceSlices (a driver may publish them after the
-// agent starts) and of this node's rules (someone may delete or edit one), and asks for a Sync on
-// any change to them.
+// Start fills the cache of this node's ResourceSlices (a driver may publish them after the agent
+// starts) and asks for a Sync on any change to them.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	devices, err := dradevices.Start(ctx, s.client, s.nodeName, s.opts.Driver, s.opts.UUIDAttribute, trigger)
+	devices, err := dradevices.Attach(ctx, s.opts.Devices, s.client, s.nodeName, s.opts.Driver, s.opts.UUIDAttribute, trigger)
 	if err != nil {
 		return fmt.Errorf("devicetaint: %w", err)
 	}
-	ruleFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}).String()
-		}))
-	ruleInformer := ruleFactory.Resource().V1().DeviceTaintRules()
-	if _, err := ruleInformer.Informer().AddEventHandler(dradevices.OnAnyChange(trigger)); err != nil {
-		return err
-	}
-	s.devices, s.rules = devices, ruleInformer.Lister()
+	s.devices = devices
 	if st, ok := s.opts.Breaker.(interface {
 		Start(context.Context, func()) error
 	}); ok {
@@ -135,18 +151,32 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 			return err
 		}
 	}
-	ruleFactory.Start(ctx.Done())
-	for typ, ok := range ruleFactory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("devicetaint: cache of %v did not sync", typ)
-		}
-	}
 	return nil
 }
 
+// relist replaces the view with this node's rules as the API server has them.
+func (s *Syncer) relist(ctx context.Context) error {
+	now := s.opts.Clock.Now()
+	list, err := s.client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{
+		LabelSelector: labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}).String(),
+	})
+	if err != nil {
+		return fmt.Errorf("list DeviceTaintRules: %w", err)
+	}
+	s.view = make(map[string]*resourceapi.DeviceTaintRule, len(list.Items))
+	for i := range list.Items {
+		s.view[list.Items[i].Name] = &list.Items[i]
+	}
+	s.listed, s.fresh = now, true
+	return nil
+}
+
+// stale makes the next Sync list the rules again: a write found the view wrong.
+func (s *Syncer) stale() { s.fresh = false }
+
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
-	if s.rules == nil || s.devices == nil {
+	if s.devices == nil {
 		return 0, errors.New("devicetaint: Sync before Start")
 	}
 	if err := s.ensureNodeRef(ctx); err != nil {
@@ -177,9 +207,14 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		}
 	}
 
-	existing, err := s.rules.List(labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}))
-	if err != nil {
-		return 0, fmt.Errorf("list DeviceTaintRules: %w", err)
+	if !s.fresh || s.opts.Clock.Since(s.listed) >= s.opts.Relist {
+		if err := s.relist(ctx); err != nil {
+			return 0, err
+		}
+	}
+	existing := make([]*resourceapi.DeviceTaintRule, 0, len(s.view))
+	for _, r := range s.view {
+		existing = append(existing, r)
 	}
 	var errs []error
 	if s.opts.Breaker != nil {
@@ -194,10 +229,14 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 			err := rules.Delete(ctx, have.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
 			switch {
 			case apierrors.IsNotFound(err):
-				// Already gone; the cache had not caught up.
+				// Already gone: someone deleted it by hand.
+				delete(s.view, have.Name)
 			case err != nil:
+				// A conflict means another rule of that name replaced ours: look again.
+				s.stale()
 				errs = append(errs, fmt.Errorf("delete DeviceTaintRule %s: %w", have.Name, err))
 			default:
+				delete(s.view, have.Name)
 				writes++
 			}
 			continue
@@ -209,11 +248,12 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		}
 	}
 	for _, want := range desired {
-		_, err := rules.Create(ctx, want, metav1.CreateOptions{FieldManager: "gpuhealth-agent"})
+		created, err := rules.Create(ctx, want, metav1.CreateOptions{FieldManager: "gpuhealth-agent"})
 		if apierrors.IsAlreadyExists(err) {
-			// The cache had not seen it yet: compare with the real one.
+			// Someone created it after the last list: compare with the real one.
 			have, getErr := rules.Get(ctx, want.Name, metav1.GetOptions{})
 			if getErr != nil {
+				s.stale()
 				errs = append(errs, fmt.Errorf("get DeviceTaintRule %s: %w", want.Name, getErr))
 				continue
 			}
@@ -228,6 +268,7 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 			errs = append(errs, fmt.Errorf("create DeviceTaintRule %s: %w", want.Name, err))
 			continue
 		}
+		s.view[created.Name] = created
 		writes++
 	}
 	return writes, errors.Join(errs...)
@@ -280,9 +321,11 @@ func (s *Syncer) applyBreaker(ctx context.Context, desired map[string]*resourcea
 	return errors.Join(errs...)
 }
 
-// update makes have look like want, if it does not already; it returns the writes made.
+// update makes have look like want, if it does not already; it returns the writes made. The view
+// gets the rule as the API server has it afterwards.
 func (s *Syncer) update(ctx context.Context, have, want *resourceapi.DeviceTaintRule) (int, error) {
 	if same(have, want) {
+		s.view[have.Name] = have
 		return 0, nil
 	}
 	updated := have.DeepCopy()
@@ -294,9 +337,13 @@ func (s *Syncer) update(ctx context.Context, have, want *resourceapi.DeviceTaint
 		updated.Spec.Taint.Effect = want.Spec.Taint.Effect
 		updated.Spec.Taint.TimeAdded = nil // the effect changed: the server stamps the time
 	}
-	if _, err := s.client.ResourceV1().DeviceTaintRules().Update(ctx, updated, metav1.UpdateOptions{FieldManager: "gpuhealth-agent"}); err != nil {
+	got, err := s.client.ResourceV1().DeviceTaintRules().Update(ctx, updated, metav1.UpdateOptions{FieldManager: "gpuhealth-agent"})
+	if err != nil {
+		// A conflict or a rule gone: someone else changed it; list again before retrying.
+		s.stale()
 		return 0, fmt.Errorf("update DeviceTaintRule %s: %w", have.Name, err)
 	}
+	s.view[got.Name] = got
 	return 1, nil
 }
 

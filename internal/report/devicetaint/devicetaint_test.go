@@ -2,13 +2,18 @@ package devicetaint_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
@@ -189,5 +194,72 @@ func TestRuleNameIsAValidName(t *testing.T) {
 		if got := devicetaint.RuleName(uuid); got != want {
 			t.Errorf("RuleName(%q) = %q, want %q", uuid, got, want)
 		}
+	}
+}
+
+// TestRulesChangedByHandAreRepairedAtTheNextRelist: the syncer does not watch rules (see the
+// Syncer's doc); it writes from its own view, repairs a rule deleted by hand once Relist has
+// passed, and lists again at once when a write finds its view wrong.
+func TestRulesChangedByHandAreRepairedAtTheNextRelist(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-n1"}}, slice("n1", "GPU-a", "GPU-b"))
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
+	s := devicetaint.New(client, "n1", devicetaint.Options{Relist: time.Minute, Clock: clk})
+	start(t, s)
+	lists := 0
+	client.PrependReactor("list", "devicetaintrules", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists++
+		return false, nil, nil
+	})
+	sick := health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Unhealthy, false, xid79), status("GPU-b", 1, health.Healthy, false)}}
+	sync := func(want int) {
+		t.Helper()
+		if n, err := s.Sync(ctx, sick); err != nil || n != want {
+			t.Fatalf("Sync = %d, %v; want %d writes", n, err, want)
+		}
+	}
+	sync(1)
+	sync(0)
+	if lists != 1 {
+		t.Errorf("%d lists for two syncs, want 1 (the start-up reconcile)", lists)
+	}
+	name := devicetaint.RuleName("GPU-a")
+	if err := client.ResourceV1().DeviceTaintRules().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sync(0) // the view still has the rule: nothing to do until the relist
+	clk.SetTime(clk.Now().Add(time.Minute))
+	sync(1)
+	if _, err := client.ResourceV1().DeviceTaintRules().Get(ctx, name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the rule deleted by hand was not recreated: %v", err)
+	}
+	if lists != 2 {
+		t.Errorf("%d lists, want 2", lists)
+	}
+
+	// A rule deleted by hand while the GPU recovers: the delete finds it gone, no error.
+	if err := client.ResourceV1().DeviceTaintRules().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	healthy := health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Healthy, false), status("GPU-b", 1, health.Healthy, false)}}
+	if n, err := s.Sync(ctx, healthy); err != nil || n != 0 {
+		t.Fatalf("Sync = %d, %v; want 0 writes and no error", n, err)
+	}
+
+	// A failed update (here: the server refuses it) makes the next Sync list again.
+	if _, err := s.Sync(ctx, sick); err != nil {
+		t.Fatal(err)
+	}
+	client.PrependReactor("update", "devicetaintrules", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewConflict(resourceapi.Resource("devicetaintrules"), name, errors.New("changed"))
+	})
+	evict := health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Unhealthy, false, health.Condition{Type: health.ConditionGPULost, Severity: health.Unhealthy, Reason: "GPULost"}), status("GPU-b", 1, health.Healthy, false)}}
+	before := lists
+	if _, err := s.Sync(ctx, evict); err == nil {
+		t.Fatal("Sync succeeded although the update conflicted")
+	}
+	_, _ = s.Sync(ctx, evict)
+	if lists != before+1 {
+		t.Errorf("%d lists after a conflict, want %d", lists, before+1)
 	}
 }

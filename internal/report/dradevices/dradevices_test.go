@@ -34,8 +34,8 @@ func TestIndexFindsGPUsByBareAndQualifiedUUIDs(t *testing.T) {
 		slice("b", "n2", "gpu.nvidia.com", dev("gpu-0", map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": {StringValue: ptr.To("GPU-C")}})),
 		slice("c", "n1", "other.driver", dev("gpu-0", map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": {StringValue: ptr.To("GPU-D")}})),
 	)
-	ix, err := dradevices.Start(t.Context(), client, "n1", "gpu.nvidia.com", "uuid", func() {})
-	if err != nil {
+	ix := dradevices.New(client, "n1", "gpu.nvidia.com", "uuid")
+	if err := ix.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	byUUID, err := ix.ByUUID()

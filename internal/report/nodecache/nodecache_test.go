@@ -1,0 +1,126 @@
+package nodecache_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
+)
+
+func node(rv, value string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", ResourceVersion: rv, Annotations: map[string]string{"k": value}}}
+}
+
+// countGets counts the GETs that reach the (fake) API server.
+func countGets(client *fake.Clientset) *int {
+	n := new(int)
+	client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		*n++
+		return false, nil, nil
+	})
+	return n
+}
+
+func waitFor(t *testing.T, c *nodecache.Cache, value string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := c.Get(t.Context())
+		if err == nil && n.Annotations["k"] == value {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Get never returned k=%q (last %v, %v)", value, n, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestGetReturnsTheNewerOfTheCacheAndOurWrite(t *testing.T) {
+	client := fake.NewClientset(node("10", "start"))
+	gets := countGets(client)
+	c := nodecache.New(client, "n1")
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.Get(t.Context())
+	if err != nil || n.Annotations["k"] != "start" {
+		t.Fatalf("Get = %v, %v; want the cached node", n, err)
+	}
+
+	// Our write returned a newer object than the informer holds: Get must not go back.
+	c.Wrote(node("12", "ours"))
+	if n, _ := c.Get(t.Context()); n.Annotations["k"] != "ours" {
+		t.Errorf("after our write Get = %q, want %q", n.Annotations["k"], "ours")
+	}
+	// An older response (a slow write racing a faster one) never replaces a newer one.
+	c.Wrote(node("11", "older"))
+	if n, _ := c.Get(t.Context()); n.Annotations["k"] != "ours" {
+		t.Errorf("after an older response Get = %q, want %q", n.Annotations["k"], "ours")
+	}
+
+	// Someone else writes after us: the informer's newer copy wins.
+	if _, err := client.CoreV1().Nodes().Update(t.Context(), node("15", "theirs"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, c, "theirs")
+	if *gets != 0 {
+		t.Errorf("%d GETs reached the API server, want 0: every read had an answer in memory", *gets)
+	}
+}
+
+func TestGetAsksTheAPIServerWhenItCannotTell(t *testing.T) {
+	ctx := context.Background()
+	t.Run("not started", func(t *testing.T) {
+		client := fake.NewClientset(node("10", "live"))
+		gets := countGets(client)
+		n, err := nodecache.New(client, "n1").Get(ctx)
+		if err != nil || n.Annotations["k"] != "live" || *gets != 1 {
+			t.Errorf("Get = %v, %v after %d GETs; want the live node after one", n, err, *gets)
+		}
+	})
+	t.Run("resource versions that do not compare", func(t *testing.T) {
+		client := fake.NewClientset(node("10", "live"))
+		c := nodecache.New(client, "n1")
+		if err := c.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		gets := countGets(client)
+		c.Wrote(node("not-a-number", "ours"))
+		n, err := c.Get(ctx)
+		if err != nil || *gets != 1 || n.Annotations["k"] != "live" {
+			t.Errorf("Get = %v, %v after %d GETs; want the live node after one", n, err, *gets)
+		}
+	})
+	t.Run("node not in the cache", func(t *testing.T) {
+		client := fake.NewClientset()
+		c := nodecache.New(client, "n1")
+		if err := c.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Get(ctx); err == nil {
+			t.Error("Get of a node that does not exist succeeded")
+		}
+	})
+	t.Run("a write for another node is ignored", func(t *testing.T) {
+		client := fake.NewClientset(node("10", "start"))
+		c := nodecache.New(client, "n1")
+		if err := c.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		other := node("99", "other")
+		other.Name = "n2"
+		c.Wrote(other)
+		c.Wrote(nil)
+		if n, _ := c.Get(ctx); n.Annotations["k"] != "start" {
+			t.Errorf("Get = %q, want %q", n.Annotations["k"], "start")
+		}
+	})
+}
