@@ -50,6 +50,7 @@ type options struct {
 	fleetRuns   int
 	fleetSteady time.Duration
 	fleetLarge  int
+	fleetBreak  bool
 	skip        string
 }
 
@@ -66,6 +67,7 @@ func main() {
 	flag.IntVar(&o.fleetRuns, "fleet-runs", 3, "fleet runs")
 	flag.DurationVar(&o.fleetSteady, "fleet-steady", 30*time.Second, "the fleet's steady-state window")
 	flag.IntVar(&o.fleetLarge, "fleet-large", 1000, "nodes of one more fleet run, to show how the figures grow (0: none)")
+	flag.BoolVar(&o.fleetBreak, "fleet-breaker", true, "one more fleet run with the circuit breaker on")
 	flag.StringVar(&o.skip, "skip", "", "comma-separated parts to leave out: library,agent,latency,fleet")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -616,6 +618,7 @@ type fleetFigures struct {
 	Nodes                  int              `json:"nodes"`
 	GPUs                   int              `json:"gpus"`
 	Reporters              []string         `json:"reporters"`
+	Breaker                bool             `json:"breaker"`
 	StartupSeconds         float64          `json:"startupSeconds"`
 	StartupRequests        int64            `json:"startupRequests"`
 	HeapPerNodeKiB         float64          `json:"heapPerNodeKiB"`
@@ -644,14 +647,15 @@ type fleetFigures struct {
 // figures, the larger run's last.
 type fleetSummary struct{ runs []fleetFigures }
 
-// fleetRun runs test/fleet once with nodes nodes and returns its figures.
-func fleetRun(ctx context.Context, o options, nodes int, name string) (fleetFigures, error) {
+// fleetRun runs test/fleet once with nodes nodes (and env added) and returns its figures.
+func fleetRun(ctx context.Context, o options, nodes int, name string, env ...string) (fleetFigures, error) {
 	var f fleetFigures
 	out := filepath.Join(o.raw, name+".json")
 	_ = os.Remove(out)
 	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "e2e", "-run", "^TestFleet$", "-timeout", "20m", "-v", "./test/fleet/")
 	cmd.Env = append(os.Environ(), "GPUHEALTH_FLEET=1", "GPUHEALTH_FLEET_NODES="+strconv.Itoa(nodes),
 		"GPUHEALTH_FLEET_STEADY="+o.fleetSteady.String(), "GPUHEALTH_FLEET_OUT="+absPath(out))
+	cmd.Env = append(cmd.Env, env...)
 	if _, err := runLogged(cmd, filepath.Join(o.raw, name+".log")); err != nil {
 		return f, err
 	}
@@ -710,6 +714,19 @@ func fleetRows(ctx context.Context, o options) ([]row, *fleetSummary, error) {
 			"test/fleet, one run",
 		})
 	}
+	if o.fleetBreak {
+		f, err := fleetRun(ctx, o, o.fleetNodes, "fleet-breaker", "GPUHEALTH_FLEET_BREAKER=1")
+		if err != nil {
+			return nil, nil, err
+		}
+		summary.runs = append(summary.runs, f)
+		rows = append(rows, row{
+			fmt.Sprintf("fleet: %d nodes, circuit breaker on (budget 20%%, above the wave)", f.Nodes),
+			fmt.Sprintf("wave: all taints and annotations in %.1f s (p99 %.1f s), %d requests; memory per node: heap %.0f KiB",
+				f.WaveAllSeconds, f.WaveP99Seconds, f.WaveRequests, f.HeapPerNodeKiB),
+			"test/fleet GPUHEALTH_FLEET_BREAKER=1, one run",
+		})
+	}
 	return rows, summary, nil
 }
 
@@ -762,7 +779,10 @@ func document(o options, m machineInfo, table string, fleet *fleetSummary, took 
   (` + "`(node*8+gpu) % 10 == 0`" + `, at most one per node) gets XID 48 at the same instant through the agents'
   channel backends; the time is until the last DeviceTaintRule and the last ` + "`volcano.sh/gpu-unhealthy-ids`" + `
   annotation are seen through the test's watches. The test asserts only correctness (every expected rule and
-  annotation exists at the end, nothing else does, one write per change), never a time.
+  annotation exists at the end, nothing else does, one write per change), never a time. The larger run
+  repeats all of it once with more nodes. The breaker run turns the circuit breaker on, with its
+  controller (the GPU count) in the test process and a budget of 20% of the GPUs, above the wave: the
+  final state is the same, and the figures show what the shared budget costs.
 
 Reading the fleet figures: the steady state costs no requests at all (no lease, no polling; the 3
 watches per agent, each selected by the agent's node through a selector the API server indexes, stay
@@ -792,13 +812,17 @@ leaves out the FlowSchema; ` + "`GPUHEALTH_FLEET_KEEP`" + ` a directory for the 
 		b.WriteString("\n## The fleet's runs\n\n")
 		b.WriteString("| run | nodes | start-up | steady requests/s (by kind) | wave: all written | wave requests (by kind, failed ones again by status) |\n|---|---|---|---|---|---|\n")
 		for i, f := range fleet.runs {
-			fmt.Fprintf(&b, "| %d | %d | %.1f s, %d requests | %.2f (%s) | %.2f s | %d (%s) |\n", i+1, f.Nodes, f.StartupSeconds, f.StartupRequests,
+			run := strconv.Itoa(i + 1)
+			if f.Breaker {
+				run += " (breaker)"
+			}
+			fmt.Fprintf(&b, "| %s | %d | %.1f s, %d requests | %.2f (%s) | %.2f s | %d (%s) |\n", run, f.Nodes, f.StartupSeconds, f.StartupRequests,
 				f.SteadyPerSecond, byKind(f.SteadyByKind), f.WaveAllSeconds, f.WaveRequests, byKind(f.WaveByKind))
 		}
 		f := fleet.runs[0]
 		fmt.Fprintf(&b, "\nStart-up requests of run 1 by kind: %s.\n", byKind(f.StartupByKind))
 	}
-	fmt.Fprintf(&b, "\n## Knobs\n\n`go run ./hack/bench -h`: runs (%d), agent window (%s), storm rate (%s XIDs/s), faults per latency run (%d), fleet nodes (%d), fleet runs (%d), fleet steady window (%s), the larger fleet run (%d nodes, `-fleet-large 0` skips it); `-skip library,agent,latency,fleet` leaves parts out. Raw outputs and logs go to `%s/`.\n",
+	fmt.Fprintf(&b, "\n## Knobs\n\n`go run ./hack/bench -h`: runs (%d), agent window (%s), storm rate (%s XIDs/s), faults per latency run (%d), fleet nodes (%d), fleet runs (%d), fleet steady window (%s), the larger fleet run (%d nodes, `-fleet-large 0` skips it), the run with the circuit breaker (`-fleet-breaker=false` skips it); `-skip library,agent,latency,fleet` leaves parts out. Raw outputs and logs go to `%s/`.\n",
 		o.runs, o.agentWindow, thousands(o.stormRate), o.faults, o.fleetNodes, o.fleetRuns, o.fleetSteady, o.fleetLarge, o.raw)
 	return b.String()
 }

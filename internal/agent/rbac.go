@@ -36,9 +36,11 @@ const (
 )
 
 // BreakerRoleRules are the permissions the circuit breaker needs in its namespace (a Role, not a
-// ClusterRole): the shared budget ConfigMap.
+// ClusterRole): reading the ConfigMap with the cluster's GPU count and the acknowledgement, and
+// taking slots (Leases).
 func BreakerRoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create", "update"}},
 	}
 }

@@ -37,11 +37,10 @@ and Prometheus metrics. Sticky faults survive restarts through a checkpoint file
 With --backend sim it replays a scenario on the real clock (and keeps running after its end).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := logs.logger(cmd.ErrOrStderr())
+			ctx, err := logs.context(cmd)
 			if err != nil {
 				return err
 			}
-			ctx := klog.NewContext(cmd.Context(), logger)
 			if nodeName == "" {
 				nodeName = os.Getenv("NODE_NAME")
 			}
@@ -148,6 +147,16 @@ func newClient(kubeconfig string) (kubernetes.Interface, error) {
 // newComponentClient builds the client of a long-running component (agent, extender): from a
 // kubeconfig file, or from the in-cluster configuration, with its user agent and rate limits.
 func newComponentClient(kubeconfig, userAgent string, qps float32, burst int) (kubernetes.Interface, error) {
+	cfg, err := componentConfig(kubeconfig, userAgent, qps, burst)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// componentConfig is the rest.Config behind newComponentClient, for components that need other
+// clients (metadata) too.
+func componentConfig(kubeconfig, userAgent string, qps float32, burst int) (*rest.Config, error) {
 	var (
 		cfg *rest.Config
 		err error
@@ -162,5 +171,5 @@ func newComponentClient(kubeconfig, userAgent string, qps float32, burst int) (k
 	}
 	cfg.UserAgent = userAgent
 	cfg.QPS, cfg.Burst = qps, burst
-	return kubernetes.NewForConfig(cfg)
+	return cfg, nil
 }

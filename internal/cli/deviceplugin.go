@@ -45,11 +45,10 @@ plugin on the same boot.`,
   gpuhealth device-plugin --backend sim --scenario examples/scenario.yaml --kubelet-socket-dir /tmp/dp`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := logs.logger(cmd.ErrOrStderr())
+			ctx, err := logs.context(cmd)
 			if err != nil {
 				return err
 			}
-			ctx := klog.NewContext(cmd.Context(), logger)
 			if resourceName == "" || !strings.Contains(resourceName, "/") {
 				return badInput(fmt.Errorf("--resource-name: must be a domain-prefixed name such as nvidia.com/gpu, got %q", resourceName))
 			}

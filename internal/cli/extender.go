@@ -6,7 +6,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
 )
@@ -37,11 +36,10 @@ the healthy card a GPU-sharing pod gets (volcano.sh/gpu-index, gpuhealth.dev/gpu
 binding it. /healthz answers once the node and pod caches are filled. See docs/extender.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := logs.logger(cmd.ErrOrStderr())
+			ctx, err := logs.context(cmd)
 			if err != nil {
 				return err
 			}
-			ctx := klog.NewContext(cmd.Context(), logger)
 			if _, _, err := net.SplitHostPort(listenAddress); err != nil {
 				return badInput(fmt.Errorf("--listen-address: %w", err))
 			}

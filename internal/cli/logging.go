@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
 
 	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
@@ -24,6 +26,16 @@ func (o *logOptions) addFlags(fs *pflag.FlagSet) {
 
 // logger builds the logger for a command and installs it as klog's global logger too, so that
 // client-go's own log lines go the same way. Only commands do this; libraries take a logger.
+// context returns the command's context carrying the logger the options make, writing to the
+// command's standard error.
+func (o *logOptions) context(cmd *cobra.Command) (context.Context, error) {
+	logger, err := o.logger(cmd.ErrOrStderr())
+	if err != nil {
+		return nil, err
+	}
+	return klog.NewContext(cmd.Context(), logger), nil
+}
+
 func (o *logOptions) logger(w io.Writer) (logr.Logger, error) {
 	var l logr.Logger
 	switch o.format {

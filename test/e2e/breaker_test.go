@@ -5,9 +5,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +21,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
@@ -60,6 +64,7 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 	if _, err := c.Admin().RbacV1().RoleBindings(agentNamespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	startBreakerController(t, c)
 	// Two jobs per node, on GPUs 0 and 1: the ones about to fail.
 	var jobs []string
 	for _, n := range nodes {
@@ -110,6 +115,17 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 		return left, nil
 	}
 
+	eventually(t, "the breaker controller counts the cluster's 16 GPUs", func(ctx context.Context) (bool, string, error) {
+		cm, err := c.Admin().CoreV1().ConfigMaps(agentNamespace).Get(ctx, breaker.ConfigMapName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, "no ConfigMap yet", nil
+		}
+		if err != nil {
+			return false, "", err
+		}
+		n, _ := breaker.ParseState(cm)
+		return n == len(nodes)*gpus, fmt.Sprintf("count %d", n), nil
+	})
 	eventually(t, "the wave is reported on every node", func(ctx context.Context) (bool, string, error) {
 		var ids []string
 		for _, n := range nodes {
@@ -136,6 +152,10 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 		return e[resourcev1.DeviceTaintEffectNoExecute] == 4 && e[resourcev1.DeviceTaintEffectNone] == 4 && len(left) == 4,
 			fmt.Sprintf("effects=%v pods left=%v", e, left), nil
 	})
+	out, stderr, code := gpuhealthCLI(t, "breaker", "status", "--kubeconfig", c.AdminKubeconfig(), "-n", agentNamespace)
+	if code != 0 || !strings.Contains(out, "cluster GPUs: 16") || strings.Count(out, " yes\n") != 4 {
+		t.Errorf("breaker status: exit %d, want the count and 4 slots that count:\n%s%s", code, out, stderr)
+	}
 	eventually(t, "held GPUs are reported loudly", func(ctx context.Context) (bool, string, error) {
 		open := 0
 		for _, n := range nodes {
@@ -167,5 +187,58 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 			return false, "", err
 		}
 		return e[resourcev1.DeviceTaintEffectNoExecute] == 8 && len(left) == 0, fmt.Sprintf("effects=%v pods left=%v", e, left), nil
+	})
+}
+
+// startBreakerController runs `gpuhealth breaker controller` as its own least-privilege
+// ServiceAccount (breaker.ControllerClusterRoleRules and ControllerRoleRules, as the chart grants)
+// until the test ends.
+func startBreakerController(t *testing.T, c *controlplane.Cluster) {
+	t.Helper()
+	ctx := t.Context()
+	const name = "gpuhealth-breaker-controller"
+	admin := c.Admin()
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: breaker.ControllerClusterRoleRules()}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	subjects := []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: agentNamespace, Name: name}}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}, Subjects: subjects}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().Roles(agentNamespace).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: name}, Rules: breaker.ControllerRoleRules()}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().RoleBindings(agentNamespace).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: name},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}, Subjects: subjects}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.ServiceAccountConfig(ctx, agentNamespace, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "breaker-controller.kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig, cfg); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "breaker-controller.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(gpuhealthBinary(t), "breaker", "controller", "--kubeconfig", kubeconfig, "-n", agentNamespace, "-v", "2")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		logFile.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("breaker controller log:\n%s", tail(string(b), 40))
+		}
 	})
 }

@@ -49,7 +49,8 @@ const (
 // nothing else. Finally a real agent runs under exactly these permissions and reports a fault.
 func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	t.Parallel()
-	manifest := renderChart(t, helm.Options{Release: helmRelease, Namespace: helmNamespace})
+	// The breaker on too, so that its controller's objects are applied to a real API server.
+	manifest := renderChart(t, helm.Options{Release: helmRelease, Namespace: helmNamespace, Set: []string{"config.agent.circuitBreaker.enabled=true"}})
 	// Only the controllers the test needs: the policy's type checker, and the ServiceAccount
 	// controller the harness waits for.
 	c := controlplane.StartT(t, controlplane.Options{

@@ -32,12 +32,14 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
@@ -144,8 +146,8 @@ func TestFleet(t *testing.T) {
 	klog.SetLogger(logr.Discard())
 	t.Cleanup(klog.ClearLogger)
 	flowControl := os.Getenv("GPUHEALTH_FLEET_FLOWCONTROL") != "0"
-	breaker := os.Getenv("GPUHEALTH_FLEET_BREAKER") == "1"
-	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds(), FlowControl: flowControl, Breaker: breaker}
+	withBreaker := os.Getenv("GPUHEALTH_FLEET_BREAKER") == "1"
+	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds(), FlowControl: flowControl, Breaker: withBreaker}
 
 	cpOpts := controlplane.Options{DisableScheduler: true, DisableControllerManager: true}
 	if dir := os.Getenv("GPUHEALTH_FLEET_KEEP"); dir != "" {
@@ -161,7 +163,7 @@ func TestFleet(t *testing.T) {
 	}
 
 	setupStart := time.Now()
-	agentCfg := agentConfig(t, c, admin, breaker)
+	agentCfg := agentConfig(t, c, admin, withBreaker)
 	if flowControl {
 		installFlowControl(t, admin)
 	}
@@ -192,7 +194,24 @@ func TestFleet(t *testing.T) {
 	defer stop()
 
 	agentSettings := config.AgentConfig{CheckpointPath: "-", Resync: ptrDuration(time.Hour), Reporters: reporters}
-	if breaker {
+	if withBreaker {
+		// The breaker's controller counts the cluster's GPUs from the agents' annotations, as
+		// the chart's Deployment does.
+		meta, err := metadata.NewForConfig(adminCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counterCtx, stopCounter := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
+		counterDone := make(chan error, 1)
+		go func() {
+			counterDone <- (&breaker.Counter{Client: admin, Metadata: meta, Namespace: agentNamespace}).Run(counterCtx)
+		}()
+		t.Cleanup(func() {
+			stopCounter()
+			if err := <-counterDone; err != nil {
+				t.Errorf("breaker counter: %v", err)
+			}
+		})
 		// The wave is exactly 10% of the GPUs: a budget of 20% admits all of it, so the
 		// final state is the same and the figures show what the shared budget costs.
 		agentSettings.CircuitBreaker = config.CircuitBreakerConfig{Enabled: true, MaxFraction: 0.2, Namespace: agentNamespace}
@@ -231,6 +250,9 @@ func TestFleet(t *testing.T) {
 	startup := counter.snapshot()
 	fig.StartupRequests, fig.StartupByKind = total(startup), startup
 	t.Logf("%d agents ready in %.1fs after %d requests", nodes, fig.StartupSeconds, fig.StartupRequests)
+	if withBreaker {
+		waitBreakerCount(t, admin, nodes*gpusPerNode)
+	}
 
 	// Let the start-up's stragglers (the condition writer, watches opening) settle, then measure.
 	time.Sleep(5 * time.Second)
@@ -322,6 +344,24 @@ func agentConfig(t *testing.T, c *controlplane.Cluster, admin kubernetes.Interfa
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// waitBreakerCount waits until the breaker's ConfigMap holds the cluster's GPU count.
+func waitBreakerCount(t *testing.T, admin kubernetes.Interface, want int) {
+	t.Helper()
+	deadline := time.Now().Add(convergeLimit)
+	for {
+		cm, err := admin.CoreV1().ConfigMaps(agentNamespace).Get(t.Context(), breaker.ConfigMapName, metav1.GetOptions{})
+		if err == nil {
+			if n, _ := breaker.ParseState(cm); n == want {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the breaker's count never reached %d GPUs: %v, %v", want, cm, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // installFlowControl creates the FlowSchema and priority level the chart installs for the agents

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
@@ -89,6 +90,7 @@ var valueSets = []struct {
 	{"extender and serviceMonitor", []string{"extender.enabled=true", "serviceMonitor.enabled=true"}},
 	{"extender binding", []string{"extender.enabled=true", "extender.bind=true"}},
 	{"device mounts, no policy", []string{"agent.nvml.mode=hostMounts", "admissionPolicy.enabled=false"}},
+	{"circuit breaker, no flow control", []string{"config.agent.circuitBreaker.enabled=true", "agent.flowControl.enabled=false"}},
 }
 
 func TestLint(t *testing.T) {
@@ -128,6 +130,30 @@ func TestCircuitBreakerRoleIsLeastPrivilege(t *testing.T) {
 	r.get(t, "RoleBinding", "gpuhealth-agent-breaker", &binding)
 	if binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 || binding.Subjects[0].Name != "gpuhealth-agent" {
 		t.Errorf("breaker RoleBinding = %+v", binding)
+	}
+
+	// The breaker's controller: least privilege, and the Deployment runs it in the namespace.
+	const controller = "gpuhealth-breaker-controller"
+	if render(t).has("Deployment", controller) {
+		t.Error("the breaker controller is rendered although the breaker is off")
+	}
+	var clusterRole rbacv1.ClusterRole
+	r.get(t, "ClusterRole", controller, &clusterRole)
+	if want := breaker.ControllerClusterRoleRules(); !equality.Semantic.DeepEqual(clusterRole.Rules, want) {
+		t.Errorf("breaker controller ClusterRole differs from breaker.ControllerClusterRoleRules():\n got %s\nwant %s", rulesString(clusterRole.Rules), rulesString(want))
+	}
+	var controllerRole rbacv1.Role
+	r.get(t, "Role", controller, &controllerRole)
+	if want := breaker.ControllerRoleRules(); !equality.Semantic.DeepEqual(controllerRole.Rules, want) {
+		t.Errorf("breaker controller Role differs from breaker.ControllerRoleRules():\n got %s\nwant %s", rulesString(controllerRole.Rules), rulesString(want))
+	}
+	var dep appsv1.Deployment
+	r.get(t, "Deployment", controller, &dep)
+	if args := dep.Spec.Template.Spec.Containers[0].Args; len(args) < 2 || args[0] != "breaker" || args[1] != "controller" {
+		t.Errorf("breaker controller args = %v", args)
+	}
+	if dep.Spec.Template.Spec.ServiceAccountName != controller {
+		t.Errorf("breaker controller runs as %q, want %q", dep.Spec.Template.Spec.ServiceAccountName, controller)
 	}
 }
 

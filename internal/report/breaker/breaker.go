@@ -6,50 +6,63 @@
 // None instead (still visible everywhere), loudly, until an operator acknowledges the wave
 // (`gpuhealth breaker ack`) or it leaves the window.
 //
-// The budget is shared through one ConfigMap with optimistic concurrency: an agent records a GPU
-// in it before escalating that GPU's taint, and a conflict means another agent got there first,
-// so the reads are repeated. Every agent therefore sees the same count, even when a whole rack
-// fails at once.
+// The design has to hold at fleet scale, where hundreds of agents ask at the same instant:
+//
+//   - The budget is made of slots: coordination.k8s.io Leases named gpuhealth-breaker-slot-<k>
+//     for k below the budget, in the breaker's namespace. An agent admits a GPU by creating a free
+//     slot (or taking over one whose acquireTime left the window), which the API server does
+//     atomically: two agents can never hold the same slot, so the budget cannot be overrun, and
+//     agents racing for different slots do not conflict (one shared object with optimistic
+//     concurrency admitted one GPU per round, and a 400-GPU wave took 28 s).
+//   - The cluster's GPU count comes from one place: the Counter (`gpuhealth breaker controller`,
+//     one leader-elected Deployment) watches the Nodes' gpu-health annotations and writes the
+//     count into the ConfigMap gpuhealth-circuit-breaker. Agents only watch that ConfigMap by name,
+//     never every Node (which would send every Node update to every agent).
+//   - An acknowledgement is a time in the same ConfigMap: slots taken before it stop counting.
+//
+// Without a count (no Counter has run yet) the breaker admits every escalation and says so: a
+// missing count must not keep sick GPUs schedulable.
 package breaker
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
 )
 
-// The ConfigMap's name and keys.
+// The ConfigMap, its keys, and the slots.
 const (
 	ConfigMapName     = "gpuhealth-circuit-breaker"
-	AdmittedKey       = "admitted"
+	ClusterGPUsKey    = "clusterGPUs"
+	CountedAtKey      = "countedAt"
 	AcknowledgedAtKey = "acknowledgedAt"
+	// SlotPrefix names the slot Leases: gpuhealth-breaker-slot-0, -1, ...
+	SlotPrefix = "gpuhealth-breaker-slot-"
+	// SlotLabel marks the slot Leases, for listing them.
+	SlotLabel = "gpuhealth.dev/breaker-slot"
 )
-
-// Entry records one GPU admitted to a disruptive effect.
-type Entry struct {
-	UUID string    `json:"uuid"`
-	Node string    `json:"node"`
-	At   time.Time `json:"at"`
-}
 
 // Options configure a Breaker.
 type Options struct {
@@ -65,10 +78,14 @@ type Breaker struct {
 	client   kubernetes.Interface
 	nodeName string
 	opts     Options
-	nodes    corelisters.NodeLister
+	config   corelisters.ConfigMapLister
+	onChange func()
 
-	mu   sync.Mutex
-	held []string
+	mu          sync.Mutex
+	held        []string
+	recheckAt   time.Time // when a pending re-check fires (zero: none pending)
+	warnedCount bool
+	stopped     bool
 }
 
 // New returns a Breaker for the agent on nodeName.
@@ -76,119 +93,244 @@ func New(client kubernetes.Interface, nodeName string, opts Options) *Breaker {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Breaker{client: client, nodeName: nodeName, opts: opts}
+	return &Breaker{client: client, nodeName: nodeName, opts: opts, onChange: func() {}}
 }
 
-// Start fills the cache of Nodes (the cluster's GPU count comes from their gpu-health
-// annotations) and watches the breaker's ConfigMap, calling onChange when either changes: an
-// acknowledgement or a shrinking wave may let held GPUs through.
+// Start watches the breaker's ConfigMap (by name: one object, one event per change) and calls
+// onChange when it changes or a slot leaves the window: an acknowledgement, a new count or an
+// expiry may let held GPUs through.
 func (b *Breaker) Start(ctx context.Context, onChange func()) error {
-	nodeFactory := informers.NewSharedInformerFactory(b.client, 0)
-	nodeInformer := nodeFactory.Core().V1().Nodes()
-	if _, err := nodeInformer.Informer().AddEventHandler(dradevices.OnAnyChange(onChange)); err != nil {
-		return err
-	}
-	cmFactory := informers.NewSharedInformerFactoryWithOptions(b.client, 0, informers.WithNamespace(b.opts.Namespace),
+	factory := informers.NewSharedInformerFactoryWithOptions(b.client, 0, informers.WithNamespace(b.opts.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigMapName).String()
 		}))
-	if _, err := cmFactory.Core().V1().ConfigMaps().Informer().AddEventHandler(dradevices.OnAnyChange(onChange)); err != nil {
+	inf := factory.Core().V1().ConfigMaps()
+	if _, err := inf.Informer().AddEventHandler(dradevices.OnAnyChange(onChange)); err != nil {
 		return err
 	}
-	b.nodes = nodeInformer.Lister()
-	nodeFactory.Start(ctx.Done())
-	cmFactory.Start(ctx.Done())
-	for _, f := range []informers.SharedInformerFactory{nodeFactory, cmFactory} {
-		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-			if !ok {
-				return fmt.Errorf("breaker: cache of %v did not sync", typ)
-			}
+	b.config, b.onChange = inf.Lister(), onChange
+	factory.Start(ctx.Done())
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("breaker: cache of %v did not sync", typ)
 		}
 	}
+	go func() {
+		<-ctx.Done()
+		factory.Shutdown()
+		b.mu.Lock()
+		b.stopped = true
+		b.mu.Unlock()
+	}()
 	return nil
 }
 
-// ClusterGPUs counts the physical GPUs the agents report.
-func (b *Breaker) ClusterGPUs() int {
-	nodes, err := b.nodes.List(labels.Everything())
+// state is what the ConfigMap says: the cluster's GPU count (0 when unknown) and the last
+// acknowledgement.
+func (b *Breaker) state() (clusterGPUs int, acknowledged time.Time) {
+	if b.config == nil {
+		return 0, time.Time{}
+	}
+	cm, err := b.config.ConfigMaps(b.opts.Namespace).Get(ConfigMapName)
 	if err != nil {
-		return 0
+		return 0, time.Time{}
 	}
-	total := 0
-	for _, n := range nodes {
-		var s map[string]report.GPUSummary
-		if json.Unmarshal([]byte(n.Annotations[annotation.HealthKey]), &s) != nil {
-			continue
-		}
-		for _, g := range s {
-			if g.ParentUUID == "" {
-				total++
-			}
-		}
+	return ParseState(cm)
+}
+
+// ParseState reads the count and the acknowledgement from the breaker's ConfigMap; a value
+// that does not parse counts as absent.
+func ParseState(cm *corev1.ConfigMap) (clusterGPUs int, acknowledged time.Time) {
+	if n, err := strconv.Atoi(cm.Data[ClusterGPUsKey]); err == nil && n > 0 {
+		clusterGPUs = n
 	}
-	return total
+	if t, err := time.Parse(time.RFC3339Nano, cm.Data[AcknowledgedAtKey]); err == nil {
+		acknowledged = t
+	}
+	return clusterGPUs, acknowledged
 }
 
 // Budget is how many GPUs may be admitted within the window for a cluster of total GPUs.
 func (b *Breaker) Budget(total int) int {
-	return max(1, int(math.Floor(b.opts.MaxFraction*float64(total))))
+	return Budget(b.opts.MaxFraction, total)
 }
 
-// Admit reports whether the GPU may get a disruptive effect now, recording it in the shared
-// budget when it may. A GPU already admitted within the window stays admitted.
+// Budget is max(1, floor(fraction × total)).
+func Budget(fraction float64, total int) int {
+	return max(1, int(math.Floor(fraction*float64(total))))
+}
+
+// Slot is one admission, read from its Lease.
+type Slot struct {
+	Index int
+	Node  string
+	UUID  string
+	At    time.Time
+	lease *coordinationv1.Lease
+}
+
+// Holder is what a slot's holderIdentity says: node/uuid.
+func Holder(node, uuid string) string { return node + "/" + uuid }
+
+// ListSlots returns every slot Lease in the namespace, live or not, by index.
+func ListSlots(ctx context.Context, client kubernetes.Interface, namespace string) ([]Slot, error) {
+	list, err := client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: SlotLabel})
+	if err != nil {
+		return nil, fmt.Errorf("list the breaker's slots: %w", err)
+	}
+	var slots []Slot
+	for i := range list.Items {
+		l := &list.Items[i]
+		idx, err := strconv.Atoi(strings.TrimPrefix(l.Name, SlotPrefix))
+		if err != nil || !strings.HasPrefix(l.Name, SlotPrefix) {
+			continue
+		}
+		s := Slot{Index: idx, lease: l}
+		s.Node, s.UUID, _ = strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "/")
+		if l.Spec.AcquireTime != nil {
+			s.At = l.Spec.AcquireTime.Time
+		}
+		slots = append(slots, s)
+	}
+	slices.SortFunc(slots, func(a, b Slot) int { return a.Index - b.Index })
+	return slots, nil
+}
+
+// Live reports whether a slot still counts: taken after cutoff (the window's start or the last
+// acknowledgement, whichever is later).
+func (s Slot) Live(cutoff time.Time) bool { return s.At.After(cutoff) }
+
+// Cutoff is the earliest time a slot must have been taken at to count.
+func Cutoff(now time.Time, window time.Duration, acknowledged time.Time) time.Time {
+	cutoff := now.Add(-window)
+	if acknowledged.After(cutoff) {
+		cutoff = acknowledged
+	}
+	return cutoff
+}
+
+// errSlotsBusy: every attempt lost a race for a free slot; the caller retries later.
+var errSlotsBusy = errors.New("circuit breaker: lost every race for a free slot; retrying")
+
+// Admit reports whether the GPU may get a disruptive effect now, taking a slot when it may. A
+// GPU holding a live slot stays admitted.
 func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
-	total := b.ClusterGPUs()
-	admitted := false
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		admitted = false
-		cms := b.client.CoreV1().ConfigMaps(b.opts.Namespace)
-		cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: b.opts.Namespace}}
-			if cm, err = cms.Create(ctx, cm, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
-				return apierrors.NewConflict(corev1.Resource("configmaps"), ConfigMapName, err)
+	total, acknowledged := b.state()
+	if total == 0 {
+		b.warnNoCount(ctx)
+		return true, nil
+	}
+	budget := b.Budget(total)
+	holder := Holder(b.nodeName, uuid)
+	for range 5 {
+		now := b.opts.Clock.Now()
+		cutoff := Cutoff(now, b.opts.Window, acknowledged)
+		slots, err := ListSlots(ctx, b.client, b.opts.Namespace)
+		if err != nil {
+			return false, err
+		}
+		live, oldest := 0, time.Time{}
+		taken := map[int]Slot{}
+		for _, s := range slots {
+			taken[s.Index] = s
+			if !s.Live(cutoff) {
+				continue
+			}
+			if s.Node == b.nodeName && s.UUID == uuid {
+				return true, nil
+			}
+			live++
+			if oldest.IsZero() || s.At.Before(oldest) {
+				oldest = s.At
 			}
 		}
-		if err != nil {
-			return err
+		if live >= budget {
+			b.scheduleRecheck(oldest.Add(b.opts.Window))
+			return false, nil
 		}
-		entries := b.live(cm)
-		if slices.ContainsFunc(entries, func(e Entry) bool { return e.UUID == uuid }) {
-			admitted = true
-			return nil
+		// Try a few free slots in random order: agents racing through a wave spread out.
+		var free []int
+		for k := range budget {
+			if s, ok := taken[k]; !ok || !s.Live(cutoff) {
+				free = append(free, k)
+			}
 		}
-		if len(entries) >= b.Budget(total) {
-			return nil
+		rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
+		for _, k := range free[:min(len(free), 3)] {
+			ok, err := b.take(ctx, k, taken, holder, now)
+			if err != nil {
+				return false, err
+			}
+			if ok {
+				return true, nil
+			}
 		}
-		entries = append(entries, Entry{UUID: uuid, Node: b.nodeName, At: b.opts.Clock.Now().UTC()})
-		data, err := json.Marshal(entries)
-		if err != nil {
-			return err
-		}
-		cm = cm.DeepCopy()
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		cm.Data[AdmittedKey] = string(data)
-		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "gpuhealth-agent"}); err != nil {
-			return err // a conflict re-reads: another agent took budget meanwhile
-		}
-		admitted = true
-		return nil
-	})
-	return admitted, err
+	}
+	return false, errSlotsBusy
 }
 
-// live returns the admissions still counting: inside the window and after the last
-// acknowledgement.
-func (b *Breaker) live(cm *corev1.ConfigMap) []Entry {
-	var entries []Entry
-	_ = json.Unmarshal([]byte(cm.Data[AdmittedKey]), &entries) // a damaged list counts as empty
-	cutoff := b.opts.Clock.Now().Add(-b.opts.Window)
-	if ack, err := time.Parse(time.RFC3339Nano, cm.Data[AcknowledgedAtKey]); err == nil && ack.After(cutoff) {
-		cutoff = ack
+// take tries to hold slot k: create it when it does not exist, take it over (an update on the
+// version read, so that only one agent can) when it left the window. It reports whether it got
+// the slot; losing a race is not an error.
+func (b *Breaker) take(ctx context.Context, k int, taken map[int]Slot, holder string, now time.Time) (bool, error) {
+	leases := b.client.CoordinationV1().Leases(b.opts.Namespace)
+	spec := coordinationv1.LeaseSpec{HolderIdentity: &holder, AcquireTime: ptr.To(metav1.NewMicroTime(now))}
+	var err error
+	if s, ok := taken[k]; ok {
+		l := s.lease.DeepCopy()
+		l.Spec = spec
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{FieldManager: "gpuhealth-agent"})
+	} else {
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: SlotPrefix + strconv.Itoa(k), Namespace: b.opts.Namespace,
+				Labels: map[string]string{SlotLabel: "true", "app.kubernetes.io/managed-by": "gpuhealth"}},
+			Spec: spec,
+		}
+		_, err = leases.Create(ctx, l, metav1.CreateOptions{FieldManager: "gpuhealth-agent"})
 	}
-	return slices.DeleteFunc(entries, func(e Entry) bool { return !e.At.After(cutoff) })
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsAlreadyExists(err), apierrors.IsConflict(err), apierrors.IsNotFound(err):
+		return false, nil // another agent got there first
+	default:
+		return false, fmt.Errorf("circuit breaker: take slot %d: %w", k, err)
+	}
+}
+
+// scheduleRecheck asks for another look when the oldest live slot leaves the window, unless an
+// earlier look is already due.
+func (b *Breaker) scheduleRecheck(at time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.recheckAt.IsZero() && !at.Before(b.recheckAt) {
+		return
+	}
+	b.recheckAt = at
+	after := b.opts.Clock.After(max(at.Sub(b.opts.Clock.Now()), time.Second))
+	go func() {
+		<-after
+		b.mu.Lock()
+		due := b.recheckAt.Equal(at) && !b.stopped
+		if due {
+			b.recheckAt = time.Time{}
+		}
+		b.mu.Unlock()
+		if due {
+			b.onChange()
+		}
+	}()
+}
+
+func (b *Breaker) warnNoCount(ctx context.Context) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.warnedCount {
+		return
+	}
+	b.warnedCount = true
+	klog.FromContext(ctx).Info("The circuit breaker has no cluster GPU count yet (is `gpuhealth breaker controller` running?); admitting every escalation",
+		"configMap", b.opts.Namespace+"/"+ConfigMapName)
 }
 
 // SetHeld records which of this node's GPUs the breaker holds back now and reports whether that
@@ -211,13 +353,31 @@ func (b *Breaker) Held() []string {
 	return slices.Clone(b.held)
 }
 
-// Acknowledge lets the held GPUs through: admissions before now no longer count.
+// Acknowledge lets the held GPUs through: slots taken before now no longer count.
 func Acknowledge(ctx context.Context, client kubernetes.Interface, namespace string, now time.Time) error {
+	return updateConfigMap(ctx, client, namespace, "gpuhealth-breaker", func(data map[string]string) bool {
+		data[AcknowledgedAtKey] = now.UTC().Format(time.RFC3339Nano)
+		return true
+	})
+}
+
+// updateConfigMap applies change to the breaker's ConfigMap, creating it if needed; change
+// reports whether it changed anything. Conflicts re-read.
+func updateConfigMap(ctx context.Context, client kubernetes.Interface, namespace, fieldManager string, change func(map[string]string) bool) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cms := client.CoreV1().ConfigMaps(namespace)
 		cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			return nil // nothing admitted, nothing held
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: namespace,
+				Labels: map[string]string{"app.kubernetes.io/managed-by": "gpuhealth"}}, Data: map[string]string{}}
+			if !change(cm.Data) {
+				return nil
+			}
+			_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: fieldManager})
+			if apierrors.IsAlreadyExists(err) {
+				return apierrors.NewConflict(corev1.Resource("configmaps"), ConfigMapName, err)
+			}
+			return err
 		}
 		if err != nil {
 			return err
@@ -226,8 +386,10 @@ func Acknowledge(ctx context.Context, client kubernetes.Interface, namespace str
 		if cm.Data == nil {
 			cm.Data = map[string]string{}
 		}
-		cm.Data[AcknowledgedAtKey] = now.UTC().Format(time.RFC3339Nano)
-		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "gpuhealth-breaker"})
+		if !change(cm.Data) {
+			return nil
+		}
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: fieldManager})
 		return err
 	})
 }

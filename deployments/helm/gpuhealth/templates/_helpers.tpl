@@ -60,3 +60,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpuhealth.extender.serviceAccountName" -}}
 {{- default (include "gpuhealth.extender.name" .) .Values.extender.serviceAccount.name -}}
 {{- end -}}
+
+{{- define "gpuhealth.breaker.name" -}}
+{{- printf "%s-breaker-controller" (include "gpuhealth.fullname" .) -}}
+{{- end -}}

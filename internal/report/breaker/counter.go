@@ -1,0 +1,116 @@
+package breaker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/internal/report"
+	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
+)
+
+// Counter keeps the cluster's GPU count in the breaker's ConfigMap: the physical GPUs the agents
+// report in their Nodes' gpu-health annotations (MIG instances are not counted twice). It watches
+// the Nodes' metadata only, once for the whole cluster, and writes when the count changes. Run it
+// in one place (`gpuhealth breaker controller` elects a leader among its replicas).
+type Counter struct {
+	Client    kubernetes.Interface
+	Metadata  metadata.Interface
+	Namespace string
+	Clock     clock.PassiveClock
+}
+
+var nodesResource = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+
+// Run counts until ctx is done.
+func (c *Counter) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithValues("controller", "breaker-counter")
+	clk := c.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	factory := metadatainformer.NewSharedInformerFactory(c.Metadata, 0)
+	inf := factory.ForResource(nodesResource)
+	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "breaker-counter"})
+	defer queue.ShutDown()
+	if _, err := inf.Informer().AddEventHandler(dradevices.OnAnyChange(func() { queue.Add("count") })); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("breaker counter: cache of %v did not sync", typ)
+		}
+	}
+	go func() {
+		<-ctx.Done()
+		queue.ShutDown()
+	}()
+	queue.Add("count")
+	last := -1
+	for {
+		key, quit := queue.Get()
+		if quit {
+			return nil
+		}
+		objs, err := inf.Lister().List(labels.Everything())
+		total := 0
+		for _, obj := range objs {
+			if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
+				total += PhysicalGPUs(m.Annotations[annotation.HealthKey])
+			}
+		}
+		if err == nil && total != last {
+			err = updateConfigMap(ctx, c.Client, c.Namespace, "gpuhealth-breaker-counter", func(data map[string]string) bool {
+				if data[ClusterGPUsKey] == strconv.Itoa(total) {
+					return false
+				}
+				data[ClusterGPUsKey] = strconv.Itoa(total)
+				data[CountedAtKey] = clk.Now().UTC().Format(time.RFC3339)
+				return true
+			})
+			if err == nil {
+				logger.Info("Cluster GPU count", "gpus", total, "nodes", len(objs))
+				last = total
+			}
+		}
+		if err != nil {
+			logger.Error(err, "Counting the cluster's GPUs failed; retrying")
+			queue.AddRateLimited(key)
+		} else {
+			queue.Forget(key)
+		}
+		queue.Done(key)
+	}
+}
+
+// PhysicalGPUs counts the GPUs (not MIG instances) in a gpu-health annotation; a malformed or
+// absent annotation counts none.
+func PhysicalGPUs(healthJSON string) int {
+	var s map[string]report.GPUSummary
+	if json.Unmarshal([]byte(healthJSON), &s) != nil {
+		return 0
+	}
+	n := 0
+	for _, g := range s {
+		if g.ParentUUID == "" {
+			n++
+		}
+	}
+	return n
+}
