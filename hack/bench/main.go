@@ -66,7 +66,7 @@ func main() {
 	flag.IntVar(&o.fleetNodes, "fleet-nodes", 500, "simulated nodes in the fleet")
 	flag.IntVar(&o.fleetRuns, "fleet-runs", 3, "fleet runs")
 	flag.DurationVar(&o.fleetSteady, "fleet-steady", 30*time.Second, "the fleet's steady-state window")
-	flag.IntVar(&o.fleetLarge, "fleet-large", 1000, "nodes of one more fleet run, to show how the figures grow (0: none)")
+	flag.IntVar(&o.fleetLarge, "fleet-large", 2000, "nodes of one more fleet run, to show how the figures grow (0: none)")
 	flag.BoolVar(&o.fleetBreak, "fleet-breaker", true, "one more fleet run with the circuit breaker on")
 	flag.StringVar(&o.skip, "skip", "", "comma-separated parts to leave out: library,agent,latency,fleet")
 	flag.Parse()

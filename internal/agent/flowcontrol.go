@@ -30,15 +30,18 @@ const (
 	flowConcurrencyShares = 20
 	// flowLendablePercent lends half of the level's seats to busier levels while it is idle.
 	flowLendablePercent = 50
-	// flowQueueLength is how many of the agents' requests may wait: a wave costs each changed
-	// node three concurrent writes (annotation, condition, rule) and an Event. Requests wait at
-	// most a quarter of the request timeout (15 s by default) before they are rejected.
-	flowQueueLength = 2000
+	// DefaultFlowQueueLength is how many of the agents' requests may wait: a wave costs each
+	// changed node four requests at once (the annotation, the condition, the rule and an Event),
+	// so 5,000 hold a wave on 1,250 nodes; the fleet test saw 2,000 overflow at 1,000 nodes.
+	// Requests wait at most a quarter of the request timeout (15 s by default) before they are
+	// rejected anyway. The chart's agent.flowControl.queueLengthLimit sets it.
+	DefaultFlowQueueLength = 5000
 )
 
 // FlowControl returns the FlowSchema that routes the requests of the agents' ServiceAccount to
-// their own PriorityLevelConfiguration, and that level, both called name.
-func FlowControl(name, namespace, serviceAccount string) (*flowcontrolv1.FlowSchema, *flowcontrolv1.PriorityLevelConfiguration) {
+// their own PriorityLevelConfiguration, and that level, both called name, with a queue of
+// queueLength requests.
+func FlowControl(name, namespace, serviceAccount string, queueLength int32) (*flowcontrolv1.FlowSchema, *flowcontrolv1.PriorityLevelConfiguration) {
 	level := &flowcontrolv1.PriorityLevelConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: flowcontrolv1.PriorityLevelConfigurationSpec{
@@ -49,7 +52,7 @@ func FlowControl(name, namespace, serviceAccount string) (*flowcontrolv1.FlowSch
 				LimitResponse: flowcontrolv1.LimitResponse{
 					Type: flowcontrolv1.LimitResponseTypeQueue,
 					// One flow: fair queuing among flows has nothing to share out, so one queue.
-					Queuing: &flowcontrolv1.QueuingConfiguration{Queues: 1, HandSize: 1, QueueLengthLimit: flowQueueLength},
+					Queuing: &flowcontrolv1.QueuingConfiguration{Queues: 1, HandSize: 1, QueueLengthLimit: queueLength},
 				},
 			},
 		},

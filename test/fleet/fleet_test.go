@@ -369,7 +369,7 @@ func waitBreakerCount(t *testing.T, admin kubernetes.Interface, want int) {
 func installFlowControl(t *testing.T, admin kubernetes.Interface) {
 	t.Helper()
 	ctx := t.Context()
-	schema, level := agent.FlowControl(agentAccount, agentNamespace, agentAccount)
+	schema, level := agent.FlowControl(agentAccount, agentNamespace, agentAccount, agent.DefaultFlowQueueLength)
 	if _, err := admin.FlowcontrolV1().PriorityLevelConfigurations().Create(ctx, level, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

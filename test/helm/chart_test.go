@@ -388,7 +388,7 @@ func TestExtender(t *testing.T) {
 func TestAgentFlowControl(t *testing.T) {
 	requireHelm(t)
 	r := render(t)
-	wantSchema, wantLevel := agent.FlowControl("gpuhealth-agent", testNamespace, "gpuhealth-agent")
+	wantSchema, wantLevel := agent.FlowControl("gpuhealth-agent", testNamespace, "gpuhealth-agent", agent.DefaultFlowQueueLength)
 	var schema flowcontrolv1.FlowSchema
 	r.get(t, "FlowSchema", "gpuhealth-agent", &schema)
 	if !equality.Semantic.DeepEqual(schema.Spec, wantSchema.Spec) {
@@ -398,6 +398,11 @@ func TestAgentFlowControl(t *testing.T) {
 	r.get(t, "PriorityLevelConfiguration", "gpuhealth-agent", &level)
 	if !equality.Semantic.DeepEqual(level.Spec, wantLevel.Spec) {
 		t.Errorf("chart's PriorityLevelConfiguration spec differs from agent.FlowControl():\n got %+v\nwant %+v", level.Spec, wantLevel.Spec)
+	}
+	// The queue is sized by a value.
+	render(t, "agent.flowControl.queueLengthLimit=12000").get(t, "PriorityLevelConfiguration", "gpuhealth-agent", &level)
+	if got := level.Spec.Limited.LimitResponse.Queuing.QueueLengthLimit; got != 12000 {
+		t.Errorf("queueLengthLimit = %d, want the value's 12000", got)
 	}
 	if off := render(t, "agent.flowControl.enabled=false"); off.has("FlowSchema", "gpuhealth-agent") || off.has("PriorityLevelConfiguration", "gpuhealth-agent") {
 		t.Error("flow control rendered although agent.flowControl.enabled=false")
