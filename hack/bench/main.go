@@ -619,6 +619,9 @@ type fleetFigures struct {
 	GPUs                   int              `json:"gpus"`
 	Reporters              []string         `json:"reporters"`
 	Breaker                bool             `json:"breaker"`
+	BreakerBudget          int              `json:"breakerBudget"`
+	BreakerMaxDisruptive   int              `json:"breakerMaxDisruptive"`
+	BreakerSettleSeconds   float64          `json:"breakerSettleSeconds"`
 	StartupSeconds         float64          `json:"startupSeconds"`
 	StartupRequests        int64            `json:"startupRequests"`
 	HeapPerNodeKiB         float64          `json:"heapPerNodeKiB"`
@@ -715,15 +718,15 @@ func fleetRows(ctx context.Context, o options) ([]row, *fleetSummary, error) {
 		})
 	}
 	if o.fleetBreak {
-		f, err := fleetRun(ctx, o, o.fleetNodes, "fleet-breaker", "GPUHEALTH_FLEET_BREAKER=1")
+		f, err := fleetRun(ctx, o, o.fleetNodes, "fleet-breaker", "GPUHEALTH_FLEET_BREAKER=1", "GPUHEALTH_FLEET_BREAKER_FRACTION=0.05")
 		if err != nil {
 			return nil, nil, err
 		}
 		summary.runs = append(summary.runs, f)
 		rows = append(rows, row{
-			fmt.Sprintf("fleet: %d nodes, circuit breaker on (budget 20%%, above the wave)", f.Nodes),
-			fmt.Sprintf("wave: all taints and annotations in %.1f s (p99 %.1f s), %d requests; memory per node: heap %.0f KiB",
-				f.WaveAllSeconds, f.WaveP99Seconds, f.WaveRequests, f.HeapPerNodeKiB),
+			fmt.Sprintf("fleet: %d nodes, circuit breaker on, budget 5%% (%d GPUs) against the 10%% wave", f.Nodes, f.BreakerBudget),
+			fmt.Sprintf("all taints and annotations in %.1f s; exactly %d GPUs NoSchedule after %.1f s, never more than %d at once, the rest None; %d requests; heap %.0f KiB per node",
+				f.WaveAllSeconds, f.BreakerBudget, f.BreakerSettleSeconds, f.BreakerMaxDisruptive, f.WaveRequests, f.HeapPerNodeKiB),
 			"test/fleet GPUHEALTH_FLEET_BREAKER=1, one run",
 		})
 	}
@@ -781,8 +784,9 @@ func document(o options, m machineInfo, table string, fleet *fleetSummary, took 
   annotation are seen through the test's watches. The test asserts only correctness (every expected rule and
   annotation exists at the end, nothing else does, one write per change), never a time. The larger run
   repeats all of it once with more nodes. The breaker run turns the circuit breaker on, with its
-  controller (the GPU count) in the test process and a budget of 20% of the GPUs, above the wave: the
-  final state is the same, and the figures show what the shared budget costs.
+  controller (the GPU count) in the test process and a budget of 5% of the GPUs, half the wave: 400
+  agents race for 200 slots, and the test fails if more than the budget ever had NoSchedule at once
+  or if the final state is not exactly the budget NoSchedule and the rest None.
 
 Reading the fleet figures: the steady state costs no requests at all (no lease, no polling; the 3
 watches per agent, each selected by the agent's node through a selector the API server indexes, stay

@@ -69,8 +69,14 @@ type Figures struct {
 	Reporters []string `json:"reporters"`
 	// FlowControl says whether the agents had the chart's FlowSchema and priority level.
 	FlowControl bool `json:"flowControl"`
-	// Breaker says whether the agents ran the circuit breaker (budget 20%, above the wave).
-	Breaker bool `json:"breaker"`
+	// Breaker says whether the agents ran the circuit breaker (GPUHEALTH_FLEET_BREAKER_FRACTION
+	// of the GPUs, default 20%, above the wave), and BreakerBudget its budget in GPUs.
+	Breaker       bool `json:"breaker"`
+	BreakerBudget int  `json:"breakerBudget,omitempty"`
+	// When the budget is below the wave: the most rules ever seen with a disruptive effect at
+	// once (never above the budget), and the seconds until exactly the budget had one.
+	BreakerMaxDisruptive int     `json:"breakerMaxDisruptive,omitempty"`
+	BreakerSettleSeconds float64 `json:"breakerSettleSeconds,omitempty"`
 
 	// SetupSeconds is creating the Nodes and ResourceSlices (not part of the agent's cost).
 	SetupSeconds float64 `json:"setupSeconds"`
@@ -130,6 +136,8 @@ type Figures struct {
 // default 30s); GPUHEALTH_FLEET_REPORTERS (comma-separated, default all);
 // GPUHEALTH_FLEET_FLOWCONTROL=0 leaves the agents in the API server's default flow control;
 // GPUHEALTH_FLEET_BREAKER=1 turns the circuit breaker on (a budget above the wave);
+// GPUHEALTH_FLEET_BREAKER_FRACTION sets its share (default 0.2; below 0.1 part of the wave is
+// held back, and the test checks that exactly the budget gets NoSchedule);
 // GPUHEALTH_FLEET_KEEP=DIR keeps the control plane's logs and data in DIR.
 func TestFleet(t *testing.T) {
 	if os.Getenv("GPUHEALTH_FLEET") != "1" {
@@ -147,6 +155,7 @@ func TestFleet(t *testing.T) {
 	t.Cleanup(klog.ClearLogger)
 	flowControl := os.Getenv("GPUHEALTH_FLEET_FLOWCONTROL") != "0"
 	withBreaker := os.Getenv("GPUHEALTH_FLEET_BREAKER") == "1"
+	breakerFraction := envFloat(t, "GPUHEALTH_FLEET_BREAKER_FRACTION", 0.2)
 	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds(), FlowControl: flowControl, Breaker: withBreaker}
 
 	cpOpts := controlplane.Options{DisableScheduler: true, DisableControllerManager: true}
@@ -212,9 +221,12 @@ func TestFleet(t *testing.T) {
 				t.Errorf("breaker counter: %v", err)
 			}
 		})
-		// The wave is exactly 10% of the GPUs: a budget of 20% admits all of it, so the
-		// final state is the same and the figures show what the shared budget costs.
-		agentSettings.CircuitBreaker = config.CircuitBreakerConfig{Enabled: true, MaxFraction: 0.2, Namespace: agentNamespace}
+		// The wave is exactly 10% of the GPUs: the default budget of 20% admits all of it, so
+		// the final state is the same and the figures show what the shared budget costs; a
+		// smaller fraction holds part of the wave back, and the wave checks that exactly the
+		// budget got NoSchedule while hundreds of agents raced for it.
+		agentSettings.CircuitBreaker = config.CircuitBreakerConfig{Enabled: true, MaxFraction: breakerFraction, Namespace: agentNamespace}
+		fig.BreakerBudget = breaker.Budget(breakerFraction, fig.GPUs)
 	}
 	start := time.Now()
 	for _, n := range fleet {
@@ -532,6 +544,7 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 		}
 	}
 
+	effects := &effectCount{effects: map[string]resourcev1.DeviceTaintEffect{}}
 	pendingIDs := maps.Clone(wantIDs)
 	pendingConds := maps.Clone(wantIDs)
 	pendingRules := maps.Clone(wantRules)
@@ -562,11 +575,34 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 				lastConds = now
 			}
 		case *resourcev1.DeviceTaintRule:
+			effects.see(obj)
 			if pendingRules[obj.Name] {
 				delete(pendingRules, obj.Name)
 				lat, lastRules = append(lat, now), now
 			}
 		}
+	}
+	held := fig.BreakerBudget > 0 && fig.BreakerBudget < len(wantRules)
+	if held {
+		// Part of the wave is held back: wait until exactly the budget has NoSchedule (agents
+		// that lost every race for a slot retry), watching that it is never exceeded.
+		for effects.disruptive() != fig.BreakerBudget {
+			select {
+			case obj := <-rules.objects:
+				if r, ok := obj.(*resourcev1.DeviceTaintRule); ok {
+					effects.see(r)
+				}
+			case err := <-rules.errs:
+				t.Fatal(err)
+			case <-deadline:
+				t.Fatalf("after %v: %d rules NoSchedule, want the budget of %d", convergeLimit, effects.disruptive(), fig.BreakerBudget)
+			}
+		}
+		fig.BreakerSettleSeconds = time.Since(injected).Seconds()
+	}
+	fig.BreakerMaxDisruptive = effects.max
+	if fig.BreakerBudget > 0 && effects.max > fig.BreakerBudget {
+		t.Errorf("%d rules had a disruptive effect at once, past the circuit breaker's budget of %d", effects.max, fig.BreakerBudget)
 	}
 	stopWatches()
 	fig.WaveRewatches = int(nodes.rewatches.Load() + rules.rewatches.Load())
@@ -585,10 +621,55 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 		fig.WaveWrites[k] = v - writesBefore[k]
 	}
 	checkFinalState(t, admin, fleet, wantIDs, wantRules)
+	if held {
+		checkBudget(t, admin, fig.BreakerBudget, len(wantRules))
+	}
 	for sink, want := range map[string]int{"annotation": len(wantIDs), "devicetaint": len(wantRules), "condition": len(wantIDs)} {
+		if held && sink != "annotation" {
+			continue // held GPUs may be written twice (None, then NoSchedule) and get the breaker's condition
+		}
 		if slices.Contains(fig.Reporters, sink) && fig.WaveWrites[sink] != want {
 			t.Errorf("%s: %d writes for the wave, want %d (one per changed object)", sink, fig.WaveWrites[sink], want)
 		}
+	}
+}
+
+// effectCount follows the effect of every rule seen, and the most rules ever seen with a
+// disruptive effect (NoSchedule or NoExecute) at once.
+type effectCount struct {
+	effects map[string]resourcev1.DeviceTaintEffect
+	max     int
+}
+
+func (e *effectCount) see(r *resourcev1.DeviceTaintRule) {
+	e.effects[r.Name] = r.Spec.Taint.Effect
+	e.max = max(e.max, e.disruptive())
+}
+
+func (e *effectCount) disruptive() int {
+	n := 0
+	for _, eff := range e.effects {
+		if eff != resourcev1.DeviceTaintEffectNone {
+			n++
+		}
+	}
+	return n
+}
+
+// checkBudget lists the rules and checks that exactly budget of the wave's GPUs have NoSchedule
+// and the rest None.
+func checkBudget(t *testing.T, admin kubernetes.Interface, budget, wave int) {
+	t.Helper()
+	rules, err := admin.ResourceV1().DeviceTaintRules().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byEffect := map[resourcev1.DeviceTaintEffect]int{}
+	for _, r := range rules.Items {
+		byEffect[r.Spec.Taint.Effect]++
+	}
+	if byEffect[resourcev1.DeviceTaintEffectNoSchedule] != budget || byEffect[resourcev1.DeviceTaintEffectNone] != wave-budget {
+		t.Errorf("rules by effect %v, want %d NoSchedule (the budget) and %d None", byEffect, budget, wave-budget)
 	}
 }
 
@@ -713,7 +794,7 @@ func report(t *testing.T, fig Figures) {
 		flow = "default flow control"
 	}
 	if fig.Breaker {
-		flow += ", circuit breaker on"
+		flow += fmt.Sprintf(", circuit breaker on (budget %d GPUs)", fig.BreakerBudget)
 	}
 	fmt.Fprintf(&b, "fleet: %d nodes × %d GPUs, one agent and one client each, reporters %s, %s, kube-apiserver %s on loopback\n",
 		fig.Nodes, gpusPerNode, strings.Join(fig.Reporters, ","), flow, controlplane.KubernetesVersion)
@@ -727,6 +808,10 @@ func report(t *testing.T, fig Figures) {
 	fmt.Fprintf(&b, "| wave: %d GPUs on %d nodes fail at once | all taints and annotations in %.2f s (annotations %.2f s, rules %.2f s; per object p50 %.2f s, p99 %.2f s); conditions %.2f s |\n",
 		fig.WaveGPUs, fig.WaveNodes, fig.WaveAllSeconds, fig.WaveAnnotationsSeconds, fig.WaveRulesSeconds, fig.WaveP50Seconds, fig.WaveP99Seconds, fig.WaveConditionsSeconds)
 	fmt.Fprintf(&b, "| wave: API requests | %d (%s); writes %v; observer re-watches %d |\n", fig.WaveRequests, kinds(fig.WaveByKind), fig.WaveWrites, fig.WaveRewatches)
+	if fig.BreakerSettleSeconds > 0 {
+		fmt.Fprintf(&b, "| wave: circuit breaker | exactly the budget of %d GPUs NoSchedule after %.2f s, the rest None; never more than %d at once |\n",
+			fig.BreakerBudget, fig.BreakerSettleSeconds, fig.BreakerMaxDisruptive)
+	}
 	fmt.Println(b.String())
 	if path := os.Getenv("GPUHEALTH_FLEET_OUT"); path != "" {
 		out, err := json.MarshalIndent(fig, "", "  ")
@@ -973,6 +1058,19 @@ func envInt(t *testing.T, key string, def int) int {
 		t.Fatalf("%s=%q: want a positive number", key, v)
 	}
 	return n
+}
+
+func envFloat(t *testing.T, key string, def float64) float64 {
+	t.Helper()
+	v := os.Getenv(key)
+	if v == "" {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 || f > 1 {
+		t.Fatalf("%s=%q: want a fraction in (0, 1]", key, v)
+	}
+	return f
 }
 
 func envDuration(t *testing.T, key string, def time.Duration) time.Duration {
