@@ -4,7 +4,8 @@
 // comes from the Node objects in the request (nodeCacheCapable: false) or from a node informer
 // (nodeCacheCapable: true); what the pods on each node hold comes from a pod informer. No request
 // costs an API call, except /bind, which reads the pod it binds, records the chosen card on it
-// and creates the Binding.
+// and creates the Binding. With Options.Requeue, a workqueue nudges the pods /filter rejected
+// because of GPU health once a node they were rejected on recovers (see requeuer).
 package extender
 
 import (
@@ -26,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 )
@@ -39,6 +41,14 @@ type Options struct {
 	// Bind serves /bind: the extender binds the pods the scheduler hands it, recording the card
 	// of a GPU-sharing pod first. Without it /bind answers an error.
 	Bind bool
+	// Requeue remembers the pods /filter rejected on a node (named in the request, that is
+	// nodeCacheCapable: true) because of GPU health, and patches RequeuedAtAnnotation on those
+	// still pending when the node informer sees that node recover, so that kube-scheduler retries
+	// them against the updated cache. It needs patch on pods. `gpuhealth extender` turns it on
+	// with --bind, with which the chart's RBAC grants that.
+	Requeue bool
+	// Clock is the time source of Requeue; nil means the real clock.
+	Clock clock.WithTicker
 	// MaxRequestBytes bounds a request body; 0 means DefaultMaxRequestBytes.
 	MaxRequestBytes int64
 	// ShutdownTimeout bounds draining requests on shutdown; 0 means 10 s.
@@ -50,7 +60,10 @@ type Server struct {
 	client kubernetes.Interface
 	opts   Options
 	state  *state
-	ready  atomic.Bool
+	// requeue is nil without Options.Requeue; workers waits for its goroutine.
+	requeue *requeuer
+	workers sync.WaitGroup
+	ready   atomic.Bool
 	// bindMu makes choosing a card and charging it one step, so two binds in flight never pick
 	// the same last free memory.
 	bindMu sync.Mutex
@@ -65,14 +78,27 @@ func New(client kubernetes.Interface, opts Options) *Server {
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = 10 * time.Second
 	}
-	return &Server{client: client, opts: opts, state: newState(), logger: klog.Background()}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	s := &Server{client: client, opts: opts, state: newState(), logger: klog.Background()}
+	if opts.Requeue {
+		s.requeue = newRequeuer(client, opts.Clock)
+	}
+	return s
 }
 
-// Start runs the node and pod informers until ctx ends and returns once their caches are
-// filled; /healthz answers OK from then on.
+// Start runs the node and pod informers (and with Options.Requeue the requeue workers) until ctx
+// ends and returns once the caches are filled; /healthz answers OK from then on.
 func (s *Server) Start(ctx context.Context) error {
 	s.logger = klog.FromContext(ctx)
-	if err := s.state.start(ctx, s.client); err != nil {
+	var l listener
+	if s.requeue != nil {
+		s.requeue.logger = s.logger.WithValues("controller", "requeue")
+		l = s.requeue
+		s.workers.Go(func() { s.requeue.run(ctx) })
+	}
+	if err := s.state.start(ctx, s.client, l); err != nil {
 		return err
 	}
 	s.ready.Store(true)
@@ -98,7 +124,12 @@ func (s *Server) Handler() http.Handler {
 // Run starts the informers, then serves on ln until ctx ends, then drains requests for up to
 // Options.ShutdownTimeout. It is what `gpuhealth extender` runs.
 func Run(ctx context.Context, ln net.Listener, client kubernetes.Interface, opts Options) error {
+	ctx, cancel := context.WithCancel(ctx)
 	s := New(client, opts)
+	defer func() {
+		cancel()
+		s.workers.Wait()
+	}()
 	if err := s.Start(ctx); err != nil {
 		_ = ln.Close()
 		return err
@@ -170,22 +201,45 @@ func (s *Server) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) *ext
 	}
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(args.Pod))
 	req := scheduling.PodRequest(args.Pod)
-	failed := extenderv1.FailedNodesMap{}
-	result := &extenderv1.ExtenderFilterResult{FailedNodes: failed}
+	result, retryOn := s.filter(logger, args, req)
+	if s.requeue != nil && args.NodeNames != nil && args.Pod.UID != "" && args.Pod.Spec.NodeName == "" {
+		s.requeue.remember(args.Pod.UID, args.Pod.Namespace, args.Pod.Name, retryOn)
+	}
+	if result.Error == "" {
+		logger.V(4).Info("Filtered", "request", req, "failed", len(result.FailedNodes))
+	}
+	return result
+}
 
+// filter is Filter under the state's read lock. retryOn lists the nodes named in the request
+// that GPU health (or a node missing from the cache) ruled out, when Options.Requeue is on: the
+// pod is worth retrying when one of them gets better. With Node objects in the request the
+// extender judges the scheduler's own view of the nodes, so the scheduler's own Node events
+// already retry the pod, and nothing is collected.
+func (s *Server) filter(logger klog.Logger, args *extenderv1.ExtenderArgs, req scheduling.Request) (result *extenderv1.ExtenderFilterResult, retryOn []string) {
+	failed := extenderv1.FailedNodesMap{}
+	result = &extenderv1.ExtenderFilterResult{FailedNodes: failed}
 	s.state.mu.RLock()
 	defer s.state.mu.RUnlock()
 	switch {
 	case args.NodeNames != nil:
 		names := make([]string, 0, len(*args.NodeNames))
+		var scratch []scheduling.GPU
 		for _, name := range *args.NodeNames {
 			node, _ := s.state.nodeLocked(name, nil)
 			if node == nil {
 				failed[name] = "node is not in the gpuhealth extender's cache yet"
+				if s.requeue != nil {
+					retryOn = append(retryOn, name)
+				}
 				continue
 			}
-			if fits, reason := scheduling.Filter(req, node, s.state.usageLocked(name)); !fits {
+			used := s.state.usageLocked(name)
+			if fits, reason := scheduling.Filter(req, node, used); !fits {
 				failed[name] = reason
+				if s.requeue != nil && healthBlocks(req, node, used, &scratch) {
+					retryOn = append(retryOn, node.Name) // the cache's string, shared by all pods
+				}
 				continue
 			}
 			names = append(names, name)
@@ -207,10 +261,9 @@ func (s *Server) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) *ext
 		}
 		result.Nodes = kept
 	default:
-		return &extenderv1.ExtenderFilterResult{Error: "request has neither Nodes nor NodeNames"}
+		return &extenderv1.ExtenderFilterResult{Error: "request has neither Nodes nor NodeNames"}, nil
 	}
-	logger.V(4).Info("Filtered", "request", req, "failed", len(failed))
-	return result
+	return result, retryOn
 }
 
 func (s *Server) servePrioritize(w http.ResponseWriter, r *http.Request) {
@@ -341,6 +394,9 @@ func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs)
 	if err := pods.Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
 		s.state.forget(pod.UID)
 		return fmt.Errorf("bind: %w", err)
+	}
+	if s.requeue != nil {
+		s.requeue.forget(pod.UID) // bound: nothing to retry
 	}
 	logger.V(2).Info("Bound pod")
 	return nil

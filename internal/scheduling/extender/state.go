@@ -47,19 +47,24 @@ func newState() *state {
 	}
 }
 
-// setNode parses node and stores it; it returns the warnings when they differ from the node's
-// previous ones, so that each problem is logged once, not at every status heartbeat.
-func (s *state) setNode(node *corev1.Node) (newWarnings []string) {
+// setNode parses node and stores it. It returns the warnings when they differ from the node's
+// previous ones, so that each problem is logged once, not at every status heartbeat, and whether
+// the node can now hold work it could not before (see improved).
+func (s *state) setNode(node *corev1.Node) (newWarnings []string, better bool) {
 	gpus, warnings := scheduling.ParseNode(node)
 	e := &nodeEntry{gpus: gpus, resourceVersion: node.ResourceVersion, warnings: warnings}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	prev := s.nodes[node.Name]
 	s.nodes[node.Name] = e
-	if prev == nil || !slices.Equal(prev.warnings, warnings) {
-		return warnings
+	if prev == nil {
+		return warnings, true
 	}
-	return nil
+	better = improved(&prev.gpus, &gpus)
+	if !slices.Equal(prev.warnings, warnings) {
+		return warnings, better
+	}
+	return nil, better
 }
 
 func (s *state) deleteNode(name string) {
@@ -147,8 +152,16 @@ func (s *state) nodeLocked(name string, fromRequest *corev1.Node) (*scheduling.N
 	return &gpus, warnings
 }
 
-// start runs node and pod informers that feed s, and waits for their first list.
-func (s *state) start(ctx context.Context, client kubernetes.Interface) error {
+// listener hears what the informers learn that matters to a pod the extender rejected: a node
+// that can hold more than before, and a pod that is bound (or gone), which needs no retry.
+type listener interface {
+	nodeImproved(name string)
+	forget(uid types.UID)
+}
+
+// start runs node and pod informers that feed s, and waits for their first list. l, which may be
+// nil, hears from the informers' handlers and must not block them.
+func (s *state) start(ctx context.Context, client kubernetes.Interface, l listener) error {
 	logger := klog.FromContext(ctx)
 	nodes := informers.NewSharedInformerFactory(client, 0)
 	pods := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -162,8 +175,12 @@ func (s *state) start(ctx context.Context, client kubernetes.Interface) error {
 	}
 	onNode := func(obj any) {
 		if n, ok := obj.(*corev1.Node); ok {
-			for _, w := range s.setNode(n) {
+			warnings, better := s.setNode(n)
+			for _, w := range warnings {
 				logger.Info("Ignoring part of a GPU health annotation", "node", klog.KObj(n), "warning", w)
+			}
+			if better && l != nil {
+				l.nodeImproved(n.Name)
 			}
 		}
 	}
@@ -197,6 +214,9 @@ func (s *state) start(ctx context.Context, client kubernetes.Interface) error {
 			logger.Info("Pod's GPU share is not charged to a card", "pod", klog.KObj(p), "warning", warning)
 		}
 		s.observe(p.UID, h, holds)
+		if l != nil && p.Spec.NodeName != "" {
+			l.forget(p.UID) // bound: nothing to retry
+		}
 	}
 	podReg, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    onPod,
@@ -207,6 +227,9 @@ func (s *state) start(ctx context.Context, client kubernetes.Interface) error {
 			}
 			if p, ok := obj.(*corev1.Pod); ok {
 				s.forget(p.UID)
+				if l != nil {
+					l.forget(p.UID)
+				}
 			}
 		},
 	})
