@@ -291,8 +291,7 @@ func agentRows(ctx context.Context, o options) ([]row, error) {
 		return nil, err
 	}
 
-	type sample struct{ rssKiB, hwmKiB, cpuPct, xidRate float64 }
-	results := map[string][]sample{}
+	results := map[string][]agentSample{}
 	for r := range o.runs {
 		for _, kind := range []string{"idle", "storm"} {
 			node := fmt.Sprintf("bench-%s-%d", kind, r)
@@ -310,27 +309,29 @@ func agentRows(ctx context.Context, o options) ([]row, error) {
 			if err := os.WriteFile(scenario, []byte(agentScenario(node, kind, o)), 0o644); err != nil {
 				return nil, err
 			}
-			rss, hwm, cpu, xidRate, err := measureAgent(ctx, o, dir, node, scenario, kubeconfig)
+			m, err := measureAgent(ctx, o, dir, node, scenario, kubeconfig)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", node, err)
 			}
-			progress("  %s: RSS %.1f MiB (peak %.1f MiB), CPU %.1f%%, %.0f XIDs/s evaluated", node, rss/1024, hwm/1024, cpu, xidRate)
-			results[kind] = append(results[kind], sample{rss, hwm, cpu, xidRate})
+			progress("  %s: RSS %.1f MiB (anonymous %.1f, file-backed %.1f; peak %.1f), Go heap %.1f MiB, CPU %.1f%%, %.0f XIDs/s evaluated",
+				node, m.rssKiB/1024, m.anonKiB/1024, m.fileKiB/1024, m.hwmKiB/1024, m.heapKiB/1024, m.cpuPct, m.xidRate)
+			results[kind] = append(results[kind], m)
 		}
 	}
 	how := fmt.Sprintf("`gpuhealth agent --backend sim`, /proc/PID, %s window, median of %d", o.agentWindow, o.runs)
 	var rows []row
 	for _, kind := range []string{"idle", "storm"} {
 		s := results[kind]
-		rss := median(collect(s, func(x sample) float64 { return x.rssKiB }))
-		hwm := median(collect(s, func(x sample) float64 { return x.hwmKiB }))
-		cpu := median(collect(s, func(x sample) float64 { return x.cpuPct }))
+		mib := func(get func(agentSample) float64) float64 { return median(collect(s, get)) / 1024 }
 		what := "agent: idle, 8 simulated GPUs (sampling every 10 s)"
 		if kind == "storm" {
-			rate := median(collect(s, func(x sample) float64 { return x.xidRate }))
+			rate := median(collect(s, func(x agentSample) float64 { return x.xidRate }))
 			what = fmt.Sprintf("agent: XID storm, 8 simulated GPUs, %s XIDs/s evaluated (gpuhealth_xid_total)", thousands(int(rate)))
 		}
-		rows = append(rows, row{what, fmt.Sprintf("RSS %.1f MiB (peak %.1f MiB), CPU %.1f%% of a core", rss/1024, hwm/1024, cpu), how})
+		rows = append(rows, row{what, fmt.Sprintf("RSS %.1f MiB (anonymous %.1f, file-backed %.1f; peak %.1f), Go heap %.1f MiB, CPU %.1f%% of a core",
+			mib(func(x agentSample) float64 { return x.rssKiB }), mib(func(x agentSample) float64 { return x.anonKiB }),
+			mib(func(x agentSample) float64 { return x.fileKiB }), mib(func(x agentSample) float64 { return x.hwmKiB }),
+			mib(func(x agentSample) float64 { return x.heapKiB }), median(collect(s, func(x agentSample) float64 { return x.cpuPct }))), how})
 	}
 	return rows, nil
 }
@@ -355,18 +356,22 @@ func agentScenario(node, kind string, o options) string {
 	return b.String()
 }
 
+// agentSample is one agent run's figures: resident memory (all, anonymous, file-backed, peak) and
+// the Go heap in use, in KiB; CPU in percent of a core; XIDs evaluated per second.
+type agentSample struct{ rssKiB, anonKiB, fileKiB, hwmKiB, heapKiB, cpuPct, xidRate float64 }
+
 // measureAgent runs the agent until ready, lets it settle, and measures its CPU over the window
-// and its RSS at the end.
-func measureAgent(ctx context.Context, o options, dir, node, scenario, kubeconfig string) (rssKiB, hwmKiB, cpuPct, xidRate float64, err error) {
+// and its memory at the end.
+func measureAgent(ctx context.Context, o options, dir, node, scenario, kubeconfig string) (m agentSample, err error) {
 	port, err := freePort()
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return m, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	logPath := filepath.Join(o.raw, "agent-"+node+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return m, err
 	}
 	defer logFile.Close()
 	cmd := exec.CommandContext(ctx, o.gpuhealth, "agent", "--backend", "sim", "--scenario", scenario, "--node-name", node,
@@ -376,7 +381,7 @@ func measureAgent(ctx context.Context, o options, dir, node, scenario, kubeconfi
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Start(); err != nil {
-		return 0, 0, 0, 0, err
+		return m, err
 	}
 	// done is closed once the agent has exited; waitErr says how.
 	done := make(chan struct{})
@@ -401,52 +406,63 @@ func measureAgent(ctx context.Context, o options, dir, node, scenario, kubeconfi
 		}
 		select {
 		case <-done:
-			return 0, 0, 0, 0, fmt.Errorf("agent exited before it was ready (log %s): %w", logPath, waitErr)
+			return m, fmt.Errorf("agent exited before it was ready (log %s): %w", logPath, waitErr)
 		case <-ctx.Done():
-			return 0, 0, 0, 0, ctx.Err()
+			return m, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return 0, 0, 0, 0, fmt.Errorf("agent not ready after 2 minutes; log %s", logPath)
+			return m, fmt.Errorf("agent not ready after 2 minutes; log %s", logPath)
 		}
 	}
 	time.Sleep(2 * time.Second) // past the start-up reconcile
 	pid := cmd.Process.Pid
 	cpu0, err := procCPU(pid)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return m, err
 	}
 	xids0, err := xidTotal(addr)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return m, err
 	}
 	t0 := time.Now()
 	select {
 	case <-time.After(o.agentWindow):
 	case <-ctx.Done():
-		return 0, 0, 0, 0, ctx.Err()
+		return m, ctx.Err()
 	}
 	cpu1, err := procCPU(pid)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return m, err
 	}
 	elapsed := time.Since(t0)
 	xids1, err := xidTotal(addr)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return m, err
 	}
-	xidRate = (xids1 - xids0) / elapsed.Seconds()
+	m.xidRate = (xids1 - xids0) / elapsed.Seconds()
+	m.cpuPct = 100 * (cpu1 - cpu0).Seconds() / elapsed.Seconds()
+	heap, err := metricValue(addr, "go_memstats_heap_inuse_bytes")
+	if err != nil {
+		return m, err
+	}
+	m.heapKiB = heap / 1024
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return m, err
 	}
-	rss, _ := procField(string(status), "VmRSS:")
-	hwm, _ := procField(string(status), "VmHWM:")
-	return float64(rss), float64(hwm), 100 * (cpu1 - cpu0).Seconds() / elapsed.Seconds(), xidRate, nil
+	for field, into := range map[string]*float64{"VmRSS:": &m.rssKiB, "RssAnon:": &m.anonKiB, "RssFile:": &m.fileKiB, "VmHWM:": &m.hwmKiB} {
+		v, _ := procField(string(status), field)
+		*into = float64(v)
+	}
+	return m, nil
 }
 
 // xidTotal sums the agent's gpuhealth_xid_total: the XIDs it has evaluated.
-func xidTotal(addr string) (float64, error) {
+func xidTotal(addr string) (float64, error) { return metricValue(addr, "gpuhealth_xid_total") }
+
+// metricValue sums the samples of one metric the agent serves.
+func metricValue(addr, name string) (float64, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return 0, err
@@ -458,7 +474,7 @@ func xidTotal(addr string) (float64, error) {
 	}
 	var sum float64
 	for line := range strings.Lines(string(body)) {
-		if !strings.HasPrefix(line, "gpuhealth_xid_total") {
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
 			continue
 		}
 		f := strings.Fields(line)
@@ -762,7 +778,8 @@ func document(o options, m machineInfo, table string, fleet *fleetSummary, took 
 - **agent**: the real ` + "`gpuhealth agent --backend sim`" + ` binary (all reporters, default HealthConfig: sampling every
   10 s, resync 5 min) against a local kube-apiserver, as its own least-privilege ServiceAccount. Each run waits for
   ` + "`/readyz`" + `, waits 2 s more, then reads utime+stime from ` + "`/proc/PID/stat`" + ` across the window and VmRSS
-  (VmHWM as the peak) from ` + "`/proc/PID/status`" + ` at its end. *Idle* is 8 GPUs and no events; the *storm* sends
+  (RssAnon and RssFile: anonymous memory and the binary's mapped pages; VmHWM as the peak) from
+  ` + "`/proc/PID/status`" + ` at its end, and the Go heap in use from the agent's own ` + "`go_memstats_heap_inuse_bytes`" + `. *Idle* is 8 GPUs and no events; the *storm* sends
   XID 13 (counted, the GPU stays Healthy) to all 8 GPUs in bursts every 100 ms.
 - **signal → object**: ` + "`TestBenchSignalToObject`" + ` (test/e2e, ` + "`make bench-e2e`" + `): an in-process agent with the
   CLI's client rate limits; each fault and recovery is timed from the signal until the object is seen through a
