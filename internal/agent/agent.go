@@ -34,6 +34,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
@@ -332,20 +333,10 @@ func serve(ctx context.Context, opts Options, writers []*report.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", opts.MetricsAddress, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	if opts.Ready != nil {
 		opts.Ready(lis.Addr().String())
 	}
-	go func() {
-		<-ctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdownCtx)
-	}()
-	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return httpserve.Serve(ctx, lis, mux)
 }
 
 // checkpointer saves the tracker's sticky state when it changes and restores it at start.

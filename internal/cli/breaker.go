@@ -4,12 +4,18 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -17,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -122,9 +129,9 @@ const (
 
 func newBreakerControllerCommand() *cobra.Command {
 	var (
-		kubeconfig, namespace string
-		leaderElect           bool
-		logs                  logOptions
+		kubeconfig, namespace, metricsAddress string
+		leaderElect                           bool
+		logs                                  logOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "controller [--kubeconfig FILE] [--namespace NS] [--leader-elect]",
@@ -132,7 +139,9 @@ func newBreakerControllerCommand() *cobra.Command {
 		Long: `controller watches the Nodes' metadata once for the whole cluster, counts the physical GPUs the
 agents report in their gpuhealth.dev/gpu-health annotations, and writes the count into the
 ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker's budget. With
---leader-elect (default) its replicas elect one leader through the Lease ` + LeaderElectionLease + `.`,
+--leader-elect (default) its replicas elect one leader through the Lease ` + LeaderElectionLease + `.
+--metrics-address serves /healthz (failing when a leader stopped renewing its lease) and /metrics
+(gpuhealth_breaker_cluster_gpus, gpuhealth_breaker_leader).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, err := logs.context(cmd)
@@ -151,24 +160,39 @@ ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker
 			if err != nil {
 				return badInput(err)
 			}
-			counter := &breaker.Counter{Client: client, Metadata: meta, Namespace: namespace}
-			if !leaderElect {
-				return counter.Run(ctx)
+			m := newBreakerControllerMetrics()
+			counter := &breaker.Counter{Client: client, Metadata: meta, Namespace: namespace, Counted: func(n int) { m.gpus.Set(float64(n)) }}
+			watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+			g, ctx := errgroup.WithContext(ctx)
+			if metricsAddress != "" {
+				g.Go(func() error { return serveBreakerController(ctx, metricsAddress, m.registry, watchdog) })
 			}
-			return runLeaderElected(ctx, client, namespace, counter.Run)
+			g.Go(func() error {
+				if !leaderElect {
+					m.leader.Set(1)
+					return counter.Run(ctx)
+				}
+				return runLeaderElected(ctx, client, namespace, watchdog, func(ctx context.Context) error {
+					m.leader.Set(1)
+					defer m.leader.Set(0)
+					return counter.Run(ctx)
+				})
+			})
+			return g.Wait()
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	f.StringVarP(&namespace, "namespace", "n", cmp.Or(os.Getenv("POD_NAMESPACE"), config.DefaultBreakerNamespace), "namespace of the circuit breaker's ConfigMap and slots")
 	f.BoolVar(&leaderElect, "leader-elect", true, "elect one leader among the replicas")
+	f.StringVar(&metricsAddress, "metrics-address", ":9403", "address to serve /healthz and /metrics on (empty: none)")
 	logs.addFlags(f)
 	return cmd
 }
 
 // runLeaderElected runs run while this process leads, and returns when ctx is done or the
 // lead is lost (the Deployment restarts the container, which then campaigns again).
-func runLeaderElected(ctx context.Context, client kubernetes.Interface, namespace string, run func(context.Context) error) error {
+func runLeaderElected(ctx context.Context, client kubernetes.Interface, namespace string, watchdog *leaderelection.HealthzAdaptor, run func(context.Context) error) error {
 	host, _ := os.Hostname()
 	identity := host + "_" + uuid.NewString()
 	lock := &resourcelock.LeaseLock{
@@ -187,6 +211,7 @@ func runLeaderElected(ctx context.Context, client kubernetes.Interface, namespac
 		RenewDeadline:   10 * time.Second,
 		RetryPeriod:     2 * time.Second,
 		Name:            LeaderElectionLease,
+		WatchDog:        watchdog,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				runErr = run(ctx)
@@ -206,4 +231,40 @@ func runLeaderElected(ctx context.Context, client kubernetes.Interface, namespac
 		return fmt.Errorf("lost the lead (Lease %s/%s)", namespace, LeaderElectionLease)
 	}
 	return nil
+}
+
+// breakerControllerMetrics are what the breaker controller exports.
+type breakerControllerMetrics struct {
+	registry     *prometheus.Registry
+	gpus, leader prometheus.Gauge
+}
+
+func newBreakerControllerMetrics() *breakerControllerMetrics {
+	m := &breakerControllerMetrics{
+		registry: prometheus.NewRegistry(),
+		gpus: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuhealth_breaker_cluster_gpus",
+			Help: "The cluster's GPUs as last written to the circuit breaker's ConfigMap (0: not counted yet)."}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuhealth_breaker_leader",
+			Help: "1 while this replica leads and counts, else 0."}),
+	}
+	m.registry.MustRegister(m.gpus, m.leader, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// serveBreakerController serves /healthz and /metrics until ctx is done.
+func serveBreakerController(ctx context.Context, addr string, registry *prometheus.Registry, watchdog *leaderelection.HealthzAdaptor) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := watchdog.Check(r); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+	if err != nil {
+		return badInput(fmt.Errorf("--metrics-address: %w", err))
+	}
+	return httpserve.Serve(ctx, lis, mux)
 }

@@ -64,7 +64,7 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 	if _, err := c.Admin().RbacV1().RoleBindings(agentNamespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	startBreakerController(t, c)
+	controllerMetrics := startBreakerController(t, c)
 	// Two jobs per node, on GPUs 0 and 1: the ones about to fail.
 	var jobs []string
 	for _, n := range nodes {
@@ -125,6 +125,18 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 		}
 		n, _ := breaker.ParseState(cm)
 		return n == len(nodes)*gpus, fmt.Sprintf("count %d", n), nil
+	})
+	eventually(t, "the controller exports the count and is healthy", func(context.Context) (bool, string, error) {
+		body, err := httpGet(controllerMetrics + "/metrics")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		health, err := httpGet(controllerMetrics + "/healthz")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return strings.Contains(body, "gpuhealth_breaker_cluster_gpus 16") && strings.Contains(body, "gpuhealth_breaker_leader 1") && health == "ok",
+			"healthz " + health, nil
 	})
 	eventually(t, "the wave is reported on every node", func(ctx context.Context) (bool, string, error) {
 		var ids []string
@@ -192,8 +204,8 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 
 // startBreakerController runs `gpuhealth breaker controller` as its own least-privilege
 // ServiceAccount (breaker.ControllerClusterRoleRules and ControllerRoleRules, as the chart grants)
-// until the test ends.
-func startBreakerController(t *testing.T, c *controlplane.Cluster) {
+// until the test ends, and returns the base URL of its /metrics and /healthz.
+func startBreakerController(t *testing.T, c *controlplane.Cluster) string {
 	t.Helper()
 	ctx := t.Context()
 	const name = "gpuhealth-breaker-controller"
@@ -226,7 +238,8 @@ func startBreakerController(t *testing.T, c *controlplane.Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(gpuhealthBinary(t), "breaker", "controller", "--kubeconfig", kubeconfig, "-n", agentNamespace, "-v", "2")
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cmd := exec.Command(gpuhealthBinary(t), "breaker", "controller", "--kubeconfig", kubeconfig, "-n", agentNamespace, "--metrics-address", addr, "-v", "2")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -241,4 +254,5 @@ func startBreakerController(t *testing.T, c *controlplane.Cluster) {
 			t.Logf("breaker controller log:\n%s", tail(string(b), 40))
 		}
 	})
+	return "http://" + addr
 }

@@ -149,8 +149,12 @@ func TestCircuitBreakerRoleIsLeastPrivilege(t *testing.T) {
 	}
 	var dep appsv1.Deployment
 	r.get(t, "Deployment", controller, &dep)
-	if args := dep.Spec.Template.Spec.Containers[0].Args; len(args) < 2 || args[0] != "breaker" || args[1] != "controller" {
-		t.Errorf("breaker controller args = %v", args)
+	ctr := dep.Spec.Template.Spec.Containers[0]
+	if len(ctr.Args) < 3 || ctr.Args[0] != "breaker" || ctr.Args[1] != "controller" || ctr.Args[2] != "--metrics-address=:9403" {
+		t.Errorf("breaker controller args = %v", ctr.Args)
+	}
+	if ctr.LivenessProbe == nil || ctr.LivenessProbe.HTTPGet == nil || ctr.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("breaker controller liveness probe = %+v, want /healthz", ctr.LivenessProbe)
 	}
 	if dep.Spec.Template.Spec.ServiceAccountName != controller {
 		t.Errorf("breaker controller runs as %q, want %q", dep.Spec.Template.Spec.ServiceAccountName, controller)

@@ -188,7 +188,10 @@ func TestCounterWritesTheClusterGPUCount(t *testing.T) {
 	)
 	client := fake.NewClientset()
 	done := make(chan error, 1)
-	go func() { done <- (&Counter{Client: client, Metadata: meta, Namespace: ns}).Run(ctx) }()
+	var counted atomic.Int32
+	go func() {
+		done <- (&Counter{Client: client, Metadata: meta, Namespace: ns, Counted: func(n int) { counted.Store(int32(n)) }}).Run(ctx)
+	}()
 	waitCount := func(want int) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -211,6 +214,11 @@ func TestCounterWritesTheClusterGPUCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCount(13)
+	for deadline := time.Now().Add(5 * time.Second); counted.Load() != 13; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Counted last saw %d, want 13", counted.Load())
+		}
+	}
 	// An acknowledgement written meanwhile is kept.
 	if err := Acknowledge(ctx, client, ns, time.Now()); err != nil {
 		t.Fatal(err)

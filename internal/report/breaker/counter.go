@@ -31,6 +31,8 @@ type Counter struct {
 	Metadata  metadata.Interface
 	Namespace string
 	Clock     clock.PassiveClock
+	// Counted, when set, is called with every count written (for metrics).
+	Counted func(gpus int)
 }
 
 var nodesResource = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
@@ -87,6 +89,9 @@ func (c *Counter) Run(ctx context.Context) error {
 			if err == nil {
 				logger.Info("Cluster GPU count", "gpus", total, "nodes", len(objs))
 				last = total
+				if c.Counted != nil {
+					c.Counted(total)
+				}
 			}
 		}
 		if err != nil {
