@@ -158,14 +158,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	g.Go(func() error {
 		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-sub.C():
-			}
-			u, ok := sub.Next()
+			u, ok := sub.Wait(ctx)
 			if !ok {
-				continue
+				return nil
 			}
 			if u.Dropped > 0 {
 				logger.Info("Fell behind; some transitions were not recorded as events", "dropped", u.Dropped)

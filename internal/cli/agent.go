@@ -47,15 +47,9 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			if nodeName == "" {
 				return badInput(errors.New("--node-name: required (or set NODE_NAME)"))
 			}
-			cfg := config.Default()
-			if configPath != "" {
-				if cfg, err = config.Load(configPath); err != nil {
-					return badInput(err)
-				}
-			}
-			policy, err := cfg.Policy()
+			cfg, policy, err := loadConfig(configPath)
 			if err != nil {
-				return badInput(fmt.Errorf("%s: %w", configPath, err))
+				return err
 			}
 			agentCfg := cfg.AgentSection()
 			if checkpoint != "" {

@@ -11,6 +11,9 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // Exit codes.
@@ -78,4 +81,21 @@ Unhealthy, and recovers it when the fault clears.`,
 	root.SetErr(stderr)
 	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand(), newAgentCommand(), newDrainCommand(), newUndrainCommand(), newStatusCommand(), newExtenderCommand(), newDevicePluginCommand(), newBreakerCommand())
 	return root
+}
+
+// loadConfig reads the HealthConfig at path (the built-in default when path is empty) and builds
+// its policy; anything wrong with either is bad input.
+func loadConfig(path string) (*config.HealthConfig, *health.Policy, error) {
+	cfg := config.Default()
+	if path != "" {
+		var err error
+		if cfg, err = config.Load(path); err != nil {
+			return nil, nil, badInput(err)
+		}
+	}
+	policy, err := cfg.Policy()
+	if err != nil {
+		return nil, nil, badInput(fmt.Errorf("%s: %w", path, err))
+	}
+	return cfg, policy, nil
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/pkg/deviceplugin"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
-	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 func newDevicePluginCommand() *cobra.Command {
@@ -55,15 +54,9 @@ plugin on the same boot.`,
 			if socketDir == "" {
 				return badInput(errors.New("--kubelet-socket-dir: required"))
 			}
-			cfg := config.Default()
-			if configPath != "" {
-				if cfg, err = config.Load(configPath); err != nil {
-					return badInput(err)
-				}
-			}
-			policy, err := cfg.Policy()
+			cfg, policy, err := loadConfig(configPath)
 			if err != nil {
-				return badInput(fmt.Errorf("%s: %w", configPath, err))
+				return err
 			}
 			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, cfg.SampleEvery())
 			if err != nil {
@@ -172,12 +165,9 @@ func saveCheckpoints(ctx context.Context, m *health.Monitor, path string) error 
 	defer sub.Close()
 	var last []byte
 	for {
-		select {
-		case <-ctx.Done():
+		if _, ok := sub.Wait(ctx); !ok {
 			return nil
-		case <-sub.C():
 		}
-		sub.Next()
 		cp := m.Tracker().Checkpoint()
 		b, err := health.MarshalCheckpoint(cp)
 		if err != nil {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/simulate"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
-	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 func newSimulateCommand() *cobra.Command {
@@ -32,15 +31,9 @@ final state and every health transition. Exit status 2 means the scenario or con
 			if err != nil {
 				return badInput(err)
 			}
-			cfg := config.Default()
-			if configPath != "" {
-				if cfg, err = config.Load(configPath); err != nil {
-					return badInput(err)
-				}
-			}
-			policy, err := cfg.Policy()
+			cfg, policy, err := loadConfig(configPath)
 			if err != nil {
-				return badInput(fmt.Errorf("%s: %w", configPath, err))
+				return err
 			}
 			res, err := simulate.Run(cmd.Context(), sc, policy, simulate.Options{SampleInterval: cfg.SampleEvery()})
 			if err != nil {

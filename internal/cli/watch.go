@@ -16,7 +16,6 @@ import (
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
-	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // tickEvery is how often watch expires quiet periods when no signal arrives.
@@ -52,16 +51,9 @@ a MIG instance).`,
 			case backend == "nvml" && scenarioPath != "":
 				return badInput(errors.New("--scenario: only with --backend sim"))
 			}
-			cfg := config.Default()
-			if configPath != "" {
-				var err error
-				if cfg, err = config.Load(configPath); err != nil {
-					return badInput(err)
-				}
-			}
-			policy, err := cfg.Policy()
+			cfg, policy, err := loadConfig(configPath)
 			if err != nil {
-				return badInput(fmt.Errorf("%s: %w", configPath, err))
+				return err
 			}
 			logger := funcr.New(func(prefix, args string) {
 				fmt.Fprintln(cmd.ErrOrStderr(), prefix, args)

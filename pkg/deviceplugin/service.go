@@ -88,14 +88,9 @@ func (s *Service) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSe
 	var last []*pluginapi.Device
 	sent := false
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-sub.C():
-		}
-		u, ok := sub.Next()
+		u, ok := sub.Wait(ctx)
 		if !ok {
-			continue
+			return nil
 		}
 		devs := Devices(u.Snapshot, s.opts.Options)
 		if sent && Equal(devs, last) {

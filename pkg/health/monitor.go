@@ -1,6 +1,7 @@
 package health
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -178,6 +179,20 @@ func (s *Subscription) Next() (u Update, ok bool) {
 	u = Update{Snapshot: s.snapshot, Transitions: s.transitions, Dropped: s.dropped}
 	s.hasSnapshot, s.transitions, s.dropped = false, nil, 0
 	return u, true
+}
+
+// Wait blocks until an update is pending and takes it; ok is false once ctx is done.
+func (s *Subscription) Wait(ctx context.Context) (u Update, ok bool) {
+	for {
+		select {
+		case <-ctx.Done():
+			return Update{}, false
+		case <-s.notify:
+		}
+		if u, ok := s.Next(); ok {
+			return u, true
+		}
+	}
 }
 
 // Close unregisters the subscription.

@@ -1,6 +1,7 @@
 package health_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -121,5 +122,26 @@ func TestMonitorIsSafeForConcurrentUse(t *testing.T) {
 		if d.Health != health.Healthy {
 			t.Errorf("%s ends %v, want Healthy", d.Device.UUID, d.Health)
 		}
+	}
+}
+
+func TestWaitTakesThePendingUpdateOrReturnsWhenCancelled(t *testing.T) {
+	tr, err := health.NewTracker(health.DefaultPolicy(), []health.Device{{UUID: "GPU-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := health.NewMonitor(tr)
+	sub := m.Subscribe()
+	defer sub.Close()
+	sub.Next() // the initial snapshot
+	m.Signal(health.XIDSignal("GPU-a", 79, time.Unix(100, 0)))
+	u, ok := sub.Wait(context.Background())
+	if !ok || len(u.Transitions) != 1 {
+		t.Fatalf("Wait = %+v, %v; want the XID's transition", u, ok)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, ok := sub.Wait(ctx); ok {
+		t.Error("Wait with nothing pending and a cancelled context reported an update")
 	}
 }

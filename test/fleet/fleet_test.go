@@ -28,6 +28,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -492,33 +493,17 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 	// API server closes (an overloaded server drops a watcher that falls behind) is reopened
 	// after a fresh LIST, whose items count as seen then: nothing is missed, only seen later.
 	nodes := &observed{
-		list: func(ctx context.Context) (string, []k8sruntime.Object, error) {
-			l, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return "", nil, err
-			}
-			objs := make([]k8sruntime.Object, len(l.Items))
-			for i := range l.Items {
-				objs[i] = &l.Items[i]
-			}
-			return l.ResourceVersion, objs, nil
-		},
+		list: listing(func(ctx context.Context, o metav1.ListOptions) (k8sruntime.Object, error) {
+			return admin.CoreV1().Nodes().List(ctx, o)
+		}),
 		watch: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			return admin.CoreV1().Nodes().Watch(ctx, opts)
 		},
 	}
 	rules := &observed{
-		list: func(ctx context.Context) (string, []k8sruntime.Object, error) {
-			l, err := admin.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return "", nil, err
-			}
-			objs := make([]k8sruntime.Object, len(l.Items))
-			for i := range l.Items {
-				objs[i] = &l.Items[i]
-			}
-			return l.ResourceVersion, objs, nil
-		},
+		list: listing(func(ctx context.Context, o metav1.ListOptions) (k8sruntime.Object, error) {
+			return admin.ResourceV1().DeviceTaintRules().List(ctx, o)
+		}),
 		watch: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			return admin.ResourceV1().DeviceTaintRules().Watch(ctx, opts)
 		},
@@ -670,6 +655,25 @@ func checkBudget(t *testing.T, admin kubernetes.Interface, budget, wave int) {
 	}
 	if byEffect[resourcev1.DeviceTaintEffectNoSchedule] != budget || byEffect[resourcev1.DeviceTaintEffectNone] != wave-budget {
 		t.Errorf("rules by effect %v, want %d NoSchedule (the budget) and %d None", byEffect, budget, wave-budget)
+	}
+}
+
+// listing adapts a typed List call to observed.list: the list's resourceVersion and its items.
+func listing(list func(context.Context, metav1.ListOptions) (k8sruntime.Object, error)) func(context.Context) (string, []k8sruntime.Object, error) {
+	return func(ctx context.Context) (string, []k8sruntime.Object, error) {
+		l, err := list(ctx, metav1.ListOptions{})
+		if err != nil {
+			return "", nil, err
+		}
+		items, err := meta.ExtractList(l)
+		if err != nil {
+			return "", nil, err
+		}
+		acc, err := meta.ListAccessor(l)
+		if err != nil {
+			return "", nil, err
+		}
+		return acc.GetResourceVersion(), items, nil
 	}
 }
 
