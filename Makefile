@@ -6,6 +6,8 @@ SHELL := /usr/bin/env bash
 GO        ?= go
 BIN       := bin
 GOFLAGS_TEST ?= -race -count=1
+# Real kubelet nodes that cluster-up starts (gpuhealth-node-0..NODES-1).
+NODES     ?= 1
 # Tools are installed by hack/tools.sh into $(TOOLS_BIN), keyed by version.
 TOOLS_BIN := $(shell hack/tools.sh bindir)
 
@@ -44,12 +46,13 @@ e2e: controlplane ## e2e tests against a real etcd + kube-apiserver + scheduler 
 	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
 
 .PHONY: controlplane
-controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl.
+controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet; install the tools real nodes need.
+	hack/controlplane/deps.sh
 	hack/controlplane/build.sh >/dev/null
 
 .PHONY: cluster-up
-cluster-up: controlplane ## Start a local control plane in the background; kubeconfig in .cluster/kubeconfig.
-	hack/controlplane/cluster.sh up
+cluster-up: controlplane ## Start a local cluster with NODES real kubelet nodes (default 1) in the background; kubeconfig in .cluster/kubeconfig.
+	NODES=$(NODES) hack/controlplane/cluster.sh up
 
 .PHONY: cluster-down
 cluster-down: ## Stop everything cluster-up started.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the local test control plane (etcd, kube-apiserver, kube-scheduler,
-# kube-controller-manager, kubectl) from Go modules and caches the binaries by version.
+# Builds the local test cluster (etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
+# kubectl, and for real nodes the kubelet, fakecri (a fake CRI runtime) and nodenet (the nodes'
+# network namespace and its two crossings)) from Go modules and caches the binaries by version.
 #
 # Usage: hack/controlplane/build.sh            # build if needed, print the bin directory
 #
@@ -19,11 +20,16 @@ cache_root=${GPUHEALTH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}
 key_input=$(cat "$here/kubernetes/go.sum" "$here/etcd/go.sum" "$here/build.sh"; go env GOVERSION)
 key=$(printf '%s' "$key_input" | sha256sum | cut -c1-12)
 bin_dir="$cache_root/controlplane/kube-$kube_version-etcd-$etcd_version-$key/bin"
-binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl)
+binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet)
+# The harness's own small programs change more often than Kubernetes: they have a key of their
+# own (a stamp file in the bin directory), so editing one relinks it alone.
+tools=(fakecri nodenet)
+tools_key=$(cat "$here"/kubernetes/{fakecri,nodenet}/*.go | sha256sum | cut -c1-12)
 
 have_all() {
 	local b
-	for b in "${binaries[@]}"; do [[ -x "$bin_dir/$b" ]] || return 1; done
+	for b in "${binaries[@]}" "${tools[@]}"; do [[ -x "$bin_dir/$b" ]] || return 1; done
+	[[ $(cat "$bin_dir/.tools-key" 2>/dev/null) == "$tools_key" ]]
 }
 
 log() { printf '[controlplane %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -74,13 +80,33 @@ kube_ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$kube_version"
 kube_ldflags+=" -X k8s.io/client-go/pkg/version.gitMajor=$major"
 kube_ldflags+=" -X k8s.io/client-go/pkg/version.gitMinor=$minor"
 
+have_kubernetes() {
+	local b
+	for b in "${binaries[@]}"; do [[ -x "$bin_dir/$b" ]] || return 1; done
+}
+
+build_tools() {
+	local t
+	for t in "${tools[@]}"; do build "$t" "$here/kubernetes" "./$t" ""; done
+	echo "$tools_key" >"$staging/.tools-key"
+}
+
 total=$SECONDS
+if have_kubernetes; then
+	log "harness tools changed: relinking ${tools[*]} into $bin_dir"
+	build_tools
+	for t in "${tools[@]}" .tools-key; do mv -f "$staging/$t" "$bin_dir/$t"; done
+	log "tools ready in $((SECONDS - total))s"
+	echo "$bin_dir"
+	exit 0
+fi
 log "cache miss: building into $bin_dir"
 (cd "$here/etcd" && go mod download) && (cd "$here/kubernetes" && go mod download)
 build etcd "$here/etcd" . ""
-for cmd in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
+for cmd in kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet; do
 	build "$cmd" "$here/kubernetes" "k8s.io/kubernetes/cmd/$cmd" "$kube_ldflags"
 done
+build_tools
 
 mkdir -p "$(dirname "$bin_dir")"
 rm -rf "$bin_dir"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Starts and stops a local control plane (etcd, kube-apiserver, kube-scheduler,
-# kube-controller-manager on 127.0.0.1) in the background, for humans and scripts.
+# Starts and stops a local cluster (etcd, kube-apiserver, kube-scheduler,
+# kube-controller-manager on 127.0.0.1, and NODES real kubelet nodes, default 1, named
+# gpuhealth-node-0..N-1, in a network namespace of their own) in the background.
 #
 # Usage: hack/controlplane/cluster.sh up       # build if needed, start, wait until ready
 #        hack/controlplane/cluster.sh down     # stop everything `up` started (idempotent)
 #        hack/controlplane/cluster.sh status   # which recorded processes run, and /readyz
 #
 # `up` writes .cluster/kubeconfig (admin), links .cluster/bin/kubectl, records PIDs in
-# .cluster/pids and logs under .cluster/run/logs. The processes run in their own sessions, so they
+# .cluster/pids, logs under .cluster/run/logs, and each node's directories (kubeconfig,
+# device-plugins/, plugins_registry/, plugins/, pod-resources/) under .cluster/nodes/NAME. The processes run in their own sessions, so they
 # outlive this script and its terminal; `down` signals exactly the recorded PIDs, and only if each
 # still runs the recorded binary (a PID may have been reused). Set GPUHEALTH_FEATURE_GATES to pass
 # --feature-gates to all components.
@@ -47,7 +49,7 @@ up() {
 	(cd "$root" && go build -o "$cluster_dir/bin/localcluster" ./test/controlplane/cmd/localcluster)
 	log "starting the control plane"
 	"$cluster_dir/bin/localcluster" up --dir "$cluster_dir" --bin "$bin_dir" \
-		--feature-gates "${GPUHEALTH_FEATURE_GATES:-}"
+		--feature-gates "${GPUHEALTH_FEATURE_GATES:-}" --nodes "${NODES:-1}"
 }
 
 down() {

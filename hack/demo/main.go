@@ -1,13 +1,16 @@
-// Command demo tells gpuhealth's story on a real, local control plane: `make demo`.
+// Command demo tells gpuhealth's story on a real, local cluster: `make demo`.
 //
 // It starts etcd, kube-apiserver, kube-scheduler (with `gpuhealth extender` configured) and
-// kube-controller-manager on 127.0.0.1, registers three simulated nodes with 8 GPUs each (DRA
-// ResourceSlices included), runs a real `gpuhealth agent` per node and the extender, replays
+// kube-controller-manager on 127.0.0.1, and three real kubelet nodes (v1.37.2, fake CRI runtime,
+// in the harness's node network) with 8 simulated GPUs each. On every node `gpuhealth
+// device-plugin` registers with the real kubelet (so nvidia.com/gpu allocatable is the kubelet's
+// own count of healthy GPUs) and a DRA kubelet plugin serves the gpu.nvidia.com ResourceSlices;
+// a real `gpuhealth agent` per node reports health on every path. It replays
 // examples/demo-scenario.yaml on the first node (a GPU falls off the bus, another overheats and
 // recovers), drains a GPU of the second node as an operator would, submits pods through both
 // scheduler paths (DRA claims and nvidia.com/gpu requests), and prints what happens: the status
-// table as it changes, and where each pod landed and why. Everything it started is stopped at
-// the end, also on Ctrl-C.
+// table as it changes, the kubelets' allocatable, where each pod landed and why, and which pods
+// the kubelets run. Everything it started is stopped at the end, also on Ctrl-C.
 package main
 
 import (
@@ -102,7 +105,8 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	extenderAddr := ln.Addr().String()
 	ln.Close()
 	c, err := controlplane.Start(ctx, controlplane.Options{
-		BinDir: binDir,
+		BinDir:      binDir,
+		NodeNetwork: true,
 		SchedulerConfigExtra: fmt.Sprintf(`extenders:
 - urlPrefix: "http://%s"
   filterVerb: filter
@@ -119,10 +123,14 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 		return err
 	}
 	var procs []*exec.Cmd
+	var draPlugins []*controlplane.DRAPlugin
 	defer func() {
 		for _, p := range slices.Backward(procs) {
 			_ = p.Process.Signal(syscall.SIGTERM)
 			_ = p.Wait()
+		}
+		for _, p := range draPlugins {
+			p.Stop()
 		}
 		_ = c.Stop()
 		st.say("stopped every process the demo started")
@@ -135,10 +143,19 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 		return err
 	}
 	st.heading("Three GPU nodes, 8 GPUs each")
-	if err := setUpNodes(ctx, c, admin); err != nil {
+	kubeletNodes, err := setUpNodes(ctx, c, admin)
+	if err != nil {
 		return err
 	}
-	st.say("nodes %s registered, with nvidia.com/gpu capacity and DRA ResourceSlices (driver gpu.nvidia.com)", strings.Join(nodes, ", "))
+	for _, n := range kubeletNodes {
+		p, err := c.StartDRAPlugin(ctx, n)
+		if err != nil {
+			return err
+		}
+		draPlugins = append(draPlugins, p)
+	}
+	st.say("real kubelets run %s (addresses %s..%s in the node network); each has DRA ResourceSlices (driver gpu.nvidia.com) and a DRA kubelet plugin",
+		strings.Join(nodes, ", "), kubeletNodes[0].IP, kubeletNodes[len(kubeletNodes)-1].IP)
 
 	start := func(name string, args ...string) error {
 		logFile, err := os.Create(filepath.Join(logDir, name+".log"))
@@ -176,8 +193,30 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 			"--metrics-address", ""); err != nil {
 			return err
 		}
+		if err := start("device-plugin-"+node, "device-plugin", "--backend", "sim", "--scenario", scenario, "--config", config,
+			"--kubelet-socket-dir", kubeletNodes[i].DevicePluginDir(), "--checkpoint", filepath.Join(logDir, node+".device-plugin.checkpoint")); err != nil {
+			return err
+		}
 	}
-	st.say("an agent runs for each node (simulated GPUs) and the scheduler extender listens on %s; logs in %s", extenderAddr, logDir)
+	st.say("each node runs an agent and a device plugin (simulated GPUs, the same faults); the scheduler extender listens on %s; logs in %s", extenderAddr, logDir)
+	if err := waitFor(ctx, "every kubelet to count 8 GPUs from its device plugin", func() (bool, error) {
+		for _, node := range nodes {
+			n, err := admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			capacity := n.Status.Capacity[scheduling.ResourceGPU]
+			if capacity.Value() != gpusPerNode {
+				return false, nil
+			}
+		}
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	if err := sayAllocatable(ctx, st, admin); err != nil {
+		return err
+	}
 	if err := waitFor(ctx, "every agent to report", func() (bool, error) {
 		list, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -215,6 +254,19 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	if err := status("--problems"); err != nil {
 		return err
 	}
+	if err := waitFor(ctx, "the kubelet of "+nodes[0]+" to count 6 healthy GPUs", func() (bool, error) {
+		n, err := admin.CoreV1().Nodes().Get(ctx, nodes[0], metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		allocatable := n.Status.Allocatable[scheduling.ResourceGPU]
+		return allocatable.Value() == gpusPerNode-2, nil
+	}); err != nil {
+		return err
+	}
+	if err := sayAllocatable(ctx, st, admin); err != nil {
+		return err
+	}
 
 	st.heading("An operator drains GPU 2 of " + nodes[1])
 	cmd := exec.CommandContext(ctx, bin, "drain", nodes[1], "2", "--reason", "fan noise, RMA ticket 4711", "--kubeconfig", kubeconfig)
@@ -237,6 +289,9 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	if err := submitWork(ctx, st, admin); err != nil {
 		return err
 	}
+	if err := sayRunning(ctx, st, admin); err != nil {
+		return err
+	}
 
 	st.heading("GPU 5 of " + nodes[0] + " cools down")
 	if err := waitFor(ctx, "GPU 5 to recover after three clean samples", func() (bool, error) {
@@ -254,32 +309,74 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	return nil
 }
 
-func setUpNodes(ctx context.Context, c *controlplane.Cluster, admin kubernetes.Interface) error {
+// setUpNodes starts a real kubelet per node and publishes its GPUs' ResourceSlice (as NVIDIA's DRA
+// driver would). nvidia.com/gpu capacity is left to the device plugins.
+func setUpNodes(ctx context.Context, c *controlplane.Cluster, admin kubernetes.Interface) ([]*controlplane.KubeletNode, error) {
 	if _, err := admin.ResourceV1().DeviceClasses().Create(ctx, controlplane.GPUDeviceClass(), metav1.CreateOptions{}); err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := c.CreateNamespace(ctx, namespace); err != nil {
-		return err
+		return nil, err
 	}
+	var out []*controlplane.KubeletNode
 	for _, name := range nodes {
-		node, err := c.CreateReadyNode(ctx, name, map[string]string{"gpuhealth.dev/demo": "true"})
+		node, err := c.StartKubeletNode(ctx, name, controlplane.KubeletNodeOptions{Labels: map[string]string{"gpuhealth.dev/demo": "true"}})
 		if err != nil {
-			return err
+			return nil, err
 		}
-		gpus := *resource.NewQuantity(gpusPerNode, resource.DecimalSI)
-		node.Status.Capacity[scheduling.ResourceGPU] = gpus
-		node.Status.Allocatable[scheduling.ResourceGPU] = gpus
-		if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-			return err
-		}
+		out = append(out, node)
 		uuids := make([]string, gpusPerNode)
 		for i := range uuids {
 			uuids[i] = sim.GPUUUID(name, i)
 		}
 		if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(name, uuids...), metav1.CreateOptions{}); err != nil {
-			return err
+			return nil, err
 		}
 	}
+	return out, nil
+}
+
+// sayAllocatable prints each kubelet's nvidia.com/gpu allocatable: the device plugins' healthy
+// count as the kubelet's device manager sees it.
+func sayAllocatable(ctx context.Context, st *story, admin kubernetes.Interface) error {
+	var parts []string
+	for _, node := range nodes {
+		n, err := admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		capacity, allocatable := n.Status.Capacity[scheduling.ResourceGPU], n.Status.Allocatable[scheduling.ResourceGPU]
+		parts = append(parts, fmt.Sprintf("%s %d/%d", node, allocatable.Value(), capacity.Value()))
+	}
+	st.say("kubelets' nvidia.com/gpu allocatable/capacity: %s", strings.Join(parts, ", "))
+	return nil
+}
+
+// sayRunning waits for the kubelets to run every scheduled pod and prints which run where.
+func sayRunning(ctx context.Context, st *story, admin kubernetes.Interface) error {
+	var running []string
+	err := waitFor(ctx, "the kubelets to run the scheduled pods", func() (bool, error) {
+		pods, err := admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		running = running[:0]
+		for _, p := range pods.Items {
+			if p.Spec.NodeName == "" {
+				continue
+			}
+			if p.Status.Phase != corev1.PodRunning {
+				return false, nil
+			}
+			running = append(running, p.Name+"@"+p.Spec.NodeName)
+		}
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	slices.Sort(running)
+	st.say("Running (phase from the kubelets, which prepared the DRA claims and called the device plugins' Allocate): %s", strings.Join(running, ", "))
 	return nil
 }
 

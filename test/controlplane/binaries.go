@@ -12,7 +12,8 @@ import (
 )
 
 // BinDirEnv names the environment variable that points at a directory holding etcd,
-// kube-apiserver, kube-scheduler, kube-controller-manager and kubectl. `make e2e` sets it.
+// kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet, fakecri and nodenet.
+// `make e2e` sets it.
 const BinDirEnv = "GPUHEALTH_CONTROLPLANE_BIN"
 
 // KubernetesVersion is the version hack/controlplane/build.sh builds; tests check the binaries
@@ -26,9 +27,14 @@ const (
 	BinScheduler         = "kube-scheduler"
 	BinControllerManager = "kube-controller-manager"
 	BinKubectl           = "kubectl"
+	// Real nodes: the kubelet, a fake CRI runtime for it (k8s.io/cri-client's fake, as kubemark
+	// uses) and nodenet, which holds the nodes' network namespace.
+	BinKubelet = "kubelet"
+	BinFakeCRI = "fakecri"
+	BinNodeNet = "nodenet"
 )
 
-var allBinaries = []string{BinEtcd, BinAPIServer, BinScheduler, BinControllerManager, BinKubectl}
+var allBinaries = []string{BinEtcd, BinAPIServer, BinScheduler, BinControllerManager, BinKubectl, BinKubelet, BinFakeCRI, BinNodeNet}
 
 // FindBinDir returns the directory with the control-plane binaries: $GPUHEALTH_CONTROLPLANE_BIN
 // if set, otherwise whatever hack/controlplane/build.sh prints after building or finding them in

@@ -86,6 +86,17 @@ func (ca *clientCA) issueServing(name string) (certPEM, keyPEM []byte, err error
 	})
 }
 
+// issueServingFor returns PEM certificate and key for a serving certificate valid for the given
+// addresses and names (a kubelet's node IP and node name).
+func (ca *clientCA) issueServingFor(name string, ips []net.IP, dnsNames []string) (certPEM, keyPEM []byte, err error) {
+	return ca.sign("serving certificate for "+name, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: name},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: ips,
+		DNSNames:    dnsNames,
+	})
+}
+
 // sign fills in key, serial, validity and key usage of tmpl and signs it with the CA.
 func (ca *clientCA) sign(what string, tmpl *x509.Certificate) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

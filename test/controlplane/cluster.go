@@ -89,6 +89,19 @@ type Options struct {
 	// runs with, for top-level fields the harness does not set itself, such as extenders or
 	// profiles. The harness sets clientConnection, leaderElection and the pod backoffs.
 	SchedulerConfigExtra string
+	// KubeletNodes starts that many real nodes (kubelet v1.37.2 on a fake CRI runtime) named
+	// KubeletNodeName(0..n-1) once the control plane runs; StartKubeletNode adds more. Real nodes
+	// live in a network namespace of their own (see nodenet.go); kube-apiserver then reaches
+	// kubelets through an egress proxy, and kube-controller-manager runs the node-lifecycle
+	// controller (when Controllers is empty) so nodes turn schedulable as in a real cluster.
+	// Fake nodes (CreateReadyNode) in such a cluster have no heartbeat: the lifecycle controller
+	// marks them unreachable after its grace period (40 s).
+	KubeletNodes int
+	// NodeNetwork prepares the node network without starting nodes, for StartKubeletNode.
+	NodeNetwork bool
+	// NodesDir holds one directory per real node (its kubelet's --root-dir); empty means
+	// Dir/nodes. Unix socket paths live there, so keep it short (108-byte limit).
+	NodesDir string
 	// Detach starts the processes in their own sessions without Pdeathsig, so they outlive this
 	// process (cluster-up). Tests leave it false so nothing outlives the test binary.
 	Detach bool
@@ -121,6 +134,11 @@ type Cluster struct {
 	apiServerArgs  []string
 	apiServerPorts []int
 
+	// Real nodes: nodeNet holds their network namespace; nodeIPs counts handed-out addresses.
+	nodeNet *process
+	nodes   map[string]*KubeletNode
+	nodeIPs int
+
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -140,8 +158,20 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 2 * time.Minute
 	}
+	withNodes := opts.KubeletNodes > 0 || opts.NodeNetwork
 	if len(opts.Controllers) == 0 {
 		opts.Controllers = DefaultControllers()
+		if withNodes {
+			opts.Controllers = append(opts.Controllers, "node-lifecycle-controller")
+		}
+	}
+	if withNodes {
+		if err := checkNodeNetworkTools(); err != nil {
+			return nil, err
+		}
+		if opts.DisableControllerManager {
+			return nil, errors.New("real nodes need kube-controller-manager (its node-lifecycle controller makes them schedulable)")
+		}
 	}
 	c := &Cluster{opts: opts}
 	defer func() {
@@ -166,10 +196,16 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 
 	c.dir = opts.Dir
 	if c.dir == "" {
-		if c.dir, err = os.MkdirTemp("", "gpuhealth-controlplane-"); err != nil {
+		for _, dir := range sweepStaleDirs(os.TempDir()) {
+			c.progress("removed %s, left behind by a test process that was killed", dir)
+		}
+		if c.dir, err = os.MkdirTemp("", tempDirPattern); err != nil {
 			return nil, fmt.Errorf("create control-plane directory: %w", err)
 		}
 		c.removeDir = !opts.KeepDir
+		if err := writeOwner(c.dir); err != nil {
+			return nil, err
+		}
 	} else if c.dir, err = filepath.Abs(c.dir); err != nil {
 		return nil, fmt.Errorf("control-plane directory: %w", err)
 	}
@@ -188,15 +224,27 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
+	var nodeNetFlags []string
+	if withNodes {
+		if nodeNetFlags, err = c.nodeNetworkAPIServerFlags(); err != nil {
+			return nil, err
+		}
+	}
+
 	etcdURL, err := c.startEtcd(ctx)
 	if err != nil {
 		return nil, err
 	}
 	c.progress("etcd ready at %s (%s)", etcdURL, since(started))
-	if err := c.startAPIServer(ctx, etcdURL); err != nil {
+	if err := c.startAPIServer(ctx, etcdURL, nodeNetFlags); err != nil {
 		return nil, err
 	}
 	c.progress("kube-apiserver ready at %s (%s)", c.host, since(started))
+	if withNodes {
+		if err := c.startNodeNetwork(ctx); err != nil {
+			return nil, err
+		}
+	}
 
 	var wg sync.WaitGroup
 	var schedErr, kcmErr error
@@ -211,6 +259,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	c.progress("control plane ready (%s)", since(started))
+	if err := c.startKubeletNodes(ctx); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -267,7 +318,7 @@ func (c *Cluster) Processes() []Process {
 	defer c.mu.Unlock()
 	out := make([]Process, 0, len(c.procs))
 	for _, p := range c.procs {
-		out = append(out, Process{Name: p.name, PID: p.pid(), Binary: p.cmd.Path, LogPath: p.logPath})
+		out = append(out, Process{Name: p.name, PID: p.pid(), Binary: p.binary, LogPath: p.logPath})
 	}
 	return out
 }
@@ -440,7 +491,7 @@ func (c *Cluster) startEtcd(ctx context.Context) (string, error) {
 	return clientURL, nil
 }
 
-func (c *Cluster) startAPIServer(ctx context.Context, etcdURL string) error {
+func (c *Cluster) startAPIServer(ctx context.Context, etcdURL string, extraFlags []string) error {
 	certDir := c.path("apiserver-certs")
 	start := func() (*process, error) {
 		ports, err := freePorts(1)
@@ -471,6 +522,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, etcdURL string) error {
 		if c.opts.FeatureGates != "" {
 			args = append(args, "--feature-gates="+c.opts.FeatureGates)
 		}
+		args = append(args, extraFlags...)
 		return c.runOnPorts(compAPIServer, ports, append(args, c.opts.APIServerFlags...))
 	}
 	ready := func(ctx context.Context) error {

@@ -357,3 +357,38 @@ func TestListensOn(t *testing.T) {
 		t.Errorf("listensOn(self, %d) after close = %v, %v; want false", port, ok, err)
 	}
 }
+
+func TestSweepStaleDirs(t *testing.T) {
+	root := t.TempDir()
+	mine := filepath.Join(root, tempDirPattern+"mine")
+	gone := filepath.Join(root, tempDirPattern+"gone")
+	reused := filepath.Join(root, tempDirPattern+"reused")
+	creating := filepath.Join(root, tempDirPattern+"creating")
+	other := filepath.Join(root, "something-else")
+	for _, d := range []string{mine, gone, reused, creating, other} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writeOwner(mine); err != nil {
+		t.Fatal(err)
+	}
+	// PID 2^22 + 1 is above Linux's maximum PID: no such process.
+	if err := os.WriteFile(filepath.Join(gone, ownerFile), []byte("4194305 123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Our own PID with another start time: the PID was reused.
+	if err := os.WriteFile(filepath.Join(reused, ownerFile), []byte(strconv.Itoa(os.Getpid())+" 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	removed := sweepStaleDirs(root)
+	slices.Sort(removed)
+	if want := []string{gone, reused}; !slices.Equal(removed, want) {
+		t.Errorf("removed %v, want %v", removed, want)
+	}
+	for _, d := range []string{mine, creating, other} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s was removed: %v", d, err)
+		}
+	}
+}

@@ -22,6 +22,9 @@ type process struct {
 	name    string
 	logPath string
 	cmd     *exec.Cmd
+	// binary is what the process runs once started: cmd.Path, unless a launcher (nsenter) execs
+	// into it. cluster.sh checks /proc/PID/exe against it before signalling a recorded PID.
+	binary string
 	// ports the process must listen on before it counts as ready; set before waitReady.
 	ports []int
 	// done is closed by the waiter goroutine when the child exits; waitErr is valid after that.
@@ -44,6 +47,12 @@ type process struct {
 // Detached children (cluster-up) get their own session instead, so they survive the launcher and
 // its terminal.
 func startProcess(name, bin string, args []string, logPath string, detached bool) (*process, error) {
+	return startProcessWith(name, bin, args, logPath, detached, nil)
+}
+
+// startProcessWith is startProcess with a hook that adjusts the command before it starts (extra
+// clone flags, inherited files).
+func startProcessWith(name, bin string, args []string, logPath string, detached bool, configure func(*exec.Cmd)) (*process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open log for %s: %w", name, err)
@@ -61,10 +70,13 @@ func startProcess(name, bin string, args []string, logPath string, detached bool
 	} else {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	}
+	if configure != nil {
+		configure(cmd)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &process{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &process{name: name, logPath: logPath, cmd: cmd, binary: cmd.Path, done: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
 		close(p.done)
@@ -149,13 +161,14 @@ func tailFile(path string, n int) string {
 }
 
 // listensOn reports whether process pid holds a listening TCP socket on port, by matching the
-// socket inodes of /proc/net/tcp{,6} against the process's open file descriptors.
+// socket inodes of /proc/PID/net/tcp{,6} against the process's open file descriptors. The tables
+// are the process's own, so this works for processes in another network namespace (kubelets).
 func listensOn(pid, port int) (bool, error) {
 	inodes := map[string]bool{}
-	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+	for _, table := range []string{fmt.Sprintf("/proc/%d/net/tcp", pid), fmt.Sprintf("/proc/%d/net/tcp6", pid)} {
 		data, err := os.ReadFile(table)
 		if errors.Is(err, os.ErrNotExist) {
-			continue // no IPv6
+			continue // no IPv6, or the process has exited (the caller notices)
 		}
 		if err != nil {
 			return false, fmt.Errorf("read %s: %w", table, err)

@@ -4,12 +4,17 @@
 // writes the admin kubeconfig and the PID list, links kubectl, and exits leaving them running.
 // hack/controlplane/cluster.sh down stops them by the recorded PIDs.
 //
+// With --nodes N (default 1) it also starts N real kubelet nodes, gpuhealth-node-0..N-1, in the
+// harness's node network (see test/controlplane/nodenet.go).
+//
 // Layout under --dir (default .cluster):
 //
 //	kubeconfig        admin kubeconfig (system:masters)
 //	bin/kubectl       link to the cached kubectl
 //	pids              "name pid binary" per running component, in start order
 //	run/              data, certificates, component kubeconfigs, logs/
+//	nodes/NAME/       each real node: kubeconfig (system:node:NAME), device-plugins/ (holds the
+//	                  kubelet's kubelet.sock), plugins_registry/ and plugins/ (DRA), pod-resources/
 package main
 
 import (
@@ -43,7 +48,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	dir := fs.String("dir", ".cluster", "directory for the kubeconfig, PIDs, kubectl link, data and logs")
 	binDir := fs.String("bin", "", "directory with the control-plane binaries (default: $"+controlplane.BinDirEnv+" or hack/controlplane/build.sh)")
-	featureGates := fs.String("feature-gates", "", "--feature-gates for kube-apiserver, kube-scheduler and kube-controller-manager")
+	featureGates := fs.String("feature-gates", "", "--feature-gates for kube-apiserver, kube-scheduler, kube-controller-manager and the kubelets")
+	nodes := fs.Int("nodes", 1, "real kubelet nodes to start, named gpuhealth-node-0..N-1 (0: control plane only)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: localcluster up [flags]")
 		fs.PrintDefaults()
@@ -70,10 +76,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 
-	// A fresh cluster every time: old etcd data would leak objects into the new one.
+	if *nodes < 0 {
+		return fmt.Errorf("--nodes %d: want 0 or more", *nodes)
+	}
+	// A fresh cluster every time: old etcd data would leak objects into the new one, and old
+	// kubelet state would confuse the new nodes.
 	runDir := filepath.Join(root, "run")
-	if err := os.RemoveAll(runDir); err != nil {
-		return fmt.Errorf("remove old cluster data: %w", err)
+	nodesDir := filepath.Join(root, "nodes")
+	for _, dir := range []string{runDir, nodesDir} {
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("remove old cluster data: %w", err)
+		}
 	}
 	started := time.Now()
 	c, err := controlplane.Start(ctx, controlplane.Options{
@@ -81,6 +94,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Dir:          runDir,
 		KeepDir:      true,
 		FeatureGates: *featureGates,
+		KubeletNodes: *nodes,
+		NodesDir:     nodesDir,
 		Detach:       true,
 		StartTimeout: 3 * time.Minute,
 		Progress:     func(msg string) { fmt.Fprintf(stderr, "[cluster-up] %s\n", msg) },
@@ -94,11 +109,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, `cluster up in %s: %s (Kubernetes %s)
   export KUBECONFIG=%s
-  %s get --raw /readyz
-logs: %s
-stop: make cluster-down
-`, time.Since(started).Round(100*time.Millisecond), c.Host(), controlplane.KubernetesVersion,
-		kubeconfig, kubectl, filepath.Join(runDir, "logs"))
+  %s get nodes -o wide
+`, time.Since(started).Round(100*time.Millisecond), c.Host(), controlplane.KubernetesVersion, kubeconfig, kubectl)
+	for _, n := range c.KubeletNodes() {
+		fmt.Fprintf(stdout, "node %s (%s): device plugins register in %s\n", n.Name, n.IP, n.DevicePluginDir())
+	}
+	fmt.Fprintf(stdout, "logs: %s\nstop: make cluster-down\n", filepath.Join(runDir, "logs"))
 	return nil
 }
 
