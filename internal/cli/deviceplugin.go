@@ -103,6 +103,10 @@ func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 	if err != nil {
 		return err
 	}
+	// Every checkpoint this run writes must name this boot, also when there was none to restore:
+	// a checkpoint without it reads as "another boot" next time, and the restart drops every
+	// fault that lasts until a reboot (found by the real-kubelet e2e test).
+	tracker.SetBootID(r.bootID)
 	m := health.NewMonitor(tracker)
 	if err := restoreCheckpoint(ctx, m, r.checkpoint, r.bootID); err != nil {
 		return err

@@ -140,3 +140,51 @@ func TestDevicePluginBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestDevicePluginRestartKeepsRebootFault restarts the plugin on the same boot with a scenario
+// that has no faults: a fault that lasts until a reboot must come back from the checkpoint, also
+// when the first run started without one.
+func TestDevicePluginRestartKeepsRebootFault(t *testing.T) {
+	dir, err := os.MkdirTemp("", "dpcli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	checkpoint := t.TempDir() + "/checkpoint.json"
+	gpu0, gpu1 := sim.GPUUUID("dp-node", 0), sim.GPUUUID("dp-node", 1)
+	runs := []struct {
+		events string
+		want   map[string]string
+	}{
+		{"  - {at: 1s, gpu: 1, xid: 79}\n", map[string]string{gpu0: pluginapi.Healthy, gpu1: pluginapi.Unhealthy}},
+		{"  []\n", map[string]string{gpu0: pluginapi.Healthy, gpu1: pluginapi.Unhealthy}},
+	}
+	for i, run := range runs {
+		kubelet, err := deviceplugintest.Start(dir, deviceplugintest.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		scenario := writeFile(t, "scenario.yaml", "apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: dp-node\ngpus: {count: 2}\nevents:\n"+run.events)
+		ctx, cancel := context.WithCancel(context.Background())
+		var stdout, stderr syncBuffer
+		exit := make(chan int, 1)
+		go func() {
+			exit <- cli.Execute(ctx, []string{"device-plugin", "--backend", "sim", "--scenario", scenario,
+				"--kubelet-socket-dir", dir, "--checkpoint", checkpoint}, &stdout, &stderr)
+		}()
+		wait, done := context.WithTimeout(ctx, time.Minute)
+		p, err := kubelet.Registered(wait)
+		if err == nil {
+			_, err = p.WaitFor(wait, func(devs []*pluginapi.Device) bool {
+				return maps.Equal(deviceplugintest.Health(devs), run.want)
+			})
+		}
+		done()
+		cancel()
+		<-exit
+		kubelet.Stop()
+		if err != nil {
+			t.Fatalf("run %d: waiting for %v: %v; stderr:\n%s", i+1, run.want, err, stderr.String())
+		}
+	}
+}

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -38,6 +39,10 @@ func (c *Cluster) StartDRAPlugin(ctx context.Context, node *KubeletNode) (*DRAPl
 	if err != nil {
 		return nil, err
 	}
+	dataDir := filepath.Join(node.PluginsDir(), GPUDriver)
+	if err := os.MkdirAll(dataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("DRA plugin directory: %w", err)
+	}
 	p := &DRAPlugin{prepared: map[types.UID]string{}}
 	logger := klog.FromContext(ctx).WithValues("driver", GPUDriver, "node", node.Name)
 	helper, err := kubeletplugin.Start(klog.NewContext(context.WithoutCancel(ctx), logger), p,
@@ -45,7 +50,7 @@ func (c *Cluster) StartDRAPlugin(ctx context.Context, node *KubeletNode) (*DRAPl
 		kubeletplugin.NodeName(node.Name),
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.RegistrarDirectoryPath(node.PluginsRegistryDir()),
-		kubeletplugin.PluginDataDirectoryPath(filepath.Join(node.PluginsDir(), GPUDriver)),
+		kubeletplugin.PluginDataDirectoryPath(dataDir),
 		kubeletplugin.HealthService(false),
 	)
 	if err != nil {

@@ -296,8 +296,15 @@ func parseWrites(t *testing.T, r io.Reader) map[string]int {
 // eventually polls cond until it holds, failing the test with what it last said.
 func eventually(t *testing.T, what string, cond func(ctx context.Context) (bool, string, error)) {
 	t.Helper()
+	eventuallyWithin(t, pollTimeout, what, cond)
+}
+
+// eventuallyWithin is eventually with a timeout of its own, for waits that include a scenario's
+// scheduled time.
+func eventuallyWithin(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, string, error)) {
+	t.Helper()
 	var last string
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, pollTimeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		ok, msg, err := cond(ctx)
 		last = msg
 		return ok, err

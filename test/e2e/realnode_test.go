@@ -285,7 +285,12 @@ const gpuResource = corev1.ResourceName("nvidia.com/gpu")
 
 func waitGPUs(t *testing.T, c *controlplane.Cluster, node string, capacity, allocatable int64) time.Time {
 	t.Helper()
-	eventually(t, fmt.Sprintf("nvidia.com/gpu capacity %d allocatable %d", capacity, allocatable), func(ctx context.Context) (bool, string, error) {
+	return waitGPUsWithin(t, c, node, capacity, allocatable, pollTimeout)
+}
+
+func waitGPUsWithin(t *testing.T, c *controlplane.Cluster, node string, capacity, allocatable int64, timeout time.Duration) time.Time {
+	t.Helper()
+	eventuallyWithin(t, timeout, fmt.Sprintf("nvidia.com/gpu capacity %d allocatable %d", capacity, allocatable), func(ctx context.Context) (bool, string, error) {
 		gotC, gotA, err := gpuCounts(ctx, c, node)
 		return gotC == capacity && gotA == allocatable, fmt.Sprintf("capacity %d allocatable %d", gotC, gotA), err
 	})
@@ -323,7 +328,7 @@ func TestRealNodeDevicePlugin(t *testing.T) {
 	plugin := startDevicePlugin(t, node, fmt.Sprintf(`events:
   - {at: %s, gpu: 3, xid: 79}
   - {at: %s, gpu: 5, xid: 48}
-  - {at: 100s, gpu: 5, reset: true}
+  - {at: 75s, gpu: 5, reset: true}
 `, faultAt, faultAt), checkpoint)
 
 	t.Run("all 8 GPUs allocatable", func(t *testing.T) {
@@ -391,7 +396,8 @@ func TestRealNodeDevicePlugin(t *testing.T) {
 	})
 
 	t.Run("the reset GPU comes back", func(t *testing.T) {
-		waitGPUs(t, c, node.Name, 8, 7)
+		// The reset happens 75 s after the plugin's start, whenever this step begins.
+		waitGPUsWithin(t, c, node.Name, 8, 7, time.Until(plugin.started.Add(75*time.Second))+pollTimeout)
 	})
 
 	t.Run("the plugin re-registers after a kubelet restart", func(t *testing.T) {
