@@ -177,7 +177,9 @@ func (p *Plugin) register(ctx context.Context) (os.FileInfo, error) {
 }
 
 func (p *Plugin) registerOnce(ctx context.Context) error {
-	conn, err := grpc.NewClient("unix://"+p.KubeletSocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// "unix:" takes relative paths too ("unix://" would read a relative path's first element as
+	// an authority): --kubelet-socket-dir .cluster/nodes/NAME/device-plugins must work.
+	conn, err := grpc.NewClient("unix:"+p.KubeletSocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}

@@ -353,3 +353,34 @@ func TestPluginWaitsForKubelet(t *testing.T) {
 	}
 	waitHealth(t, r.registered(), allHealthy())
 }
+
+// TestPluginRegistersThroughRelativeDir: `--kubelet-socket-dir .cluster/nodes/NAME/device-plugins`
+// is a relative path, which a "unix://" gRPC target would misread as an authority.
+func TestPluginRegistersThroughRelativeDir(t *testing.T) {
+	dir := socketDir(t)
+	t.Chdir(filepath.Dir(dir))
+	rel := filepath.Base(dir)
+	kubelet, err := deviceplugintest.Start(dir, deviceplugintest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kubelet.Stop()
+	tracker, err := health.NewTracker(health.DefaultPolicy(), []health.Device{{UUID: uuids[0]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugin := deviceplugin.NewPlugin(deviceplugin.NewService(health.NewMonitor(tracker), deviceplugin.ServiceOptions{}),
+		deviceplugin.PluginOptions{Dir: rel, PollInterval: 10 * time.Millisecond})
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testr.New(t)))
+	done := make(chan error, 1)
+	go func() { done <- plugin.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	wait, stop := context.WithTimeout(context.Background(), waitLimit)
+	defer stop()
+	if _, err := kubelet.Registered(wait); err != nil {
+		t.Fatalf("plugin with relative directory %q did not register: %v", rel, err)
+	}
+}
