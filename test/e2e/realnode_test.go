@@ -185,6 +185,28 @@ func TestRealNodeHarness(t *testing.T) {
 		}
 	})
 
+	t.Run("a kubelet that fails to start fails fast with its log", func(t *testing.T) {
+		before := len(c.Processes())
+		start := time.Now()
+		// The kubelet itself refuses labels in the kubernetes.io namespace that it may not set.
+		_, err := c.StartKubeletNode(ctx, "broken", controlplane.KubeletNodeOptions{Labels: map[string]string{"kubernetes.io/not-allowed": "x"}})
+		if err == nil {
+			t.Fatal("the kubelet started with a forbidden label")
+		}
+		if !strings.Contains(err.Error(), "kubelet-broken") || !strings.Contains(err.Error(), "not-allowed") {
+			t.Errorf("the error lacks the kubelet's log tail: %v", err)
+		}
+		if waited := time.Since(start); waited > pollTimeout {
+			t.Errorf("took %s to notice the kubelet had exited", waited)
+		}
+		if c.KubeletNode("broken") != nil {
+			t.Error("the broken node is still listed")
+		}
+		if after := len(c.Processes()); after != before {
+			t.Errorf("%d processes after the failed start, %d before: the node's runtime was left running", after, before)
+		}
+	})
+
 	t.Run("stopping leaves nothing behind", func(t *testing.T) {
 		var pids []int
 		for _, p := range c.Processes() {
