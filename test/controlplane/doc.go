@@ -20,8 +20,11 @@
 // component's log and dumps the cluster's nodes, ResourceSlices, DeviceTaintRules,
 // ResourceClaims, pods and events to the test log.
 //
-// There is no kubelet. Fake nodes are made Ready by the helpers here and the node lifecycle
-// controller is not run, so they stay Ready without heartbeats; StartKubelet runs a small
-// stand-in that marks bound pods Running and completes graceful deletions, as a kubelet would.
-// See docs/controlplane.md for the flags, identities and gotchas.
+// Nodes come in two kinds. Real nodes (Options.KubeletNodes, StartKubeletNode) run kubelet
+// v1.37.2 on a fake CRI runtime, each with its own address in a network namespace the harness
+// creates (nodenet.go): the kubelet's device manager, DRA manager and pod-resources API are the
+// real ones, and `kubectl logs` works. Fake nodes (CreateReadyNode) are Node objects made Ready by
+// the helpers here, cheap enough for thousands; StartKubelet runs a small stand-in that marks
+// their pods Running and completes graceful deletions. See docs/controlplane.md for the flags,
+// identities, the node network and gotchas.
 package controlplane
