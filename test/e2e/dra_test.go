@@ -91,17 +91,19 @@ func waitUnschedulable(t *testing.T, c *controlplane.Cluster, ns, name string) {
 	})
 }
 
-// TestDRAPathAvoidsSickGPUs proves the DRA path end to end with the stock kube-scheduler and
-// kube-controller-manager: once the agent (sim backend) marks a GPU Unhealthy, no new claim gets
+// TestDRAPathAvoidsSickGPUs proves the DRA path end to end with the stock kube-scheduler,
+// kube-controller-manager and kubelet: once the agent (sim backend) marks a GPU Unhealthy, no new claim gets
 // it; with NoExecute enabled, the pod already holding it is evicted by the device-taint eviction
 // controller; a Degraded GPU (effect None) and a tolerated taint still allocate; after recovery
 // the GPU is allocatable again.
 func TestDRAPathAvoidsSickGPUs(t *testing.T) {
 	t.Parallel()
-	c := controlplane.StartT(t, controlplane.Options{})
+	c := controlplane.StartT(t, controlplane.Options{NodeNetwork: true})
 	ctx := t.Context()
 	const ns, sick, spare = "dra", "dra-node-a", "dra-node-b"
-	uuids := gpuNode(t, c, sick, 8)
+	// The sick node is a real kubelet (with a DRA plugin): the pods there really run, and an
+	// evicted one really goes away. The spare node is a plain Node object.
+	uuids, _ := realGPUNode(t, c, sick, 8)
 	gpuNode(t, c, spare, 8)
 	if _, err := c.Admin().ResourceV1().DeviceClasses().Create(ctx, controlplane.GPUDeviceClass(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -109,7 +111,6 @@ func TestDRAPathAvoidsSickGPUs(t *testing.T) {
 	if _, err := c.CreateNamespace(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
-	c.StartKubeletT(t, sick) // completes graceful deletions, as the kubelet would
 
 	// A job holds GPU 3 before anything goes wrong.
 	victim := podWithClaim(t, c, pinnedClaim(ns, "victim", uuids[3], ""), sick)

@@ -31,6 +31,37 @@ import (
 
 func simUUID(node string, index int) string { return sim.GPUUUID(node, index) }
 
+// realGPUNode starts a real kubelet node with a ResourceSlice of count GPUs (the simulator's
+// UUIDs for that node) and a DRA kubelet plugin that prepares claims there, as NVIDIA's driver
+// would. The cluster needs a node network (Options.NodeNetwork or KubeletNodes).
+func realGPUNode(t *testing.T, c *controlplane.Cluster, name string, count int) ([]string, *controlplane.DRAPlugin) {
+	t.Helper()
+	ctx := t.Context()
+	node := c.KubeletNode(name)
+	if node == nil {
+		var err error
+		if node, err = c.StartKubeletNode(ctx, name, controlplane.KubeletNodeOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	uuids := make([]string, count)
+	for i := range uuids {
+		uuids[i] = simUUID(name, i)
+	}
+	if _, err := c.Admin().ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(name, uuids...), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	plugin, err := c.StartDRAPlugin(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(plugin.Stop)
+	eventually(t, "DRA plugin registered with the kubelet of "+name, func(context.Context) (bool, string, error) {
+		return plugin.Registered(), "", nil
+	})
+	return uuids, plugin
+}
+
 // podResourcesGPUs asks the kubelet's pod-resources API (List) which nvidia.com/gpu devices the
 // pod's containers hold.
 func podResourcesGPUs(t *testing.T, node *controlplane.KubeletNode, ns, pod string) []string {
@@ -456,27 +487,13 @@ func TestRealNodeDRANoExecuteEviction(t *testing.T) {
 	ctx := t.Context()
 	node := c.KubeletNode(controlplane.KubeletNodeName(0))
 	const ns = "dra-real"
-	uuids := make([]string, 8)
-	for i := range uuids {
-		uuids[i] = simUUID(node.Name, i)
-	}
-	if _, err := c.Admin().ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(node.Name, uuids...), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	uuids, plugin := realGPUNode(t, c, node.Name, 8)
 	if _, err := c.Admin().ResourceV1().DeviceClasses().Create(ctx, controlplane.GPUDeviceClass(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.CreateNamespace(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
-	plugin, err := c.StartDRAPlugin(ctx, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(plugin.Stop)
-	eventually(t, "DRA plugin registered with the kubelet", func(context.Context) (bool, string, error) {
-		return plugin.Registered(), "", nil
-	})
 
 	victim := podWithClaim(t, c, pinnedClaim(ns, "victim", uuids[3], ""), node.Name)
 	waitPodRunning(t, c, ns, victim.Name)
