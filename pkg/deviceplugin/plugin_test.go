@@ -376,7 +376,9 @@ func TestPluginRegistersThroughRelativeDir(t *testing.T) {
 	go func() { done <- plugin.Run(ctx) }()
 	defer func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("plugin stopped with %v", err)
+		}
 	}()
 	wait, stop := context.WithTimeout(context.Background(), waitLimit)
 	defer stop()

@@ -159,8 +159,8 @@ func (c *Cluster) inNodeNetwork(argv ...string) ([]string, error) {
 	if holder == nil {
 		return nil, errors.New("the cluster has no node network: start it with Options.KubeletNodes or Options.NodeNetwork")
 	}
-	if exited, err := holder.exited(); exited {
-		return nil, fmt.Errorf("nodenet (the node network) has exited: %v\n%s", err, holder.tail(20))
+	if err := exitedEarly(holder); err != nil {
+		return nil, fmt.Errorf("the node network is gone: %w\n%s", err, holder.tail(20))
 	}
 	return append([]string{"nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", holder.pid()), "--"}, argv...), nil
 }
