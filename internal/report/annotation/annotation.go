@@ -2,11 +2,13 @@
 //
 //   - volcano.sh/gpu-unhealthy-ids: the indexes of Unhealthy GPUs, ascending, comma-separated,
 //     no spaces ("0,3"), as Volcano's device plugin writes it and its scheduler reads it; removed
-//     when every GPU is healthy;
+//     when every GPU is healthy and no other writer has an entry in it. The key has other writers
+//     (Volcano's device plugin, operators): gpuhealth keeps their entries and removes only its own,
+//     bookkept in gpuhealth.dev/volcano-unhealthy-ids-state (see VolcanoStateKey);
 //   - gpuhealth.dev/gpu-health: a JSON object keyed by device UUID with index, model, health,
 //     reasons and since (report.GPUSummary), for every GPU and MIG instance.
 //
-// Only these two keys are ever written, with a JSON merge patch, so other annotations are never
+// Only these keys are ever written, with a JSON merge patch, so other annotations are never
 // touched. The syncer reads the Node from the agent's shared cache (nodecache) and writes only
 // when a value differs.
 package annotation
@@ -15,6 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
@@ -88,7 +92,13 @@ type Syncer struct {
 	// patch causes does not cost another Sync.
 	mu      sync.Mutex
 	written map[string]string
+	// lastGarbage and lastStateErr keep bad input from other writers to one log line per value.
+	lastGarbage  string
+	lastStateErr string
 }
+
+// syncedKeys are the annotations the syncer owns or shares.
+var syncedKeys = []string{UnhealthyIDsKey, HealthKey, VolcanoStateKey}
 
 var (
 	_ report.Syncer  = (*Syncer)(nil)
@@ -119,7 +129,7 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 				trigger()
 				return
 			}
-			changed := o.Annotations[UnhealthyIDsKey] != n.Annotations[UnhealthyIDsKey] || o.Annotations[HealthKey] != n.Annotations[HealthKey]
+			changed := slices.ContainsFunc(syncedKeys, func(k string) bool { return o.Annotations[k] != n.Annotations[k] })
 			if changed && !s.isOurs(n) {
 				trigger()
 			}
@@ -137,7 +147,7 @@ func (s *Syncer) isOurs(n *corev1.Node) bool {
 	if s.written == nil {
 		return false
 	}
-	for _, key := range []string{UnhealthyIDsKey, HealthKey} {
+	for _, key := range syncedKeys {
 		if n.Annotations[key] != s.written[key] {
 			return false
 		}
@@ -165,7 +175,7 @@ func Desired(snap health.Snapshot) (unhealthyIDs, healthJSON string, err error) 
 
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
-	ids, healthJSON, err := Desired(snap)
+	_, healthJSON, err := Desired(snap)
 	if err != nil {
 		return 0, err
 	}
@@ -173,8 +183,11 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	merged := mergeVolcanoIDs(node.Annotations[UnhealthyIDsKey], node.Annotations[VolcanoStateKey],
+		node.Annotations[HealthKey], report.UnhealthyIndexes(snap))
+	s.logBadInput(ctx, merged)
 	patch := map[string]any{}
-	want := map[string]string{UnhealthyIDsKey: ids, HealthKey: healthJSON}
+	want := map[string]string{UnhealthyIDsKey: merged.value, HealthKey: healthJSON, VolcanoStateKey: merged.state}
 	for key, value := range want {
 		current, present := node.Annotations[key]
 		switch {
@@ -200,4 +213,26 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	s.written = want
 	s.mu.Unlock()
 	return 1, nil
+}
+
+// logBadInput reports entries of another writer that are not GPU indexes, and an unreadable state,
+// once per distinct value: they are kept, not repaired, so they would otherwise log on every sync.
+func (s *Syncer) logBadInput(ctx context.Context, m volcanoMerge) {
+	logger := klog.FromContext(ctx)
+	garbage := strings.Join(m.garbage, ",")
+	stateErr := ""
+	if m.stateErr != nil {
+		stateErr = m.stateErr.Error()
+	}
+	s.mu.Lock()
+	newGarbage, newStateErr := garbage != s.lastGarbage, stateErr != s.lastStateErr
+	s.lastGarbage, s.lastStateErr = garbage, stateErr
+	s.mu.Unlock()
+	if newGarbage && garbage != "" {
+		logger.Info("Another writer put entries that are not GPU indexes in the Volcano annotation; keeping them as they are",
+			"node", s.nodeName, "annotation", UnhealthyIDsKey, "entries", garbage)
+	}
+	if newStateErr && stateErr != "" {
+		logger.Info("Ignoring an unreadable state annotation", "node", s.nodeName, "err", stateErr)
+	}
 }
