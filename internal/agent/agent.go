@@ -41,6 +41,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report/claimstatus"
 	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
@@ -263,6 +264,8 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 				cs.WithCircuitBreaker(cb.Held)
 			}
 			s = cs
+		case config.ReporterHAMi:
+			s = hami.New(opts.Client, opts.NodeName, caches.nodes)
 		case config.ReporterClaimStatus:
 			s = claimstatus.New(opts.Client, opts.NodeName, claimstatus.Options{Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, Devices: caches.devices, Clock: opts.Clock})
 		default:

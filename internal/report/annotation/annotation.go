@@ -32,6 +32,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -183,11 +184,10 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	merged := mergeVolcanoIDs(node.Annotations[UnhealthyIDsKey], node.Annotations[VolcanoStateKey],
-		node.Annotations[HealthKey], report.UnhealthyIndexes(snap))
+	merged := mergeVolcanoIDs(node.Annotations, report.UnhealthyIndexes(snap))
 	s.logBadInput(ctx, merged)
 	patch := map[string]any{}
-	want := map[string]string{UnhealthyIDsKey: merged.value, HealthKey: healthJSON, VolcanoStateKey: merged.state}
+	want := map[string]string{UnhealthyIDsKey: merged.Value, HealthKey: healthJSON, VolcanoStateKey: merged.State}
 	for key, value := range want {
 		current, present := node.Annotations[key]
 		switch {
@@ -217,12 +217,12 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 
 // logBadInput reports entries of another writer that are not GPU indexes, and an unreadable state,
 // once per distinct value: they are kept, not repaired, so they would otherwise log on every sync.
-func (s *Syncer) logBadInput(ctx context.Context, m volcanoMerge) {
+func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
 	logger := klog.FromContext(ctx)
-	garbage := strings.Join(m.garbage, ",")
+	garbage := strings.Join(m.Invalid, ",")
 	stateErr := ""
-	if m.stateErr != nil {
-		stateErr = m.stateErr.Error()
+	if m.StateErr != nil {
+		stateErr = m.StateErr.Error()
 	}
 	s.mu.Lock()
 	newGarbage, newStateErr := garbage != s.lastGarbage, stateErr != s.lastStateErr
@@ -233,6 +233,6 @@ func (s *Syncer) logBadInput(ctx context.Context, m volcanoMerge) {
 			"node", s.nodeName, "annotation", UnhealthyIDsKey, "entries", garbage)
 	}
 	if newStateErr && stateErr != "" {
-		logger.Info("Ignoring an unreadable state annotation", "node", s.nodeName, "err", stateErr)
+		logger.Info("Ignoring an unreadable state annotation", "node", s.nodeName, "annotation", VolcanoStateKey, "err", stateErr)
 	}
 }

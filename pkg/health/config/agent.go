@@ -14,12 +14,17 @@ const (
 	ReporterDeviceTaint = "devicetaint"
 	ReporterCondition   = "condition"
 	ReporterClaimStatus = "claimstatus"
+	// ReporterHAMi writes HAMi's per-GPU cordon (hami.io/device-cordon); opt-in.
+	ReporterHAMi = "hami"
 )
 
-// AllReporters lists every reporter, in the order the agent starts them.
+// AllReporters lists the reporters the agent runs by default, in the order it starts them.
 func AllReporters() []string {
 	return []string{ReporterAnnotation, ReporterDeviceTaint, ReporterCondition, ReporterClaimStatus}
 }
+
+// KnownReporters lists every reporter agent.reporters may name: the defaults and the opt-in ones.
+func KnownReporters() []string { return append(AllReporters(), ReporterHAMi) }
 
 // Defaults of the agent section.
 const (
@@ -32,8 +37,8 @@ const (
 // AgentConfig is the `agent` section: how `gpuhealth agent` reports. It is plain data so that
 // this package stays free of Kubernetes imports.
 type AgentConfig struct {
-	// Reporters to run (default all): annotation, devicetaint, condition, claimstatus. Metrics
-	// always run.
+	// Reporters to run (default: annotation, devicetaint, condition, claimstatus; hami is
+	// opt-in). Metrics always run.
 	Reporters []string `yaml:"reporters,omitempty" json:"reporters,omitempty"`
 	// DriverName is the DRA driver whose ResourceSlices carry the GPUs (default gpu.nvidia.com).
 	DriverName string `yaml:"driverName,omitempty" json:"driverName,omitempty"`
@@ -102,8 +107,8 @@ func (a AgentConfig) WithDefaults() AgentConfig {
 
 func (a AgentConfig) validate(bad func(path, format string, args ...any)) {
 	for i, r := range a.Reporters {
-		if !slices.Contains(AllReporters(), r) {
-			bad(fmt.Sprintf("agent.reporters[%d]", i), "unknown reporter %q (want one of %v)", r, AllReporters())
+		if !slices.Contains(KnownReporters(), r) {
+			bad(fmt.Sprintf("agent.reporters[%d]", i), "unknown reporter %q (want one of %v)", r, KnownReporters())
 		}
 	}
 	if a.Resync != nil && time.Duration(*a.Resync) < time.Second {

@@ -1,0 +1,131 @@
+// Package sharedlist merges gpuhealth's entries into a Node annotation that other writers fill
+// too: a comma-separated list such as Volcano's volcano.sh/gpu-unhealthy-ids (GPU indexes,
+// written also by Volcano's device plugin and by operators) or HAMi's hami.io/device-cordon (GPU
+// UUIDs, written by operators). gpuhealth keeps a small state annotation of its own beside each
+// list, JSON {"written":"0,2","others":"2"}: the value it last wrote and the other writers' part of
+// it. The rules (docs/compatibility.md):
+//   - the list is the other writers' entries plus gpuhealth's, in the list's order; entries its
+//     readers would not understand are kept verbatim at the end, never repaired;
+//   - gpuhealth removes only entries it added;
+//   - when the list differs from what gpuhealth last wrote, another writer changed it, and every
+//     entry of the new value counts as that writer's until that writer removes it (this errs
+//     towards keeping a GPU out, never towards putting a sick one back);
+//   - without a state (first start), entries gpuhealth itself reported as Unhealthy last time
+//     (the caller says which) count as its own, all others as other writers'.
+//
+// Merge is pure; the reporters patch the result, so each change by another writer costs at most
+// one write and gpuhealth's own write none.
+package sharedlist
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+)
+
+// Format describes one shared list.
+type Format struct {
+	// Valid reports whether an entry is one the list's readers understand.
+	Valid func(entry string) bool
+	// Compare orders valid entries.
+	Compare func(a, b string) int
+}
+
+// List is a parsed value: valid entries in order, then the others verbatim.
+type List struct {
+	valid, other []string
+}
+
+// Parse splits v on commas, trims each entry, drops empty ones and duplicates.
+func (f Format) Parse(v string) List {
+	var l List
+	for entry := range strings.SplitSeq(v, ",") {
+		s := strings.TrimSpace(entry)
+		switch {
+		case s == "" || slices.Contains(l.valid, s) || slices.Contains(l.other, s):
+		case f.Valid(s):
+			l.valid = append(l.valid, s)
+		default:
+			l.other = append(l.other, s)
+		}
+	}
+	slices.SortFunc(l.valid, f.Compare)
+	return l
+}
+
+// String formats the list: comma-separated, no spaces.
+func (l List) String() string { return strings.Join(slices.Concat(l.valid, l.other), ",") }
+
+// Invalid returns the entries the list's readers would not understand.
+func (l List) Invalid() []string { return slices.Clone(l.other) }
+
+func (f Format) without(l List, drop []string) List {
+	return List{valid: slices.DeleteFunc(slices.Clone(l.valid), func(e string) bool { return slices.Contains(drop, e) }), other: l.other}
+}
+
+func (f Format) with(l List, add []string) List {
+	out := List{valid: slices.Clone(l.valid), other: l.other}
+	for _, e := range add {
+		if !slices.Contains(out.valid, e) {
+			out.valid = append(out.valid, e)
+		}
+	}
+	slices.SortFunc(out.valid, f.Compare)
+	return out
+}
+
+// State is gpuhealth's bookkeeping beside a shared list.
+type State struct {
+	Written string `json:"written"`
+	Others  string `json:"others"`
+}
+
+// ErrBadState says the state annotation could not be read; every entry then counts as another
+// writer's, and the state is rewritten.
+var ErrBadState = errors.New("the state annotation is not valid JSON: every entry of the list is kept as another writer's")
+
+// Result is the outcome of Merge.
+type Result struct {
+	// Value is the list's new value; "" means the annotation must be absent.
+	Value string
+	// State is the state annotation's new value; "" means absent (nothing to protect).
+	State string
+	// Invalid lists entries of the current value the readers would not understand.
+	Invalid []string
+	// StateErr is ErrBadState when the recorded state could not be read.
+	StateErr error
+}
+
+// Merge applies the package's rules. current and stateRaw are the annotations' values ("" when
+// absent); previouslyOurs are the entries gpuhealth reported last time, used only without a state;
+// ours are gpuhealth's entries now.
+func (f Format) Merge(current, stateRaw string, previouslyOurs, ours []string) Result {
+	var r Result
+	// The API server stores annotations as UTF-8 (JSON turns invalid bytes into U+FFFD); do the
+	// same so that what was written compares equal to what is read back.
+	current = strings.ToValidUTF8(current, "\uFFFD")
+	observed := f.Parse(current)
+	r.Invalid = observed.Invalid()
+	var others List
+	var state State
+	switch {
+	case stateRaw != "" && json.Unmarshal([]byte(stateRaw), &state) != nil:
+		r.StateErr = ErrBadState
+		others = observed
+	case stateRaw != "" && state.Written == current:
+		// Unchanged since gpuhealth wrote it: the other writers' share is what it was then.
+		others = f.Parse(state.Others)
+	case stateRaw != "":
+		// Someone else changed it since: their value is their intent.
+		others = observed
+	default:
+		others = f.without(observed, previouslyOurs)
+	}
+	r.Value = f.with(others, ours).String()
+	if r.Value != "" {
+		b, _ := json.Marshal(State{Written: r.Value, Others: others.String()}) // cannot fail
+		r.State = string(b)
+	}
+	return r
+}

@@ -1,0 +1,86 @@
+package sharedlist_test
+
+import (
+	"cmp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
+)
+
+var indexes = sharedlist.Format{
+	Valid: func(s string) bool { i, err := strconv.Atoi(s); return err == nil && i >= 0 },
+	Compare: func(a, b string) int {
+		x, _ := strconv.Atoi(a)
+		y, _ := strconv.Atoi(b)
+		return cmp.Compare(x, y)
+	},
+}
+
+func TestMerge(t *testing.T) {
+	state := func(written, others string) string {
+		return `{"written":"` + written + `","others":"` + others + `"}`
+	}
+	for _, tc := range []struct {
+		name                 string
+		current, stateRaw    string
+		previous, ours       []string
+		wantValue, wantState string
+		wantInvalid          string
+		wantStateErr         bool
+	}{
+		{name: "empty, nothing ours", wantValue: "", wantState: ""},
+		{name: "ours only", ours: []string{"3", "0"}, wantValue: "0,3", wantState: state("0,3", "")},
+		{name: "unchanged since our write: others as recorded", current: "0,2", stateRaw: state("0,2", "2"), ours: nil, wantValue: "2", wantState: state("2", "2")},
+		{name: "changed by another writer: all its entries are its own", current: "0,5", stateRaw: state("0,2", "2"), ours: []string{"1"}, wantValue: "0,1,5", wantState: state("0,1,5", "0,5")},
+		{name: "deleted by another writer", current: "", stateRaw: state("0,2", "2"), ours: []string{"0"}, wantValue: "0", wantState: state("0", "")},
+		{name: "no state: previous own entries are ours", current: "0,2", previous: []string{"0"}, wantValue: "2", wantState: state("2", "2")},
+		{name: "invalid entries kept verbatim at the end", current: " 7 ,x,, 7,-1", stateRaw: state("", ""), ours: []string{"1"}, wantValue: "1,7,x,-1", wantInvalid: "x,-1", wantState: state("1,7,x,-1", "7,x,-1")},
+		{name: "garbled state: everything is another writer's", current: "4", stateRaw: "{", ours: []string{"1"}, wantValue: "1,4", wantState: state("1,4", "4"), wantStateErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := indexes.Merge(tc.current, tc.stateRaw, tc.previous, tc.ours)
+			if r.Value != tc.wantValue || r.State != tc.wantState {
+				t.Errorf("Merge = value %q state %q, want %q %q", r.Value, r.State, tc.wantValue, tc.wantState)
+			}
+			if got := strings.Join(r.Invalid, ","); got != tc.wantInvalid {
+				t.Errorf("invalid = %q, want %q", got, tc.wantInvalid)
+			}
+			if (r.StateErr != nil) != tc.wantStateErr {
+				t.Errorf("StateErr = %v", r.StateErr)
+			}
+			// Merging again with what was written changes nothing: no write fight.
+			again := indexes.Merge(r.Value, r.State, nil, tc.ours)
+			if r.Value != "" && (again.Value != r.Value || again.State != r.State) {
+				t.Errorf("second merge = %q %q, want a fixed point", again.Value, again.State)
+			}
+		})
+	}
+}
+
+func FuzzMergeIsAFixedPoint(f *testing.F) {
+	f.Add("0,2", `{"written":"0,2","others":"2"}`, "1")
+	f.Add("x,,3", "{", "")
+	f.Fuzz(func(t *testing.T, current, stateRaw, ours string) {
+		var own []string
+		for _, e := range strings.Split(ours, ",") {
+			if indexes.Valid(e) {
+				own = append(own, e)
+			}
+		}
+		r := indexes.Merge(current, stateRaw, nil, own)
+		for _, e := range own {
+			if !strings.Contains(","+r.Value+",", ","+strings.TrimSpace(e)+",") {
+				t.Fatalf("own entry %q missing from %q", e, r.Value)
+			}
+		}
+		if r.Value == "" {
+			return
+		}
+		again := indexes.Merge(r.Value, r.State, nil, own)
+		if again.Value != r.Value || again.State != r.State {
+			t.Fatalf("not a fixed point: %q/%q then %q/%q", r.Value, r.State, again.Value, again.State)
+		}
+	})
+}
