@@ -41,8 +41,8 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report/claimstatus"
 	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
-	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -301,6 +301,12 @@ func (s *meteredSink) Signal(sig health.Signal) {
 }
 
 func (s *meteredSink) Reboot(bootID string, at time.Time) { s.monitor.Reboot(bootID, at) }
+
+// SetCheckUnmonitored forwards what the NVML backend cannot watch on a GPU (a missing driver
+// function, ECC off) to the monitor, so snapshots and reporters show it.
+func (s *meteredSink) SetCheckUnmonitored(uuid string, c health.Check, unmonitored bool) {
+	s.monitor.SetCheckUnmonitored(uuid, c, unmonitored)
+}
 
 func (s *meteredSink) SetUnmonitored(uuid string, unmonitored bool) {
 	s.monitor.SetUnmonitored(uuid, unmonitored)

@@ -126,7 +126,7 @@ func BenchmarkStormRetainedMemory(b *testing.B) {
 
 // TestRepeatedSignalsDoNotAllocate pins the storm path at zero allocations: a count, not a time.
 func TestRepeatedSignalsDoNotAllocate(t *testing.T) {
-	devs := benchDevices(8)
+	devs := benchDevices(11)
 	tr, err := health.NewTracker(health.DefaultPolicy(), devs)
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +141,9 @@ func TestRepeatedSignalsDoNotAllocate(t *testing.T) {
 		{Kind: health.SignalECCCounters, Device: devs[4].UUID, Uncorrected: 3, Time: start},
 		{Kind: health.SignalNVLinkState, Device: devs[5].UUID, Link: 2, Down: true, Time: start},
 		{Kind: health.SignalLost, Device: devs[6].UUID, Time: start},
+		{Kind: health.SignalRecoveryAction, Device: devs[7].UUID, Action: health.RecoveryBusReset, Time: start},
+		{Kind: health.SignalRecoveryAction, Device: devs[8].UUID, Action: 200, Time: start},
+		{Kind: health.SignalResetRequired, Device: devs[9].UUID, Time: start},
 	}
 	for _, sig := range signals {
 		t.Run(sig.Kind.String(), func(t *testing.T) {

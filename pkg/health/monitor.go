@@ -11,8 +11,8 @@ import (
 const MaxPendingTransitions = 4096
 
 // Monitor connects a backend to a Tracker and to any number of subscribers. Backends call
-// Signal, Reboot and SetUnmonitored (they declare those methods in their own small Sink
-// interfaces); subscribers receive the latest Snapshot and the transitions since they last
+// Signal, Reboot, SetUnmonitored and SetCheckUnmonitored (they declare those methods in their
+// own small Sink interfaces); subscribers receive the latest Snapshot and the transitions since they last
 // looked. A slow subscriber never blocks the backend: snapshots coalesce to the latest one.
 type Monitor struct {
 	tracker *Tracker
@@ -62,6 +62,17 @@ func (m *Monitor) SetUnmonitored(uuid string, unmonitored bool) {
 	defer m.feed.Unlock()
 	m.buf = m.buf[:0]
 	if m.tracker.SetUnmonitored(uuid, unmonitored) == nil {
+		m.publishLocked()
+	}
+}
+
+// SetCheckUnmonitored marks one check the backend cannot run on a device (see
+// Tracker.SetCheckUnmonitored).
+func (m *Monitor) SetCheckUnmonitored(uuid string, check Check, unmonitored bool) {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	m.buf = m.buf[:0]
+	if m.tracker.SetCheckUnmonitored(uuid, check, unmonitored) == nil {
 		m.publishLocked()
 	}
 }

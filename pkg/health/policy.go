@@ -41,6 +41,9 @@ type Policy struct {
 	UnknownXID XIDRule
 	// Lost applies when a GPU is lost (fell off the bus, GPU_IS_LOST).
 	Lost XIDRule
+	// ResetRequired applies when the driver says the GPU needs a reset before it can be used
+	// again (NVML's ERROR_RESET_REQUIRED). A rule with Severity Healthy raises nothing.
+	ResetRequired XIDRule
 
 	// QuietPeriod ends conditions that clear on ClearsOnQuietPeriod: once this long has
 	// passed since the condition's signal was last seen, the condition clears.
@@ -96,6 +99,8 @@ func DefaultPolicy() *Policy {
 		XIDs:       XIDTable(),
 		UnknownXID: XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnGPUReset, Action: ActionResetGPU, Description: "unknown XID"},
 		Lost:       XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnNodeReboot, Evict: true, Action: ActionRebootNode, Description: "GPU is lost"},
+		ResetRequired: XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnGPUReset, Action: ActionResetGPU,
+			Description: "GPU requires a reset before it can be used again"},
 	}
 	p.ECC.Enabled = true
 	p.ECC.CorrectedStormPerMinute = DefaultCorrectedStormPerMinute
@@ -118,13 +123,15 @@ var devicePluginIgnoredXIDs = []uint32{13, 31, 43, 45, 68, 109}
 
 // DevicePluginPolicy reproduces the NVIDIA device plugin's health check: XIDs 13, 31, 43, 45,
 // 68 and 109 are ignored, every other XID makes the GPU Unhealthy and nothing clears it, a lost
-// GPU is Unhealthy, and no polled check runs.
+// GPU (or one the driver says needs a reset) is Unhealthy, and no polled check runs.
 func DevicePluginPolicy() *Policy {
 	p := &Policy{
 		Name:       "device-plugin",
 		XIDs:       map[uint32]XIDRule{},
 		UnknownXID: XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnAdmin, Action: ActionInspect, Description: "critical XID"},
 		Lost:       XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnAdmin, Action: ActionInspect, Description: "GPU is lost"},
+		ResetRequired: XIDRule{Severity: Unhealthy, ClearsOn: ClearsOnAdmin, Action: ActionInspect,
+			Description: "GPU requires a reset before it can be used again"},
 		// Nothing in this profile clears on a quiet period; the value only has to be valid.
 		QuietPeriod: DefaultQuietPeriod,
 	}

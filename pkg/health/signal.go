@@ -41,6 +41,10 @@ const (
 	// SignalSample marks the end of one periodic sampling round for the device; the Tracker
 	// uses it to expire quiet periods. No fields.
 	SignalSample
+	// SignalResetRequired: the GPU needs a reset before it can be used again (NVML answered
+	// ERROR_RESET_REQUIRED). No fields. It comes after SignalSample so that the older kinds keep
+	// their values.
+	SignalResetRequired
 )
 
 var signalKindNames = [...]string{
@@ -50,6 +54,7 @@ var signalKindNames = [...]string{
 	SignalPCIeReplays: "pcieReplays", SignalNVLinkState: "nvlinkState",
 	SignalNVLinkErrors: "nvlinkErrors", SignalRecoveryAction: "recoveryAction",
 	SignalLost: "lost", SignalReset: "reset", SignalSample: "sample",
+	SignalResetRequired: "resetRequired",
 }
 
 func (k SignalKind) String() string {
@@ -103,40 +108,6 @@ func (r ClockEventReasons) String() string {
 		names = append(names, fmt.Sprintf("0x%x", uint64(rest)))
 	}
 	return strings.Join(names, ",")
-}
-
-// RecoveryAction is NVML's GPU recovery action (nvmlDeviceGpuRecoveryAction_t).
-type RecoveryAction uint8
-
-// Recovery actions, with NVML's numeric values.
-const (
-	RecoveryNone          RecoveryAction = 0
-	RecoveryGPUReset      RecoveryAction = 1
-	RecoveryNodeReboot    RecoveryAction = 2
-	RecoveryDrainP2P      RecoveryAction = 3
-	RecoveryDrainAndReset RecoveryAction = 4
-)
-
-var recoveryActionNames = [...]string{
-	RecoveryNone: "none", RecoveryGPUReset: "gpuReset", RecoveryNodeReboot: "nodeReboot",
-	RecoveryDrainP2P: "drainP2P", RecoveryDrainAndReset: "drainAndReset",
-}
-
-func (a RecoveryAction) String() string {
-	if int(a) < len(recoveryActionNames) {
-		return recoveryActionNames[a]
-	}
-	return fmt.Sprintf("RecoveryAction(%d)", uint8(a))
-}
-
-// ParseRecoveryAction parses one of none, gpuReset, nodeReboot, drainP2P, drainAndReset.
-func ParseRecoveryAction(s string) (RecoveryAction, error) {
-	for i, name := range recoveryActionNames {
-		if s == name {
-			return RecoveryAction(i), nil
-		}
-	}
-	return 0, fmt.Errorf("unknown recovery action %q (want none, gpuReset, nodeReboot, drainP2P or drainAndReset)", s)
 }
 
 // Signal is one raw fact about a device, as a backend observed it. It is a plain value so that

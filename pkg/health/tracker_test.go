@@ -2,6 +2,7 @@ package health_test
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -515,5 +516,38 @@ func TestPolicyForProfile(t *testing.T) {
 	}
 	if _, err := health.PolicyForProfile("strict"); err == nil {
 		t.Fatal("unknown profile accepted")
+	}
+}
+
+func TestSetCheckUnmonitored(t *testing.T) {
+	h := newHarness(t, health.DefaultPolicy(), gpuDevice(0), migDevice(0, 1, 0))
+	uuid := gpuDevice(0).UUID
+	gen := h.tr.Generation()
+	for _, c := range []health.Check{health.CheckECC, health.CheckClockEvents, health.CheckECC} {
+		if err := h.tr.SetCheckUnmonitored(uuid, c, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := h.status(uuid)
+	if !slices.Equal(st.UnmonitoredChecks, []health.Check{health.CheckClockEvents, health.CheckECC}) {
+		t.Errorf("UnmonitoredChecks = %v, want clockEvents and ecc, sorted, once each", st.UnmonitoredChecks)
+	}
+	if st.Health != health.Healthy || st.Unmonitored {
+		t.Errorf("a check that cannot run changed the device: %+v", st)
+	}
+	if got := h.tr.Generation(); got != gen+2 {
+		t.Errorf("generation moved by %d, want 2 (the repeat changes nothing)", got-gen)
+	}
+	if len(h.status(migDevice(0, 1, 0).UUID).UnmonitoredChecks) != 0 {
+		t.Error("the mark reached a MIG device it was not set on")
+	}
+	if err := h.tr.SetCheckUnmonitored(uuid, health.CheckECC, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.status(uuid); !slices.Equal(st.UnmonitoredChecks, []health.Check{health.CheckClockEvents}) {
+		t.Errorf("after clearing ecc: %v", st.UnmonitoredChecks)
+	}
+	if err := h.tr.SetCheckUnmonitored("GPU-nope", health.CheckECC, true); !errors.Is(err, health.ErrUnknownDevice) {
+		t.Errorf("unknown device: %v", err)
 	}
 }

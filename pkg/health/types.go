@@ -130,6 +130,8 @@ const (
 	ActionRebootNode         Action = "rebootNode"
 	ActionDrainP2P           Action = "drainP2P"
 	ActionDrainAndResetGPU   Action = "drainAndResetGPU"
+	ActionRecoverIMEXDomain  Action = "recoverIMEXDomain"
+	ActionResetBus           Action = "resetBus"
 	ActionCheckHardware      Action = "checkHardware"
 	ActionCheckCooling       Action = "checkCooling"
 	ActionInspect            Action = "inspect"
@@ -166,6 +168,7 @@ type ConditionType string
 const (
 	ConditionXID                 ConditionType = "XID"
 	ConditionGPULost             ConditionType = "GPULost"
+	ConditionGPUResetRequired    ConditionType = "GPUResetRequired"
 	ConditionECCUncorrected      ConditionType = "ECCUncorrected"
 	ConditionECCCorrectedStorm   ConditionType = "ECCCorrectedStorm"
 	ConditionRowRemapFailure     ConditionType = "RowRemapFailure"
@@ -218,6 +221,10 @@ type DeviceStatus struct {
 	XIDs       []XIDCount  `json:"xids,omitempty"`
 	// Unmonitored is set when the backend cannot watch the device (events not supported).
 	Unmonitored bool `json:"unmonitored,omitempty"`
+	// UnmonitoredChecks names the checks the backend cannot run on the device (ECC disabled,
+	// a function the driver lacks), sorted; see Tracker.SetCheckUnmonitored. Like Unmonitored,
+	// it is no data, never a fault.
+	UnmonitoredChecks []Check `json:"unmonitoredChecks,omitempty"`
 }
 
 // Snapshot is the health of every tracked device. Devices are ordered by index, each GPU

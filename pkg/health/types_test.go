@@ -87,7 +87,7 @@ func TestClockEventReasonNames(t *testing.T) {
 }
 
 func TestRecoveryActionNames(t *testing.T) {
-	for _, name := range []string{"none", "gpuReset", "nodeReboot", "drainP2P", "drainAndReset"} {
+	for _, name := range []string{"none", "gpuReset", "nodeReboot", "drainP2P", "drainAndReset", "recoverIMEXDomain", "busReset", "systemReboot"} {
 		a, err := health.ParseRecoveryAction(name)
 		if err != nil || a.String() != name {
 			t.Errorf("ParseRecoveryAction(%q) = %v, %v", name, a, err)
@@ -95,17 +95,25 @@ func TestRecoveryActionNames(t *testing.T) {
 	}
 	// NVML's numbering, which the NVML backend passes through.
 	if health.RecoveryNone != 0 || health.RecoveryGPUReset != 1 || health.RecoveryNodeReboot != 2 ||
-		health.RecoveryDrainP2P != 3 || health.RecoveryDrainAndReset != 4 {
+		health.RecoveryDrainP2P != 3 || health.RecoveryDrainAndReset != 4 || health.RecoveryRecoverIMEXDomain != 5 ||
+		health.RecoveryBusReset != 6 || health.RecoverySystemReboot != 7 {
 		t.Fatal("recovery actions do not match NVML's values")
 	}
 	if _, err := health.ParseRecoveryAction("GPU_RESET"); err == nil {
 		t.Fatal("NVML's constant name accepted; the file format uses camelCase")
 	}
+	_, err := health.ParseRecoveryAction("reboot")
+	if err == nil || !strings.Contains(err.Error(), "drainAndReset, recoverIMEXDomain, busReset or systemReboot") {
+		t.Fatalf("error %v does not list the names", err)
+	}
+	if got := health.RecoveryAction(8).String(); got != "RecoveryAction(8)" {
+		t.Fatalf("unknown action: %q", got)
+	}
 }
 
 func TestSignalKindNames(t *testing.T) {
 	seen := map[string]bool{}
-	for k := health.SignalXID; k <= health.SignalSample; k++ {
+	for k := health.SignalXID; k <= health.SignalResetRequired; k++ {
 		name := k.String()
 		if name == "" || strings.HasPrefix(name, "SignalKind(") || seen[name] {
 			t.Errorf("kind %d has name %q", k, name)

@@ -2,7 +2,6 @@ package nvml
 
 import (
 	"errors"
-	"fmt"
 	"reflect"
 	"sync"
 	"time"
@@ -73,6 +72,10 @@ type Backend struct {
 	gpus          []*gpu
 	devices       []health.Device
 	skipped       []error
+	// sym records the optional NVML functions the driver lacks; eventsOff says why events
+	// cannot be watched at all ("" when they can). Both are set by Open.
+	sym       symbols
+	eventsOff string
 
 	stats stats
 
@@ -93,6 +96,15 @@ type gpu struct {
 	eccValid     bool
 	links        []int
 	linksScanned bool
+
+	// off names the readings not taken on this GPU and why: the driver lacks their functions,
+	// or ECC is off. fault is SignalLost or SignalResetRequired when NVML said so while Open
+	// looked at the GPU (0 otherwise); Run reports it first. Both are set by Open only.
+	off   map[string]string
+	fault health.SignalKind
+	// eccDisabled is set when the GPU's ECC mode is off (or it has no ECC): its ECC events
+	// never come.
+	eccDisabled bool
 }
 
 type eccTotals struct{ corrected, uncorrected uint64 }
@@ -129,13 +141,15 @@ func Open(lib nvml.Interface, opts ...Option) (*Backend, error) {
 	if err := initError(lib.Init()); err != nil {
 		return nil, err
 	}
-	b := &Backend{lib: lib, opts: o, log: o.logger}
+	b := &Backend{lib: lib, opts: o, log: o.logger, sym: lookupSymbols(lib)}
+	b.eventsOff = b.sym.eventsMissing()
 	if err := b.inventory(); err != nil {
 		if serr := nvmlError("shutting NVML down", lib.Shutdown()); serr != nil {
 			err = errors.Join(err, serr)
 		}
 		return nil, err
 	}
+	b.logOff()
 	return b, nil
 }
 
@@ -152,122 +166,10 @@ func (b *Backend) Devices() []health.Device { return b.devices }
 func (b *Backend) DriverVersion() string { return b.driverVersion }
 
 // Skipped returns one error per GPU that NVML lists but that could not be identified (no handle
-// or no UUID); such a GPU cannot be tracked, and the error says why.
+// or no UUID), and per GPU whose MIG devices could not all be listed. A GPU that could not be
+// identified cannot be tracked; when it is broken (lost, in need of a reset, or failing with an
+// unknown error) its error wraps ErrGPULost, and the node has a bad GPU that no UUID names.
 func (b *Backend) Skipped() []error { return b.skipped }
-
-func (b *Backend) inventory() error {
-	if v, ret := b.lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
-		b.driverVersion = v
-	}
-	count, ret := b.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nvmlError("counting GPUs", ret)
-	}
-	for i := range count {
-		handle, ret := b.lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			b.skip(fmt.Errorf("GPU %d: %w", i, nvmlError("getting its handle", ret)))
-			continue
-		}
-		uuid, ret := handle.GetUUID()
-		if ret != nvml.SUCCESS {
-			b.skip(fmt.Errorf("GPU %d: %w", i, nvmlError("reading its UUID", ret)))
-			continue
-		}
-		g := &gpu{handle: handle, dev: health.Device{UUID: uuid, Index: i, Minor: -1}}
-		if minor, ret := handle.GetMinorNumber(); ret == nvml.SUCCESS {
-			g.dev.Minor = minor
-		}
-		if name, ret := handle.GetName(); ret == nvml.SUCCESS {
-			g.dev.Model = name
-		}
-		if pci, ret := handle.GetPciInfo(); ret == nvml.SUCCESS {
-			g.dev.PCIBusID = busID(pci)
-		}
-		if err := b.migInventory(g); err != nil {
-			b.skip(fmt.Errorf("GPU %d (%s): MIG instances: %w", i, uuid, err))
-		}
-		b.gpus = append(b.gpus, g)
-		b.devices = append(b.devices, g.dev)
-		b.devices = append(b.devices, g.migs...)
-	}
-	return nil
-}
-
-func (b *Backend) skip(err error) {
-	b.log.Error(err, "GPU left out of the inventory")
-	b.skipped = append(b.skipped, err)
-}
-
-// migInventory lists the MIG instances of a GPU in MIG mode.
-func (b *Backend) migInventory(g *gpu) error {
-	current, _, ret := g.handle.GetMigMode()
-	if notSupported(ret) || (ret == nvml.SUCCESS && current != nvml.DEVICE_MIG_ENABLE) {
-		return nil
-	}
-	if ret != nvml.SUCCESS {
-		return nvmlError("reading MIG mode", ret)
-	}
-	n, ret := g.handle.GetMaxMigDeviceCount()
-	if ret != nvml.SUCCESS {
-		return nvmlError("counting MIG devices", ret)
-	}
-	var errs []error
-	for j := range n {
-		mig, ret := g.handle.GetMigDeviceHandleByIndex(j)
-		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
-			continue // MIG device slots are sparse
-		}
-		if ret != nvml.SUCCESS {
-			errs = append(errs, nvmlError(fmt.Sprintf("MIG device %d: getting its handle", j), ret))
-			continue
-		}
-		uuid, ret := mig.GetUUID()
-		if ret != nvml.SUCCESS {
-			errs = append(errs, nvmlError(fmt.Sprintf("MIG device %d: reading its UUID", j), ret))
-			continue
-		}
-		gi, ret := mig.GetGpuInstanceId()
-		if ret != nvml.SUCCESS {
-			errs = append(errs, nvmlError(fmt.Sprintf("MIG device %s: reading its GPU instance", uuid), ret))
-			continue
-		}
-		ci, ret := mig.GetComputeInstanceId()
-		if ret != nvml.SUCCESS {
-			errs = append(errs, nvmlError(fmt.Sprintf("MIG device %s: reading its compute instance", uuid), ret))
-			continue
-		}
-		d := health.Device{
-			UUID: uuid, Index: g.dev.Index, Minor: g.dev.Minor, PCIBusID: g.dev.PCIBusID,
-			Model: g.dev.Model + " MIG",
-			MIG:   &health.MIGPlacement{ParentUUID: g.dev.UUID, GPUInstance: uint32(gi), ComputeInstance: uint32(ci)},
-		}
-		if name, ret := mig.GetName(); ret == nvml.SUCCESS && name != "" {
-			d.Model = name
-		}
-		g.migs = append(g.migs, d)
-	}
-	return errors.Join(errs...)
-}
-
-// busID reads the PCI bus ID NVML reports, preferring the long form.
-func busID(p nvml.PciInfo) string {
-	if s := cString(p.BusId[:]); s != "" {
-		return s
-	}
-	return cString(p.BusIdLegacy[:])
-}
-
-func cString(b []int8) string {
-	out := make([]byte, 0, len(b))
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		out = append(out, byte(c))
-	}
-	return string(out)
-}
 
 // sameHandle compares two device handles without panicking on handle types that are not
 // comparable.

@@ -17,9 +17,14 @@
 //
 // ERROR_NOT_SUPPORTED always means "no data": a reading a GPU does not support produces no
 // signal, and a GPU whose events cannot be registered is reported as unmonitored (visible, not
-// unhealthy). Counters are passed on as totals; the library turns them into rates. A volatile ECC
-// total that goes down means the GPU was reset, and the backend reports the reset before the new
-// totals. See docs/nvml.md.
+// unhealthy). A check that cannot run at all on a GPU (ECC disabled, or a function the driver's
+// libnvidia-ml lacks) is reported as not running through the optional CheckSink, and logged
+// once at Open. Open looks every optional NVML function up first: go-nvml binds symbols lazily,
+// and calling a missing one would end the process. ERROR_GPU_IS_LOST and ERROR_RESET_REQUIRED,
+// from any call, say the GPU itself is broken: SignalLost and SignalResetRequired. Counters are
+// passed on as totals; the library turns them into rates. A volatile ECC total that goes down
+// means the GPU was reset, and the backend reports the reset before the new totals. See
+// docs/nvml.md.
 //
 // Errors returned by this package wrap the nvml.Return that caused them, so
 // errors.Is(err, nvml.ERROR_GPU_IS_LOST) works.

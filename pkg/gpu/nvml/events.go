@@ -2,9 +2,6 @@ package nvml
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -56,7 +53,8 @@ func EventNames(mask uint64) []string {
 // start (the event set cannot be created). The event set is freed before Run returns. Run may be
 // called once at a time.
 func (b *Backend) Run(ctx context.Context, sink Sink) error {
-	set, ret := b.lib.EventSetCreate()
+	b.announce(sink)
+	set, ret := b.createEventSet()
 	switch {
 	case ret == nvml.SUCCESS:
 	case notSupported(ret):
@@ -85,10 +83,27 @@ func (b *Backend) Run(ctx context.Context, sink Sink) error {
 	return g.Wait()
 }
 
-// supportedEvents returns the watched event types a GPU supports, as Run registers them.
+// createEventSet creates the event set, unless the driver lacks the event functions: then it
+// answers FUNCTION_NOT_FOUND without calling any of them.
+func (b *Backend) createEventSet() (nvml.EventSet, nvml.Return) {
+	if b.eventsOff != "" {
+		return nil, nvml.ERROR_FUNCTION_NOT_FOUND
+	}
+	return b.lib.EventSetCreate()
+}
+
+// supportedEvents returns the watched event types a GPU supports, as Run registers them: not
+// the ECC events when ECC is off, as they never come.
 func (b *Backend) supportedEvents(g *gpu) (uint64, nvml.Return) {
+	if b.eventsOff != "" {
+		return 0, nvml.ERROR_FUNCTION_NOT_FOUND
+	}
 	mask, ret := g.handle.GetSupportedEventTypes()
-	return mask & WatchedEvents, ret
+	mask &= WatchedEvents
+	if g.eccDisabled {
+		mask &^= eccEvents
+	}
+	return mask, ret
 }
 
 // register registers every GPU's watched events on set. A GPU that supports none of them, or
@@ -113,9 +128,10 @@ func (b *Backend) register(set nvml.EventSet, sink Sink) {
 		case ret == nvml.SUCCESS, notSupported(ret):
 			log.Info("GPU events are not supported: the GPU is unmonitored for events")
 			b.setUnmonitored(g, sink, true)
-		case lost(ret):
-			log.Info("GPU is lost")
-			sink.Signal(health.Signal{Kind: health.SignalLost, Device: g.dev.UUID, Time: b.opts.clock.Now()})
+		case isFault(ret):
+			kind, _ := faultOf(ret)
+			log.Info("GPU is broken", "error", ret.Error(), "signal", kind)
+			sink.Signal(health.Signal{Kind: kind, Device: g.dev.UUID, Time: b.opts.clock.Now()})
 		default:
 			log.Error(nvmlError("registering events", ret), "GPU is unmonitored for events")
 			b.setUnmonitored(g, sink, true)
@@ -149,8 +165,8 @@ func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, sink Sink) e
 		case ret == nvml.ERROR_TIMEOUT:
 			b.resetBackoff(&backoff)
 			continue
-		case lost(ret):
-			// Wait does not say which GPU; find the ones that are gone.
+		case isFault(ret):
+			// Wait does not say which GPU; find the ones that are broken.
 			b.probeLost(sink)
 		}
 		if ctx.Err() != nil {
@@ -281,126 +297,16 @@ func (b *Backend) unattributed(e nvml.EventData, now time.Time, sink Sink) {
 	}
 }
 
-// probeLost asks every GPU for its UUID and reports those that cannot answer as lost.
+// probeLost asks every GPU for its UUID and reports those that cannot answer as lost (or as
+// needing a reset, when NVML says so).
 func (b *Backend) probeLost(sink Sink) int {
 	n := 0
 	for _, g := range b.gpus {
 		if _, ret := g.handle.GetUUID(); ret != nvml.SUCCESS {
 			b.log.Info("GPU does not answer", "gpu", g.dev.UUID, "error", ret.Error())
-			sink.Signal(health.Signal{Kind: health.SignalLost, Device: g.dev.UUID, Time: b.opts.clock.Now()})
+			sink.Signal(health.Signal{Kind: unattributedFault(ret), Device: g.dev.UUID, Time: b.opts.clock.Now()})
 			n++
 		}
 	}
 	return n
-}
-
-// emitRecoveryAction reads and reports NVML's recovery action after an event announced a change.
-func (b *Backend) emitRecoveryAction(g *gpu, base health.Signal, sink Sink) {
-	var r Readings
-	action, ok, err := readRecoveryAction(g.handle, reader{&r})
-	switch {
-	case errors.Is(err, errLost):
-		sink.Signal(with(base, health.SignalLost))
-	case ok:
-		s := with(base, health.SignalRecoveryAction)
-		s.Action = action
-		sink.Signal(s)
-	default:
-		b.countReadErrors(g, r)
-	}
-}
-
-// emitECCAfterEvent reads the ECC totals after an ECC event. When they cannot be read, a
-// double-bit event still reports one uncorrected error.
-func (b *Backend) emitECCAfterEvent(g *gpu, doubleBit bool, base health.Signal, sink Sink) {
-	var r Readings
-	rd := reader{&r}
-	corrected, ret := g.handle.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC)
-	ok, err := rd.check(ReadingECC, ret)
-	var uncorrected uint64
-	if ok {
-		uncorrected, ret = g.handle.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
-		ok, err = rd.check(ReadingECC, ret)
-	}
-	switch {
-	case err != nil:
-		sink.Signal(with(base, health.SignalLost))
-	case ok:
-		if doubleBit {
-			uncorrected = max(uncorrected, 1)
-		}
-		b.emitECC(g, ECCReading{Corrected: corrected, Uncorrected: uncorrected}, base, sink)
-	case doubleBit:
-		b.countReadErrors(g, r)
-		g.mu.Lock()
-		e := g.ecc
-		g.mu.Unlock()
-		s := with(base, health.SignalECCCounters)
-		s.Corrected, s.Uncorrected = e.corrected, max(e.uncorrected, 1)
-		sink.Signal(s)
-	default:
-		b.countReadErrors(g, r)
-	}
-}
-
-// emitRetirementAfterEvent reads the row remapper (or, on older GPUs, page retirement) after a
-// DRAM retirement event. When neither can be read, the event itself is reported: a pending
-// retirement, or a remap failure.
-func (b *Backend) emitRetirementAfterEvent(g *gpu, failure bool, base health.Signal, sink Sink) {
-	var r Readings
-	rd := reader{&r}
-	if err := readRemappedRows(g.handle, rd); err != nil {
-		sink.Signal(with(base, health.SignalLost))
-		return
-	}
-	if rr := r.RemappedRows; rr != nil {
-		s := with(base, health.SignalRemappedRows)
-		s.Pending, s.Failure = rr.Pending, rr.Failure || failure
-		sink.Signal(s)
-		return
-	}
-	if !failure {
-		state, ret := g.handle.GetRetiredPagesPendingStatus()
-		ok, err := rd.check(ReadingRetiredPages, ret)
-		if err != nil {
-			sink.Signal(with(base, health.SignalLost))
-			return
-		}
-		s := with(base, health.SignalRetiredPages)
-		s.Pending = !ok || state == nvml.FEATURE_ENABLED
-		sink.Signal(s)
-		b.countReadErrors(g, r)
-		return
-	}
-	b.countReadErrors(g, r)
-	s := with(base, health.SignalRemappedRows)
-	s.Failure = true
-	sink.Signal(s)
-}
-
-func (b *Backend) countReadErrors(g *gpu, r Readings) {
-	if len(r.Errors) == 0 {
-		return
-	}
-	b.stats.add(func(s *Stats) { s.SampleErrors += uint64(len(r.Errors)) })
-	b.log.Info("reading after an event failed", "gpu", g.dev.UUID, "errors", fmt.Sprint(r.Errors))
-}
-
-// stats guards Stats.
-type stats struct {
-	mu sync.Mutex
-	s  Stats
-}
-
-func (s *stats) add(f func(*Stats)) {
-	s.mu.Lock()
-	f(&s.s)
-	s.mu.Unlock()
-}
-
-// Stats returns the backend's counters.
-func (b *Backend) Stats() Stats {
-	b.stats.mu.Lock()
-	defer b.stats.mu.Unlock()
-	return b.stats.s
 }

@@ -147,6 +147,12 @@ func TestEventsRegisteredPerGPU(t *testing.T) {
 	})
 	b := f.open()
 	f.run(b, newRecorder())
+	// Registration runs in the event loop's goroutine, not before the first sampling round.
+	waitFor(t, "the registrations", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.gpus[0].registered != 0 && f.gpus[1].registered != 0
+	})
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if got, want := f.gpus[0].registered, uint64(nvml.EventTypeXidCriticalError|nvml.EventTypeGpuUnavailableError); got != want {
@@ -172,6 +178,12 @@ func TestRegistrationNotSupported(t *testing.T) {
 	b := f.open()
 	m := newMonitor(t, b)
 	f.run(b, m)
+	// GPUs register in order in the event loop's goroutine: GPU 7 is the last.
+	waitFor(t, "the registrations", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.gpus[7].registered != 0
+	})
 
 	want := map[string]bool{
 		f.uuid(0): false, f.uuid(1): true, f.uuid(2): true, f.uuid(3): false,

@@ -42,6 +42,12 @@ type gpuState struct {
 	linkErrors             []uint64           // per link, per counter
 	recovery               uint32
 	lost                   bool
+	// resetRequired makes every call but GetUUID answer ERROR_RESET_REQUIRED, nvml.h's "The
+	// GPU requires a reset before it can be used again".
+	resetRequired bool
+	// eccCurrent and eccPending answer GetEccMode. An H100 has ECC on. With ECC off, nvml.h's
+	// "Requires ECC Mode to be enabled" makes the ECC totals answer ERROR_NOT_SUPPORTED.
+	eccCurrent, eccPending nvml.EnableState
 	supportedEvents        uint64
 	// registerRet answers RegisterEvents for a mask other than XID only.
 	registerRet nvml.Return
@@ -50,6 +56,8 @@ type gpuState struct {
 	unsupported map[string]bool
 	// failing names readings that answer ERROR_UNKNOWN.
 	failing map[string]bool
+	// rets names readings that answer the given code.
+	rets map[string]nvml.Return
 }
 
 type waitResult struct {
@@ -72,6 +80,8 @@ type fixture struct {
 	shutdowns atomic.Int64
 	// eventSetRet answers EventSetCreate.
 	eventSetRet nvml.Return
+	// missing names the C symbols the fake libnvidia-ml lacks (LookupSymbol fails for them).
+	missing map[string]bool
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -82,6 +92,13 @@ func newFixture(t *testing.T) *fixture {
 		clock:       testingclock.NewFakeClock(start),
 		waits:       make(chan waitResult, 16),
 		eventSetRet: nvml.SUCCESS,
+		missing:     map[string]bool{},
+	}
+	f.srv.LookupSymbolFunc = func(name string) error {
+		if f.missing[name] {
+			return fmt.Errorf("undefined symbol: %s", name)
+		}
+		return nil
 	}
 	f.srv.ShutdownFunc = func() nvml.Return {
 		f.shutdowns.Add(1)
@@ -112,12 +129,14 @@ func newFixture(t *testing.T) *fixture {
 	for i := range f.srv.Devices {
 		st := &gpuState{
 			temperature: 40, slowdown: 87, shutdown: 92, powerMw: 120000, limitMw: 700000,
+			eccCurrent: nvml.FEATURE_ENABLED, eccPending: nvml.FEATURE_ENABLED,
 			links:           make([]nvml.EnableState, 2),
 			linkErrors:      make([]uint64, 2),
 			supportedEvents: nvml.EventTypeAll,
 			registerRet:     nvml.SUCCESS,
 			unsupported:     map[string]bool{},
 			failing:         map[string]bool{},
+			rets:            map[string]nvml.Return{},
 		}
 		for l := range st.links {
 			st.links[l] = nvml.FEATURE_ENABLED
@@ -144,10 +163,14 @@ func (f *fixture) answer(st *gpuState, reading string) nvml.Return {
 	switch {
 	case st.lost:
 		return nvml.ERROR_GPU_IS_LOST
+	case st.resetRequired:
+		return nvml.ERROR_RESET_REQUIRED
 	case st.unsupported[reading]:
 		return nvml.ERROR_NOT_SUPPORTED
 	case st.failing[reading]:
 		return nvml.ERROR_UNKNOWN
+	case st.rets[reading] != nvml.SUCCESS:
+		return st.rets[reading]
 	}
 	return nvml.SUCCESS
 }
@@ -159,6 +182,9 @@ func (f *fixture) wireDevice(d *server.Device, st *gpuState) {
 		defer f.mu.Unlock()
 		if st.lost {
 			return "", nvml.ERROR_GPU_IS_LOST
+		}
+		if ret := st.rets["uuid"]; ret != nvml.SUCCESS {
+			return "", ret
 		}
 		return uuid, nvml.SUCCESS
 	}
@@ -188,6 +214,14 @@ func (f *fixture) wireDevice(d *server.Device, st *gpuState) {
 		st.registered = mask
 		return nvml.SUCCESS
 	}
+	d.GetEccModeFunc = func() (nvml.EnableState, nvml.EnableState, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if ret := f.answer(st, "eccMode"); ret != nvml.SUCCESS {
+			return 0, 0, ret
+		}
+		return st.eccCurrent, st.eccPending, nvml.SUCCESS
+	}
 	d.GetTotalEccErrorsFunc = func(typ nvml.MemoryErrorType, counter nvml.EccCounterType) (uint64, nvml.Return) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -196,6 +230,9 @@ func (f *fixture) wireDevice(d *server.Device, st *gpuState) {
 		}
 		if ret := f.answer(st, gpunvml.ReadingECC); ret != nvml.SUCCESS {
 			return 0, ret
+		}
+		if st.eccCurrent != nvml.FEATURE_ENABLED {
+			return 0, nvml.ERROR_NOT_SUPPORTED
 		}
 		if typ == nvml.MEMORY_ERROR_TYPE_CORRECTED {
 			return st.corrected, nvml.SUCCESS
@@ -252,6 +289,8 @@ func (f *fixture) wireDevice(d *server.Device, st *gpuState) {
 		defer f.mu.Unlock()
 		return st.reasons, f.answer(st, gpunvml.ReadingClockEvents)
 	}
+	// Drivers before 535 name the same bits throttle reasons.
+	d.GetCurrentClocksThrottleReasonsFunc = d.GetCurrentClocksEventReasonsFunc
 	d.GetPcieReplayCounterFunc = func() (int, nvml.Return) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -282,8 +321,8 @@ func (f *fixture) wireDevice(d *server.Device, st *gpuState) {
 	d.GetFieldValuesFunc = func(values []nvml.FieldValue) nvml.Return {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		if st.lost {
-			return nvml.ERROR_GPU_IS_LOST
+		if ret := f.answer(st, "fieldValues"); ret != nvml.SUCCESS {
+			return ret
 		}
 		for i := range values {
 			if values[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {

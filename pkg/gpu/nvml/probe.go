@@ -1,6 +1,8 @@
 package nvml
 
 import (
+	"maps"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -23,7 +25,10 @@ type GPUReport struct {
 	// not be read (NOT_SUPPORTED leaves Events empty: the GPU would be unmonitored).
 	Events      []string `json:"events"`
 	EventsError string   `json:"eventsError,omitempty"`
-	Readings    Readings `json:"readings"`
+	// Unmonitored names the readings the backend does not take on this GPU, and why: the driver
+	// lacks their NVML functions, or ECC is off. Their checks do not run (no data, not healthy).
+	Unmonitored map[string]string `json:"unmonitored,omitempty"`
+	Readings    Readings          `json:"readings"`
 }
 
 // Probe reads every GPU once, without sending signals anywhere and without registering events:
@@ -34,11 +39,13 @@ func (b *Backend) Probe() Report {
 		rep.Skipped = append(rep.Skipped, err.Error())
 	}
 	for _, g := range b.gpus {
-		gr := GPUReport{Device: g.dev, MIGDevices: g.migs, Events: []string{}}
+		gr := GPUReport{Device: g.dev, MIGDevices: g.migs, Events: []string{}, Unmonitored: maps.Clone(g.off)}
 		mask, ret := b.supportedEvents(g)
 		switch {
 		case ret == nvml.SUCCESS:
 			gr.Events = append(gr.Events, EventNames(mask)...)
+		case b.eventsOff != "":
+			gr.EventsError = b.eventsOff
 		case notSupported(ret):
 		default:
 			gr.EventsError = nvmlError("reading supported events", ret).Error()

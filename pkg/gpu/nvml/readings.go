@@ -13,11 +13,15 @@ import (
 )
 
 // Readings is one sampling round of one GPU. A nil field is a reading the GPU does not support
-// (NVML answered ERROR_NOT_SUPPORTED) or one that failed; Unsupported and Errors say which.
+// (NVML answered ERROR_NOT_SUPPORTED, or the backend does not take it: see GPUReport.Unmonitored)
+// or one that failed; Unsupported and Errors say which.
 type Readings struct {
 	Time time.Time `json:"time"`
 	// Lost is set when NVML answered ERROR_GPU_IS_LOST; nothing else was read.
 	Lost bool `json:"lost,omitempty"`
+	// ResetRequired is set when NVML answered ERROR_RESET_REQUIRED: the GPU needs a reset
+	// before it can be used again. Nothing else was read; Errors says which reading failed.
+	ResetRequired bool `json:"resetRequired,omitempty"`
 
 	ECC                 *ECCReading               `json:"ecc,omitempty"`
 	RemappedRows        *RemappedRowsReading      `json:"remappedRows,omitempty"`
@@ -29,7 +33,8 @@ type Readings struct {
 	NVLinks             []NVLinkReading           `json:"nvlinks,omitempty"`
 	RecoveryAction      *health.RecoveryAction    `json:"recoveryAction,omitempty"`
 
-	// Unsupported names the readings the GPU does not support ("no data", never a fault).
+	// Unsupported names the readings the GPU does not support, or that the backend does not
+	// take on it ("no data", never a fault).
 	Unsupported []string `json:"unsupported,omitempty"`
 	// Errors lists readings that failed for any other reason.
 	Errors []string `json:"errors,omitempty"`
@@ -83,34 +88,66 @@ const (
 	ReadingRecoveryAction = "recoveryAction"
 )
 
-var nvlinkCounters = []nvml.NvLinkErrorCounter{
-	nvml.NVLINK_ERROR_DL_REPLAY, nvml.NVLINK_ERROR_DL_RECOVERY, nvml.NVLINK_ERROR_DL_CRC_FLIT, nvml.NVLINK_ERROR_DL_CRC_DATA,
-}
-
-// errLost stops a round: once NVML says the GPU is lost, nothing else it says about it counts.
-var errLost = errors.New("GPU is lost")
+// errBroken stops a round: once NVML says the GPU is lost or needs a reset, nothing else it
+// says about it counts.
+var errBroken = errors.New("GPU is lost or requires a reset")
 
 // reader collects one round's readings and sorts each NVML answer into data, no data, error or
-// lost.
+// broken GPU.
 type reader struct {
 	r *Readings
 }
 
-// check files ret under name and reports whether the reading produced data. It returns errLost
-// when the GPU is lost.
+// check files ret under name and reports whether the reading produced data. It returns
+// errBroken when the GPU is lost or needs a reset.
 func (rd reader) check(name string, ret nvml.Return) (bool, error) {
 	switch {
 	case ret == nvml.SUCCESS:
 		return true, nil
-	case lost(ret):
-		rd.r.Lost = true
-		return false, errLost
 	case notSupported(ret):
 		rd.r.Unsupported = append(rd.r.Unsupported, name)
 	default:
+		if err := rd.broken(name, ret); err != nil {
+			return false, err
+		}
 		rd.r.Errors = append(rd.r.Errors, nvmlError("reading "+name, ret).Error())
 	}
 	return false, nil
+}
+
+// broken returns errBroken, and records why, when ret says the GPU is lost or needs a reset.
+func (rd reader) broken(name string, ret nvml.Return) error {
+	kind, ok := faultOf(ret)
+	if !ok {
+		return nil
+	}
+	if kind == health.SignalLost {
+		rd.r.Lost = true
+	} else {
+		rd.r.ResetRequired = true
+		rd.r.Errors = append(rd.r.Errors, nvmlError("reading "+name, ret).Error())
+	}
+	return errBroken
+}
+
+// off lists a reading that is not taken on g as unsupported and reports whether it is off.
+func (rd reader) off(g *gpu, name string) bool {
+	if g.isOff(name) {
+		rd.r.Unsupported = append(rd.r.Unsupported, name)
+		return true
+	}
+	return false
+}
+
+// fault returns the signal for a round that ended because the GPU is broken.
+func (r Readings) fault() (health.SignalKind, bool) {
+	switch {
+	case r.Lost:
+		return health.SignalLost, true
+	case r.ResetRequired:
+		return health.SignalResetRequired, true
+	}
+	return 0, false
 }
 
 // read takes one round of readings from g. It does not touch the ECC memory used for reset
@@ -118,113 +155,50 @@ func (rd reader) check(name string, ret nvml.Return) (bool, error) {
 func (b *Backend) read(g *gpu) Readings {
 	r := Readings{Time: b.opts.clock.Now()}
 	if err := b.readInto(g, reader{&r}); err != nil {
-		// Lost: what was read before NVML said so is meaningless.
-		return Readings{Time: r.Time, Lost: true}
+		// What was read before NVML said so is meaningless.
+		out := Readings{Time: r.Time, Lost: r.Lost, ResetRequired: r.ResetRequired}
+		if r.ResetRequired {
+			out.Errors = r.Errors[len(r.Errors)-1:] // the reading that said so
+		}
+		return out
 	}
 	return r
 }
 
 func (b *Backend) readInto(g *gpu, rd reader) error {
-	h, r := g.handle, rd.r
-
-	corrected, ret := h.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC)
-	ok, err := rd.check(ReadingECC, ret)
-	if err != nil {
-		return err
-	}
-	if ok {
-		uncorrected, ret := h.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
-		if ok, err = rd.check(ReadingECC, ret); err != nil {
+	for _, read := range [...]func(*gpu, reader) error{
+		b.readECC, b.readRemappedRows, b.readRetiredPages, b.readTemperature, b.readPower,
+		b.readClockEvents, b.readPCIeReplays, b.readNVLinks, b.readRecoveryAction,
+	} {
+		if err := read(g, rd); err != nil {
 			return err
-		} else if ok {
-			r.ECC = &ECCReading{Corrected: corrected, Uncorrected: uncorrected}
 		}
-	}
-
-	if err := readRemappedRows(h, rd); err != nil {
-		return err
-	}
-
-	state, ret := h.GetRetiredPagesPendingStatus()
-	if ok, err = rd.check(ReadingRetiredPages, ret); err != nil {
-		return err
-	} else if ok {
-		pending := state == nvml.FEATURE_ENABLED
-		r.RetiredPagesPending = &pending
-	}
-
-	temp, ret := h.GetTemperature(nvml.TEMPERATURE_GPU)
-	if ok, err = rd.check(ReadingTemperature, ret); err != nil {
-		return err
-	} else if ok {
-		t := &TemperatureReading{CurrentC: int64(temp)}
-		// Thresholds that the GPU does not report stay 0: the library then uses its defaults.
-		if v, ret := h.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SLOWDOWN); ret == nvml.SUCCESS {
-			t.SlowdownC = int64(v)
-		} else if lost(ret) {
-			return rd.lostNow()
-		}
-		if v, ret := h.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SHUTDOWN); ret == nvml.SUCCESS {
-			t.ShutdownC = int64(v)
-		} else if lost(ret) {
-			return rd.lostNow()
-		}
-		r.Temperature = t
-	}
-
-	usage, ret := h.GetPowerUsage()
-	if ok, err = rd.check(ReadingPower, ret); err != nil {
-		return err
-	} else if ok {
-		p := &PowerReading{UsageMilliwatts: usage}
-		if limit, ret := h.GetEnforcedPowerLimit(); ret == nvml.SUCCESS {
-			p.LimitMilliwatts = limit
-		} else if lost(ret) {
-			return rd.lostNow()
-		}
-		r.Power = p
-	}
-
-	reasons, ret := h.GetCurrentClocksEventReasons()
-	if ret == nvml.ERROR_FUNCTION_NOT_FOUND {
-		// Drivers before the "clocks event" rename only have the throttle-reasons call.
-		reasons, ret = h.GetCurrentClocksThrottleReasons()
-	}
-	if ok, err = rd.check(ReadingClockEvents, ret); err != nil {
-		return err
-	} else if ok {
-		v := health.ClockEventReasons(reasons)
-		r.ClockEventReasons = &v
-	}
-
-	replays, ret := h.GetPcieReplayCounter()
-	if ok, err = rd.check(ReadingPCIeReplays, ret); err != nil {
-		return err
-	} else if ok {
-		v := int64(replays)
-		r.PCIeReplays = &v
-	}
-
-	if err := b.readNVLinks(g, rd); err != nil {
-		return err
-	}
-
-	action, ok, err := readRecoveryAction(h, rd)
-	if err != nil {
-		return err
-	} else if ok {
-		r.RecoveryAction = &action
 	}
 	return nil
 }
 
-func (rd reader) lostNow() error {
-	rd.r.Lost = true
-	return errLost
+// readECC reads the volatile ECC totals.
+func (b *Backend) readECC(g *gpu, rd reader) error {
+	if rd.off(g, ReadingECC) {
+		return nil
+	}
+	corrected, ret := g.handle.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC)
+	if ok, err := rd.check(ReadingECC, ret); !ok || err != nil {
+		return err
+	}
+	uncorrected, ret := g.handle.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
+	ok, err := rd.check(ReadingECC, ret)
+	if ok {
+		rd.r.ECC = &ECCReading{Corrected: corrected, Uncorrected: uncorrected}
+	}
+	return err
 }
 
-func readRemappedRows(h nvml.Device, rd reader) error {
-	corrected, uncorrected, pending, failure, ret := h.GetRemappedRows()
+func (b *Backend) readRemappedRows(g *gpu, rd reader) error {
+	if rd.off(g, ReadingRemappedRows) {
+		return nil
+	}
+	corrected, uncorrected, pending, failure, ret := g.handle.GetRemappedRows()
 	ok, err := rd.check(ReadingRemappedRows, ret)
 	if ok {
 		rd.r.RemappedRows = &RemappedRowsReading{Corrected: corrected, Uncorrected: uncorrected, Pending: pending, Failure: failure}
@@ -232,79 +206,122 @@ func readRemappedRows(h nvml.Device, rd reader) error {
 	return err
 }
 
-// readNVLinks reads the links found on the first round. A GPU without NVLink answers
-// NOT_SUPPORTED for link 0; links past the last answer INVALID_ARGUMENT.
-func (b *Backend) readNVLinks(g *gpu, rd reader) error {
-	g.mu.Lock()
-	if !g.linksScanned {
-		g.links = g.links[:0]
-		for link := range nvml.NVLINK_MAX_LINKS {
-			_, ret := g.handle.GetNvLinkState(link)
-			if ret == nvml.SUCCESS {
-				g.links = append(g.links, link)
-				continue
-			}
-			if lost(ret) {
-				g.mu.Unlock()
-				return rd.lostNow()
-			}
-			if notSupported(ret) && link > 0 {
-				continue // a disabled link on a GPU that has others
-			}
-			if !notSupported(ret) && ret != nvml.ERROR_INVALID_ARGUMENT {
-				// Try again next round rather than decide on an error.
-				g.mu.Unlock()
-				_, err := rd.check(ReadingNVLink, ret)
-				return err
-			}
-			break
-		}
-		g.linksScanned = true
-	}
-	links := g.links
-	g.mu.Unlock()
-	if len(links) == 0 {
-		rd.r.Unsupported = append(rd.r.Unsupported, ReadingNVLink)
+func (b *Backend) readRetiredPages(g *gpu, rd reader) error {
+	if rd.off(g, ReadingRetiredPages) {
 		return nil
 	}
-	for _, link := range links {
-		state, ret := g.handle.GetNvLinkState(link)
-		ok, err := rd.check(fmt.Sprintf("%s%d", ReadingNVLink, link), ret)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			continue
-		}
-		l := NVLinkReading{Link: link, Down: state != nvml.FEATURE_ENABLED}
-		var total uint64
-		supported := false
-		for _, c := range nvlinkCounters {
-			v, ret := g.handle.GetNvLinkErrorCounter(link, c)
-			switch {
-			case ret == nvml.SUCCESS:
-				total += v
-				supported = true
-			case lost(ret):
-				return rd.lostNow()
-			case notSupported(ret):
-			default:
-				rd.r.Errors = append(rd.r.Errors, nvmlError(fmt.Sprintf("reading NVLink %d error counter %d", link, c), ret).Error())
+	state, ret := g.handle.GetRetiredPagesPendingStatus()
+	ok, err := rd.check(ReadingRetiredPages, ret)
+	if ok {
+		pending := state == nvml.FEATURE_ENABLED
+		rd.r.RetiredPagesPending = &pending
+	}
+	return err
+}
+
+// readTemperature reads the GPU temperature and the GPU's own thresholds. A threshold the GPU
+// does not report stays 0: the library then uses its default.
+func (b *Backend) readTemperature(g *gpu, rd reader) error {
+	if rd.off(g, ReadingTemperature) {
+		return nil
+	}
+	temp, ret := g.handle.GetTemperature(nvml.TEMPERATURE_GPU)
+	if ok, err := rd.check(ReadingTemperature, ret); !ok || err != nil {
+		return err
+	}
+	t := &TemperatureReading{CurrentC: int64(temp)}
+	if b.sym.has(symTemperatureThreshold) {
+		for _, th := range [...]struct {
+			which nvml.TemperatureThresholds
+			into  *int64
+		}{{nvml.TEMPERATURE_THRESHOLD_SLOWDOWN, &t.SlowdownC}, {nvml.TEMPERATURE_THRESHOLD_SHUTDOWN, &t.ShutdownC}} {
+			v, ret := g.handle.GetTemperatureThreshold(th.which)
+			if ret == nvml.SUCCESS {
+				*th.into = int64(v)
+			} else if err := rd.broken("temperature threshold", ret); err != nil {
+				return err
 			}
 		}
-		if supported {
-			l.Errors = &total
-		}
-		rd.r.NVLinks = append(rd.r.NVLinks, l)
 	}
+	rd.r.Temperature = t
 	return nil
 }
 
-// readRecoveryAction reads FI_DEV_GET_GPU_RECOVERY_ACTION. Drivers that predate the field
-// answer NOT_SUPPORTED in the field's own return code.
-func readRecoveryAction(h nvml.Device, rd reader) (health.RecoveryAction, bool, error) {
+// readPower reads the power draw and the enforced limit (0 when unknown).
+func (b *Backend) readPower(g *gpu, rd reader) error {
+	if rd.off(g, ReadingPower) {
+		return nil
+	}
+	usage, ret := g.handle.GetPowerUsage()
+	if ok, err := rd.check(ReadingPower, ret); !ok || err != nil {
+		return err
+	}
+	p := &PowerReading{UsageMilliwatts: usage}
+	if b.sym.has(symEnforcedPowerLimit) {
+		limit, ret := g.handle.GetEnforcedPowerLimit()
+		if ret == nvml.SUCCESS {
+			p.LimitMilliwatts = limit
+		} else if err := rd.broken("enforced power limit", ret); err != nil {
+			return err
+		}
+	}
+	rd.r.Power = p
+	return nil
+}
+
+// readClockEvents reads the clock-event reasons: with the call drivers 535 and later have, else
+// with the throttle-reasons call it replaced.
+func (b *Backend) readClockEvents(g *gpu, rd reader) error {
+	if rd.off(g, ReadingClockEvents) {
+		return nil
+	}
+	var reasons uint64
+	ret := nvml.ERROR_FUNCTION_NOT_FOUND
+	if b.sym.has(symClocksEventReasons) {
+		reasons, ret = g.handle.GetCurrentClocksEventReasons()
+	}
+	if ret == nvml.ERROR_FUNCTION_NOT_FOUND && b.sym.has(symClocksThrottleReasons) {
+		reasons, ret = g.handle.GetCurrentClocksThrottleReasons()
+	}
+	ok, err := rd.check(ReadingClockEvents, ret)
+	if ok {
+		v := health.ClockEventReasons(reasons)
+		rd.r.ClockEventReasons = &v
+	}
+	return err
+}
+
+func (b *Backend) readPCIeReplays(g *gpu, rd reader) error {
+	if rd.off(g, ReadingPCIeReplays) {
+		return nil
+	}
+	replays, ret := g.handle.GetPcieReplayCounter()
+	ok, err := rd.check(ReadingPCIeReplays, ret)
+	if ok {
+		v := int64(replays)
+		rd.r.PCIeReplays = &v
+	}
+	return err
+}
+
+// readRecoveryAction reads FI_DEV_GET_GPU_RECOVERY_ACTION into the round.
+func (b *Backend) readRecoveryAction(g *gpu, rd reader) error {
+	action, ok, err := b.recoveryAction(g, rd)
+	if ok {
+		rd.r.RecoveryAction = &action
+	}
+	return err
+}
+
+// recoveryAction reads FI_DEV_GET_GPU_RECOVERY_ACTION. Drivers that predate the field answer
+// NOT_SUPPORTED in the field's own return code. NVML's value is passed on as it is, also one
+// newer than this package: the library fails safe on values it does not know.
+func (b *Backend) recoveryAction(g *gpu, rd reader) (health.RecoveryAction, bool, error) {
+	if rd.off(g, ReadingRecoveryAction) {
+		return 0, false, nil
+	}
 	values := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION, ScopeId: 0}}
-	ret := h.GetFieldValues(values)
+	ret := g.handle.GetFieldValues(values)
 	if ret == nvml.SUCCESS {
 		ret = nvml.Return(values[0].NvmlReturn)
 	}
@@ -314,7 +331,7 @@ func readRecoveryAction(h nvml.Device, rd reader) (health.RecoveryAction, bool, 
 	}
 	v, known := fieldValue(values[0])
 	if !known || v > math.MaxUint8 {
-		rd.r.Errors = append(rd.r.Errors, fmt.Sprintf("reading %s: unexpected value type %d", ReadingRecoveryAction, values[0].ValueType))
+		rd.r.Errors = append(rd.r.Errors, fmt.Sprintf("reading %s: unexpected value type %d or value %d", ReadingRecoveryAction, values[0].ValueType, v))
 		return 0, false, nil
 	}
 	return health.RecoveryAction(v), true, nil

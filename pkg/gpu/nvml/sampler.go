@@ -3,7 +3,6 @@ package nvml
 import (
 	"context"
 	"strings"
-	"time"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -32,12 +31,13 @@ func (b *Backend) sampleAll(sink Sink) {
 }
 
 // emitReadings turns one round of readings into signals and ends the round with SignalSample.
-// A lost GPU gets SignalLost and nothing else; readings without data produce no signal.
+// A lost GPU gets SignalLost and nothing else, a GPU that needs a reset SignalResetRequired and
+// nothing else; readings without data produce no signal.
 func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 	base := health.Signal{Device: g.dev.UUID, Time: r.Time}
-	if r.Lost {
-		b.log.Info("GPU is lost", "gpu", g.dev.UUID)
-		sink.Signal(with(base, health.SignalLost))
+	if kind, ok := r.fault(); ok {
+		b.log.Info("GPU is broken", "gpu", g.dev.UUID, "signal", kind, "errors", strings.Join(r.Errors, "; "))
+		sink.Signal(with(base, kind))
 		return
 	}
 	if len(r.Errors) > 0 {
@@ -113,27 +113,4 @@ func (b *Backend) emitECC(g *gpu, e ECCReading, base health.Signal, sink Sink) {
 func with(base health.Signal, kind health.SignalKind) health.Signal {
 	base.Kind = kind
 	return base
-}
-
-// Stats counts what the backend did, for metrics and for tests. Nothing it sees is dropped
-// without being counted here.
-type Stats struct {
-	// Events is the number of events received from the event set.
-	Events uint64 `json:"events"`
-	// Unattributed counts events whose GPU could not be identified.
-	Unattributed uint64 `json:"unattributed"`
-	// WaitErrors counts EventSet.Wait failures other than a timeout; each is retried after a
-	// backoff.
-	WaitErrors uint64 `json:"waitErrors"`
-	// ConsecutiveWaitErrors counts the failures since the last successful Wait; Backoff is the
-	// delay before the next retry (0 when waiting normally).
-	ConsecutiveWaitErrors uint64        `json:"consecutiveWaitErrors"`
-	Backoff               time.Duration `json:"backoff"`
-	LastWaitError         string        `json:"lastWaitError,omitempty"`
-	// Rounds counts completed sampling rounds; SampleErrors counts readings that failed with
-	// anything but NOT_SUPPORTED or GPU_IS_LOST.
-	Rounds       uint64 `json:"rounds"`
-	SampleErrors uint64 `json:"sampleErrors"`
-	// Resets counts GPU resets detected from volatile ECC totals going down.
-	Resets uint64 `json:"resets"`
 }

@@ -168,6 +168,15 @@ func (t teeSink) SetUnmonitored(uuid string, u bool) {
 	t[1].SetUnmonitored(uuid, u)
 }
 
+// SetCheckUnmonitored passes the optional capability on to the sinks that have it.
+func (t teeSink) SetCheckUnmonitored(uuid string, c health.Check, u bool) {
+	for _, s := range t {
+		if cs, ok := s.(gpunvml.CheckSink); ok {
+			cs.SetCheckUnmonitored(uuid, c, u)
+		}
+	}
+}
+
 func TestCountersBecomeRates(t *testing.T) {
 	tests := []struct {
 		name   string

@@ -1,0 +1,48 @@
+package nvml
+
+import (
+	"sync"
+	"time"
+)
+
+// Stats counts what the backend did, for metrics and for tests. Nothing it sees is dropped
+// without being counted here.
+type Stats struct {
+	// Events is the number of events received from the event set.
+	Events uint64 `json:"events"`
+	// Unattributed counts events whose GPU could not be identified.
+	Unattributed uint64 `json:"unattributed"`
+	// WaitErrors counts EventSet.Wait failures other than a timeout; each is retried after a
+	// backoff.
+	WaitErrors uint64 `json:"waitErrors"`
+	// ConsecutiveWaitErrors counts the failures since the last successful Wait; Backoff is the
+	// delay before the next retry (0 when waiting normally).
+	ConsecutiveWaitErrors uint64        `json:"consecutiveWaitErrors"`
+	Backoff               time.Duration `json:"backoff"`
+	LastWaitError         string        `json:"lastWaitError,omitempty"`
+	// Rounds counts completed sampling rounds; SampleErrors counts readings that failed with
+	// anything but NOT_SUPPORTED or GPU_IS_LOST.
+	Rounds       uint64 `json:"rounds"`
+	SampleErrors uint64 `json:"sampleErrors"`
+	// Resets counts GPU resets detected from volatile ECC totals going down.
+	Resets uint64 `json:"resets"`
+}
+
+// stats guards Stats.
+type stats struct {
+	mu sync.Mutex
+	s  Stats
+}
+
+func (s *stats) add(f func(*Stats)) {
+	s.mu.Lock()
+	f(&s.s)
+	s.mu.Unlock()
+}
+
+// Stats returns the backend's counters.
+func (b *Backend) Stats() Stats {
+	b.stats.mu.Lock()
+	defer b.stats.mu.Unlock()
+	return b.stats.s
+}
