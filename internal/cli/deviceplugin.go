@@ -22,10 +22,11 @@ func newDevicePluginCommand() *cobra.Command {
 	var (
 		backend, scenarioPath, configPath, resourceName, socketDir, checkpoint string
 		cdi                                                                    bool
+		replicas                                                               int
 		logs                                                                   logOptions
 	)
 	cmd := &cobra.Command{
-		Use:   "device-plugin [--backend nvml|sim] [--scenario FILE] [--config FILE] [--resource-name NAME] [--kubelet-socket-dir DIR] [--cdi]",
+		Use:   "device-plugin [--backend nvml|sim] [--scenario FILE] [--config FILE] [--resource-name NAME] [--kubelet-socket-dir DIR] [--cdi] [--replicas N]",
 		Short: "Serve this node's GPUs to the kubelet as a device plugin that marks sick GPUs Unhealthy and recovers them",
 		Long: `device-plugin is a kubelet device plugin for nvidia.com/gpu built on the gpuhealth library. It
 registers with the kubelet (and again whenever the kubelet restarts), lists every GPU by UUID, and
@@ -38,7 +39,11 @@ the CDI devices nvidia.com/gpu=<UUID>. GetPreferredAllocation prefers Healthy ov
 and packs a request onto one NUMA node.
 
 With --checkpoint FILE, faults that last until a GPU reset or a reboot survive a restart of the
-plugin on the same boot.`,
+plugin on the same boot.
+
+With --replicas N, each GPU is time-sliced: advertised as N devices <UUID>::0..N-1 (the shape
+NVIDIA's plugin uses) that share the GPU's health; a container gets each GPU once, and requests
+spread over the least shared GPUs.`,
 		Example: `  gpuhealth device-plugin
   gpuhealth device-plugin --cdi --checkpoint /var/lib/gpuhealth/device-plugin.json
   gpuhealth device-plugin --backend sim --scenario examples/scenario.yaml --kubelet-socket-dir /tmp/dp`,
@@ -54,6 +59,9 @@ plugin on the same boot.`,
 			if socketDir == "" {
 				return badInput(errors.New("--kubelet-socket-dir: required"))
 			}
+			if err := deviceplugin.ValidateReplicas(replicas); err != nil {
+				return badInput(fmt.Errorf("--%w", err))
+			}
 			cfg, policy, err := loadConfig(configPath)
 			if err != nil {
 				return err
@@ -63,7 +71,7 @@ plugin on the same boot.`,
 				return err
 			}
 			defer cleanup()
-			opts := deviceplugin.ServiceOptions{CDI: cdi}
+			opts := deviceplugin.ServiceOptions{CDI: cdi, Options: deviceplugin.Options{Replicas: replicas}}
 			if backend == "nvml" {
 				opts.NUMANode = deviceplugin.SysfsNUMA("/sys")
 			}
@@ -81,6 +89,7 @@ plugin on the same boot.`,
 	f.StringVar(&socketDir, "kubelet-socket-dir", strings.TrimSuffix(deviceplugin.DefaultDir, "/"), "the kubelet's device-plugins directory (holds kubelet.sock)")
 	f.BoolVar(&cdi, "cdi", false, "allocate GPUs as CDI devices nvidia.com/gpu=<UUID> instead of NVIDIA_VISIBLE_DEVICES")
 	f.StringVar(&checkpoint, "checkpoint", "", "file keeping sticky faults across restarts on the same boot (default: none)")
+	f.IntVar(&replicas, "replicas", 1, "time-slice each GPU into this many devices <UUID>::<n> (1: no sharing)")
 	logs.addFlags(f)
 	return cmd
 }

@@ -126,6 +126,8 @@ func TestDevicePluginBadInput(t *testing.T) {
 		{"scenario with nvml", []string{"--backend", "nvml", "--scenario", scenario}},
 		{"resource name without domain", []string{"--backend", "sim", "--scenario", scenario, "--resource-name", "gpu"}},
 		{"no socket dir", []string{"--backend", "sim", "--scenario", scenario, "--kubelet-socket-dir", ""}},
+		{"zero replicas", []string{"--backend", "sim", "--scenario", scenario, "--replicas", "0"}},
+		{"too many replicas", []string{"--backend", "sim", "--scenario", scenario, "--replicas", "1000"}},
 		{"missing config", []string{"--backend", "sim", "--scenario", scenario, "--config", "/nonexistent.yaml"}},
 		{"bad log format", []string{"--log-format", "xml"}},
 		{"arguments", []string{"extra"}},

@@ -35,6 +35,9 @@ type Options struct {
 	// NUMANode returns the NUMA node of a device, or false when unknown. Nil: no topology is
 	// advertised. See SysfsNUMA.
 	NUMANode func(health.Device) (int, bool)
+	// Replicas time-slices each GPU: it is advertised as that many devices "<UUID>::<n>" with the
+	// GPU's health (0 or 1: one device per GPU, its ID the UUID). See ReplicaID.
+	Replicas int
 }
 
 // WholeGPUs selects GPUs and not their MIG instances; it is the default Options.Select.
@@ -61,20 +64,23 @@ func Health(d health.DeviceStatus) string {
 }
 
 // Devices returns the ListAndWatch device list of a snapshot: one device per selected GPU, its
-// ID the UUID, in the snapshot's order (by index).
+// ID the UUID (or Options.Replicas replicas of it, each with the GPU's health), in the snapshot's
+// order (by index).
 func Devices(snap health.Snapshot, opts Options) []*pluginapi.Device {
-	out := make([]*pluginapi.Device, 0, len(snap.Devices))
+	out := make([]*pluginapi.Device, 0, len(snap.Devices)*max(opts.Replicas, 1))
 	for _, d := range snap.Devices {
 		if !opts.selects(d.Device) {
 			continue
 		}
-		dev := &pluginapi.Device{ID: d.Device.UUID, Health: Health(d)}
+		var topology *pluginapi.TopologyInfo
 		if opts.NUMANode != nil {
 			if n, ok := opts.NUMANode(d.Device); ok {
-				dev.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(n)}}}
+				topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(n)}}}
 			}
 		}
-		out = append(out, dev)
+		for _, id := range opts.deviceIDs(d.Device.UUID) {
+			out = append(out, &pluginapi.Device{ID: id, Health: Health(d), Topology: topology})
+		}
 	}
 	return out
 }

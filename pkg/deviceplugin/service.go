@@ -125,13 +125,15 @@ func (s *Service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*
 				return nil, status.Errorf(codes.InvalidArgument, "allocate: unknown device %q", id)
 			}
 		}
+		// Replicas of one GPU are one GPU to the container.
+		gpus := gpusOf(ids)
 		car := &pluginapi.ContainerAllocateResponse{}
 		if s.opts.CDI {
-			for _, id := range ids {
-				car.CdiDevices = append(car.CdiDevices, &pluginapi.CDIDevice{Name: s.opts.CDIKind + "=" + id})
+			for _, uuid := range gpus {
+				car.CdiDevices = append(car.CdiDevices, &pluginapi.CDIDevice{Name: s.opts.CDIKind + "=" + uuid})
 			}
 		} else {
-			car.Envs = map[string]string{VisibleDevicesEnv: strings.Join(ids, ",")}
+			car.Envs = map[string]string{VisibleDevicesEnv: strings.Join(gpus, ",")}
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, car)
 	}
@@ -155,13 +157,16 @@ func (s *Service) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefe
 	return resp, nil
 }
 
-// known returns the advertised devices of the latest snapshot by ID.
+// known returns the advertised devices of the latest snapshot by ID (each replica ID maps to
+// its GPU).
 func (s *Service) known() map[string]health.DeviceStatus {
 	snap := s.src.Snapshot()
 	m := make(map[string]health.DeviceStatus, len(snap.Devices))
 	for _, d := range snap.Devices {
 		if s.opts.selects(d.Device) {
-			m[d.Device.UUID] = d
+			for _, id := range s.opts.deviceIDs(d.Device.UUID) {
+				m[id] = d
+			}
 		}
 	}
 	return m
@@ -170,7 +175,9 @@ func (s *Service) known() map[string]health.DeviceStatus {
 // Preferred chooses size devices out of available: every device of mustInclude first, then the
 // healthiest (Healthy before Degraded, unknown IDs last), packed onto as few NUMA nodes as
 // possible (the NUMA node of mustInclude, else the smallest node that fits the rest, keeping
-// bigger nodes free for bigger requests), then by GPU index. numa may be nil.
+// bigger nodes free for bigger requests), then by GPU index. Replicas of time-sliced GPUs
+// (ReplicaID) spread: one replica per GPU before a second of any, the least shared GPU (most free
+// replicas) first, as NVIDIA's plugin distributes them. numa may be nil.
 func Preferred(known map[string]health.DeviceStatus, numa func(health.Device) (int, bool), available, mustInclude []string, size int) []string {
 	out := make([]string, 0, max(size, len(mustInclude)))
 	chosen := map[string]bool{}
@@ -216,8 +223,16 @@ func Preferred(known map[string]health.DeviceStatus, numa func(health.Device) (i
 		}
 		return int(^uint(0) >> 1)
 	}
+	// round is how many replicas of the same GPU come before a candidate; free is how many
+	// replicas of its GPU are available. Whole GPUs: 0 and 1.
+	round, free := map[string]int{}, map[string]int{}
+	for _, id := range cands {
+		round[id] = free[GPUOf(id)]
+		free[GPUOf(id)]++
+	}
 	slices.SortStableFunc(cands, func(a, b string) int {
 		return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(nodeRank[node(a)], nodeRank[node(b)]),
+			cmp.Compare(round[a], round[b]), cmp.Compare(free[GPUOf(b)], free[GPUOf(a)]),
 			cmp.Compare(index(a), index(b)), strings.Compare(a, b))
 	})
 	return append(out, cands[:min(need, len(cands))]...)

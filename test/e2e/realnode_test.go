@@ -271,7 +271,7 @@ type devicePluginProcess struct {
 	done    chan struct{}
 }
 
-func startDevicePlugin(t *testing.T, node *controlplane.KubeletNode, scenario, checkpoint string) *devicePluginProcess {
+func startDevicePlugin(t *testing.T, node *controlplane.KubeletNode, scenario, checkpoint string, extraArgs ...string) *devicePluginProcess {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "scenario.yaml")
@@ -284,8 +284,9 @@ func startDevicePlugin(t *testing.T, node *controlplane.KubeletNode, scenario, c
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.cmd = exec.Command(gpuhealthBinary(t), "device-plugin", "--backend", "sim", "--scenario", path,
-		"--kubelet-socket-dir", node.DevicePluginDir(), "--checkpoint", checkpoint, "-v", "4")
+	args := append([]string{"device-plugin", "--backend", "sim", "--scenario", path,
+		"--kubelet-socket-dir", node.DevicePluginDir(), "--checkpoint", checkpoint, "-v", "4"}, extraArgs...)
+	p.cmd = exec.Command(gpuhealthBinary(t), args...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	p.started = time.Now()
@@ -528,4 +529,44 @@ func TestRealNodeDRANoExecuteEviction(t *testing.T) {
 		return len(claim.Status.ReservedFor) == 0 && claim.Status.Allocation == nil,
 			fmt.Sprintf("reservedFor %v, allocated %v", claim.Status.ReservedFor, claim.Status.Allocation != nil), nil
 	})
+}
+
+// TestRealNodeDevicePluginReplicas time-slices each GPU into 4 replicas: the kubelet counts 32
+// devices, a sick GPU takes its 4 replicas out, and a pod asking for 2 replicas gets them on two
+// different GPUs, each once in its environment.
+func TestRealNodeDevicePluginReplicas(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 1})
+	ctx := t.Context()
+	node := c.KubeletNode(controlplane.KubeletNodeName(0))
+	const ns = "replicas"
+	if _, err := c.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	startDevicePlugin(t, node, "events:\n  - {at: 0s, gpu: 3, xid: 79}\n", filepath.Join(t.TempDir(), "ckpt.json"), "--replicas", "4")
+	waitGPUs(t, c, node.Name, 32, 28)
+	if _, err := c.Admin().CoreV1().Pods(ns).Create(ctx, gpuPod(ns, "shared", node.Name, 2), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodRunning(t, c, ns, "shared")
+	held := podResourcesGPUs(t, node, ns, "shared")
+	if len(held) != 2 || !strings.Contains(held[0], "::") {
+		t.Fatalf("pod-resources: pod holds %v, want 2 replica IDs", held)
+	}
+	gpus := map[string]bool{}
+	for _, id := range held {
+		gpus[strings.Split(id, "::")[0]] = true
+	}
+	if len(gpus) != 2 || gpus[simUUID(node.Name, 3)] {
+		t.Errorf("the 2 replicas are on GPUs %v: want two different healthy GPUs", gpus)
+	}
+	logs, err := podLogs(ctx, c, ns, "shared")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := range gpus {
+		if strings.Count(logs, g) != 1 {
+			t.Errorf("GPU %s should appear once in the container's environment:\n%s", g, logs)
+		}
+	}
 }
