@@ -17,17 +17,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
@@ -85,21 +80,15 @@ func (d Drain) Message() string {
 
 // Syncer writes the annotations of one Node.
 type Syncer struct {
-	client   kubernetes.Interface
 	nodeName string
 	nodes    *nodecache.Cache
+	writer   *nodecache.AnnotationWriter
 
-	// written holds the values of the last successful patch, so that the informer event our own
-	// patch causes does not cost another Sync.
-	mu      sync.Mutex
-	written map[string]string
 	// lastGarbage and lastStateErr keep bad input from other writers to one log line per value.
+	mu           sync.Mutex
 	lastGarbage  string
 	lastStateErr string
 }
-
-// syncedKeys are the annotations the syncer owns or shares.
-var syncedKeys = []string{UnhealthyIDsKey, HealthKey, VolcanoStateKey}
 
 var (
 	_ report.Syncer  = (*Syncer)(nil)
@@ -112,48 +101,20 @@ func New(client kubernetes.Interface, nodeName string, nodes *nodecache.Cache) *
 	if nodes == nil {
 		nodes = nodecache.New(client, nodeName)
 	}
-	return &Syncer{client: client, nodeName: nodeName, nodes: nodes}
+	return &Syncer{nodeName: nodeName, nodes: nodes,
+		writer: nodes.AnnotationWriter(client, UnhealthyIDsKey, HealthKey, VolcanoStateKey)}
 }
 
 // Name implements report.Syncer.
 func (s *Syncer) Name() string { return "annotation" }
 
-// Start watches the Node so that a change by someone else (an annotation removed by hand) is
-// repaired at once rather than at the next resync.
+// Start watches the Node so that a change by someone else (an annotation removed by hand,
+// Volcano's device plugin rewriting its list) is merged at once rather than at the next resync.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	if err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { trigger() },
-		UpdateFunc: func(oldObj, newObj any) {
-			o, ok1 := oldObj.(*corev1.Node)
-			n, ok2 := newObj.(*corev1.Node)
-			if !ok1 || !ok2 {
-				trigger()
-				return
-			}
-			changed := slices.ContainsFunc(syncedKeys, func(k string) bool { return o.Annotations[k] != n.Annotations[k] })
-			if changed && !s.isOurs(n) {
-				trigger()
-			}
-		},
-	}); err != nil {
+	if err := s.writer.OnForeignChange(trigger); err != nil {
 		return err
 	}
 	return s.nodes.Start(ctx)
-}
-
-// isOurs reports whether the node's annotations are exactly what the last patch wrote.
-func (s *Syncer) isOurs(n *corev1.Node) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.written == nil {
-		return false
-	}
-	for _, key := range syncedKeys {
-		if n.Annotations[key] != s.written[key] {
-			return false
-		}
-	}
-	return true
 }
 
 // Desired returns the two annotation values for snap; "" means the annotation must be absent.
@@ -186,33 +147,7 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	}
 	merged := mergeVolcanoIDs(node.Annotations, report.UnhealthyIndexes(snap))
 	s.logBadInput(ctx, merged)
-	patch := map[string]any{}
-	want := map[string]string{UnhealthyIDsKey: merged.Value, HealthKey: healthJSON, VolcanoStateKey: merged.State}
-	for key, value := range want {
-		current, present := node.Annotations[key]
-		switch {
-		case value == "" && present:
-			patch[key] = nil
-		case value != "" && current != value:
-			patch[key] = value
-		}
-	}
-	if len(patch) == 0 {
-		return 0, nil
-	}
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
-	if err != nil {
-		return 0, err
-	}
-	patched, err := s.client.CoreV1().Nodes().Patch(ctx, s.nodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"})
-	if err != nil {
-		return 0, fmt.Errorf("patch node %s annotations: %w", s.nodeName, err)
-	}
-	s.nodes.Wrote(patched)
-	s.mu.Lock()
-	s.written = want
-	s.mu.Unlock()
-	return 1, nil
+	return s.writer.Write(ctx, node, map[string]string{UnhealthyIDsKey: merged.Value, HealthKey: healthJSON, VolcanoStateKey: merged.State})
 }
 
 // logBadInput reports entries of another writer that are not GPU indexes, and an unreadable state,

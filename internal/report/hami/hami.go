@@ -15,18 +15,12 @@ package hami
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"sync"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
@@ -54,13 +48,12 @@ var uuids = sharedlist.Format{
 
 // Syncer writes HAMi's cordon annotation of one Node.
 type Syncer struct {
-	client   kubernetes.Interface
 	nodeName string
 	nodes    *nodecache.Cache
+	writer   *nodecache.AnnotationWriter
 
 	mu      sync.Mutex
-	written map[string]string // the values of the last patch, to ignore its own informer event
-	lastBad string            // bad input already logged
+	lastBad string // bad input already logged
 }
 
 var (
@@ -73,7 +66,7 @@ func New(client kubernetes.Interface, nodeName string, nodes *nodecache.Cache) *
 	if nodes == nil {
 		nodes = nodecache.New(client, nodeName)
 	}
-	return &Syncer{client: client, nodeName: nodeName, nodes: nodes}
+	return &Syncer{nodeName: nodeName, nodes: nodes, writer: nodes.AnnotationWriter(client, CordonKey, StateKey)}
 }
 
 // Name implements report.Syncer.
@@ -81,30 +74,10 @@ func (s *Syncer) Name() string { return "hami" }
 
 // Start implements report.Starter: a change of the cordon by someone else is merged at once.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	if err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { trigger() },
-		UpdateFunc: func(oldObj, newObj any) {
-			o, ok1 := oldObj.(*corev1.Node)
-			n, ok2 := newObj.(*corev1.Node)
-			if !ok1 || !ok2 {
-				trigger()
-				return
-			}
-			changed := o.Annotations[CordonKey] != n.Annotations[CordonKey] || o.Annotations[StateKey] != n.Annotations[StateKey]
-			if changed && !s.isOurs(n) {
-				trigger()
-			}
-		},
-	}); err != nil {
+	if err := s.writer.OnForeignChange(trigger); err != nil {
 		return err
 	}
 	return s.nodes.Start(ctx)
-}
-
-func (s *Syncer) isOurs(n *corev1.Node) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.written != nil && n.Annotations[CordonKey] == s.written[CordonKey] && n.Annotations[StateKey] == s.written[StateKey]
 }
 
 // Cordoned returns the UUIDs of the physical GPUs gpuhealth cordons for snap, sorted.
@@ -128,33 +101,7 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	ann := node.Annotations
 	merged := uuids.Merge(ann[CordonKey], ann[StateKey], slices.Sorted(maps.Keys(report.PreviouslyUnhealthy(ann[healthKey]))), Cordoned(snap))
 	s.logBadInput(ctx, merged)
-	want := map[string]string{CordonKey: merged.Value, StateKey: merged.State}
-	patch := map[string]any{}
-	for key, value := range want {
-		current, present := ann[key]
-		switch {
-		case value == "" && present:
-			patch[key] = nil
-		case value != "" && current != value:
-			patch[key] = value
-		}
-	}
-	if len(patch) == 0 {
-		return 0, nil
-	}
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
-	if err != nil {
-		return 0, err
-	}
-	patched, err := s.client.CoreV1().Nodes().Patch(ctx, s.nodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"})
-	if err != nil {
-		return 0, fmt.Errorf("patch node %s annotation %s: %w", s.nodeName, CordonKey, err)
-	}
-	s.nodes.Wrote(patched)
-	s.mu.Lock()
-	s.written = want
-	s.mu.Unlock()
-	return 1, nil
+	return s.writer.Write(ctx, node, map[string]string{CordonKey: merged.Value, StateKey: merged.State})
 }
 
 // logBadInput logs entries with blanks and an unreadable state once per distinct value.

@@ -1,0 +1,94 @@
+package nodecache
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// AnnotationWriter writes a fixed set of the Node's annotations for one reporter: it patches only
+// those keys (a JSON merge patch, so other annotations are never touched), only when a value
+// differs, and tells its own writes apart from other writers' so that the informer event its own
+// patch causes does not cost another sync.
+type AnnotationWriter struct {
+	cache  *Cache
+	client kubernetes.Interface
+	keys   []string
+
+	mu      sync.Mutex
+	written map[string]string // the values of the last successful patch
+}
+
+// AnnotationWriter returns a writer of keys on the cache's Node.
+func (c *Cache) AnnotationWriter(client kubernetes.Interface, keys ...string) *AnnotationWriter {
+	return &AnnotationWriter{cache: c, client: client, keys: keys}
+}
+
+// OnForeignChange calls trigger whenever one of the writer's keys changes on the Node to values
+// this writer did not write (someone removed or replaced them), and when the Node appears.
+func (w *AnnotationWriter) OnForeignChange(trigger func()) error {
+	return w.cache.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { trigger() },
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Node)
+			n, ok2 := newObj.(*corev1.Node)
+			if !ok1 || !ok2 {
+				trigger()
+				return
+			}
+			changed := slices.ContainsFunc(w.keys, func(k string) bool { return o.Annotations[k] != n.Annotations[k] })
+			if changed && !w.isOurs(n) {
+				trigger()
+			}
+		},
+	})
+}
+
+func (w *AnnotationWriter) isOurs(n *corev1.Node) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.written == nil {
+		return false
+	}
+	return !slices.ContainsFunc(w.keys, func(k string) bool { return n.Annotations[k] != w.written[k] })
+}
+
+// Write makes the Node's annotations match want (key → value, "" = absent) for the writer's keys,
+// given the Node as last read, with at most one patch. It returns the number of writes (0 or 1).
+func (w *AnnotationWriter) Write(ctx context.Context, node *corev1.Node, want map[string]string) (int, error) {
+	patch := map[string]any{}
+	for _, key := range w.keys {
+		value := want[key]
+		current, present := node.Annotations[key]
+		switch {
+		case value == "" && present:
+			patch[key] = nil
+		case value != "" && current != value:
+			patch[key] = value
+		}
+	}
+	if len(patch) == 0 {
+		return 0, nil
+	}
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
+	if err != nil {
+		return 0, err
+	}
+	patched, err := w.client.CoreV1().Nodes().Patch(ctx, w.cache.NodeName(), types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"})
+	if err != nil {
+		return 0, fmt.Errorf("patch node %s annotations %v: %w", w.cache.NodeName(), w.keys, err)
+	}
+	w.cache.Wrote(patched)
+	w.mu.Lock()
+	w.written = want
+	w.mu.Unlock()
+	return 1, nil
+}
