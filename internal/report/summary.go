@@ -1,7 +1,6 @@
 package report
 
 import (
-	"encoding/json"
 	"slices"
 	"time"
 
@@ -68,22 +67,4 @@ func UnhealthyIndexes(snap health.Snapshot) []int {
 	}
 	slices.Sort(idx)
 	return slices.Compact(idx)
-}
-
-// PreviouslyUnhealthy reads a gpu-health annotation value (UUID → GPUSummary, as the annotation
-// reporter writes it) and returns the physical GPUs it marks Unhealthy, by UUID. A missing or
-// unreadable value yields none. Reporters of shared lists use it at first start to tell their own
-// earlier entries from other writers'.
-func PreviouslyUnhealthy(healthJSON string) map[string]GPUSummary {
-	var summary map[string]GPUSummary
-	if healthJSON == "" || json.Unmarshal([]byte(healthJSON), &summary) != nil {
-		return nil
-	}
-	out := map[string]GPUSummary{}
-	for uuid, g := range summary {
-		if g.ParentUUID == "" && g.Health == health.Unhealthy.String() {
-			out[uuid] = g
-		}
-	}
-	return out
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"strconv"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
 )
 
@@ -29,8 +28,10 @@ import (
 //   - each change by another writer costs at most one write by gpuhealth, and gpuhealth's own write
 //     causes none: no write fight.
 //
-// Without a state (first start of this version), entries of the current value that gpuhealth's
-// previous health annotation marked Unhealthy count as gpuhealth's own.
+// Without a state, the key's entries count as gpuhealth's own where gpuhealth's health annotation
+// exists (an earlier version owned the key outright: the start-up reconcile clears what it left
+// stale), and as other writers' where it does not (gpuhealth never ran on the node). The state
+// stays once written, also when the key is absent.
 const VolcanoStateKey = "gpuhealth.dev/volcano-unhealthy-ids-state"
 
 // volcanoIDs is the format of volcano.sh/gpu-unhealthy-ids: GPU indexes, ascending. Volcano's
@@ -54,9 +55,8 @@ func mergeVolcanoIDs(annotations map[string]string, ours []int) sharedlist.Resul
 	for i, v := range ours {
 		own[i] = strconv.Itoa(v)
 	}
-	var previous []string
-	for _, g := range report.PreviouslyUnhealthy(annotations[HealthKey]) {
-		previous = append(previous, strconv.Itoa(g.Index))
-	}
-	return volcanoIDs.Merge(annotations[UnhealthyIDsKey], annotations[VolcanoStateKey], previous, own)
+	// Before this bookkeeping, gpuhealth owned the key outright (it overwrote any other writer):
+	// where its health annotation exists but no state, the key's entries are its own.
+	_, hadGPUHealth := annotations[HealthKey]
+	return volcanoIDs.Merge(annotations[UnhealthyIDsKey], annotations[VolcanoStateKey], hadGPUHealth, own)
 }

@@ -82,7 +82,7 @@ func TestVolcanoAnnotationBesideVolcanoDevicePlugin(t *testing.T) {
 		{"an operator rewrites the key by hand with garbage: kept verbatim", func(t *testing.T) { volcano.patch(t, "1,x y,3") }, []int{3}, 1, "1,3,x y"},
 		// The operator's value named 3: it counts as the operator's until the operator removes it.
 		{"gpuhealth's GPU 3 recovers: the hand-written entries stay", nil, nil, 1, "1,3,x y"},
-		{"the operator clears the key; all healthy: key and state absent", func(t *testing.T) { volcano.patch(t, nil) }, nil, 1, ""},
+		{"the operator clears the key; all healthy: key absent", func(t *testing.T) { volcano.patch(t, nil) }, nil, 1, ""},
 	}
 	for _, st := range steps {
 		if st.act != nil {
@@ -103,8 +103,8 @@ func TestVolcanoAnnotationBesideVolcanoDevicePlugin(t *testing.T) {
 		if writes != st.wantWrites {
 			t.Errorf("%s: %d writes, want %d", st.name, writes, st.wantWrites)
 		}
-		if _, hasState := got.Annotations[annotation.VolcanoStateKey]; hasState != (st.want != "") {
-			t.Errorf("%s: state annotation present = %v with value %q", st.name, hasState, st.want)
+		if _, hasState := got.Annotations[annotation.VolcanoStateKey]; !hasState {
+			t.Errorf("%s: the state annotation is missing", st.name)
 		}
 		if got.Annotations["other.io/keep"] != "yes" {
 			t.Fatalf("%s: a foreign annotation was clobbered", st.name)
@@ -116,25 +116,23 @@ func TestVolcanoAnnotationBesideVolcanoDevicePlugin(t *testing.T) {
 	}
 }
 
-func TestVolcanoAnnotationWithoutStateKeepsOthersEntries(t *testing.T) {
+func TestVolcanoAnnotationWithoutState(t *testing.T) {
 	ctx := context.Background()
-	// An agent of an earlier version wrote "0" (its health annotation says GPU 0 Unhealthy), then
-	// Volcano's plugin replaced the list with "0,2". GPU 0 has recovered since.
-	_, oldHealth, err := annotation.Desired(gpus(0))
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct {
-		name, health, want string
+		name   string
+		health bool
+		want   string
 	}{
-		{"previous health annotation names gpuhealth's own index", oldHealth, "2"},
-		{"no previous health annotation: every entry is another writer's", "", "0,2"},
-		{"garbled previous health annotation: every entry is another writer's", "{not json", "0,2"},
+		// An earlier gpuhealth owned the key outright: what it left is stale now that GPU 0 and
+		// GPU 2 are healthy (the start-up reconcile).
+		{"gpuhealth ran here before: its stale entries go", true, ""},
+		// gpuhealth never ran on the node: Volcano's plugin wrote the list.
+		{"gpuhealth never ran here: every entry is another writer's", false, "0,2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ann := map[string]string{annotation.UnhealthyIDsKey: "0,2"}
-			if tc.health != "" {
-				ann[annotation.HealthKey] = tc.health
+			if tc.health {
+				ann[annotation.HealthKey] = "{}"
 			}
 			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: ann}})
 			if _, err := annotation.New(client, "n1", nil).Sync(ctx, gpus()); err != nil {

@@ -15,7 +15,6 @@ package hami
 
 import (
 	"context"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -35,9 +34,6 @@ const (
 	CordonKey = "hami.io/device-cordon"
 	// StateKey is gpuhealth's bookkeeping of its share of CordonKey.
 	StateKey = "gpuhealth.dev/hami-device-cordon-state"
-	// healthKey is the agent's own per-GPU summary (annotation.HealthKey), read at first start to
-	// tell gpuhealth's earlier entries from others'.
-	healthKey = "gpuhealth.dev/gpu-health"
 )
 
 // uuids is the cordon list's format: any non-empty entry is a device ID to HAMi; sorted.
@@ -99,7 +95,8 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		return 0, err
 	}
 	ann := node.Annotations
-	merged := uuids.Merge(ann[CordonKey], ann[StateKey], slices.Sorted(maps.Keys(report.PreviouslyUnhealthy(ann[healthKey]))), Cordoned(snap))
+	// gpuhealth never owned the cordon outright: without a state, every entry is an operator's.
+	merged := uuids.Merge(ann[CordonKey], ann[StateKey], false, Cordoned(snap))
 	s.logBadInput(ctx, merged)
 	return s.writer.Write(ctx, node, map[string]string{CordonKey: merged.Value, StateKey: merged.State})
 }

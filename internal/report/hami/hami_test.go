@@ -52,7 +52,7 @@ func TestCordonBesideAnOperator(t *testing.T) {
 		wantWrites int
 		want       string
 	}{
-		{"all healthy: nothing written", nil, nil, 0, ""},
+		{"all healthy: only the (empty) state is recorded", nil, nil, 1, ""},
 		{"GPU-c Unhealthy: cordoned", nil, []string{"GPU-c"}, 1, "GPU-c"},
 		{"a MIG instance's fault does not cordon its card", nil, []string{"GPU-c", "MIG-b1"}, 0, "GPU-c"},
 		{"an operator cordons GPU-a by hand (replacing the value)", operator("GPU-a"), []string{"GPU-c"}, 1, "GPU-a,GPU-c"},

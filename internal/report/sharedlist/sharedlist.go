@@ -10,8 +10,11 @@
 //   - when the list differs from what gpuhealth last wrote, another writer changed it, and every
 //     entry of the new value counts as that writer's until that writer removes it (this errs
 //     towards keeping a GPU out, never towards putting a sick one back);
-//   - without a state (first start), entries gpuhealth itself reported as Unhealthy last time
-//     (the caller says which) count as its own, all others as other writers'.
+//   - without a state, the caller says whom the current entries belong to: to gpuhealth when an
+//     earlier gpuhealth owned the list outright (Volcano's key before this bookkeeping existed),
+//     else to other writers;
+//   - once written, the state stays, also when the list is empty and absent: its absence means
+//     "never managed here".
 //
 // Merge is pure; the reporters patch the result, so each change by another writer costs at most
 // one write and gpuhealth's own write none.
@@ -89,7 +92,7 @@ var ErrBadState = errors.New("the state annotation is not valid JSON: every entr
 type Result struct {
 	// Value is the list's new value; "" means the annotation must be absent.
 	Value string
-	// State is the state annotation's new value; "" means absent (nothing to protect).
+	// State is the state annotation's new value (never empty: see the package doc).
 	State string
 	// Invalid lists entries of the current value the readers would not understand.
 	Invalid []string
@@ -98,9 +101,9 @@ type Result struct {
 }
 
 // Merge applies the package's rules. current and stateRaw are the annotations' values ("" when
-// absent); previouslyOurs are the entries gpuhealth reported last time, used only without a state;
-// ours are gpuhealth's entries now.
-func (f Format) Merge(current, stateRaw string, previouslyOurs, ours []string) Result {
+// absent); oursWithoutState says that, without a state, the current entries are gpuhealth's own
+// (an earlier version owned the list outright); ours are gpuhealth's entries now.
+func (f Format) Merge(current, stateRaw string, oursWithoutState bool, ours []string) Result {
 	var r Result
 	// The API server stores annotations as UTF-8 (JSON turns invalid bytes into U+FFFD); do the
 	// same so that what was written compares equal to what is read back.
@@ -119,13 +122,14 @@ func (f Format) Merge(current, stateRaw string, previouslyOurs, ours []string) R
 	case stateRaw != "":
 		// Someone else changed it since: their value is their intent.
 		others = observed
+	case oursWithoutState:
+		// Only the invalid entries cannot have been an earlier gpuhealth's.
+		others = List{other: observed.other}
 	default:
-		others = f.without(observed, previouslyOurs)
+		others = observed
 	}
 	r.Value = f.with(others, ours).String()
-	if r.Value != "" {
-		b, _ := json.Marshal(State{Written: r.Value, Others: others.String()}) // cannot fail
-		r.State = string(b)
-	}
+	b, _ := json.Marshal(State{Written: r.Value, Others: others.String()}) // cannot fail
+	r.State = string(b)
 	return r
 }

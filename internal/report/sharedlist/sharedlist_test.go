@@ -25,22 +25,26 @@ func TestMerge(t *testing.T) {
 	for _, tc := range []struct {
 		name                 string
 		current, stateRaw    string
-		previous, ours       []string
+		oursWithoutState     bool
+		ours                 []string
 		wantValue, wantState string
 		wantInvalid          string
 		wantStateErr         bool
 	}{
-		{name: "empty, nothing ours", wantValue: "", wantState: ""},
+		{name: "empty, nothing ours: the state says so", wantValue: "", wantState: state("", "")},
 		{name: "ours only", ours: []string{"3", "0"}, wantValue: "0,3", wantState: state("0,3", "")},
 		{name: "unchanged since our write: others as recorded", current: "0,2", stateRaw: state("0,2", "2"), ours: nil, wantValue: "2", wantState: state("2", "2")},
 		{name: "changed by another writer: all its entries are its own", current: "0,5", stateRaw: state("0,2", "2"), ours: []string{"1"}, wantValue: "0,1,5", wantState: state("0,1,5", "0,5")},
 		{name: "deleted by another writer", current: "", stateRaw: state("0,2", "2"), ours: []string{"0"}, wantValue: "0", wantState: state("0", "")},
-		{name: "no state: previous own entries are ours", current: "0,2", previous: []string{"0"}, wantValue: "2", wantState: state("2", "2")},
+		{name: "no state, an earlier gpuhealth owned the list: its entries go", current: "0,2,x", oursWithoutState: true, ours: []string{"3"}, wantValue: "3,x", wantInvalid: "x", wantState: state("3,x", "x")},
+		{name: "no state, never managed here: every entry is another writer's", current: "0,2", ours: []string{"3"}, wantValue: "0,2,3", wantState: state("0,2,3", "0,2")},
+		{name: "unchanged and empty: stays empty", current: "", stateRaw: state("", ""), wantValue: "", wantState: state("", "")},
+		{name: "written after we emptied it: the other writer's", current: "5", stateRaw: state("", ""), wantValue: "5", wantState: state("5", "5")},
 		{name: "invalid entries kept verbatim at the end", current: " 7 ,x,, 7,-1", stateRaw: state("", ""), ours: []string{"1"}, wantValue: "1,7,x,-1", wantInvalid: "x,-1", wantState: state("1,7,x,-1", "7,x,-1")},
 		{name: "garbled state: everything is another writer's", current: "4", stateRaw: "{", ours: []string{"1"}, wantValue: "1,4", wantState: state("1,4", "4"), wantStateErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := indexes.Merge(tc.current, tc.stateRaw, tc.previous, tc.ours)
+			r := indexes.Merge(tc.current, tc.stateRaw, tc.oursWithoutState, tc.ours)
 			if r.Value != tc.wantValue || r.State != tc.wantState {
 				t.Errorf("Merge = value %q state %q, want %q %q", r.Value, r.State, tc.wantValue, tc.wantState)
 			}
@@ -51,8 +55,8 @@ func TestMerge(t *testing.T) {
 				t.Errorf("StateErr = %v", r.StateErr)
 			}
 			// Merging again with what was written changes nothing: no write fight.
-			again := indexes.Merge(r.Value, r.State, nil, tc.ours)
-			if r.Value != "" && (again.Value != r.Value || again.State != r.State) {
+			again := indexes.Merge(r.Value, r.State, false, tc.ours)
+			if again.Value != r.Value || again.State != r.State {
 				t.Errorf("second merge = %q %q, want a fixed point", again.Value, again.State)
 			}
 		})
@@ -69,16 +73,13 @@ func FuzzMergeIsAFixedPoint(f *testing.F) {
 				own = append(own, e)
 			}
 		}
-		r := indexes.Merge(current, stateRaw, nil, own)
+		r := indexes.Merge(current, stateRaw, false, own)
 		for _, e := range own {
 			if !strings.Contains(","+r.Value+",", ","+strings.TrimSpace(e)+",") {
 				t.Fatalf("own entry %q missing from %q", e, r.Value)
 			}
 		}
-		if r.Value == "" {
-			return
-		}
-		again := indexes.Merge(r.Value, r.State, nil, own)
+		again := indexes.Merge(r.Value, r.State, false, own)
 		if again.Value != r.Value || again.State != r.State {
 			t.Fatalf("not a fixed point: %q/%q then %q/%q", r.Value, r.State, again.Value, again.State)
 		}
