@@ -134,9 +134,13 @@ func Run(ctx context.Context, opts Options) error {
 	events := condition.NewEvents(recorder, opts.NodeName, "")
 	// One cache of the Node and one of its DRA devices, shared by every reporter and the drains
 	// watcher: one watch of each per agent.
+	attrs := draAttributes(agentCfg)
+	if err := attrs.Validate(); err != nil {
+		return fmt.Errorf("agent: DRA attribute names: %w", err)
+	}
 	caches := sharedCaches{
 		nodes:   nodecache.New(opts.Client, opts.NodeName),
-		devices: dradevices.New(opts.Client, opts.NodeName, agentCfg.DriverName, agentCfg.UUIDAttribute),
+		devices: dradevices.NewWithAttributes(opts.Client, opts.NodeName, agentCfg.DriverName, attrs),
 	}
 	defer caches.shutdown()
 	writers, err := newWriters(opts, agentCfg, caches, m, recorder, nodeRef)
@@ -246,7 +250,8 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 			s = annotation.New(opts.Client, opts.NodeName, caches.nodes)
 		case config.ReporterDeviceTaint:
 			s = devicetaint.New(opts.Client, opts.NodeName, devicetaint.Options{
-				Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, Devices: caches.devices, NoExecute: cfg.NoExecute,
+				Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, ParentUUIDAttribute: cfg.ParentUUIDAttribute,
+				PCIBusIDAttribute: cfg.PCIBusIDAttribute, Devices: caches.devices, NoExecute: cfg.NoExecute,
 				Unmatched: func(d health.DeviceStatus) {
 					m.Unmatched("devicetaint")
 					recorder.Eventf(nodeRef, corev1.EventTypeWarning, "NoDRADevice",
@@ -267,7 +272,8 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 		case config.ReporterHAMi:
 			s = hami.New(opts.Client, opts.NodeName, caches.nodes)
 		case config.ReporterClaimStatus:
-			s = claimstatus.New(opts.Client, opts.NodeName, claimstatus.Options{Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, Devices: caches.devices, Clock: opts.Clock})
+			s = claimstatus.New(opts.Client, opts.NodeName, claimstatus.Options{Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute,
+				ParentUUIDAttribute: cfg.ParentUUIDAttribute, PCIBusIDAttribute: cfg.PCIBusIDAttribute, Devices: caches.devices, Clock: opts.Clock})
 		default:
 			return nil, fmt.Errorf("agent: unknown reporter %q", name)
 		}
@@ -278,6 +284,11 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 		writers = append(writers, w)
 	}
 	return writers, nil
+}
+
+// draAttributes are the DRA device attribute names the agent matches GPUs by.
+func draAttributes(cfg config.AgentConfig) dradevices.Attributes {
+	return dradevices.Attributes{UUID: cfg.UUIDAttribute, ParentUUID: cfg.ParentUUIDAttribute, PCIBusID: cfg.PCIBusIDAttribute}
 }
 
 // breakerOrNil keeps a nil *Breaker from becoming a non-nil interface.

@@ -28,13 +28,18 @@ const (
 	fakeGPUMemoryBytes = 80 << 30
 )
 
-// GPUDeviceName is the device name NVIDIA's DRA driver gives the GPU with this index.
+// GPUDeviceName is the name GPUResourceSlice gives the GPU with this index. NVIDIA's driver
+// names a GPU by its minor number instead (NVIDIAGPUDeviceName); the two agree where, as in
+// GPUResourceSlice, minor and index are the same.
 func GPUDeviceName(index int) string { return fmt.Sprintf("gpu-%d", index) }
 
-// GPUResourceSlice returns a ResourceSlice shaped like the one NVIDIA's DRA driver publishes for
-// node: driver gpu.nvidia.com, pool named after the node, one device per UUID named gpu-0..gpu-N
-// with the driver's attributes (uuid, index, minor, productName, type=gpu, brand,
-// architecture, versions) and memory capacity. Attribute names are unqualified, so CEL sees them
+// GPUResourceSlice returns a ResourceSlice shaped like the one NVIDIA's DRA driver published for
+// node before 2025: driver gpu.nvidia.com, pool named after the node, one device per UUID named
+// gpu-0..gpu-N by index, with uuid, index, minor (equal to the index), productName, type=gpu,
+// brand, architecture, versions and memory capacity. Many tests rely on that simple shape; for
+// the driver's current slices (devices named by minor, no index or minor attribute, MIG, DynamicMIG
+// and VFIO devices) use NVIDIAResourceSlice, NVIDIAPassthroughResourceSlice and
+// NVIDIADynamicMIGResourceSlices. Attribute names are unqualified, so CEL sees them
 // as device.attributes["gpu.nvidia.com"].uuid and so on. Set Devices[i].Taints to taint devices
 // the way a driver would.
 func GPUResourceSlice(node string, uuids ...string) *resourcev1.ResourceSlice {

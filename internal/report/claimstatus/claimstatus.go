@@ -62,10 +62,12 @@ const (
 
 // Options configure a Syncer.
 type Options struct {
-	// Driver and UUIDAttribute find this node's GPUs among DRA devices, as for DeviceTaintRules.
-	Driver, UUIDAttribute string
+	// Driver and the attributes find this node's GPUs among DRA devices, as for DeviceTaintRules
+	// (empty attribute names take the NVIDIA driver's, see dradevices.Attributes): a claim holding
+	// a MIG partition or the VFIO device of a sick GPU is marked too.
+	Driver, UUIDAttribute, ParentUUIDAttribute, PCIBusIDAttribute string
 	// Devices, when set, is the agent's shared index of this node's DRA devices (of Driver and
-	// UUIDAttribute); nil gives the syncer one of its own.
+	// the same attributes); nil gives the syncer one of its own.
 	Devices *dradevices.Index
 	Clock   clock.PassiveClock
 }
@@ -100,7 +102,8 @@ func (s *Syncer) Name() string { return "claimstatus" }
 
 // Start fills the caches of this node's pods (claims come and go with them) and slices.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	devices, err := dradevices.Attach(ctx, s.opts.Devices, s.client, s.nodeName, s.opts.Driver, s.opts.UUIDAttribute, trigger)
+	attrs := dradevices.Attributes{UUID: s.opts.UUIDAttribute, ParentUUID: s.opts.ParentUUIDAttribute, PCIBusID: s.opts.PCIBusIDAttribute}
+	devices, err := dradevices.Attach(ctx, s.opts.Devices, s.client, s.nodeName, s.opts.Driver, attrs, trigger)
 	if err != nil {
 		return fmt.Errorf("claimstatus: %w", err)
 	}
@@ -207,16 +210,12 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if s.pods == nil || s.devices == nil {
 		return 0, errors.New("claimstatus: Sync before Start")
 	}
-	uuidOf, err := s.devices.UUIDs()
+	catalog, err := s.devices.Catalog(ctx)
 	if err != nil {
 		return 0, err
 	}
-	byUUID := make(map[string]health.DeviceStatus, len(snap.Devices))
-	sick := false
-	for _, d := range snap.Devices {
-		byUUID[strings.ToLower(d.Device.UUID)] = d
-		sick = sick || d.Health != health.Healthy
-	}
+	assigned, _ := catalog.Assign(snap)
+	sick := slices.ContainsFunc(snap.Devices, func(d health.DeviceStatus) bool { return d.Health != health.Healthy })
 	// Which claims to read: those that may need a condition (every claim on the node while a
 	// GPU is not Healthy, and all of them once after start) and those that carry one.
 	check := map[types.NamespacedName]bool{}
@@ -251,8 +250,8 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 			delete(marked, key)
 			continue
 		}
-		desired := s.desired(claim, uuidOf, byUUID)
-		if !s.differs(claim, uuidOf, desired) {
+		desired := s.desired(claim, assigned)
+		if !s.differs(claim, catalog, desired) {
 			setMark(marked, key, hasOurConditions(claim))
 			continue
 		}
@@ -284,7 +283,7 @@ func setMark(marked map[types.NamespacedName]bool, key types.NamespacedName, on 
 
 // desired returns, for each device of this node the claim holds whose GPU is not Healthy, the
 // condition it should carry.
-func (s *Syncer) desired(claim *resourceapi.ResourceClaim, uuidOf map[deviceKey]string, byUUID map[string]health.DeviceStatus) map[deviceKey]metav1.Condition {
+func (s *Syncer) desired(claim *resourceapi.ResourceClaim, assigned map[deviceKey]dradevices.Assignment) map[deviceKey]metav1.Condition {
 	out := map[deviceKey]metav1.Condition{}
 	if claim.Status.Allocation == nil {
 		return out
@@ -294,15 +293,9 @@ func (s *Syncer) desired(claim *resourceapi.ResourceClaim, uuidOf map[deviceKey]
 			continue
 		}
 		key := deviceKey{Pool: r.Pool, Name: r.Device}
-		uuid, ok := uuidOf[key]
-		if !ok {
-			continue
+		if a, ok := assigned[key]; ok {
+			out[key] = condition(a.Status)
 		}
-		d, ok := byUUID[uuid]
-		if !ok || d.Health == health.Healthy {
-			continue
-		}
-		out[key] = condition(d)
 	}
 	return out
 }
@@ -327,11 +320,11 @@ func condition(d health.DeviceStatus) metav1.Condition {
 }
 
 // current returns our conditions now in the claim's status, for this node's devices.
-func current(claim *resourceapi.ResourceClaim, uuidOf map[deviceKey]string, driver string) map[deviceKey]metav1.Condition {
+func current(claim *resourceapi.ResourceClaim, mine func(deviceKey) bool, driver string) map[deviceKey]metav1.Condition {
 	out := map[deviceKey]metav1.Condition{}
 	for _, ds := range claim.Status.Devices {
 		key := deviceKey{Pool: ds.Pool, Name: ds.Device}
-		if _, mine := uuidOf[key]; !mine || ds.Driver != driver {
+		if !mine(key) || ds.Driver != driver {
 			continue
 		}
 		for _, c := range ds.Conditions {
@@ -352,8 +345,8 @@ func hasOurConditions(claim *resourceapi.ResourceClaim) bool {
 	return false
 }
 
-func (s *Syncer) differs(claim *resourceapi.ResourceClaim, uuidOf map[deviceKey]string, desired map[deviceKey]metav1.Condition) bool {
-	have := current(claim, uuidOf, s.opts.Driver)
+func (s *Syncer) differs(claim *resourceapi.ResourceClaim, catalog *dradevices.Catalog, desired map[deviceKey]metav1.Condition) bool {
+	have := current(claim, catalog.Known, s.opts.Driver)
 	if len(have) != len(desired) {
 		return true
 	}
@@ -370,7 +363,7 @@ func (s *Syncer) differs(claim *resourceapi.ResourceClaim, uuidOf map[deviceKey]
 // devices left out (all of them, on recovery) lose what this field manager owned, and server-side
 // apply removes the entries nobody else owns.
 func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, desired map[deviceKey]metav1.Condition) error {
-	have := current(claim, s.knownDevices(claim), s.opts.Driver)
+	have := current(claim, func(deviceKey) bool { return true }, s.opts.Driver)
 	keys := make([]deviceKey, 0, len(desired))
 	for k := range desired {
 		keys = append(keys, k)
@@ -393,13 +386,4 @@ func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, de
 	ac := resourceapply.ResourceClaim(claim.Name, claim.Namespace).WithStatus(status)
 	_, err := s.client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
 	return err
-}
-
-// knownDevices is every device the claim's status mentions, for reading transition times.
-func (s *Syncer) knownDevices(claim *resourceapi.ResourceClaim) map[deviceKey]string {
-	out := map[deviceKey]string{}
-	for _, ds := range claim.Status.Devices {
-		out[deviceKey{Pool: ds.Pool, Name: ds.Device}] = ""
-	}
-	return out
 }

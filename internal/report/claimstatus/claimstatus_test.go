@@ -13,42 +13,61 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 func TestDesiredAndDiffers(t *testing.T) {
 	s := New(nil, "n1", Options{Driver: "gpu.nvidia.com", UUIDAttribute: "uuid"})
-	uuidOf := map[deviceKey]string{{Pool: "n1", Name: "gpu-0"}: "gpu-a", {Pool: "n1", Name: "gpu-1"}: "gpu-b"}
-	byUUID := map[string]health.DeviceStatus{
-		"gpu-a": {Device: health.Device{UUID: "GPU-a"}, Health: health.Unhealthy, Evict: true,
-			Conditions: []health.Condition{{Type: health.ConditionXID, Severity: health.Unhealthy, Reason: "XID79", Message: "XID 79: GPU has fallen off the bus"}}},
-		"gpu-b": {Device: health.Device{UUID: "GPU-b"}, Health: health.Healthy},
+	str := func(v string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: ptr.To(v)} }
+	slice := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: "gpu.nvidia.com", NodeName: ptr.To("n1"),
+		Pool: resourceapi.ResourcePool{Name: "n1", ResourceSliceCount: 1},
+		Devices: []resourceapi.Device{
+			{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": str("GPU-a")}},
+			{Name: "gpu-1", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": str("GPU-b")}},
+			{Name: "gpu-0-mig-1g10gb-19-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"parentUUID": str("GPU-a")}},
+			{Name: "gpu-1-mig-1g10gb-19-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"parentUUID": str("GPU-b")}},
+		}}}
+	catalog, problems := dradevices.NewCatalog([]*resourceapi.ResourceSlice{slice}, "n1", "gpu.nvidia.com", dradevices.DefaultAttributes())
+	if len(problems) > 0 {
+		t.Fatalf("problems: %v", problems)
 	}
+	assigned, _ := catalog.Assign(health.Snapshot{Devices: []health.DeviceStatus{
+		{Device: health.Device{UUID: "GPU-a"}, Health: health.Unhealthy, Evict: true,
+			Conditions: []health.Condition{{Type: health.ConditionXID, Severity: health.Unhealthy, Reason: "XID79", Message: "XID 79: GPU has fallen off the bus"}}},
+		{Device: health.Device{UUID: "GPU-b"}, Health: health.Healthy},
+	}})
 	claim := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{
 		Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
 			{Driver: "gpu.nvidia.com", Pool: "n1", Device: "gpu-0"},
 			{Driver: "gpu.nvidia.com", Pool: "n1", Device: "gpu-1"},
+			{Driver: "gpu.nvidia.com", Pool: "n1", Device: "gpu-0-mig-1g10gb-19-0"},
+			{Driver: "gpu.nvidia.com", Pool: "n1", Device: "gpu-1-mig-1g10gb-19-0"},
 			{Driver: "gpu.nvidia.com", Pool: "other-node", Device: "gpu-0"},
 			{Driver: "other.driver", Pool: "n1", Device: "gpu-0"},
 		}},
 	}}}
-	want := s.desired(claim, uuidOf, byUUID)
-	if len(want) != 1 {
-		t.Fatalf("desired = %+v, want one condition for the sick GPU only", want)
+	want := s.desired(claim, assigned)
+	if len(want) != 2 {
+		t.Fatalf("desired = %+v, want conditions for the sick GPU and its MIG partition only", want)
 	}
-	c := want[deviceKey{Pool: "n1", Name: "gpu-0"}]
-	if c.Type != ConditionType || c.Status != metav1.ConditionFalse || c.Reason != ReasonUnhealthy ||
-		!strings.Contains(c.Message, "XID79") || !strings.Contains(c.Message, "eviction requested") {
-		t.Errorf("condition = %+v", c)
+	for _, dev := range []string{"gpu-0", "gpu-0-mig-1g10gb-19-0"} {
+		c := want[deviceKey{Pool: "n1", Name: dev}]
+		if c.Type != ConditionType || c.Status != metav1.ConditionFalse || c.Reason != ReasonUnhealthy ||
+			!strings.Contains(c.Message, "XID79") || !strings.Contains(c.Message, "eviction requested") {
+			t.Errorf("condition of %s = %+v", dev, c)
+		}
 	}
-	if !s.differs(claim, uuidOf, want) {
+	if !s.differs(claim, catalog, want) {
 		t.Error("a claim without the condition does not differ from one with it")
 	}
-	claim.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: "gpu.nvidia.com", Pool: "n1", Device: "gpu-0", Conditions: []metav1.Condition{c}}}
-	if s.differs(claim, uuidOf, want) {
-		t.Error("the claim already carries the condition, yet differs")
+	for key, c := range want {
+		claim.Status.Devices = append(claim.Status.Devices, resourceapi.AllocatedDeviceStatus{Driver: "gpu.nvidia.com", Pool: key.Pool, Device: key.Name, Conditions: []metav1.Condition{c}})
 	}
-	if !s.differs(claim, uuidOf, map[deviceKey]metav1.Condition{}) {
+	if s.differs(claim, catalog, want) {
+		t.Error("the claim already carries the conditions, yet differs")
+	}
+	if !s.differs(claim, catalog, map[deviceKey]metav1.Condition{}) {
 		t.Error("recovery (no condition wanted) does not differ from a claim that has one")
 	}
 }

@@ -1,10 +1,17 @@
 // Package devicetaint reports GPU health to DRA schedulers: for every GPU (or MIG instance) that
-// is not Healthy it keeps one cluster-scoped resource.k8s.io/v1 DeviceTaintRule selecting the DRA
-// device that represents it, and deletes the rule when the GPU recovers.
+// is not Healthy it keeps one cluster-scoped resource.k8s.io/v1 DeviceTaintRule per DRA device
+// that the GPU backs, and deletes the rules when the GPU recovers.
 //
-// The device is found in this node's ResourceSlices of the configured driver (default
-// gpu.nvidia.com) by the attribute carrying the GPU UUID (default "uuid", as the NVIDIA DRA
-// driver publishes it), so it works with any DRA GPU driver that publishes UUIDs. The taint:
+// The devices are found in this node's ResourceSlices of the configured driver (default
+// gpu.nvidia.com) by three attributes, the NVIDIA DRA driver's names by default (see
+// docs/dra-devices.md and package dradevices):
+//
+//   - uuid: the GPU's own device, whatever its name, and a static MIG device by its MIG UUID;
+//   - parentUUID: every MIG device and dynamic MIG partition of a GPU, when the whole GPU is sick;
+//   - resource.kubernetes.io/pciBusID: every device at the GPU's PCI address, such as the VFIO
+//     passthrough device, when the whole GPU is sick.
+//
+// A fault of one MIG instance taints only the DRA device that carries its MIG UUID. The taint:
 //
 //   - key gpuhealth.dev/<worst condition> (xid, gpu-lost, thermal, ecc-uncorrected, ...);
 //   - value the XID for XID conditions, else the condition's reason;
@@ -26,8 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"regexp"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,18 +57,24 @@ const (
 	ManagedBy      = "gpuhealth"
 	TaintKeyPrefix = "gpuhealth.dev/"
 	DefaultDriver  = "gpu.nvidia.com"
-	DefaultUUIDKey = "uuid"
+	DefaultUUIDKey = dradevices.DefaultUUIDAttribute
 )
 
 // Options configure a Syncer.
 type Options struct {
 	// Driver is the DRA driver whose ResourceSlices describe the GPUs (default gpu.nvidia.com).
 	Driver string
-	// UUIDAttribute is the device attribute holding the GPU UUID (default "uuid"); it matches
-	// both the bare name and the driver-qualified one.
+	// UUIDAttribute is the device attribute holding the UUID of the GPU or MIG device (default
+	// "uuid"). Like ParentUUIDAttribute, it matches both the bare name and the driver-qualified one.
 	UUIDAttribute string
+	// ParentUUIDAttribute is the attribute of MIG devices and partitions holding their GPU's UUID
+	// (default "parentUUID").
+	ParentUUIDAttribute string
+	// PCIBusIDAttribute is the attribute holding the PCI address of the GPU a device belongs to
+	// (default "resource.kubernetes.io/pciBusID"); VFIO passthrough devices are found by it.
+	PCIBusIDAttribute string
 	// Devices, when set, is the agent's shared index of this node's DRA devices (of Driver and
-	// UUIDAttribute); nil gives the syncer one of its own.
+	// the same attributes); nil gives the syncer one of its own.
 	Devices *dradevices.Index
 	// NoExecute lets conditions that ask for eviction use the NoExecute effect. Off by default:
 	// evicting running work is a decision an operator opts into.
@@ -121,9 +133,8 @@ func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Driver == "" {
 		opts.Driver = DefaultDriver
 	}
-	if opts.UUIDAttribute == "" {
-		opts.UUIDAttribute = DefaultUUIDKey
-	}
+	attrs := opts.attributes()
+	opts.UUIDAttribute, opts.ParentUUIDAttribute, opts.PCIBusIDAttribute = attrs.UUID, attrs.ParentUUID, attrs.PCIBusID
 	if opts.Relist <= 0 {
 		opts.Relist = 5 * time.Minute
 	}
@@ -133,13 +144,17 @@ func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
 	return &Syncer{client: client, nodeName: nodeName, opts: opts, reported: map[string]health.Severity{}}
 }
 
+func (o Options) attributes() dradevices.Attributes {
+	return dradevices.Attributes{UUID: o.UUIDAttribute, ParentUUID: o.ParentUUIDAttribute, PCIBusID: o.PCIBusIDAttribute}.WithDefaults()
+}
+
 // Name implements report.Syncer.
 func (s *Syncer) Name() string { return "devicetaint" }
 
 // Start fills the cache of this node's ResourceSlices (a driver may publish them after the agent
-// starts) and asks for a Sync on any change to them.
+// starts) and asks for a Sync on any change to them. Malformed attribute names are an error here.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	devices, err := dradevices.Attach(ctx, s.opts.Devices, s.client, s.nodeName, s.opts.Driver, s.opts.UUIDAttribute, trigger)
+	devices, err := dradevices.Attach(ctx, s.opts.Devices, s.client, s.nodeName, s.opts.Driver, s.opts.attributes(), trigger)
 	if err != nil {
 		return fmt.Errorf("devicetaint: %w", err)
 	}
@@ -182,44 +197,29 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err := s.ensureNodeRef(ctx); err != nil {
 		return 0, err
 	}
-	byUUID, err := s.devices.ByUUID()
+	catalog, err := s.devices.Catalog(ctx)
 	if err != nil {
 		return 0, err
 	}
-	desired := map[string]*resourceapi.DeviceTaintRule{}
-	for _, d := range snap.Devices {
-		if d.Health == health.Healthy {
-			delete(s.reported, d.Device.UUID)
-			continue
-		}
-		targets := byUUID[strings.ToLower(d.Device.UUID)]
-		if len(targets) == 0 {
-			if prev, ok := s.reported[d.Device.UUID]; (!ok || prev != d.Health) && s.opts.Unmatched != nil {
-				s.opts.Unmatched(d)
-			}
-			s.reported[d.Device.UUID] = d.Health
-			continue
-		}
-		delete(s.reported, d.Device.UUID)
-		for i, t := range targets {
-			r := s.rule(d, t, i)
-			desired[r.Name] = r
-		}
-	}
-
+	desired := s.desiredRules(ctx, snap, catalog)
 	if !s.fresh || s.opts.Clock.Since(s.listed) >= s.opts.Relist {
 		if err := s.relist(ctx); err != nil {
 			return 0, err
 		}
 	}
-	existing := make([]*resourceapi.DeviceTaintRule, 0, len(s.view))
-	for _, r := range s.view {
-		existing = append(existing, r)
-	}
+	existing := slices.SortedFunc(maps.Values(s.view), func(a, b *resourceapi.DeviceTaintRule) int { return strings.Compare(a.Name, b.Name) })
 	var errs []error
 	if s.opts.Breaker != nil {
 		errs = append(errs, s.applyBreaker(ctx, desired, existing))
 	}
+	writes, err := s.write(ctx, desired, existing)
+	return writes, errors.Join(append(errs, err)...)
+}
+
+// write deletes the existing rules that are not desired, updates those that differ and creates
+// the missing ones, keeping the view in step; it returns the writes made. desired is consumed.
+func (s *Syncer) write(ctx context.Context, desired map[string]*resourceapi.DeviceTaintRule, existing []*resourceapi.DeviceTaintRule) (int, error) {
+	var errs []error
 	writes := 0
 	rules := s.client.ResourceV1().DeviceTaintRules()
 	for _, have := range existing {
@@ -247,7 +247,17 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 			errs = append(errs, err)
 		}
 	}
-	for _, want := range desired {
+	n, err := s.create(ctx, desired)
+	return writes + n, errors.Join(append(errs, err)...)
+}
+
+// create creates the missing rules, in name order; it returns the writes made.
+func (s *Syncer) create(ctx context.Context, missing map[string]*resourceapi.DeviceTaintRule) (int, error) {
+	var errs []error
+	writes := 0
+	rules := s.client.ResourceV1().DeviceTaintRules()
+	for _, name := range slices.Sorted(maps.Keys(missing)) {
+		want := missing[name]
 		created, err := rules.Create(ctx, want, metav1.CreateOptions{FieldManager: "gpuhealth-agent"})
 		if apierrors.IsAlreadyExists(err) {
 			// Someone created it after the last list: compare with the real one.
@@ -272,53 +282,6 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		writes++
 	}
 	return writes, errors.Join(errs...)
-}
-
-// disruption ranks effects: None < NoSchedule < NoExecute.
-func disruption(e resourceapi.DeviceTaintEffect) int {
-	switch e {
-	case resourceapi.DeviceTaintEffectNoExecute:
-		return 2
-	case resourceapi.DeviceTaintEffectNoSchedule:
-		return 1
-	}
-	return 0
-}
-
-// applyBreaker asks the circuit breaker before any rule becomes more disruptive than it is now;
-// a GPU the breaker holds back is tainted None instead (still visible everywhere).
-func (s *Syncer) applyBreaker(ctx context.Context, desired map[string]*resourceapi.DeviceTaintRule, existing []*resourceapi.DeviceTaintRule) error {
-	now := map[string]resourceapi.DeviceTaintEffect{}
-	for _, r := range existing {
-		now[r.Name] = r.Spec.Taint.Effect
-	}
-	var held []string
-	var errs []error
-	for _, want := range desired {
-		if disruption(want.Spec.Taint.Effect) == 0 || disruption(want.Spec.Taint.Effect) <= disruption(now[want.Name]) {
-			continue
-		}
-		uuid := want.Labels[UUIDLabel]
-		ok, err := s.opts.Breaker.Admit(ctx, uuid)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("circuit breaker: %w", err))
-		}
-		if ok {
-			continue
-		}
-		// Held back: keep what the rule already has (the budget could not be asked) or None.
-		want.Spec.Taint.Effect = now[want.Name]
-		if want.Spec.Taint.Effect == "" {
-			want.Spec.Taint.Effect = resourceapi.DeviceTaintEffectNone
-		}
-		if err == nil {
-			held = append(held, uuid)
-		}
-	}
-	if s.opts.Breaker.SetHeld(held) && s.opts.HeldChanged != nil {
-		s.opts.HeldChanged(held)
-	}
-	return errors.Join(errs...)
 }
 
 // update makes have look like want, if it does not already; it returns the writes made. The view
@@ -359,30 +322,6 @@ func (s *Syncer) ensureNodeRef(ctx context.Context) error {
 	return nil
 }
 
-func (s *Syncer) rule(d health.DeviceStatus, t dradevices.Device, n int) *resourceapi.DeviceTaintRule {
-	name := RuleName(d.Device.UUID)
-	if n > 0 {
-		name += "-" + strconv.Itoa(n)
-	}
-	key, value := Taint(d)
-	driver, pool, device := s.opts.Driver, t.Pool, t.Name
-	return &resourceapi.DeviceTaintRule{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: name,
-			Labels: map[string]string{
-				NodeLabel:      s.nodeName,
-				UUIDLabel:      labelValue(d.Device.UUID),
-				ManagedByLabel: ManagedBy,
-			},
-			OwnerReferences: []metav1.OwnerReference{*s.nodeRef},
-		},
-		Spec: resourceapi.DeviceTaintRuleSpec{
-			DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: &driver, Pool: &pool, Device: &device},
-			Taint:          resourceapi.DeviceTaint{Key: key, Value: value, Effect: Effect(d, s.opts.NoExecute)},
-		},
-	}
-}
-
 func same(have, want *resourceapi.DeviceTaintRule) bool {
 	hs, ws := have.Spec.DeviceSelector, want.Spec.DeviceSelector
 	return maps.Equal(have.Labels, want.Labels) &&
@@ -393,92 +332,3 @@ func same(have, want *resourceapi.DeviceTaintRule) bool {
 }
 
 func eq(a, b *string) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
-
-// Effect maps a device's state to a taint effect.
-func Effect(d health.DeviceStatus, noExecute bool) resourceapi.DeviceTaintEffect {
-	switch {
-	case d.Health == health.Unhealthy && d.Evict && noExecute:
-		return resourceapi.DeviceTaintEffectNoExecute
-	case d.Health == health.Unhealthy:
-		return resourceapi.DeviceTaintEffectNoSchedule
-	default:
-		return resourceapi.DeviceTaintEffectNone
-	}
-}
-
-// Taint returns the taint key and value for a device's worst condition.
-func Taint(d health.DeviceStatus) (key, value string) {
-	conds := report.WorstFirst(d.Conditions)
-	if len(conds) == 0 {
-		return TaintKeyPrefix + "unhealthy", ""
-	}
-	c := conds[0]
-	name, ok := taintNames[c.Type]
-	if !ok {
-		name = kebab(string(c.Type))
-	}
-	key = TaintKeyPrefix + name
-	if c.Type == health.ConditionXID {
-		return key, strconv.FormatUint(uint64(c.Code), 10)
-	}
-	return key, labelValue(c.Reason)
-}
-
-// taintNames are the taint key suffixes of the built-in condition types.
-var taintNames = map[health.ConditionType]string{
-	health.ConditionXID:                 "xid",
-	health.ConditionGPULost:             "gpu-lost",
-	health.ConditionECCUncorrected:      "ecc-uncorrected",
-	health.ConditionECCCorrectedStorm:   "ecc-storm",
-	health.ConditionRowRemapFailure:     "row-remap-failure",
-	health.ConditionRowRemapPending:     "row-remap-pending",
-	health.ConditionRetiredPagesPending: "retired-pages-pending",
-	health.ConditionThermal:             "thermal",
-	health.ConditionClockThrottle:       "clock-throttle",
-	health.ConditionPCIeReplayRate:      "pcie-replays",
-	health.ConditionNVLinkDown:          "nvlink-down",
-	health.ConditionNVLinkErrorRate:     "nvlink-errors",
-	health.ConditionRecoveryAction:      "recovery-action",
-	health.ConditionAdmin:               "admin-drain",
-}
-
-// RuleName is the DeviceTaintRule name for a device UUID.
-func RuleName(uuid string) string {
-	return "gpuhealth-" + strings.Trim(invalidName.ReplaceAllString(strings.ToLower(uuid), "-"), "-")
-}
-
-var (
-	invalidName  = regexp.MustCompile(`[^a-z0-9-]+`)
-	invalidLabel = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
-)
-
-// labelValue makes s a valid label value: allowed characters, at most 63, alphanumeric ends.
-func labelValue(s string) string {
-	s = invalidLabel.ReplaceAllString(s, "-")
-	if len(s) > 63 {
-		s = s[:63]
-	}
-	return strings.Trim(s, "-_.")
-}
-
-// kebab turns a condition type such as "ECCUncorrected" or "GPULost" into "ecc-uncorrected" or
-// "gpu-lost".
-func kebab(s string) string {
-	var b strings.Builder
-	for i, r := range s {
-		upper := r >= 'A' && r <= 'Z'
-		if upper && i > 0 {
-			prevLower := s[i-1] >= 'a' && s[i-1] <= 'z'
-			nextLower := i+1 < len(s) && s[i+1] >= 'a' && s[i+1] <= 'z'
-			prevUpper := s[i-1] >= 'A' && s[i-1] <= 'Z'
-			if prevLower || (prevUpper && nextLower) {
-				b.WriteByte('-')
-			}
-		}
-		if upper {
-			r += 'a' - 'A'
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}

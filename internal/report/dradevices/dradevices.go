@@ -1,13 +1,15 @@
 // Package dradevices finds this node's GPUs among DRA devices: it keeps an informer cache of the
-// node's ResourceSlices of one driver and indexes their devices by the attribute that carries the
-// GPU UUID (bare, as the NVIDIA DRA driver publishes it, or qualified with the driver's domain).
-// The devicetaint and claimstatus reporters share one Index per agent: one watch, one cache.
+// node's ResourceSlices of one driver and ties their devices to GPUs by three attributes (see
+// Attributes): the device's own UUID (whole GPUs, static MIG devices), its parent GPU's UUID
+// (static MIG devices and dynamic MIG partitions, which have no UUID of their own) and its PCI
+// address (VFIO passthrough devices, whose uuid is derived from the address). Defaults are the
+// names NVIDIA's DRA driver publishes. The devicetaint and claimstatus reporters share one Index
+// per agent: one watch, one cache.
 package dradevices
 
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -18,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 )
 
 // Device names a DRA device.
@@ -26,18 +29,27 @@ type Device struct{ Pool, Name string }
 // Index is the cache of one node's devices of one driver. Its methods are safe for concurrent use.
 type Index struct {
 	nodeName, driver string
-	bare, qualified  resourceapi.QualifiedName
+	attrs            Attributes
 	factory          informers.SharedInformerFactory
 	informer         cache.SharedIndexInformer
 	slices           resourcelisters.ResourceSliceLister
 
 	startOnce sync.Once
 	startErr  error
+
+	mu       sync.Mutex
+	reported map[string]bool // problems logged, so that each is logged once while it lasts
 }
 
-// New returns the Index of nodeName's devices of driver whose attribute uuidAttribute (bare or
-// qualified with the driver's name) carries the GPU UUID. Nothing runs until Start.
+// New returns the Index of nodeName's devices of driver, with uuidAttribute carrying the GPU
+// UUID and the default names for the other attributes. Nothing runs until Start.
 func New(client kubernetes.Interface, nodeName, driver, uuidAttribute string) *Index {
+	return NewWithAttributes(client, nodeName, driver, Attributes{UUID: uuidAttribute})
+}
+
+// NewWithAttributes returns the Index of nodeName's devices of driver, tied to GPUs by attrs
+// (empty names take the defaults; see Attributes.Validate). Nothing runs until Start.
+func NewWithAttributes(client kubernetes.Interface, nodeName, driver string, attrs Attributes) *Index {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.AndSelectors(
@@ -47,10 +59,13 @@ func New(client kubernetes.Interface, nodeName, driver, uuidAttribute string) *I
 		}))
 	inf := factory.Resource().V1().ResourceSlices()
 	return &Index{
-		nodeName: nodeName, driver: driver, factory: factory, informer: inf.Informer(), slices: inf.Lister(),
-		bare: resourceapi.QualifiedName(uuidAttribute), qualified: resourceapi.QualifiedName(driver + "/" + uuidAttribute),
+		nodeName: nodeName, driver: driver, attrs: attrs.WithDefaults(),
+		factory: factory, informer: inf.Informer(), slices: inf.Lister(), reported: map[string]bool{},
 	}
 }
+
+// Attributes returns the attribute names the index matches by.
+func (ix *Index) Attributes() Attributes { return ix.attrs }
 
 // OnChange calls f for every change to the node's slices (a driver may publish them after the
 // agent starts).
@@ -74,10 +89,18 @@ func (ix *Index) Start(ctx context.Context) error {
 }
 
 // Attach is how a reporter gets its devices: the agent's shared Index ix, or a new one of its own
-// when ix is nil, with onChange registered and the cache filled.
-func Attach(ctx context.Context, ix *Index, client kubernetes.Interface, nodeName, driver, uuidAttribute string, onChange func()) (*Index, error) {
+// when ix is nil, with onChange registered and the cache filled. attrs (empty names take the
+// defaults) must be valid and, for a shared index, the ones it matches by.
+func Attach(ctx context.Context, ix *Index, client kubernetes.Interface, nodeName, driver string, attrs Attributes, onChange func()) (*Index, error) {
+	attrs = attrs.WithDefaults()
+	if err := attrs.Validate(); err != nil {
+		return nil, fmt.Errorf("DRA device attributes: %w", err)
+	}
 	if ix == nil {
-		ix = New(client, nodeName, driver, uuidAttribute)
+		ix = NewWithAttributes(client, nodeName, driver, attrs)
+	}
+	if ix.attrs != attrs {
+		return nil, fmt.Errorf("the shared device index matches by %+v, not by the configured %+v", ix.attrs, attrs)
 	}
 	if err := ix.OnChange(onChange); err != nil {
 		return nil, err
@@ -100,39 +123,30 @@ func OnAnyChange(f func()) cache.ResourceEventHandlerFuncs {
 	}
 }
 
-// Visit calls f for every device of the node and driver that carries a GPU UUID (lower case).
-func (ix *Index) Visit(f func(uuid string, d Device)) error {
+// Catalog reads the node's devices as the cache has them now. Each problem with the slices (see
+// NewCatalog) is logged once while it lasts, however many reporters ask.
+func (ix *Index) Catalog(ctx context.Context) (*Catalog, error) {
 	list, err := ix.slices.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("list ResourceSlices: %w", err)
+		return nil, fmt.Errorf("list ResourceSlices: %w", err)
 	}
-	for _, slice := range list {
-		if slice.Spec.Driver != ix.driver || slice.Spec.NodeName == nil || *slice.Spec.NodeName != ix.nodeName {
-			continue
-		}
-		for _, dev := range slice.Spec.Devices {
-			attr, ok := dev.Attributes[ix.bare]
-			if !ok {
-				attr, ok = dev.Attributes[ix.qualified]
-			}
-			if ok && attr.StringValue != nil {
-				f(strings.ToLower(*attr.StringValue), Device{Pool: slice.Spec.Pool.Name, Name: dev.Name})
-			}
-		}
-	}
-	return nil
+	c, problems := NewCatalog(list, ix.nodeName, ix.driver, ix.attrs)
+	ix.report(ctx, problems)
+	return c, nil
 }
 
-// ByUUID returns the devices of each GPU UUID (lower case).
-func (ix *Index) ByUUID() (map[string][]Device, error) {
-	out := map[string][]Device{}
-	err := ix.Visit(func(uuid string, d Device) { out[uuid] = append(out[uuid], d) })
-	return out, err
-}
-
-// UUIDs returns the GPU UUID (lower case) of each device.
-func (ix *Index) UUIDs() (map[Device]string, error) {
-	out := map[Device]string{}
-	err := ix.Visit(func(uuid string, d Device) { out[d] = uuid })
-	return out, err
+func (ix *Index) report(ctx context.Context, problems []Problem) {
+	logger := klog.FromContext(ctx)
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	now := make(map[string]bool, len(problems))
+	for _, p := range problems {
+		key := p.String()
+		now[key] = true
+		if !ix.reported[key] {
+			logger.Info("ResourceSlice problem: a GPU fault may not reach this DRA device as published",
+				"driver", ix.driver, "pool", p.Pool, "device", p.Device, "attribute", p.Attribute, "problem", p.What)
+		}
+	}
+	ix.reported = now
 }

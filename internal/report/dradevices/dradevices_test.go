@@ -1,15 +1,23 @@
 package dradevices_test
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/go-logr/logr/funcr"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
+
+type attrs = map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 
 func slice(name, node, driver string, devices ...resourceapi.Device) *resourceapi.ResourceSlice {
 	return &resourceapi.ResourceSlice{
@@ -19,37 +27,116 @@ func slice(name, node, driver string, devices ...resourceapi.Device) *resourceap
 	}
 }
 
-func dev(name string, attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) resourceapi.Device {
-	return resourceapi.Device{Name: name, Attributes: attrs}
+func dev(name string, a attrs) resourceapi.Device {
+	return resourceapi.Device{Name: name, Attributes: a}
+}
+
+func str(s string) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{StringValue: ptr.To(s)}
 }
 
 func TestIndexFindsGPUsByBareAndQualifiedUUIDs(t *testing.T) {
 	client := fake.NewClientset(
 		slice("a", "n1", "gpu.nvidia.com",
-			dev("gpu-0", map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": {StringValue: ptr.To("GPU-A")}}),
-			dev("gpu-1", map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"gpu.nvidia.com/uuid": {StringValue: ptr.To("GPU-B")}}),
-			dev("nic-0", map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"mac": {StringValue: ptr.To("aa")}}),
-			dev("gpu-2", map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": {IntValue: ptr.To[int64](3)}}),
+			dev("gpu-0", attrs{"uuid": str("GPU-A")}),
+			dev("gpu-1", attrs{"gpu.nvidia.com/uuid": str("GPU-B")}),
 		),
-		slice("b", "n2", "gpu.nvidia.com", dev("gpu-0", map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": {StringValue: ptr.To("GPU-C")}})),
-		slice("c", "n1", "other.driver", dev("gpu-0", map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"uuid": {StringValue: ptr.To("GPU-D")}})),
+		slice("b", "n2", "gpu.nvidia.com", dev("gpu-0", attrs{"uuid": str("GPU-C")})),
+		slice("c", "n1", "other.driver", dev("gpu-0", attrs{"uuid": str("GPU-D")})),
 	)
 	ix := dradevices.New(client, "n1", "gpu.nvidia.com", "uuid")
 	if err := ix.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	byUUID, err := ix.ByUUID()
+	c, err := ix.Catalog(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(byUUID) != 2 || byUUID["gpu-a"][0] != (dradevices.Device{Pool: "n1", Name: "gpu-0"}) || byUUID["gpu-b"][0].Name != "gpu-1" {
-		t.Errorf("ByUUID = %v, want GPU-A and GPU-B of n1's gpu.nvidia.com slice only", byUUID)
+	for uuid, want := range map[string]string{"GPU-A": "gpu-0", "gpu-b": "gpu-1", "GPU-C": "", "GPU-D": ""} {
+		got := c.Targets(health.Device{UUID: uuid})
+		if want == "" && len(got) != 0 || want != "" && (len(got) != 1 || got[0] != dradevices.Target{Device: dradevices.Device{Pool: "n1", Name: want}, Own: true}) {
+			t.Errorf("Targets(%s) = %v, want %q of n1's gpu.nvidia.com slice only", uuid, got, want)
+		}
 	}
-	uuids, err := ix.UUIDs()
-	if err != nil {
+	if !c.Known(dradevices.Device{Pool: "n1", Name: "gpu-1"}) || c.Known(dradevices.Device{Pool: "n2", Name: "gpu-0"}) {
+		t.Error("Known is wrong about n1/gpu-1 or n2/gpu-0")
+	}
+}
+
+// TestEachProblemIsLoggedOnceWhileItLasts: every Sync of every reporter reads a catalog; a
+// broken slice must not flood the log, yet a problem that goes away and comes back is logged
+// again.
+func TestEachProblemIsLoggedOnceWhileItLasts(t *testing.T) {
+	var lines []string
+	ctx := klog.NewContext(context.Background(), funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{}))
+	broken := slice("a", "n1", "gpu.nvidia.com", dev("gpu-0", attrs{"uuid": {IntValue: ptr.To[int64](3)}}))
+	client := fake.NewClientset(broken)
+	ix := dradevices.New(client, "n1", "gpu.nvidia.com", "uuid")
+	if err := ix.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if uuids[dradevices.Device{Pool: "n1", Name: "gpu-1"}] != "gpu-b" || len(uuids) != 2 {
-		t.Errorf("UUIDs = %v", uuids)
+	for range 3 {
+		if _, err := ix.Catalog(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(lines) != 1 || !strings.Contains(lines[0], "is not a string") || !strings.Contains(lines[0], `"device"="gpu-0"`) {
+		t.Fatalf("log = %q, want one line naming gpu-0 and the problem", lines)
+	}
+
+	fixed := broken.DeepCopy()
+	fixed.Spec.Devices[0].Attributes["uuid"] = str("GPU-A")
+	if _, err := client.ResourceV1().ResourceSlices().Update(t.Context(), fixed, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pollCatalog(ctx, t, ix, true)
+	if _, err := client.ResourceV1().ResourceSlices().Update(t.Context(), broken, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pollCatalog(ctx, t, ix, false)
+	if len(lines) != 2 {
+		t.Errorf("log = %q, want the problem logged again after it came back", lines)
+	}
+}
+
+// pollCatalog waits until the index's cache has GPU-A matched (or not).
+func pollCatalog(ctx context.Context, t *testing.T, ix *dradevices.Index, matched bool) {
+	t.Helper()
+	for range 500 {
+		c, err := ix.Catalog(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (len(c.Targets(health.Device{UUID: "GPU-A"})) > 0) == matched {
+			return
+		}
+		select {
+		case <-t.Context().Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatalf("the cache never saw GPU-A matched=%v", matched)
+}
+
+func TestAttachChecksTheAttributes(t *testing.T) {
+	client := fake.NewClientset()
+	shared := dradevices.New(client, "n1", "gpu.nvidia.com", "uuid")
+	for _, tc := range []struct {
+		name  string
+		ix    *dradevices.Index
+		attrs dradevices.Attributes
+		err   string
+	}{
+		{"defaults fill empty names", shared, dradevices.Attributes{}, ""},
+		{"a malformed name", nil, dradevices.Attributes{ParentUUID: "parent uuid"}, "parentUUIDAttribute"},
+		{"the shared index matches by other names", shared, dradevices.Attributes{PCIBusID: "example.com/bus"}, "shared device index"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := dradevices.Attach(t.Context(), tc.ix, client, "n1", "gpu.nvidia.com", tc.attrs, func() {})
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("Attach = %v, want error containing %q", err, tc.err)
+			}
+		})
 	}
 }

@@ -28,10 +28,15 @@ func KnownReporters() []string { return append(AllReporters(), ReporterHAMi) }
 
 // Defaults of the agent section.
 const (
-	DefaultDriverName     = "gpu.nvidia.com"
-	DefaultUUIDAttribute  = "uuid"
-	DefaultCheckpointPath = "/var/lib/gpuhealth/checkpoint.json"
-	DefaultResync         = 5 * time.Minute
+	DefaultDriverName    = "gpu.nvidia.com"
+	DefaultUUIDAttribute = "uuid"
+	// DefaultParentUUIDAttribute holds, on MIG devices and DynamicMIG partitions, their GPU's UUID.
+	DefaultParentUUIDAttribute = "parentUUID"
+	// DefaultPCIBusIDAttribute holds a device's PCI address (the standard attribute NVIDIA's
+	// driver sets on GPUs, MIG devices and VFIO passthrough devices).
+	DefaultPCIBusIDAttribute = "resource.kubernetes.io/pciBusID"
+	DefaultCheckpointPath    = "/var/lib/gpuhealth/checkpoint.json"
+	DefaultResync            = 5 * time.Minute
 )
 
 // AgentConfig is the `agent` section: how `gpuhealth agent` reports. It is plain data so that
@@ -44,6 +49,12 @@ type AgentConfig struct {
 	DriverName string `yaml:"driverName,omitempty" json:"driverName,omitempty"`
 	// UUIDAttribute is the DRA device attribute holding the GPU UUID (default uuid).
 	UUIDAttribute string `yaml:"uuidAttribute,omitempty" json:"uuidAttribute,omitempty"`
+	// ParentUUIDAttribute is the attribute of MIG devices and DynamicMIG partitions holding their
+	// GPU's UUID (default parentUUID): a GPU's fault taints them all.
+	ParentUUIDAttribute string `yaml:"parentUUIDAttribute,omitempty" json:"parentUUIDAttribute,omitempty"`
+	// PCIBusIDAttribute is the attribute holding a device's PCI address (default
+	// resource.kubernetes.io/pciBusID): a GPU's fault taints its VFIO passthrough device by it.
+	PCIBusIDAttribute string `yaml:"pciBusIDAttribute,omitempty" json:"pciBusIDAttribute,omitempty"`
 	// NoExecute lets conditions that ask for eviction taint DRA devices NoExecute (default
 	// false: evicting running work is opt-in).
 	NoExecute bool `yaml:"noExecute,omitempty" json:"noExecute,omitempty"`
@@ -85,6 +96,12 @@ func (a AgentConfig) WithDefaults() AgentConfig {
 	if a.UUIDAttribute == "" {
 		a.UUIDAttribute = DefaultUUIDAttribute
 	}
+	if a.ParentUUIDAttribute == "" {
+		a.ParentUUIDAttribute = DefaultParentUUIDAttribute
+	}
+	if a.PCIBusIDAttribute == "" {
+		a.PCIBusIDAttribute = DefaultPCIBusIDAttribute
+	}
 	if a.CheckpointPath == "" {
 		a.CheckpointPath = DefaultCheckpointPath
 	}
@@ -110,6 +127,11 @@ func (a AgentConfig) validate(bad func(path, format string, args ...any)) {
 		if !slices.Contains(KnownReporters(), r) {
 			bad(fmt.Sprintf("agent.reporters[%d]", i), "unknown reporter %q (want one of %v)", r, KnownReporters())
 		}
+	}
+	attrs := a.WithDefaults()
+	if attrs.UUIDAttribute == attrs.ParentUUIDAttribute || attrs.UUIDAttribute == attrs.PCIBusIDAttribute || attrs.ParentUUIDAttribute == attrs.PCIBusIDAttribute {
+		bad("agent", "uuidAttribute (%q), parentUUIDAttribute (%q) and pciBusIDAttribute (%q) must differ",
+			attrs.UUIDAttribute, attrs.ParentUUIDAttribute, attrs.PCIBusIDAttribute)
 	}
 	if a.Resync != nil && time.Duration(*a.Resync) < time.Second {
 		bad("agent.resync", "must be at least 1s, got %v", time.Duration(*a.Resync))

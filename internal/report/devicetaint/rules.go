@@ -1,0 +1,123 @@
+package devicetaint
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"slices"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// desiredRules returns the rules this node should have for snap: one per DRA device that a GPU
+// or MIG device which is not Healthy applies to (see dradevices.Catalog.Assign). The rule of a
+// device's own GPU or MIG device is named RuleName(uuid); a device reached through its parent
+// GPU or PCI address (a MIG partition, a VFIO device) gets the device's name after that. Names
+// depend only on the devices, never on the order the cache lists them in, so an unchanged state
+// never rewrites a rule.
+func (s *Syncer) desiredRules(ctx context.Context, snap health.Snapshot, catalog *dradevices.Catalog) map[string]*resourceapi.DeviceTaintRule {
+	assigned, unmatched := catalog.Assign(snap)
+	s.reportUnmatched(ctx, snap, unmatched)
+	devs := slices.SortedFunc(maps.Keys(assigned), func(a, b dradevices.Device) int {
+		if oa, ob := assigned[a].Own, assigned[b].Own; oa != ob {
+			if oa {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(strings.Compare(a.Pool, b.Pool), strings.Compare(a.Name, b.Name))
+	})
+	desired := make(map[string]*resourceapi.DeviceTaintRule, len(devs))
+	for _, dev := range devs {
+		a := assigned[dev]
+		name := RuleName(a.Status.Device.UUID)
+		if _, taken := desired[name]; !a.Own || taken {
+			name = deviceRuleName(name, dev, s.nodeName)
+		}
+		if _, taken := desired[name]; taken {
+			continue // cannot happen with valid device names; the first device keeps the name
+		}
+		desired[name] = s.rule(name, a.Status, dev)
+	}
+	return desired
+}
+
+// deviceRuleName is base followed by the device's name, and its pool's when that is not the
+// node's. Device names are DNS labels; a pool name may hold characters a rule name cannot, so
+// a hash of it keeps two pools apart.
+func deviceRuleName(base string, dev dradevices.Device, node string) string {
+	name := base + "-" + dev.Name
+	if dev.Pool != node {
+		name = base + "-" + strings.Trim(invalidName.ReplaceAllString(strings.ToLower(dev.Pool), "-"), "-") + "-" + dev.Name + "-" + hash(dev.Pool)
+	}
+	if len(name) > validation.DNS1123SubdomainMaxLength || len(validation.IsDNS1123Subdomain(name)) > 0 {
+		name = base + "-" + hash(dev.Pool+"/"+dev.Name)
+	}
+	return name
+}
+
+func hash(s string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return fmt.Sprintf("%08x", h.Sum32())
+}
+
+// reportUnmatched calls Options.Unmatched, once per device and state, for the devices that are
+// not Healthy and have no DRA device to taint, and logs why.
+func (s *Syncer) reportUnmatched(ctx context.Context, snap health.Snapshot, unmatched []health.DeviceStatus) {
+	logger := klog.FromContext(ctx)
+	none := make(map[string]bool, len(unmatched))
+	for _, d := range unmatched {
+		none[d.Device.UUID] = true
+	}
+	for _, d := range snap.Devices {
+		uuid := d.Device.UUID
+		if d.Health == health.Healthy || !none[uuid] {
+			delete(s.reported, uuid)
+			continue
+		}
+		if prev, ok := s.reported[uuid]; ok && prev == d.Health {
+			continue
+		}
+		s.reported[uuid] = d.Health
+		why := fmt.Sprintf("no device of driver %s on this node carries %s=%s", s.opts.Driver, s.opts.UUIDAttribute, uuid)
+		if d.Device.MIG != nil {
+			why += " (dynamic MIG partitions carry no MIG UUID, so the slices do not say which partition a MIG instance is)"
+		} else {
+			why += fmt.Sprintf(", %s=%s or %s=%s", s.opts.ParentUUIDAttribute, uuid, s.opts.PCIBusIDAttribute, d.Device.PCIBusID)
+		}
+		logger.Info("GPU is not Healthy but has no DRA device to taint", "gpu", uuid, "index", d.Device.Index, "health", d.Health, "reason", why)
+		if s.opts.Unmatched != nil {
+			s.opts.Unmatched(d)
+		}
+	}
+}
+
+func (s *Syncer) rule(name string, d health.DeviceStatus, t dradevices.Device) *resourceapi.DeviceTaintRule {
+	key, value := Taint(d)
+	driver, pool, device := s.opts.Driver, t.Pool, t.Name
+	return &resourceapi.DeviceTaintRule{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name,
+			Labels: map[string]string{
+				NodeLabel:      s.nodeName,
+				UUIDLabel:      labelValue(d.Device.UUID),
+				ManagedByLabel: ManagedBy,
+			},
+			OwnerReferences: []metav1.OwnerReference{*s.nodeRef},
+		},
+		Spec: resourceapi.DeviceTaintRuleSpec{
+			DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: &driver, Pool: &pool, Device: &device},
+			Taint:          resourceapi.DeviceTaint{Key: key, Value: value, Effect: Effect(d, s.opts.NoExecute)},
+		},
+	}
+}

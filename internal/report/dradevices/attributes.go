@@ -1,0 +1,128 @@
+package dradevices
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Default attribute names: those NVIDIA's DRA driver (gpu.nvidia.com) publishes. The driver sets
+// uuid on whole GPUs, static MIG devices and VFIO devices, parentUUID on static and dynamic MIG
+// devices, and the Kubernetes standard attribute resource.kubernetes.io/pciBusID on every device
+// of a physical GPU (see docs/dra-devices.md).
+const (
+	DefaultUUIDAttribute       = "uuid"
+	DefaultParentUUIDAttribute = "parentUUID"
+	DefaultPCIBusIDAttribute   = "resource.kubernetes.io/pciBusID"
+)
+
+// Attributes names the device attributes that tie a DRA device to a GPU. A name without a
+// domain matches as written and qualified with the driver's name (the NVIDIA driver publishes
+// "uuid", which CEL reads as device.attributes["gpu.nvidia.com"].uuid).
+type Attributes struct {
+	// UUID carries the UUID of the GPU or MIG device that the DRA device is.
+	UUID string
+	// ParentUUID carries the UUID of the physical GPU that a MIG device or MIG partition belongs
+	// to. A fault of the whole GPU taints every device that names it here.
+	ParentUUID string
+	// PCIBusID carries the PCI address of the physical GPU ("0000:3b:00.0"). A fault of the whole
+	// GPU taints every device at that address, such as a VFIO passthrough device, whose uuid is
+	// not the GPU's.
+	PCIBusID string
+}
+
+// DefaultAttributes returns the NVIDIA driver's attribute names.
+func DefaultAttributes() Attributes {
+	return Attributes{UUID: DefaultUUIDAttribute, ParentUUID: DefaultParentUUIDAttribute, PCIBusID: DefaultPCIBusIDAttribute}
+}
+
+// WithDefaults returns a copy with the default name in place of every empty one.
+func (a Attributes) WithDefaults() Attributes {
+	d := DefaultAttributes()
+	if a.UUID == "" {
+		a.UUID = d.UUID
+	}
+	if a.ParentUUID == "" {
+		a.ParentUUID = d.ParentUUID
+	}
+	if a.PCIBusID == "" {
+		a.PCIBusID = d.PCIBusID
+	}
+	return a
+}
+
+// Validate reports an empty, malformed or repeated name. Names follow the rules of a DRA
+// attribute name: a C identifier of at most 32 characters, optionally after a DNS subdomain and
+// a slash.
+func (a Attributes) Validate() error {
+	var errs []error
+	seen := map[string]string{}
+	for _, f := range []struct{ field, name string }{
+		{"uuidAttribute", a.UUID}, {"parentUUIDAttribute", a.ParentUUID}, {"pciBusIDAttribute", a.PCIBusID},
+	} {
+		if err := validateName(f.name); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f.field, err))
+			continue
+		}
+		if other, dup := seen[f.name]; dup {
+			errs = append(errs, fmt.Errorf("%s: %q is already %s; each attribute must have its own name", f.field, f.name, other))
+		}
+		seen[f.name] = f.field
+	}
+	return errors.Join(errs...)
+}
+
+var cIdentifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func validateName(name string) error {
+	if name == "" {
+		return errors.New("must not be empty")
+	}
+	domain, id, qualified := strings.Cut(name, "/")
+	if !qualified {
+		domain, id = "", name
+	}
+	if qualified {
+		if msgs := validation.IsDNS1123Subdomain(domain); len(msgs) > 0 || len(domain) > resourceapi.DeviceMaxDomainLength {
+			return fmt.Errorf("%q: the domain must be a DNS subdomain of at most %d characters", name, resourceapi.DeviceMaxDomainLength)
+		}
+	}
+	if !cIdentifier.MatchString(id) || len(id) > resourceapi.DeviceMaxIDLength {
+		return fmt.Errorf("%q: the name must be a C identifier of at most %d characters", name, resourceapi.DeviceMaxIDLength)
+	}
+	return nil
+}
+
+// NormalizePCIBusID returns a PCI address in the extended BDF form of the Kubernetes standard
+// attribute ("0000:3b:00.0"). It accepts NVML's form ("00000000:3B:00.0") and a short one
+// without domain ("3b:00.0").
+func NormalizePCIBusID(s string) (string, error) {
+	parts := strings.Split(strings.TrimSpace(s), ":")
+	if len(parts) == 2 {
+		parts = append([]string{"0"}, parts...)
+	}
+	if len(parts) != 3 {
+		return "", fmt.Errorf("PCI address %q: want domain:bus:device.function", s)
+	}
+	devStr, fnStr, ok := strings.Cut(parts[2], ".")
+	if !ok {
+		return "", fmt.Errorf("PCI address %q: want domain:bus:device.function", s)
+	}
+	var v [4]uint64
+	for i, f := range []struct {
+		text string
+		bits int
+	}{{parts[0], 32}, {parts[1], 8}, {devStr, 5}, {fnStr, 3}} {
+		n, err := strconv.ParseUint(f.text, 16, f.bits)
+		if err != nil || f.text == "" || len(f.text) > 8 {
+			return "", fmt.Errorf("PCI address %q: %q is not a hexadecimal number of at most %d bits", s, f.text, f.bits)
+		}
+		v[i] = n
+	}
+	return fmt.Sprintf("%04x:%02x:%02x.%x", v[0], v[1], v[2], v[3]), nil
+}
