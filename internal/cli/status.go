@@ -24,6 +24,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // GPUStatus is one row of `gpuhealth status`. Its JSON form is a contract:
@@ -43,18 +44,23 @@ type GPUStatus struct {
 	PCIBusID    string     `json:"pciBusID,omitempty"`
 	Evict       bool       `json:"evict,omitempty"`
 	ParentUUID  string     `json:"parentUUID,omitempty"`
+	// ExternalTaints are taints other writers put on the GPU's DRA devices (the driver's own, other
+	// DeviceTaintRules); each key also shows in Reasons as "external:<key>".
+	ExternalTaints []ExternalTaint `json:"externalTaints,omitempty"`
 }
 
 func newStatusCommand() *cobra.Command {
-	var kubeconfig, node, output string
+	var kubeconfig, node, output, driver string
 	var problems bool
 	cmd := &cobra.Command{
 		Use:   "status [--node NODE] [-o table|wide|json]",
 		Short: "Show the health of every GPU in the cluster",
 		Long: `status reads what the gpuhealth agents report on the Nodes (and the administrative drains) and
 prints one row per GPU: node, index, UUID, model, health, reasons, since when, and whether an
-administrator drained it. -o wide adds MIG instances, PCI bus IDs and drain details; -o json
-prints {"gpus": [...]}.`,
+administrator drained it. Taints that other writers put on a GPU's DRA devices (the DRA
+driver's own taints in its ResourceSlices, DeviceTaintRules that are not gpuhealth's) show as
+reasons "external:<key>": they keep the device out of scheduling whatever gpuhealth says.
+-o wide adds MIG instances, PCI bus IDs and drain details; -o json prints {"gpus": [...]}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "wide" && output != "json" {
@@ -82,9 +88,17 @@ prints {"gpus": [...]}.`,
 				}
 				nodes = list.Items
 			}
-			gpus := collectStatus(nodes, klog.FromContext(ctx))
+			logger := klog.FromContext(ctx)
+			gpus := collectStatus(nodes, logger)
+			if view, err := readDRAView(ctx, client, driver); err != nil {
+				logger.Info("Not showing other writers' DRA taints", "err", err)
+			} else {
+				view.addExternalTaints(gpus, logger)
+			}
 			if problems {
-				gpus = slices.DeleteFunc(gpus, func(g GPUStatus) bool { return g.Health == health.Healthy.String() && !g.Drained })
+				gpus = slices.DeleteFunc(gpus, func(g GPUStatus) bool {
+					return g.Health == health.Healthy.String() && !g.Drained && len(g.ExternalTaints) == 0
+				})
 			}
 			switch output {
 			case "json":
@@ -101,7 +115,8 @@ prints {"gpus": [...]}.`,
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
 	cmd.Flags().StringVar(&node, "node", "", "only this node")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, wide or json")
-	cmd.Flags().BoolVar(&problems, "problems", false, "only GPUs that are not Healthy or are drained")
+	cmd.Flags().BoolVar(&problems, "problems", false, "only GPUs that are not Healthy, are drained or carry other writers' taints")
+	cmd.Flags().StringVar(&driver, "driver-name", config.DefaultDriverName, "the DRA driver whose devices carry the GPUs")
 	return cmd
 }
 

@@ -63,10 +63,6 @@ func (l List) String() string { return strings.Join(slices.Concat(l.valid, l.oth
 // Invalid returns the entries the list's readers would not understand.
 func (l List) Invalid() []string { return slices.Clone(l.other) }
 
-func (f Format) without(l List, drop []string) List {
-	return List{valid: slices.DeleteFunc(slices.Clone(l.valid), func(e string) bool { return slices.Contains(drop, e) }), other: l.other}
-}
-
 func (f Format) with(l List, add []string) List {
 	out := List{valid: slices.Clone(l.valid), other: l.other}
 	for _, e := range add {
