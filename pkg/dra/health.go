@@ -112,8 +112,10 @@ func (h *HealthReporter) WatchHealthStatus(ctx context.Context, reports chan<- k
 
 	var snap health.Snapshot
 	have := false
+	// changed is taken together with the devices each report is built from: a SetDevices while a
+	// report is being sent closes the channel this loop waits on next, so no change is missed.
+	_, changed := h.state()
 	for {
-		_, changed := h.state()
 		select {
 		case <-ctx.Done():
 			return nil
@@ -126,11 +128,12 @@ func (h *HealthReporter) WatchHealthStatus(ctx context.Context, reports chan<- k
 		case <-changed:
 		case <-resend.C():
 		}
+		var devices map[string]DeviceID
+		devices, changed = h.state()
 		if !have {
 			// Nothing to say before the first snapshot (the subscription starts with one).
 			continue
 		}
-		devices, _ := h.state()
 		r := Report(snap, devices, h.opts.Clock.Now(), h.opts.HealthCheckTimeout)
 		select {
 		case <-ctx.Done():
