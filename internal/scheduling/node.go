@@ -1,6 +1,6 @@
 // Package scheduling is the placement logic of gpuhealth's scheduler extender: it reads the GPU
 // health the agent writes on a Node (the volcano.sh/gpu-unhealthy-ids, gpuhealth.dev/gpu-health
-// and gpuhealth.dev/gpu-drains annotations) and decides whether a pod's GPU request fits a node,
+// and gpuhealth.dev/gpu-drains annotations, and HAMi's hami.io/device-cordon) and decides whether a pod's GPU request fits a node,
 // which card a GPU-sharing pod should get, and how good a node is for it.
 //
 // Everything here is pure: no HTTP, no API client, no clock, no logging. Parsing never fails and
@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 )
 
 // Resource and annotation names of the device-plugin and Volcano GPU-sharing paths.
@@ -102,7 +103,8 @@ type NodeGPUs struct {
 // are skipped and described in the warnings, and the rest still count.
 //
 // A GPU is Unhealthy when volcano.sh/gpu-unhealthy-ids lists its index, when gpu-health says
-// Unhealthy, or when gpu-drains drains it; Degraded when gpu-health says Degraded (or a MIG
+// Unhealthy, when gpu-drains drains it, or when HAMi's hami.io/device-cordon lists its UUID (a
+// HAMi node: cordoned by an operator or by gpuhealth's hami reporter); Degraded when gpu-health says Degraded (or a MIG
 // instance on it is not Healthy) and it is not Unhealthy.
 func ParseNode(node *corev1.Node) (NodeGPUs, []string) {
 	var w warnings
@@ -136,6 +138,9 @@ func ParseNode(node *corev1.Node) (NodeGPUs, []string) {
 	}
 	if v, ok := ann[annotation.DrainsKey]; ok {
 		parseDrains(v, n.GPUs, uuids, &w)
+	}
+	if v, ok := ann[hami.CordonKey]; ok {
+		parseCordon(v, n.GPUs, uuids, &w)
 	}
 	for _, g := range n.GPUs {
 		switch g.Health {
@@ -319,6 +324,25 @@ func parseDrains(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 		if gpus[i].UUID == "" {
 			gpus[i].UUID = uuid
 		}
+	}
+}
+
+// parseCordon applies HAMi's cordon the way HAMi's scheduler reads it (split on commas, trim,
+// skip empty entries, match device IDs, which are GPU UUIDs). A UUID gpu-health does not list
+// cannot be placed and is reported.
+func parseCordon(v string, gpus []GPU, uuids map[string]int, w *warnings) {
+	key := hami.CordonKey
+	for entry := range strings.SplitSeq(v, ",") {
+		uuid := strings.TrimSpace(entry)
+		if uuid == "" {
+			continue
+		}
+		i, ok := uuids[uuid]
+		if !ok {
+			w.add(key, "GPU %s is not listed in %s: ignored", short(uuid), annotation.HealthKey)
+			continue
+		}
+		worsen(&gpus[i], Unhealthy)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 )
 
 // gpuNode returns a node with n whole GPUs and the given annotations.
@@ -122,6 +123,16 @@ func TestParseNode(t *testing.T) {
 			want:         ".U",
 			wantWarnings: maxWarnings + 1,
 			wantWarning:  "more entries ignored",
+		},
+		{
+			name: "a HAMi node: the cordon takes GPUs out by UUID; unknown UUIDs are reported",
+			node: gpuNode("n", 4, map[string]string{
+				annotation.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
+				hami.CordonKey:       " " + uuid(2) + ", ,GPU-not-here",
+			}),
+			want:         "..U.",
+			wantWarnings: 1,
+			wantWarning:  `GPU "GPU-not-here" is not listed`,
 		},
 		{
 			name: "gpu-health alone",

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 )
 
 func qty(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
@@ -145,6 +146,14 @@ func TestPlaceWholeGPUs(t *testing.T) {
 			name: "drained GPUs do not count",
 			node: gpuNode("n", 4, map[string]string{annotation.DrainsKey: drainsJSON(t, map[string]int{"GPU-a": 0, "GPU-b": 1, "GPU-c": 2})}),
 			want: 2, reason: "2 requested, 1 free (3 unhealthy or drained",
+		},
+		{
+			name: "a HAMi node: GPUs cordoned in hami.io/device-cordon do not count",
+			node: gpuNode("n", 4, map[string]string{
+				annotation.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
+				hami.CordonKey:       uuid(1) + "," + uuid(3),
+			}),
+			want: 3, reason: "3 requested, 2 free (2 unhealthy or drained, 0 in use)",
 		},
 		{
 			name: "Degraded GPUs fit but halve the score",

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 )
 
@@ -254,7 +255,7 @@ func trimNode(obj any) (any, error) {
 	}
 	out := &corev1.Node{}
 	out.Name, out.UID, out.ResourceVersion = n.Name, n.UID, n.ResourceVersion
-	for _, key := range []string{annotation.UnhealthyIDsKey, annotation.HealthKey, annotation.DrainsKey} {
+	for _, key := range []string{annotation.UnhealthyIDsKey, annotation.HealthKey, annotation.DrainsKey, hami.CordonKey} {
 		if v, ok := n.Annotations[key]; ok {
 			if out.Annotations == nil {
 				out.Annotations = map[string]string{}
