@@ -3,8 +3,6 @@ package nvml
 import (
 	"fmt"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -13,10 +11,10 @@ import (
 
 // emitBroken reports the GPU as broken when the reading ended because it is; it reports whether
 // it did.
-func emitBroken(r Readings, base health.Signal, sink Sink) bool {
+func (b *Backend) emitBroken(g *gpu, r Readings, base health.Signal, sink Sink) bool {
 	kind, ok := r.fault()
 	if ok {
-		sink.Signal(with(base, kind))
+		b.reportBroken(g, kind, base.Time, sink)
 	}
 	return ok
 }
@@ -26,7 +24,7 @@ func (b *Backend) emitRecoveryAction(g *gpu, base health.Signal, sink Sink) {
 	var r Readings
 	action, ok, _ := b.recoveryAction(g, reader{&r})
 	switch {
-	case emitBroken(r, base, sink):
+	case b.emitBroken(g, r, base, sink):
 	case ok:
 		s := with(base, health.SignalRecoveryAction)
 		s.Action = action
@@ -42,7 +40,7 @@ func (b *Backend) emitECCAfterEvent(g *gpu, doubleBit bool, base health.Signal, 
 	var r Readings
 	_ = b.readECC(g, reader{&r})
 	switch {
-	case emitBroken(r, base, sink):
+	case b.emitBroken(g, r, base, sink):
 	case r.ECC != nil:
 		e := *r.ECC
 		if doubleBit {
@@ -62,23 +60,26 @@ func (b *Backend) emitECCAfterEvent(g *gpu, doubleBit bool, base health.Signal, 
 	}
 }
 
-// emitRetirementAfterEvent reads the row remapper (or, on older GPUs, page retirement) after a
-// DRAM retirement event. When neither can be read, the event itself is reported: a pending
-// retirement, or a remap failure.
+// emitRetirementAfterEvent reads the row remapper (or, on GPUs before Ampere, page retirement)
+// after a DRAM retirement event. Ampere and later do not retire pages, so their event never
+// falls back to them. When nothing can be read (MIG mode, a failed reading), the event itself is
+// reported: a pending retirement on an older GPU, a pending row remap on a newer one, or a
+// remap failure.
 func (b *Backend) emitRetirementAfterEvent(g *gpu, failure bool, base health.Signal, sink Sink) {
 	var r Readings
 	rd := reader{&r}
 	_ = b.readRemappedRows(g, rd)
-	if !failure && r.RemappedRows == nil && !r.Lost && !r.ResetRequired {
+	pages := !failure && !g.rowRemapper && r.RemappedRows == nil && !r.Lost && !r.ResetRequired
+	if pages {
 		_ = b.readRetiredPages(g, rd)
 	}
 	switch {
-	case emitBroken(r, base, sink):
+	case b.emitBroken(g, r, base, sink):
 	case r.RemappedRows != nil:
 		s := with(base, health.SignalRemappedRows)
 		s.Pending, s.Failure = r.RemappedRows.Pending, r.RemappedRows.Failure || failure
 		sink.Signal(s)
-	case !failure:
+	case pages:
 		b.countReadErrors(g, r)
 		s := with(base, health.SignalRetiredPages)
 		s.Pending = r.RetiredPagesPending == nil || *r.RetiredPagesPending
@@ -86,7 +87,7 @@ func (b *Backend) emitRetirementAfterEvent(g *gpu, failure bool, base health.Sig
 	default:
 		b.countReadErrors(g, r)
 		s := with(base, health.SignalRemappedRows)
-		s.Failure = true
+		s.Pending, s.Failure = !failure, failure
 		sink.Signal(s)
 	}
 }
@@ -97,13 +98,4 @@ func (b *Backend) countReadErrors(g *gpu, r Readings) {
 	}
 	b.stats.add(func(s *Stats) { s.SampleErrors += uint64(len(r.Errors)) })
 	b.log.Info("reading after an event failed", "gpu", g.dev.UUID, "errors", fmt.Sprint(r.Errors))
-}
-
-// unattributedFault is the signal for a GPU that no longer answers GetUUID: lost, unless NVML
-// says it needs a reset.
-func unattributedFault(ret nvml.Return) health.SignalKind {
-	if kind, ok := faultOf(ret); ok {
-		return kind
-	}
-	return health.SignalLost
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -19,6 +20,8 @@ const (
 	DefaultEventWait      = time.Second
 	DefaultBackoffInitial = 100 * time.Millisecond
 	DefaultBackoffMax     = 30 * time.Second
+	DefaultStartAttempts  = 5
+	DefaultStartBackoff   = time.Second
 )
 
 // Sink receives what the backend learns. *health.Monitor satisfies it.
@@ -36,6 +39,8 @@ type options struct {
 	eventWait      time.Duration
 	backoffInitial time.Duration
 	backoffMax     time.Duration
+	startAttempts  int
+	startBackoff   time.Duration
 	clock          clock.Clock
 	logger         logr.Logger
 }
@@ -54,6 +59,14 @@ func WithEventWait(d time.Duration) Option { return func(o *options) { o.eventWa
 // with anything but a timeout (defaults DefaultBackoffInitial, DefaultBackoffMax).
 func WithWaitBackoff(initial, maxDelay time.Duration) Option {
 	return func(o *options) { o.backoffInitial, o.backoffMax = initial, maxDelay }
+}
+
+// WithStartRetries sets how often Run tries to create the event set and register the GPUs on it
+// before it gives up, and the first delay between tries, which doubles up to the largest wait
+// backoff (defaults DefaultStartAttempts, DefaultStartBackoff). The node may still be
+// initialising when the agent starts.
+func WithStartRetries(attempts int, initial time.Duration) Option {
+	return func(o *options) { o.startAttempts, o.startBackoff = attempts, initial }
 }
 
 // WithClock sets the clock that times signals, sampling rounds and backoff (default the real one).
@@ -90,12 +103,19 @@ type gpu struct {
 	migs   []health.Device
 
 	// mu serialises reads that compare with the previous reading (ECC totals) and the lazily
-	// discovered NVLink set, between the sampler and the event loop.
-	mu           sync.Mutex
-	ecc          eccTotals
-	eccValid     bool
-	links        []int
-	linksScanned bool
+	// discovered NVLink set, between the sampler and the event loop. links are the NVLinks whose
+	// state counts (see trackedLinks); fabricPending is set while Fabric Manager has not
+	// finished with the GPU, and no link counts yet.
+	mu            sync.Mutex
+	ecc           eccTotals
+	eccValid      bool
+	links         []int
+	linksScanned  bool
+	fabricPending bool
+
+	// lost is set once the backend has reported the GPU lost: it is not registered on a new
+	// event set again.
+	lost atomic.Bool
 
 	// off names the readings not taken on this GPU and why: the driver lacks their functions,
 	// or ECC is off. fault is SignalLost or SignalResetRequired when NVML said so while Open
@@ -103,8 +123,11 @@ type gpu struct {
 	off   map[string]string
 	fault health.SignalKind
 	// eccDisabled is set when the GPU's ECC mode is off (or it has no ECC): its ECC events
-	// never come.
+	// never come. migEnabled is set when the GPU is in MIG mode. rowRemapper is set for an
+	// Ampere or later GPU, which remaps rows instead of retiring pages. All set by Open only.
 	eccDisabled bool
+	migEnabled  bool
+	rowRemapper bool
 }
 
 type eccTotals struct{ corrected, uncorrected uint64 }
@@ -112,11 +135,34 @@ type eccTotals struct{ corrected, uncorrected uint64 }
 // Open initialises NVML and takes the inventory. The caller owns the Backend and must Close it;
 // on error nothing is left open. Without an NVIDIA driver the error wraps ErrNoDriver.
 func Open(lib nvml.Interface, opts ...Option) (*Backend, error) {
+	o := newOptions(opts)
+	if lib == nil {
+		return nil, errors.New("nil NVML library")
+	}
+	if err := initError(lib.Init()); err != nil {
+		return nil, err
+	}
+	b := &Backend{lib: lib, opts: o, log: o.logger, sym: lookupSymbols(lib)}
+	b.eventsOff = b.sym.eventsMissing()
+	if err := b.inventory(); err != nil {
+		if serr := nvmlError("shutting NVML down", lib.Shutdown()); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		return nil, err
+	}
+	b.logOff()
+	return b, nil
+}
+
+// newOptions applies opts over the defaults; a value out of range keeps its default.
+func newOptions(opts []Option) options {
 	o := options{
 		samplePeriod:   DefaultSamplePeriod,
 		eventWait:      DefaultEventWait,
 		backoffInitial: DefaultBackoffInitial,
 		backoffMax:     DefaultBackoffMax,
+		startAttempts:  DefaultStartAttempts,
+		startBackoff:   DefaultStartBackoff,
 		clock:          clock.RealClock{},
 		logger:         logr.Discard(),
 	}
@@ -135,22 +181,13 @@ func Open(lib nvml.Interface, opts ...Option) (*Backend, error) {
 	if o.backoffMax < o.backoffInitial {
 		o.backoffMax = max(DefaultBackoffMax, o.backoffInitial)
 	}
-	if lib == nil {
-		return nil, errors.New("nil NVML library")
+	if o.startAttempts <= 0 {
+		o.startAttempts = DefaultStartAttempts
 	}
-	if err := initError(lib.Init()); err != nil {
-		return nil, err
+	if o.startBackoff <= 0 {
+		o.startBackoff = DefaultStartBackoff
 	}
-	b := &Backend{lib: lib, opts: o, log: o.logger, sym: lookupSymbols(lib)}
-	b.eventsOff = b.sym.eventsMissing()
-	if err := b.inventory(); err != nil {
-		if serr := nvmlError("shutting NVML down", lib.Shutdown()); serr != nil {
-			err = errors.Join(err, serr)
-		}
-		return nil, err
-	}
-	b.logOff()
-	return b, nil
+	return o
 }
 
 // Close shuts NVML down. It is safe to call more than once; Run must have returned.

@@ -1,6 +1,7 @@
 package nvml
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 
@@ -70,8 +71,39 @@ func (b *Backend) readECCMode(g *gpu) {
 	}
 }
 
+// readMIGLimits marks the memory checks that MIG mode stops. With MIG on, nvml.h has
+// nvmlDeviceGetRemappedRows answer NOT_SUPPORTED ("If MIG is enabled"), and volatile ECC counts
+// cannot be read through the GPU's handle (nvmlDeviceGetMemoryErrorCounter: "Querying volatile
+// errors using device handles is currently not supported"). Taken as "no data", they would
+// leave the GPU's memory looking healthy for as long as MIG is on; so each that answers so is
+// reported as not running, with MIG mode as the reason. Open asks once: MIG mode changes only
+// with a GPU reset, and the MIG inventory is taken once too.
+func (b *Backend) readMIGLimits(g *gpu) {
+	if !g.migEnabled {
+		return
+	}
+	if !g.isOff(ReadingRemappedRows) {
+		_, _, _, _, ret := g.handle.GetRemappedRows()
+		b.migLimit(g, ReadingRemappedRows, "nvmlDeviceGetRemappedRows", ret)
+	}
+	if !g.isOff(ReadingECC) {
+		_, ret := g.handle.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
+		b.migLimit(g, ReadingECC, "nvmlDeviceGetTotalEccErrors (volatile)", ret)
+	}
+}
+
+// migLimit turns a NOT_SUPPORTED answer of a reading on a GPU in MIG mode into a check that
+// does not run; any other answer leaves the reading to say for itself each round.
+func (b *Backend) migLimit(g *gpu, reading, call string, ret nvml.Return) {
+	if notSupported(ret) {
+		g.setOff(reading, fmt.Sprintf("MIG mode is on: %s answers ERROR_NOT_SUPPORTED", call))
+		return
+	}
+	g.noteFault(ret)
+}
+
 // logOff says once, at Open, which readings cannot be taken: the functions the driver lacks for
-// every GPU, then what each GPU cannot do on its own (ECC).
+// every GPU, then what each GPU cannot do on its own (ECC off, MIG mode).
 func (b *Backend) logOff() {
 	common := b.sym.readingsOff()
 	for _, r := range slices.Sorted(maps.Keys(common)) {
@@ -106,7 +138,7 @@ func (b *Backend) announce(sink Sink) {
 		}
 		if g.fault != 0 {
 			b.log.Info("GPU was broken when NVML was opened", "gpu", g.dev.UUID, "signal", g.fault)
-			sink.Signal(health.Signal{Kind: g.fault, Device: g.dev.UUID, Time: b.opts.clock.Now()})
+			b.reportBroken(g, g.fault, b.opts.clock.Now(), sink)
 		}
 	}
 }

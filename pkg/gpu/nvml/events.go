@@ -50,46 +50,14 @@ func EventNames(mask uint64) []string {
 
 // Run watches the GPUs until ctx ends: the event loop and the sampler, each in a goroutine that
 // Run owns and waits for. It returns nil when ctx ends and an error only when watching cannot
-// start (the event set cannot be created). The event set is freed before Run returns. Run may be
-// called once at a time.
+// start (no event set can be created, after the tries WithStartRetries sets). Every event set
+// is freed before Run returns. Run may be called once at a time.
 func (b *Backend) Run(ctx context.Context, sink Sink) error {
 	b.announce(sink)
-	set, ret := b.createEventSet()
-	switch {
-	case ret == nvml.SUCCESS:
-	case notSupported(ret):
-		// No events at all on this system: sample only, and say so.
-		b.log.Info("NVML events are not supported: every GPU is unmonitored for events")
-		for _, g := range b.gpus {
-			b.setUnmonitored(g, sink, true)
-		}
-		set = nil
-	default:
-		return nvmlError("creating the NVML event set", ret)
-	}
 	g, ctx := errgroup.WithContext(ctx)
-	if set != nil {
-		g.Go(func() error {
-			defer func() {
-				if ret := set.Free(); ret != nvml.SUCCESS {
-					b.log.Error(nvmlError("freeing the event set", ret), "leaking the NVML event set")
-				}
-			}()
-			b.register(set, sink)
-			return b.eventLoop(ctx, set, sink)
-		})
-	}
+	g.Go(func() error { return b.watchEvents(ctx, sink) })
 	g.Go(func() error { return b.sampleLoop(ctx, sink) })
 	return g.Wait()
-}
-
-// createEventSet creates the event set, unless the driver lacks the event functions: then it
-// answers FUNCTION_NOT_FOUND without calling any of them.
-func (b *Backend) createEventSet() (nvml.EventSet, nvml.Return) {
-	if b.eventsOff != "" {
-		return nil, nvml.ERROR_FUNCTION_NOT_FOUND
-	}
-	return b.lib.EventSetCreate()
 }
 
 // supportedEvents returns the watched event types a GPU supports, as Run registers them: not
@@ -106,97 +74,11 @@ func (b *Backend) supportedEvents(g *gpu) (uint64, nvml.Return) {
 	return mask, ret
 }
 
-// register registers every GPU's watched events on set. A GPU that supports none of them, or
-// refuses registration with NOT_SUPPORTED, is unmonitored: visible, not unhealthy.
-func (b *Backend) register(set nvml.EventSet, sink Sink) {
-	for _, g := range b.gpus {
-		log := b.log.WithValues("gpu", g.dev.UUID)
-		mask, ret := b.supportedEvents(g)
-		if ret == nvml.SUCCESS && mask != 0 {
-			ret = g.handle.RegisterEvents(mask, set)
-			if notSupported(ret) && mask&nvml.EventTypeXidCriticalError != 0 && mask != nvml.EventTypeXidCriticalError {
-				// Some GPUs refuse a mask they claim to support; XIDs alone still tell most.
-				log.Info("registering all supported events failed, retrying with XID events only", "events", EventNames(mask), "error", ret.Error())
-				mask = nvml.EventTypeXidCriticalError
-				ret = g.handle.RegisterEvents(mask, set)
-			}
-		}
-		switch {
-		case ret == nvml.SUCCESS && mask != 0:
-			log.V(1).Info("watching events", "events", EventNames(mask))
-			b.setUnmonitored(g, sink, false)
-		case ret == nvml.SUCCESS, notSupported(ret):
-			log.Info("GPU events are not supported: the GPU is unmonitored for events")
-			b.setUnmonitored(g, sink, true)
-		case isFault(ret):
-			kind, _ := faultOf(ret)
-			log.Info("GPU is broken", "error", ret.Error(), "signal", kind)
-			sink.Signal(health.Signal{Kind: kind, Device: g.dev.UUID, Time: b.opts.clock.Now()})
-		default:
-			log.Error(nvmlError("registering events", ret), "GPU is unmonitored for events")
-			b.setUnmonitored(g, sink, true)
-		}
-	}
-}
-
 func (b *Backend) setUnmonitored(g *gpu, sink Sink, unmonitored bool) {
 	sink.SetUnmonitored(g.dev.UUID, unmonitored)
 	for _, m := range g.migs {
 		sink.SetUnmonitored(m.UUID, unmonitored)
 	}
-}
-
-// eventLoop waits for events until ctx ends. A timeout is the normal idle case. Any other Wait
-// failure is counted, logged and retried after an exponential backoff; it never marks a GPU.
-func (b *Backend) eventLoop(ctx context.Context, set nvml.EventSet, sink Sink) error {
-	timeoutMs := uint32(min(b.opts.eventWait.Milliseconds(), int64(^uint32(0))))
-	var backoff time.Duration
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		data, ret := set.Wait(timeoutMs)
-		switch {
-		case ret == nvml.SUCCESS:
-			b.resetBackoff(&backoff)
-			b.stats.add(func(s *Stats) { s.Events++ })
-			b.handleEvent(data, sink)
-			continue
-		case ret == nvml.ERROR_TIMEOUT:
-			b.resetBackoff(&backoff)
-			continue
-		case isFault(ret):
-			// Wait does not say which GPU; find the ones that are broken.
-			b.probeLost(sink)
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		backoff = min(max(2*backoff, b.opts.backoffInitial), b.opts.backoffMax)
-		err := nvmlError("waiting for NVML events", ret)
-		b.stats.add(func(s *Stats) {
-			s.WaitErrors++
-			s.ConsecutiveWaitErrors++
-			s.Backoff = backoff
-			s.LastWaitError = err.Error()
-		})
-		b.log.Error(err, "retrying", "backoff", backoff)
-		timer := b.opts.clock.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil
-		case <-timer.C():
-		}
-	}
-}
-
-func (b *Backend) resetBackoff(backoff *time.Duration) {
-	if *backoff == 0 {
-		return
-	}
-	*backoff = 0
-	b.stats.add(func(s *Stats) { s.ConsecutiveWaitErrors, s.Backoff = 0, 0 })
 }
 
 // target is the GPU an event concerns and, for an event on a MIG device handle, the instance.
@@ -277,15 +159,15 @@ func (b *Backend) eventSignals(t target, e nvml.EventData, now time.Time, sink S
 		b.emitRetirementAfterEvent(g, e.EventType == nvml.EventTypeDramRetirementFailure, base, sink)
 	case nvml.EventTypeGpuUnavailableError:
 		b.log.Info("GPU unavailable", "gpu", g.dev.UUID)
-		sink.Signal(with(base, health.SignalLost))
+		b.reportBroken(g, health.SignalLost, now, sink)
 	default:
 		b.log.V(1).Info("ignoring an event type that was not registered", "gpu", g.dev.UUID, "type", e.EventType)
 	}
 }
 
 // unattributed handles an event whose device handle matches no GPU and has no readable UUID.
-// Usually the handle's GPU is gone: every GPU that no longer answers GetUUID is lost. Only when
-// every GPU still answers is the event applied to all of them, failing safe.
+// Usually the handle's GPU is gone: every GPU that no longer answers the probe (see alive) is
+// lost. Only when every GPU still answers is the event applied to all of them, failing safe.
 func (b *Backend) unattributed(e nvml.EventData, now time.Time, sink Sink) {
 	b.stats.add(func(s *Stats) { s.Unattributed++ })
 	if b.probeLost(sink) > 0 {
@@ -295,18 +177,4 @@ func (b *Backend) unattributed(e nvml.EventData, now time.Time, sink Sink) {
 	for _, g := range b.gpus {
 		b.eventSignals(target{gpu: g}, e, now, sink)
 	}
-}
-
-// probeLost asks every GPU for its UUID and reports those that cannot answer as lost (or as
-// needing a reset, when NVML says so).
-func (b *Backend) probeLost(sink Sink) int {
-	n := 0
-	for _, g := range b.gpus {
-		if _, ret := g.handle.GetUUID(); ret != nvml.SUCCESS {
-			b.log.Info("GPU does not answer", "gpu", g.dev.UUID, "error", ret.Error())
-			sink.Signal(health.Signal{Kind: unattributedFault(ret), Device: g.dev.UUID, Time: b.opts.clock.Now()})
-			n++
-		}
-	}
-	return n
 }

@@ -1,15 +1,12 @@
 package nvml_test
 
 import (
-	"context"
-	"errors"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -41,6 +38,7 @@ func sigsOf(sigs []health.Signal, uuid string) []sig {
 func TestEventsBecomeSignals(t *testing.T) {
 	tests := []struct {
 		name  string
+		open  func(*gpuState) // before Open
 		setup func(*gpuState)
 		typ   uint64
 		data  uint64
@@ -94,6 +92,7 @@ func TestEventsBecomeSignals(t *testing.T) {
 		},
 		{
 			name: "DRAM retirement event on a GPU with page retirement",
+			open: func(s *gpuState) { s.arch = nvml.DEVICE_ARCH_VOLTA },
 			setup: func(s *gpuState) {
 				s.unsupported[gpunvml.ReadingRemappedRows] = true
 				s.pagesPending = true
@@ -115,6 +114,9 @@ func TestEventsBecomeSignals(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
+			if tc.open != nil {
+				f.update(3, tc.open)
+			}
 			b := f.open()
 			rec := newRecorder()
 			f.run(b, rec)
@@ -168,14 +170,14 @@ func TestRegistrationNotSupported(t *testing.T) {
 	migs := f.enableMIG(4, 1)
 	f.update(1, func(s *gpuState) { s.unsupported["events"] = true })
 	f.update(2, func(s *gpuState) { s.supportedEvents = nvml.EventTypePState })
-	// Refuses the full mask, accepts XIDs alone.
-	f.update(3, func(s *gpuState) { s.registerRet = nvml.ERROR_NOT_SUPPORTED })
+	// Refuses every type but XIDs.
+	f.update(3, func(s *gpuState) { s.refuse = gpunvml.WatchedEvents &^ nvml.EventTypeXidCriticalError })
 	f.update(4, func(s *gpuState) {
 		s.supportedEvents = nvml.EventTypeDoubleBitEccError
-		s.registerRet = nvml.ERROR_NOT_SUPPORTED
+		s.refuse = nvml.EventTypeDoubleBitEccError
 	})
 	f.update(5, func(s *gpuState) { s.registerRet = nvml.ERROR_UNKNOWN })
-	b := f.open()
+	b := f.open(gpunvml.WithStartRetries(1, time.Second)) // no second try: GPU 5 stays unmonitored
 	m := newMonitor(t, b)
 	f.run(b, m)
 	// GPUs register in order in the event loop's goroutine: GPU 7 is the last.
@@ -216,25 +218,19 @@ func TestNoEventSupportAtAll(t *testing.T) {
 	b := f.open()
 	rec := newRecorder()
 	f.run(b, rec)
-	for i := range 8 {
-		if u, _ := rec.isUnmonitored(f.uuid(i)); !u {
-			t.Errorf("GPU %d is not unmonitored", i)
+	// The event loop's goroutine says so, not before the first sampling round.
+	waitFor(t, "every GPU unmonitored for events", func() bool {
+		for i := range 8 {
+			if u, _ := rec.isUnmonitored(f.uuid(i)); !u {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	// Sampling goes on.
 	f.step(b)
 	if got := rec.take(); !slices.ContainsFunc(got, isKind(health.SignalSample, f.uuid(0))) {
 		t.Errorf("no sampling round without events: %v", got)
-	}
-}
-
-func TestEventSetCreateFails(t *testing.T) {
-	f := newFixture(t)
-	f.eventSetRet = nvml.ERROR_UNKNOWN
-	b := f.open()
-	err := b.Run(context.Background(), newRecorder())
-	if !errors.Is(err, nvml.ERROR_UNKNOWN) {
-		t.Errorf("Run = %v, want an error wrapping ERROR_UNKNOWN", err)
 	}
 }
 
@@ -312,89 +308,6 @@ func TestMIGAttribution(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestLostGPU(t *testing.T) {
-	t.Run("an event whose handle is gone marks only the GPU that stopped answering", func(t *testing.T) {
-		f := newFixture(t)
-		b := f.open()
-		rec := newRecorder()
-		f.run(b, rec)
-		rec.take()
-		f.update(6, func(s *gpuState) { s.lost = true })
-		gone := &mock.Device{GetUUIDFunc: func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }}
-		f.send(nvml.EventData{Device: gone, EventType: nvml.EventTypeXidCriticalError, EventData: 79,
-			GpuInstanceId: health.NoInstance, ComputeInstanceId: health.NoInstance}, nvml.SUCCESS)
-		got := rec.waitSignals(t, "lost", isKind(health.SignalLost, f.uuid(6)))
-		if kinds := kindsBy(got); len(kinds) != 1 || !slices.Equal(kinds[f.uuid(6)], []health.SignalKind{health.SignalLost}) {
-			t.Errorf("signals = %v, want only GPU 6 lost", kinds)
-		}
-		if n := b.Stats().Unattributed; n != 1 {
-			t.Errorf("Stats.Unattributed = %d, want 1", n)
-		}
-	})
-	t.Run("an event nobody can be tied to goes to every GPU", func(t *testing.T) {
-		f := newFixture(t)
-		b := f.open()
-		rec := newRecorder()
-		f.run(b, rec)
-		rec.take()
-		f.send(nvml.EventData{Device: nil, EventType: nvml.EventTypeXidCriticalError, EventData: 79,
-			GpuInstanceId: health.NoInstance, ComputeInstanceId: health.NoInstance}, nvml.SUCCESS)
-		got := rec.waitSignals(t, "XIDs", isKind(health.SignalXID, f.uuid(7)))
-		if kinds := kindsBy(got); len(kinds) != 8 {
-			t.Errorf("signals = %v, want the XID on all 8 GPUs", kinds)
-		}
-	})
-	t.Run("the sampler finds a lost GPU", func(t *testing.T) {
-		f := newFixture(t)
-		b := f.open()
-		rec := newRecorder()
-		f.run(b, rec)
-		rec.take()
-		f.update(1, func(s *gpuState) { s.lost = true })
-		f.step(b)
-		got := rec.take()
-		if s := sigsOf(got, f.uuid(1)); !slices.Equal(s, []sig{{Kind: health.SignalLost}}) {
-			t.Errorf("GPU 1 signals = %+v, want only lost", s)
-		}
-		if !slices.ContainsFunc(got, isKind(health.SignalSample, f.uuid(0))) {
-			t.Error("the other GPUs were not sampled")
-		}
-	})
-	t.Run("Wait says a GPU is lost without saying which", func(t *testing.T) {
-		f := newFixture(t)
-		b := f.open()
-		rec := newRecorder()
-		f.run(b, rec)
-		rec.take()
-		f.update(4, func(s *gpuState) { s.lost = true })
-		f.send(nvml.EventData{}, nvml.ERROR_GPU_IS_LOST)
-		got := rec.waitSignals(t, "lost", isKind(health.SignalLost, f.uuid(4)))
-		if kinds := kindsBy(got); len(kinds) != 1 {
-			t.Errorf("signals = %v, want only GPU 4 lost", kinds)
-		}
-		waitFor(t, "the wait error to be counted", func() bool { return b.Stats().WaitErrors == 1 })
-	})
-	t.Run("registration on a lost GPU", func(t *testing.T) {
-		f := newFixture(t)
-		b := f.open()
-		f.update(0, func(s *gpuState) { s.lost = true })
-		rec := newRecorder()
-		f.run(b, rec)
-		if got := rec.take(); !slices.ContainsFunc(got, isKind(health.SignalLost, f.uuid(0))) {
-			t.Errorf("no lost signal for GPU 0: %v", got)
-		}
-	})
-}
-
-// kindsBy groups signal kinds by device, sampling rounds left out.
-func kindsBy(sigs []health.Signal) map[string][]health.SignalKind {
-	out := map[string][]health.SignalKind{}
-	for _, s := range without(sigs, health.SignalSample) {
-		out[s.Device] = append(out[s.Device], s.Kind)
-	}
-	return out
 }
 
 func TestWaitErrorsBackOffAndRecover(t *testing.T) {

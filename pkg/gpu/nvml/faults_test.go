@@ -135,7 +135,8 @@ func TestResetRequired(t *testing.T) {
 		rec := newRecorder()
 		f.run(b, rec)
 		rec.take()
-		f.update(4, func(s *gpuState) { s.rets["uuid"] = nvml.ERROR_RESET_REQUIRED })
+		// Its readings answer it; the UUID still comes.
+		f.update(4, func(s *gpuState) { s.resetRequired = true })
 		f.send(nvml.EventData{}, nvml.ERROR_RESET_REQUIRED)
 		got := rec.waitSignals(t, "resetRequired", isKind(health.SignalResetRequired, f.uuid(4)))
 		if kinds := kindsBy(got); len(kinds) != 1 {

@@ -2,26 +2,24 @@ package nvml_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	testingclock "k8s.io/utils/clock/testing"
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
-	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // The tests drive go-nvml's own mock: a dgxh100 server fixture for inventory and MIG, with the
 // function fields it leaves unset (events, ECC, temperatures, ...) set here to read gpuState.
+// fixture_device_test.go answers the device calls, fixture_events_test.go the event sets, as
+// nvml.h documents them.
 
 var start = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
@@ -39,9 +37,23 @@ type gpuState struct {
 	reasons                uint64
 	replays                int
 	links                  []nvml.EnableState // one per NVLink
-	linkErrors             []uint64           // per link, per counter
-	recovery               uint32
-	lost                   bool
+	linkErrors             []uint64           // per link: NVLINK_ERROR_DL_CRC_FLIT
+	linkECC                []uint64           // per link: NVLINK_ERROR_DL_ECC_DATA (Hopper)
+	// fabric is GetGpuFabricInfo's state: an HGX H100 that Fabric Manager has registered is
+	// GPU_FABRIC_STATE_COMPLETED.
+	fabric uint8
+	// arch answers GetArchitecture. Ampere and later remap rows instead of retiring pages:
+	// GetRetiredPagesPendingStatus answers ERROR_NOT_SUPPORTED on them.
+	arch nvml.DeviceArchitecture
+	// mig is set by enableMIG. nvml.h: with MIG on, GetRemappedRows answers
+	// ERROR_NOT_SUPPORTED ("If MIG is enabled"), and so do volatile ECC counts read through the
+	// GPU's handle.
+	mig      bool
+	recovery uint32
+	lost     bool
+	// uuidCached makes GetUUID answer from NVML's cache even once the GPU is lost, as NVML
+	// may; readings that touch the hardware answer ERROR_GPU_IS_LOST.
+	uuidCached bool
 	// resetRequired makes every call but GetUUID answer ERROR_RESET_REQUIRED, nvml.h's "The
 	// GPU requires a reset before it can be used again".
 	resetRequired bool
@@ -49,9 +61,15 @@ type gpuState struct {
 	// "Requires ECC Mode to be enabled" makes the ECC totals answer ERROR_NOT_SUPPORTED.
 	eccCurrent, eccPending nvml.EnableState
 	supportedEvents        uint64
-	// registerRet answers RegisterEvents for a mask other than XID only.
-	registerRet nvml.Return
-	registered  uint64
+	// refuse makes RegisterEvents answer ERROR_NOT_SUPPORTED for a mask with any of these types,
+	// registering none of the mask (nvml.h: "None of the requested eventTypes are registered in
+	// that case"). registerRets answer the next RegisterEvents calls, registerRet every later one
+	// when it is not SUCCESS (ERROR_UNKNOWN: "event set is in undefined state").
+	refuse       uint64
+	registerRets []nvml.Return
+	registerRet  nvml.Return
+	// registered is every type registered, on any event set.
+	registered uint64
 	// unsupported names readings (gpunvml.Reading*) that answer ERROR_NOT_SUPPORTED.
 	unsupported map[string]bool
 	// failing names readings that answer ERROR_UNKNOWN.
@@ -76,10 +94,14 @@ type fixture struct {
 	// waits feeds EventSet.Wait; with nothing queued, Wait times out after its timeout.
 	waits     chan waitResult
 	waitCalls atomic.Int64
+	creates   atomic.Int64
 	frees     atomic.Int64
 	shutdowns atomic.Int64
-	// eventSetRet answers EventSetCreate.
+	// createRets answer the next EventSetCreate calls, eventSetRet every later one. sets are the
+	// event sets created, in order. Both guarded by mu.
+	createRets  []nvml.Return
 	eventSetRet nvml.Return
+	sets        []*fakeSet
 	// missing names the C symbols the fake libnvidia-ml lacks (LookupSymbol fails for them).
 	missing map[string]bool
 }
@@ -104,34 +126,16 @@ func newFixture(t *testing.T) *fixture {
 		f.shutdowns.Add(1)
 		return nvml.SUCCESS
 	}
-	f.srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
-		if f.eventSetRet != nvml.SUCCESS {
-			return nil, f.eventSetRet
-		}
-		return &mock.EventSet{
-			WaitFunc: func(timeoutMs uint32) (nvml.EventData, nvml.Return) {
-				f.waitCalls.Add(1)
-				timer := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
-				defer timer.Stop()
-				select {
-				case r := <-f.waits:
-					return r.data, r.ret
-				case <-timer.C:
-					return nvml.EventData{}, nvml.ERROR_TIMEOUT
-				}
-			},
-			FreeFunc: func() nvml.Return {
-				f.frees.Add(1)
-				return nvml.SUCCESS
-			},
-		}, nvml.SUCCESS
-	}
+	f.srv.EventSetCreateFunc = f.createEventSet
 	for i := range f.srv.Devices {
 		st := &gpuState{
 			temperature: 40, slowdown: 87, shutdown: 92, powerMw: 120000, limitMw: 700000,
 			eccCurrent: nvml.FEATURE_ENABLED, eccPending: nvml.FEATURE_ENABLED,
 			links:           make([]nvml.EnableState, 2),
 			linkErrors:      make([]uint64, 2),
+			linkECC:         make([]uint64, 2),
+			fabric:          nvml.GPU_FABRIC_STATE_COMPLETED,
+			arch:            nvml.DEVICE_ARCH_HOPPER,
 			supportedEvents: nvml.EventTypeAll,
 			registerRet:     nvml.SUCCESS,
 			unsupported:     map[string]bool{},
@@ -142,7 +146,7 @@ func newFixture(t *testing.T) *fixture {
 			st.links[l] = nvml.FEATURE_ENABLED
 		}
 		f.gpus = append(f.gpus, st)
-		f.wireDevice(f.device(i), st)
+		f.wireDevice(i, st)
 	}
 	return f
 }
@@ -175,216 +179,6 @@ func (f *fixture) answer(st *gpuState, reading string) nvml.Return {
 	return nvml.SUCCESS
 }
 
-func (f *fixture) wireDevice(d *server.Device, st *gpuState) {
-	uuid := d.UUID
-	d.GetUUIDFunc = func() (string, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if st.lost {
-			return "", nvml.ERROR_GPU_IS_LOST
-		}
-		if ret := st.rets["uuid"]; ret != nvml.SUCCESS {
-			return "", ret
-		}
-		return uuid, nvml.SUCCESS
-	}
-	// The fixture leaves the bus ID out of GetPciInfo; NVML fills it.
-	pci := d.GetPciInfoFunc
-	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
-		p, ret := pci()
-		for i, c := range d.PciBusID {
-			p.BusId[i] = int8(c)
-		}
-		return p, ret
-	}
-	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if ret := f.answer(st, "events"); ret != nvml.SUCCESS {
-			return 0, ret
-		}
-		return st.supportedEvents, nvml.SUCCESS
-	}
-	d.RegisterEventsFunc = func(mask uint64, _ nvml.EventSet) nvml.Return {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if mask != nvml.EventTypeXidCriticalError && st.registerRet != nvml.SUCCESS {
-			return st.registerRet
-		}
-		st.registered = mask
-		return nvml.SUCCESS
-	}
-	d.GetEccModeFunc = func() (nvml.EnableState, nvml.EnableState, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if ret := f.answer(st, "eccMode"); ret != nvml.SUCCESS {
-			return 0, 0, ret
-		}
-		return st.eccCurrent, st.eccPending, nvml.SUCCESS
-	}
-	d.GetTotalEccErrorsFunc = func(typ nvml.MemoryErrorType, counter nvml.EccCounterType) (uint64, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if counter != nvml.VOLATILE_ECC {
-			f.t.Errorf("ECC counter type %d read, want volatile", counter)
-		}
-		if ret := f.answer(st, gpunvml.ReadingECC); ret != nvml.SUCCESS {
-			return 0, ret
-		}
-		if st.eccCurrent != nvml.FEATURE_ENABLED {
-			return 0, nvml.ERROR_NOT_SUPPORTED
-		}
-		if typ == nvml.MEMORY_ERROR_TYPE_CORRECTED {
-			return st.corrected, nvml.SUCCESS
-		}
-		return st.uncorrected, nvml.SUCCESS
-	}
-	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if ret := f.answer(st, gpunvml.ReadingRemappedRows); ret != nvml.SUCCESS {
-			return 0, 0, false, false, ret
-		}
-		return 0, 0, st.rowsPending, st.rowsFailure, nvml.SUCCESS
-	}
-	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if ret := f.answer(st, gpunvml.ReadingRetiredPages); ret != nvml.SUCCESS {
-			return 0, ret
-		}
-		if st.pagesPending {
-			return nvml.FEATURE_ENABLED, nvml.SUCCESS
-		}
-		return nvml.FEATURE_DISABLED, nvml.SUCCESS
-	}
-	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return st.temperature, f.answer(st, gpunvml.ReadingTemperature)
-	}
-	d.GetTemperatureThresholdFunc = func(th nvml.TemperatureThresholds) (uint32, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if ret := f.answer(st, "thresholds"); ret != nvml.SUCCESS {
-			return 0, ret
-		}
-		if th == nvml.TEMPERATURE_THRESHOLD_SLOWDOWN {
-			return st.slowdown, nvml.SUCCESS
-		}
-		return st.shutdown, nvml.SUCCESS
-	}
-	d.GetPowerUsageFunc = func() (uint32, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return st.powerMw, f.answer(st, gpunvml.ReadingPower)
-	}
-	d.GetEnforcedPowerLimitFunc = func() (uint32, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return st.limitMw, f.answer(st, gpunvml.ReadingPower)
-	}
-	d.GetCurrentClocksEventReasonsFunc = func() (uint64, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return st.reasons, f.answer(st, gpunvml.ReadingClockEvents)
-	}
-	// Drivers before 535 name the same bits throttle reasons.
-	d.GetCurrentClocksThrottleReasonsFunc = d.GetCurrentClocksEventReasonsFunc
-	d.GetPcieReplayCounterFunc = func() (int, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return st.replays, f.answer(st, gpunvml.ReadingPCIeReplays)
-	}
-	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if ret := f.answer(st, gpunvml.ReadingNVLink); ret != nvml.SUCCESS {
-			return 0, ret
-		}
-		if link >= len(st.links) {
-			return 0, nvml.ERROR_INVALID_ARGUMENT
-		}
-		return st.links[link], nvml.SUCCESS
-	}
-	d.GetNvLinkErrorCounterFunc = func(link int, c nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if ret := f.answer(st, gpunvml.ReadingNVLink); ret != nvml.SUCCESS {
-			return 0, ret
-		}
-		if c == nvml.NVLINK_ERROR_DL_CRC_FLIT {
-			return st.linkErrors[link], nvml.SUCCESS
-		}
-		return 0, nvml.ERROR_NOT_SUPPORTED // the other counters: no data
-	}
-	d.GetFieldValuesFunc = func(values []nvml.FieldValue) nvml.Return {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if ret := f.answer(st, "fieldValues"); ret != nvml.SUCCESS {
-			return ret
-		}
-		for i := range values {
-			if values[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
-				f.t.Errorf("field %d read, want FI_DEV_GET_GPU_RECOVERY_ACTION", values[i].FieldId)
-			}
-			// NVML reports an unsupported field in the field's own return code.
-			values[i].NvmlReturn = uint32(f.answer(st, gpunvml.ReadingRecoveryAction))
-			values[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
-			values[i].Value = [8]byte{byte(st.recovery)}
-		}
-		return nvml.SUCCESS
-	}
-}
-
-// enableMIG puts GPU i in MIG mode with n one-slice instances through the fixture's own MIG
-// calls, and serves them as MIG device handles. It returns the MIG devices' UUIDs.
-func (f *fixture) enableMIG(i, n int) []string {
-	f.t.Helper()
-	d := f.device(i)
-	if ret, _ := d.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
-		f.t.Fatalf("SetMigMode: %v", ret)
-	}
-	giProfile, ret := d.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
-	if ret != nvml.SUCCESS {
-		f.t.Fatalf("GetGpuInstanceProfileInfo: %v", ret)
-	}
-	var migs []nvml.Device
-	var uuids []string
-	for j := range n {
-		gi, ret := d.CreateGpuInstance(&giProfile)
-		if ret != nvml.SUCCESS {
-			f.t.Fatalf("CreateGpuInstance: %v", ret)
-		}
-		ciProfile, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-		if ret != nvml.SUCCESS {
-			f.t.Fatalf("GetComputeInstanceProfileInfo: %v", ret)
-		}
-		ci, ret := gi.CreateComputeInstance(&ciProfile)
-		if ret != nvml.SUCCESS {
-			f.t.Fatalf("CreateComputeInstance: %v", ret)
-		}
-		giInfo, _ := gi.GetInfo()
-		ciInfo, _ := ci.GetInfo()
-		uuid := fmt.Sprintf("MIG-%08x-0000-4000-8000-%012x", i, j)
-		uuids = append(uuids, uuid)
-		migs = append(migs, &mock.Device{
-			GetUUIDFunc:              func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
-			GetNameFunc:              func() (string, nvml.Return) { return "NVIDIA H100 80GB HBM3 MIG 1g.10gb", nvml.SUCCESS },
-			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return int(giInfo.Id), nvml.SUCCESS },
-			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return int(ciInfo.Id), nvml.SUCCESS },
-		})
-	}
-	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
-	d.GetMigDeviceHandleByIndexFunc = func(j int) (nvml.Device, nvml.Return) {
-		if j >= len(migs) {
-			return nil, nvml.ERROR_NOT_FOUND
-		}
-		return migs[j], nvml.SUCCESS
-	}
-	return uuids
-}
-
 func (f *fixture) open(opts ...gpunvml.Option) *gpunvml.Backend {
 	f.t.Helper()
 	opts = append([]gpunvml.Option{
@@ -409,6 +203,7 @@ func (f *fixture) open(opts ...gpunvml.Option) *gpunvml.Backend {
 // cleanup that also checks Run's result and that the event set was freed.
 func (f *fixture) run(b *gpunvml.Backend, sink gpunvml.Sink) (stop func()) {
 	f.t.Helper()
+	events := f.eventsAtStart() // before Run consumes the queued answers
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- b.Run(ctx, sink) }()
@@ -424,13 +219,17 @@ func (f *fixture) run(b *gpunvml.Backend, sink gpunvml.Sink) (stop func()) {
 			case <-time.After(10 * time.Second):
 				f.t.Fatal("Run did not return after its context was cancelled")
 			}
-			if f.eventSetRet == nvml.SUCCESS && f.frees.Load() != 1 {
-				f.t.Errorf("event set freed %d times, want 1", f.frees.Load())
+			if c, fr := f.creates.Load(), f.frees.Load(); c != fr {
+				f.t.Errorf("%d event sets created, %d freed: want every one freed", c, fr)
 			}
 		})
 	}
 	f.t.Cleanup(stop)
 	waitFor(f.t, "the first sampling round", func() bool { return b.Stats().Rounds >= 1 })
+	if events {
+		// Registration runs in the event loop's goroutine: wait until it waits for events.
+		waitFor(f.t, "the first Wait", func() bool { return f.waitCalls.Load() > 0 })
+	}
 	return stop
 }
 
@@ -442,15 +241,17 @@ func (f *fixture) step(b *gpunvml.Backend) {
 	waitFor(f.t, "a sampling round", func() bool { return b.Stats().Rounds >= want })
 }
 
-// send queues one Wait result.
-func (f *fixture) send(data nvml.EventData, ret nvml.Return) {
-	f.waits <- waitResult{data: data, ret: ret}
-}
-
-// event queues an event on GPU i for the whole GPU.
-func (f *fixture) event(i int, typ, data uint64) {
-	f.send(nvml.EventData{Device: f.device(i), EventType: typ, EventData: data,
-		GpuInstanceId: health.NoInstance, ComputeInstanceId: health.NoInstance}, nvml.SUCCESS)
+// stepUntil steps the fake clock by d until cond holds. The backend may make a timer after any
+// one step, so it keeps stepping rather than step once.
+func (f *fixture) stepUntil(what string, d time.Duration, cond func() bool) {
+	f.t.Helper()
+	waitFor(f.t, what, func() bool {
+		if cond() {
+			return true
+		}
+		f.clock.Step(d)
+		return false
+	})
 }
 
 // waitFor polls cond until it holds or a generous deadline passes: no timed assertions.
@@ -463,74 +264,4 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// recorder is a Sink that keeps everything.
-type recorder struct {
-	mu          sync.Mutex
-	signals     []health.Signal
-	unmonitored map[string]bool
-}
-
-func newRecorder() *recorder { return &recorder{unmonitored: map[string]bool{}} }
-
-func (r *recorder) Signal(s health.Signal) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.signals = append(r.signals, s)
-}
-
-func (r *recorder) SetUnmonitored(uuid string, unmonitored bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.unmonitored[uuid] = unmonitored
-}
-
-// take returns and forgets the signals so far.
-func (r *recorder) take() []health.Signal {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := r.signals
-	r.signals = nil
-	return s
-}
-
-func (r *recorder) isUnmonitored(uuid string) (unmonitored, known bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	unmonitored, known = r.unmonitored[uuid]
-	return
-}
-
-// waitSignals waits until the recorder holds a signal matching last, and returns everything
-// recorded so far (and forgets it).
-func (r *recorder) waitSignals(t *testing.T, what string, last func(health.Signal) bool) []health.Signal {
-	t.Helper()
-	var got []health.Signal
-	waitFor(t, what, func() bool {
-		got = append(got, r.take()...)
-		return slices.ContainsFunc(got, last)
-	})
-	return got
-}
-
-func isKind(kind health.SignalKind, uuid string) func(health.Signal) bool {
-	return func(s health.Signal) bool { return s.Kind == kind && s.Device == uuid }
-}
-
-// without drops the signals of the given kinds (sampling rounds are noise in event tests).
-func without(sigs []health.Signal, kinds ...health.SignalKind) []health.Signal {
-	return slices.DeleteFunc(slices.Clone(sigs), func(s health.Signal) bool { return slices.Contains(kinds, s.Kind) })
-}
-
-var errNotFound = errors.New("not found")
-
-// deviceStatus finds a device in a snapshot.
-func deviceStatus(snap health.Snapshot, uuid string) (health.DeviceStatus, error) {
-	for _, d := range snap.Devices {
-		if d.Device.UUID == uuid {
-			return d, nil
-		}
-	}
-	return health.DeviceStatus{}, errNotFound
 }

@@ -32,6 +32,7 @@ func (b *Backend) inventory() error {
 			g.setOff(r, why)
 		}
 		b.readECCMode(g)
+		b.readMIGLimits(g)
 		b.gpus = append(b.gpus, g)
 		b.devices = append(b.devices, g.dev)
 		b.devices = append(b.devices, g.migs...)
@@ -85,6 +86,19 @@ func (b *Backend) describe(g *gpu) {
 		g.dev.PCIBusID = busID(pci)
 	}
 	g.noteFault(ret)
+	b.readArchitecture(g)
+}
+
+// readArchitecture learns whether the GPU is Ampere or later: those remap rows instead of
+// retiring pages, and their DRAM retirement events are about the row remapper. Without the
+// call (a driver before R450, which predates Ampere) or an answer, the GPU is taken to be older.
+func (b *Backend) readArchitecture(g *gpu) {
+	if !b.sym.has(symArchitecture) {
+		return
+	}
+	arch, ret := g.handle.GetArchitecture()
+	g.noteFault(ret)
+	g.rowRemapper = ret == nvml.SUCCESS && arch >= nvml.DEVICE_ARCH_AMPERE && arch != nvml.DEVICE_ARCH_UNKNOWN
 }
 
 func (b *Backend) skip(err error) {
@@ -110,6 +124,7 @@ func (b *Backend) migInventory(g *gpu) error {
 		g.noteFault(ret)
 		return nvmlError("reading MIG mode", ret)
 	}
+	g.migEnabled = true
 	n, ret := g.handle.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
 		return nvmlError("counting MIG devices", ret)

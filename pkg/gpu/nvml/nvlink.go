@@ -6,22 +6,27 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-// nvlinkCounters are the error counters summed per link.
+// nvlinkCounters are the error counters summed per link. Hopper counts receive errors in
+// NVML_NVLINK_ERROR_DL_ECC_DATA where older GPUs count CRC errors; a GPU without a counter
+// answers NOT_SUPPORTED for it: no data.
 var nvlinkCounters = []nvml.NvLinkErrorCounter{
 	nvml.NVLINK_ERROR_DL_REPLAY, nvml.NVLINK_ERROR_DL_RECOVERY, nvml.NVLINK_ERROR_DL_CRC_FLIT, nvml.NVLINK_ERROR_DL_CRC_DATA,
+	nvml.NVLINK_ERROR_DL_ECC_DATA,
 }
 
-// readNVLinks reads the links found on the first round. A GPU without NVLink answers
-// NOT_SUPPORTED for link 0; links past the last answer INVALID_ARGUMENT.
+// readNVLinks reads the state and error counters of the links that count (see trackedLinks).
 func (b *Backend) readNVLinks(g *gpu, rd reader) error {
 	if rd.off(g, ReadingNVLink) {
 		return nil
 	}
-	links, err := b.scanNVLinks(g, rd)
-	if err != nil || links == nil {
+	links, pending, err := b.trackedLinks(g, rd)
+	switch {
+	case err != nil || links == nil:
 		return err
-	}
-	if len(links) == 0 {
+	case pending:
+		rd.r.NVLinkFabricPending = true
+		return nil
+	case len(links) == 0:
 		rd.r.Unsupported = append(rd.r.Unsupported, ReadingNVLink)
 		return nil
 	}
@@ -43,33 +48,92 @@ func (b *Backend) readNVLinks(g *gpu, rd reader) error {
 	return nil
 }
 
-// scanNVLinks returns the GPU's links, finding them on the first call. It returns nil (not an
-// empty list) when the scan failed and is to be tried again next round.
-func (b *Backend) scanNVLinks(g *gpu, rd reader) ([]int, error) {
+// trackedLinks returns the links whose state counts: those active (NVML_FEATURE_ENABLED) when
+// they are first scanned. nvml.h's NVML_FEATURE_DISABLED only says a link is inactive: a link
+// that never was (a card without bridges, a passthrough VM) is no fault, and is not watched; a
+// watched link that goes inactive is. On a GPU of an NVLink fabric whose Fabric Manager has not
+// finished with it, no link is trained yet: pending is true and no link counts until the fabric
+// state is COMPLETED, when the links active then are watched. Without fabric information a link
+// that comes up later is watched from the next agent start. links is nil (not empty) when the
+// scan failed and is to be tried again next round.
+func (b *Backend) trackedLinks(g *gpu, rd reader) (links []int, pending bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.linksScanned {
-		return g.links, nil
+	if g.linksScanned && !g.fabricPending {
+		return g.links, false, nil
 	}
-	g.links = []int{}
+	waiting, err := b.fabricWaiting(g, rd)
+	if err != nil {
+		return nil, false, err
+	}
+	if waiting {
+		if !g.fabricPending {
+			b.log.Info("NVLinks not watched until Fabric Manager has registered the GPU", "gpu", g.dev.UUID)
+		}
+		g.links, g.linksScanned, g.fabricPending = []int{}, true, true
+		return g.links, true, nil
+	}
+	active, inactive, ok, err := b.scanNVLinks(g, rd)
+	if !ok {
+		return nil, false, err
+	}
+	if g.fabricPending {
+		b.log.Info("Fabric Manager has registered the GPU: watching its active NVLinks", "gpu", g.dev.UUID, "watched", active)
+	}
+	if len(inactive) > 0 {
+		b.log.Info("NVLinks inactive when first scanned are not watched", "gpu", g.dev.UUID, "links", inactive, "watched", active)
+	}
+	g.links, g.linksScanned, g.fabricPending = active, true, false
+	return g.links, false, nil
+}
+
+// scanNVLinks asks every link for its state: links until NVML answers INVALID_ARGUMENT; a GPU
+// whose link 0 answers NOT_SUPPORTED has no NVLink. ok is false when the scan failed and is to
+// be tried again next round.
+func (b *Backend) scanNVLinks(g *gpu, rd reader) (active, inactive []int, ok bool, err error) {
+	active = []int{}
 	for link := range nvml.NVLINK_MAX_LINKS {
-		_, ret := g.handle.GetNvLinkState(link)
+		state, ret := g.handle.GetNvLinkState(link)
 		switch {
+		case ret == nvml.SUCCESS && state == nvml.FEATURE_ENABLED:
+			active = append(active, link)
+			continue
 		case ret == nvml.SUCCESS:
-			g.links = append(g.links, link)
+			inactive = append(inactive, link)
 			continue
 		case notSupported(ret) && link > 0:
-			continue // a disabled link on a GPU that has others
+			continue // a link this GPU does not have, on a GPU that has others
 		case notSupported(ret), ret == nvml.ERROR_INVALID_ARGUMENT:
 		default:
 			// Try again next round rather than decide on an error.
 			_, err := rd.check(ReadingNVLink, ret)
-			return nil, err
+			return nil, nil, false, err
 		}
 		break
 	}
-	g.linksScanned = true
-	return g.links, nil
+	return active, inactive, true, nil
+}
+
+// fabricWaiting reports whether the GPU belongs to an NVLink fabric (Hopper and later with
+// NVSwitches) that Fabric Manager has not finished registering it with: GetGpuFabricInfo's
+// state NOT_STARTED or IN_PROGRESS. A GPU outside a fabric answers NOT_SUPPORTED, and a driver
+// without the call cannot tell: neither waits.
+func (b *Backend) fabricWaiting(g *gpu, rd reader) (bool, error) {
+	if !b.sym.has(symGpuFabricInfo) {
+		return false, nil
+	}
+	info, ret := g.handle.GetGpuFabricInfo()
+	switch {
+	case ret == nvml.SUCCESS:
+		return info.State == nvml.GPU_FABRIC_STATE_NOT_STARTED || info.State == nvml.GPU_FABRIC_STATE_IN_PROGRESS, nil
+	case notSupported(ret):
+		return false, nil
+	}
+	if err := rd.broken("GPU fabric state", ret); err != nil {
+		return false, err
+	}
+	rd.r.Errors = append(rd.r.Errors, nvmlError("reading the GPU fabric state", ret).Error())
+	return false, nil
 }
 
 // nvlinkErrors sums the link's error counters; nil when none is supported (or the driver lacks
@@ -86,7 +150,7 @@ func (b *Backend) nvlinkErrors(g *gpu, link int, rd reader) (*uint64, error) {
 		case ret == nvml.SUCCESS:
 			total += v
 			supported = true
-		case notSupported(ret):
+		case notSupported(ret), counterUnknown(c, ret):
 		default:
 			if err := rd.broken(fmt.Sprintf("NVLink %d error counter", link), ret); err != nil {
 				return nil, err
@@ -98,4 +162,10 @@ func (b *Backend) nvlinkErrors(g *gpu, link int, rd reader) (*uint64, error) {
 		return nil, nil
 	}
 	return &total, nil
+}
+
+// counterUnknown reports whether a driver older than the ECC data counter refuses it as an
+// invalid argument: no data, like NOT_SUPPORTED.
+func counterUnknown(c nvml.NvLinkErrorCounter, ret nvml.Return) bool {
+	return c == nvml.NVLINK_ERROR_DL_ECC_DATA && ret == nvml.ERROR_INVALID_ARGUMENT
 }

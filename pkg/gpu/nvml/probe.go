@@ -26,7 +26,8 @@ type GPUReport struct {
 	Events      []string `json:"events"`
 	EventsError string   `json:"eventsError,omitempty"`
 	// Unmonitored names the readings the backend does not take on this GPU, and why: the driver
-	// lacks their NVML functions, or ECC is off. Their checks do not run (no data, not healthy).
+	// lacks their NVML functions, ECC is off, or MIG mode stops them. Their checks do not run (no
+	// data, not healthy).
 	Unmonitored map[string]string `json:"unmonitored,omitempty"`
 	Readings    Readings          `json:"readings"`
 }

@@ -31,7 +31,10 @@ type Readings struct {
 	ClockEventReasons   *health.ClockEventReasons `json:"clockEventReasons,omitempty"`
 	PCIeReplays         *int64                    `json:"pcieReplays,omitempty"`
 	NVLinks             []NVLinkReading           `json:"nvlinks,omitempty"`
-	RecoveryAction      *health.RecoveryAction    `json:"recoveryAction,omitempty"`
+	// NVLinkFabricPending is set while Fabric Manager has not registered the GPU with its
+	// NVLink fabric: no link is watched until it has.
+	NVLinkFabricPending bool                   `json:"nvlinkFabricPending,omitempty"`
+	RecoveryAction      *health.RecoveryAction `json:"recoveryAction,omitempty"`
 
 	// Unsupported names the readings the GPU does not support, or that the backend does not
 	// take on it ("no data", never a fault).
@@ -206,8 +209,15 @@ func (b *Backend) readRemappedRows(g *gpu, rd reader) error {
 	return err
 }
 
+// readRetiredPages reads whether retired pages are pending. Ampere and later GPUs remap rows
+// instead and do not retire pages: the reading is not taken on them (no data), and the row
+// remapper covers their memory.
 func (b *Backend) readRetiredPages(g *gpu, rd reader) error {
 	if rd.off(g, ReadingRetiredPages) {
+		return nil
+	}
+	if g.rowRemapper {
+		rd.r.Unsupported = append(rd.r.Unsupported, ReadingRetiredPages)
 		return nil
 	}
 	state, ret := g.handle.GetRetiredPagesPendingStatus()

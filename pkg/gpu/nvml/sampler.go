@@ -37,7 +37,7 @@ func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 	base := health.Signal{Device: g.dev.UUID, Time: r.Time}
 	if kind, ok := r.fault(); ok {
 		b.log.Info("GPU is broken", "gpu", g.dev.UUID, "signal", kind, "errors", strings.Join(r.Errors, "; "))
-		sink.Signal(with(base, kind))
+		b.reportBroken(g, kind, r.Time, sink)
 		return
 	}
 	if len(r.Errors) > 0 {

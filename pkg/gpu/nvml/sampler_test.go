@@ -28,7 +28,7 @@ func TestSamplingRound(t *testing.T) {
 		s.temperature = 88
 		s.reasons = uint64(health.ClockEventHWSlowdown)
 		s.replays = 12
-		s.links[1] = nvml.FEATURE_DISABLED
+		s.links[1] = nvml.FEATURE_DISABLED // never active: not watched
 		s.linkErrors[0] = 5
 		s.recovery = uint32(health.RecoveryNone)
 	})
@@ -52,7 +52,6 @@ func TestSamplingRound(t *testing.T) {
 	want := []health.Signal{
 		with(func(s *health.Signal) { s.Kind, s.Corrected = health.SignalECCCounters, 3 }),
 		with(func(s *health.Signal) { s.Kind, s.Pending = health.SignalRemappedRows, true }),
-		with(func(s *health.Signal) { s.Kind = health.SignalRetiredPages }),
 		with(func(s *health.Signal) {
 			s.Kind, s.Value, s.SlowdownC, s.ShutdownC = health.SignalTemperature, 88, 87, 92
 		}),
@@ -60,8 +59,6 @@ func TestSamplingRound(t *testing.T) {
 		with(func(s *health.Signal) { s.Kind, s.Value = health.SignalPCIeReplays, 12 }),
 		with(func(s *health.Signal) { s.Kind, s.Link = health.SignalNVLinkState, 0 }),
 		with(func(s *health.Signal) { s.Kind, s.Link, s.Value = health.SignalNVLinkErrors, 0, 5 }),
-		with(func(s *health.Signal) { s.Kind, s.Link, s.Down = health.SignalNVLinkState, 1, true }),
-		with(func(s *health.Signal) { s.Kind, s.Link = health.SignalNVLinkErrors, 1 }),
 		with(func(s *health.Signal) { s.Kind, s.Action = health.SignalRecoveryAction, health.RecoveryNone }),
 		with(func(s *health.Signal) { s.Kind = health.SignalSample }),
 	}
@@ -99,7 +96,7 @@ func TestSamplingNotSupported(t *testing.T) {
 			name:       "failing readings are counted, not faults",
 			failing:    []string{gpunvml.ReadingECC, gpunvml.ReadingTemperature},
 			wantErrors: 2,
-			wantKinds: []health.SignalKind{health.SignalRemappedRows, health.SignalRetiredPages, health.SignalClockEvents,
+			wantKinds: []health.SignalKind{health.SignalRemappedRows, health.SignalClockEvents,
 				health.SignalPCIeReplays, health.SignalNVLinkState, health.SignalNVLinkErrors, health.SignalNVLinkState,
 				health.SignalNVLinkErrors, health.SignalRecoveryAction, health.SignalSample},
 		},
@@ -185,6 +182,7 @@ func TestCountersBecomeRates(t *testing.T) {
 	}{
 		{"PCIe replays", func(s *gpuState) { s.replays += 1000 }, health.ConditionPCIeReplayRate},
 		{"NVLink errors", func(s *gpuState) { s.linkErrors[1] += 1000 }, health.ConditionNVLinkErrorRate},
+		{"NVLink ECC data errors (Hopper)", func(s *gpuState) { s.linkECC[1] += 1000 }, health.ConditionNVLinkErrorRate},
 		{"corrected ECC errors", func(s *gpuState) { s.corrected += 100000 }, health.ConditionECCCorrectedStorm},
 	}
 	for _, tc := range tests {

@@ -12,14 +12,17 @@ type Stats struct {
 	Events uint64 `json:"events"`
 	// Unattributed counts events whose GPU could not be identified.
 	Unattributed uint64 `json:"unattributed"`
-	// WaitErrors counts EventSet.Wait failures other than a timeout; each is retried after a
-	// backoff.
+	// WaitErrors counts EventSet.Wait failures other than a timeout, and failures to make the
+	// event set anew; each is retried after a backoff.
 	WaitErrors uint64 `json:"waitErrors"`
 	// ConsecutiveWaitErrors counts the failures since the last successful Wait; Backoff is the
 	// delay before the next retry (0 when waiting normally).
 	ConsecutiveWaitErrors uint64        `json:"consecutiveWaitErrors"`
 	Backoff               time.Duration `json:"backoff"`
 	LastWaitError         string        `json:"lastWaitError,omitempty"`
+	// EventSetRebuilds counts event sets freed and created anew: after ERROR_UNKNOWN (nvml.h:
+	// the set is then undefined), or to leave a lost GPU out.
+	EventSetRebuilds uint64 `json:"eventSetRebuilds"`
 	// Rounds counts completed sampling rounds; SampleErrors counts readings that failed with
 	// anything but NOT_SUPPORTED or GPU_IS_LOST.
 	Rounds       uint64 `json:"rounds"`

@@ -30,6 +30,10 @@ const (
 	symNvLinkState           = "nvmlDeviceGetNvLinkState"
 	symNvLinkErrorCounter    = "nvmlDeviceGetNvLinkErrorCounter"
 	symFieldValues           = "nvmlDeviceGetFieldValues"
+	symArchitecture          = "nvmlDeviceGetArchitecture" // R450 and later, like Ampere
+	// nvmlDeviceGetGpuFabricInfoV takes a versioned struct that a mock cannot fill; the plain
+	// call answers the same state.
+	symGpuFabricInfo = "nvmlDeviceGetGpuFabricInfo"
 
 	symMigMode                = "nvmlDeviceGetMigMode"
 	symMaxMigDeviceCount      = "nvmlDeviceGetMaxMigDeviceCount"
@@ -81,7 +85,8 @@ var (
 	migSymbols   = []string{symMigMode, symMaxMigDeviceCount, symMigDeviceHandleByIndex, symGpuInstanceID, symComputeInstanceID}
 	eventSymbols = []string{symEventSetCreate, symEventSetFree, symSupportedEventTypes, symRegisterEvents}
 	// Looked up on their own: one missing leaves the rest of a reading working.
-	partSymbols = []string{symEccMode, symTemperatureThreshold, symEnforcedPowerLimit, symNvLinkErrorCounter, symEventSetWait, symEventSetWaitV2}
+	partSymbols = []string{symEccMode, symTemperatureThreshold, symEnforcedPowerLimit, symNvLinkErrorCounter, symEventSetWait, symEventSetWaitV2,
+		symArchitecture, symGpuFabricInfo}
 )
 
 // symbols records which optional NVML functions the loaded library lacks.

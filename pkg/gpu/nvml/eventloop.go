@@ -1,0 +1,95 @@
+package nvml
+
+import (
+	"context"
+	"slices"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// loop waits for events until ctx ends. A timeout is the normal idle case. Any other failure
+// is counted, logged and retried after an exponential backoff; it never marks a GPU by itself.
+// After ERROR_UNKNOWN the set is freed and a new one made after the backoff, as nvml.h asks of
+// a set that failed so at registration; after ERROR_GPU_IS_LOST every GPU is probed, and when
+// a registered one is lost the set is made anew without it (NVML cannot take one GPU off a
+// set), so that the set does not keep failing.
+func (w *watcher) loop(ctx context.Context) error {
+	timeoutMs := uint32(min(w.b.opts.eventWait.Milliseconds(), int64(^uint32(0))))
+	for ctx.Err() == nil {
+		if w.set == nil && !w.rebuild() {
+			if !w.sleep(ctx, w.backoff) {
+				return nil
+			}
+			continue
+		}
+		data, ret := w.set.Wait(timeoutMs)
+		switch ret {
+		case nvml.SUCCESS:
+			w.resetBackoff()
+			w.b.stats.add(func(s *Stats) { s.Events++ })
+			w.b.handleEvent(data, w.sink)
+			continue
+		case nvml.ERROR_TIMEOUT:
+			w.resetBackoff()
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.failed(nvmlError("waiting for NVML events", ret))
+		if w.dropAfter(ret) {
+			w.free()
+		}
+		if !w.sleep(ctx, w.backoff) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// dropAfter reports whether the set is to be replaced after Wait answered ret.
+func (w *watcher) dropAfter(ret nvml.Return) bool {
+	switch {
+	case ret == nvml.ERROR_UNKNOWN:
+		return true
+	case isFault(ret):
+		// Wait does not say which GPU; find the ones that are broken.
+		w.b.probeLost(w.sink)
+		return slices.ContainsFunc(w.registered, func(g *gpu) bool { return g.lost.Load() })
+	}
+	return false
+}
+
+// rebuild makes a new event set with every GPU that is not lost on it. It reports whether it
+// made one; when not, the failure is counted like a Wait failure.
+func (w *watcher) rebuild() bool {
+	ret, _ := w.open(true)
+	if ret != nvml.SUCCESS {
+		w.failed(nvmlError("creating the NVML event set again", ret))
+		return false
+	}
+	w.b.stats.add(func(s *Stats) { s.EventSetRebuilds++ })
+	w.b.log.Info("NVML event set made anew", "gpus", len(w.registered))
+	return true
+}
+
+// failed counts a failure and doubles the backoff.
+func (w *watcher) failed(err error) {
+	w.backoff = min(max(2*w.backoff, w.b.opts.backoffInitial), w.b.opts.backoffMax)
+	backoff := w.backoff
+	w.b.stats.add(func(s *Stats) {
+		s.WaitErrors++
+		s.ConsecutiveWaitErrors++
+		s.Backoff = backoff
+		s.LastWaitError = err.Error()
+	})
+	w.b.log.Error(err, "retrying", "backoff", backoff)
+}
+
+func (w *watcher) resetBackoff() {
+	if w.backoff == 0 {
+		return
+	}
+	w.backoff = 0
+	w.b.stats.add(func(s *Stats) { s.ConsecutiveWaitErrors, s.Backoff = 0, 0 })
+}
