@@ -22,11 +22,29 @@ type GPUSummary struct {
 	Evict bool       `json:"evict,omitempty"`
 	// ParentUUID is set for MIG instances.
 	ParentUUID string `json:"parentUUID,omitempty"`
+	// Unmonitored lists what the agent cannot watch on the GPU: "events" when NVML delivers no
+	// events for it, and each check the backend cannot run (a driver function missing, ECC off,
+	// MIG mode), so an operator sees at once what a node is blind to. No data, never a fault.
+	Unmonitored []string `json:"unmonitored,omitempty"`
+}
+
+// Unmonitored lists what the agent cannot watch on a device: "events" when NVML delivers no
+// events for it, then each check the backend cannot run.
+func Unmonitored(d health.DeviceStatus) []string {
+	var out []string
+	if d.Unmonitored {
+		out = append(out, "events")
+	}
+	for _, c := range d.UnmonitoredChecks {
+		out = append(out, string(c))
+	}
+	return out
 }
 
 // Summarize reduces a device's status to a GPUSummary.
 func Summarize(d health.DeviceStatus) GPUSummary {
 	s := GPUSummary{Index: d.Device.Index, PCIBusID: d.Device.PCIBusID, Model: d.Device.Model, Health: d.Health.String(), Evict: d.Evict}
+	s.Unmonitored = Unmonitored(d)
 	if d.Device.MIG != nil {
 		s.ParentUUID = d.Device.MIG.ParentUUID
 	}

@@ -3,6 +3,7 @@ package report_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -136,5 +137,16 @@ func TestUnhealthyIndexesAndSummaries(t *testing.T) {
 	s := report.Summarize(snap.Devices[0])
 	if len(s.Reasons) != 2 || s.Reasons[0] != "XID79" || s.Since == nil || !s.Since.Equal(t0.Add(time.Second)) {
 		t.Errorf("Summarize = %+v, want the worst reason first and its since", s)
+	}
+}
+
+func TestSummaryListsWhatIsUnmonitored(t *testing.T) {
+	d := health.DeviceStatus{Device: health.Device{UUID: "GPU-a"}, Unmonitored: true,
+		UnmonitoredChecks: []health.Check{health.CheckECC, health.CheckRowRemap}}
+	if got := report.Summarize(d).Unmonitored; !slices.Equal(got, []string{"events", "ecc", "rowRemap"}) {
+		t.Errorf("Unmonitored = %v", got)
+	}
+	if got := report.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-b"}}).Unmonitored; got != nil {
+		t.Errorf("a fully watched GPU lists %v", got)
 	}
 }

@@ -5,6 +5,7 @@
 //	gpuhealth_gpu_health{node,uuid,index,model}               0 Healthy, 1 Degraded, 2 Unhealthy
 //	gpuhealth_gpu_evict{node,uuid,index,model}                1 when a condition asks for eviction
 //	gpuhealth_gpu_condition{node,uuid,index,type,reason,severity} 1 for each condition in effect
+//	gpuhealth_gpu_unmonitored{node,uuid,index,check}      1 for each check the agent cannot run ("events" when NVML delivers none)
 //	gpuhealth_xid_total{node,uuid,index,xid}                  XIDs seen, including application XIDs
 //	gpuhealth_transitions_total{node,to}                      health transitions
 //	gpuhealth_api_writes_total{reporter}                      writes to the API server
@@ -29,7 +30,7 @@ type Metrics struct {
 	node     string
 	snapshot func() health.Snapshot
 
-	healthDesc, evictDesc, conditionDesc, xidDesc *prometheus.Desc
+	healthDesc, evictDesc, conditionDesc, xidDesc, unmonitoredDesc *prometheus.Desc
 
 	transitions   *prometheus.CounterVec
 	writes        *prometheus.CounterVec
@@ -55,6 +56,8 @@ func New(node string, snapshot func() health.Snapshot) *Metrics {
 		evictDesc:     prometheus.NewDesc("gpuhealth_gpu_evict", "1 when a condition in effect asks for eviction of running work.", gpuLabels, nil),
 		conditionDesc: prometheus.NewDesc("gpuhealth_gpu_condition", "1 for each condition in effect on a GPU.", []string{"node", "uuid", "index", "type", "reason", "severity"}, nil),
 		xidDesc:       prometheus.NewDesc("gpuhealth_xid_total", "XIDs seen on a GPU since the agent started, including ones that do not change health.", []string{"node", "uuid", "index", "xid"}, nil),
+		unmonitoredDesc: prometheus.NewDesc("gpuhealth_gpu_unmonitored", "1 for each check the agent cannot run on a GPU (a driver function missing, ECC off, MIG mode; \"events\" when NVML delivers no events).",
+			[]string{"node", "uuid", "index", "check"}, nil),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpuhealth_transitions_total", Help: "GPU health transitions, by the health reached.",
 		}, []string{"node", "to"}),
@@ -124,6 +127,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.evictDesc
 	ch <- m.conditionDesc
 	ch <- m.xidDesc
+	ch <- m.unmonitoredDesc
 }
 
 // Collect implements prometheus.Collector from the latest snapshot.
@@ -146,6 +150,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, x := range d.XIDs {
 			send(m.xidDesc, prometheus.CounterValue, float64(x.Count), m.node, d.Device.UUID, idx, strconv.FormatUint(uint64(x.XID), 10))
+		}
+		for _, check := range report.Unmonitored(d) {
+			send(m.unmonitoredDesc, prometheus.GaugeValue, 1, m.node, d.Device.UUID, idx, check)
 		}
 	}
 }

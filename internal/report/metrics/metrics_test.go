@@ -53,3 +53,30 @@ gpuhealth_api_writes_total{reporter="annotation"} 1
 		t.Errorf("unmatched series = %d, want 1", n)
 	}
 }
+
+func TestUnmonitoredChecksAreExported(t *testing.T) {
+	tr, err := health.NewTracker(health.DefaultPolicy(), []health.Device{{UUID: "GPU-a", Index: 0}, {UUID: "GPU-b", Index: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.SetUnmonitored("GPU-a", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.SetCheckUnmonitored("GPU-a", health.CheckECC, true); err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New("n1", tr.Snapshot)
+	reg := prometheus.NewRegistry()
+	if err := m.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP gpuhealth_gpu_unmonitored 1 for each check the agent cannot run on a GPU (a driver function missing, ECC off, MIG mode; "events" when NVML delivers no events).
+# TYPE gpuhealth_gpu_unmonitored gauge
+gpuhealth_gpu_unmonitored{check="ecc",index="0",node="n1",uuid="GPU-a"} 1
+gpuhealth_gpu_unmonitored{check="events",index="0",node="n1",uuid="GPU-a"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "gpuhealth_gpu_unmonitored"); err != nil {
+		t.Error(err)
+	}
+}
