@@ -43,7 +43,7 @@ plugin on the same boot.
 
 With --replicas N, each GPU is time-sliced: advertised as N devices <UUID>::0..N-1 (the shape
 NVIDIA's plugin uses) that share the GPU's health; a container gets each GPU once, and requests
-spread over the least shared GPUs.`,
+go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distributed" policy).`,
 		Example: `  gpuhealth device-plugin
   gpuhealth device-plugin --cdi --checkpoint /var/lib/gpuhealth/device-plugin.json
   gpuhealth device-plugin --backend sim --scenario examples/scenario.yaml --kubelet-socket-dir /tmp/dp`,

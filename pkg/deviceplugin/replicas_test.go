@@ -104,10 +104,16 @@ func TestPreferredSpreadsReplicas(t *testing.T) {
 			want:      []string{"GPU-0::0", "GPU-2::0", "GPU-0::1"},
 		},
 		{
-			name:      "the least shared GPU (most free replicas) first",
+			name:      "the least loaded GPU first, even twice: GPU-0 has 2 of 3 replicas in use",
 			available: []string{"GPU-0::2", "GPU-2::0", "GPU-2::1", "GPU-2::2"},
 			size:      2,
-			want:      []string{"GPU-2::0", "GPU-0::2"},
+			want:      []string{"GPU-2::0", "GPU-2::1"},
+		},
+		{
+			name:      "equal load alternates GPUs",
+			available: []string{"GPU-0::1", "GPU-0::2", "GPU-2::1", "GPU-2::2"},
+			size:      3,
+			want:      []string{"GPU-0::1", "GPU-2::1", "GPU-0::2"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -176,8 +176,8 @@ func (s *Service) known() map[string]health.DeviceStatus {
 // healthiest (Healthy before Degraded, unknown IDs last), packed onto as few NUMA nodes as
 // possible (the NUMA node of mustInclude, else the smallest node that fits the rest, keeping
 // bigger nodes free for bigger requests), then by GPU index. Replicas of time-sliced GPUs
-// (ReplicaID) spread: one replica per GPU before a second of any, the least shared GPU (most free
-// replicas) first, as NVIDIA's plugin distributes them. numa may be nil.
+// (ReplicaID) go one at a time to the GPU with the fewest replicas in use, as NVIDIA's plugin
+// distributes them. numa may be nil.
 func Preferred(known map[string]health.DeviceStatus, numa func(health.Device) (int, bool), available, mustInclude []string, size int) []string {
 	out := make([]string, 0, max(size, len(mustInclude)))
 	chosen := map[string]bool{}
@@ -223,16 +223,22 @@ func Preferred(known map[string]health.DeviceStatus, numa func(health.Device) (i
 		}
 		return int(^uint(0) >> 1)
 	}
-	// round is how many replicas of the same GPU come before a candidate; free is how many
-	// replicas of its GPU are available. Whole GPUs: 0 and 1.
-	round, free := map[string]int{}, map[string]int{}
+	// Time-sliced replicas go to the least loaded GPU, one at a time, as NVIDIA's plugin does
+	// (internal/rm/allocate.go, greedyAlloc with its default "distributed" policy): picking the
+	// round-th replica of a GPU leaves it with allocated+round replicas in use, so sorting by that
+	// (then by round) is the same greedy choice. Whole GPUs: both are 0.
+	round, free, total := map[string]int{}, map[string]int{}, map[string]int{}
 	for _, id := range cands {
 		round[id] = free[GPUOf(id)]
 		free[GPUOf(id)]++
 	}
+	for id := range known {
+		total[GPUOf(id)]++
+	}
+	load := func(id string) int { return max(total[GPUOf(id)]-free[GPUOf(id)], 0) + round[id] }
 	slices.SortStableFunc(cands, func(a, b string) int {
 		return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(nodeRank[node(a)], nodeRank[node(b)]),
-			cmp.Compare(round[a], round[b]), cmp.Compare(free[GPUOf(b)], free[GPUOf(a)]),
+			cmp.Compare(load(a), load(b)), cmp.Compare(round[a], round[b]),
 			cmp.Compare(index(a), index(b)), strings.Compare(a, b))
 	})
 	return append(out, cands[:min(need, len(cands))]...)
