@@ -48,7 +48,7 @@ func Summarize(d health.DeviceStatus) GPUSummary {
 	if d.Device.MIG != nil {
 		s.ParentUUID = d.Device.MIG.ParentUUID
 	}
-	conds := WorstFirst(d.Conditions)
+	conds := health.WorstFirst(d.Conditions)
 	for _, c := range conds {
 		if !slices.Contains(s.Reasons, c.Reason) {
 			s.Reasons = append(s.Reasons, c.Reason)
@@ -59,19 +59,6 @@ func Summarize(d health.DeviceStatus) GPUSummary {
 		s.Since = &since
 	}
 	return s
-}
-
-// WorstFirst returns the conditions ordered by severity, most severe first, earliest first
-// among equals; the input is not changed.
-func WorstFirst(conds []health.Condition) []health.Condition {
-	out := slices.Clone(conds)
-	slices.SortStableFunc(out, func(a, b health.Condition) int {
-		if a.Severity != b.Severity {
-			return int(b.Severity) - int(a.Severity)
-		}
-		return a.Since.Compare(b.Since)
-	})
-	return out
 }
 
 // UnhealthyIndexes returns the indexes of the physical GPUs that are Unhealthy, ascending. MIG

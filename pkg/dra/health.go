@@ -11,7 +11,6 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -187,7 +186,7 @@ func Health(d health.DeviceStatus) kubeletplugin.HealthStatus {
 // Message says why a device is not Healthy ("Degraded: <reason>: <message>" for a Degraded
 // one), empty when it is; at most 1024 characters, as the kubelet keeps.
 func Message(d health.DeviceStatus) string {
-	conds := report.WorstFirst(d.Conditions)
+	conds := health.WorstFirst(d.Conditions)
 	if d.Health == health.Healthy || len(conds) == 0 {
 		if d.Unmonitored {
 			return "the GPU backend cannot watch this device"

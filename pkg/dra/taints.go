@@ -22,13 +22,11 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// TaintKeyPrefix starts the key of every taint this package writes.
-const TaintKeyPrefix = devicetaint.TaintKeyPrefix
+// TaintKeyPrefix starts the key of every taint gpuhealth writes, in slices and in rules.
+const TaintKeyPrefix = "gpuhealth.dev/"
 
 // TaintOptions configure Taints.
 type TaintOptions struct {
@@ -67,9 +65,9 @@ func Taints(snap health.Snapshot, devices map[string]string, opts TaintOptions) 
 
 // Taint returns the taint of one device that is not Healthy (see Taints).
 func Taint(d health.DeviceStatus, opts TaintOptions) resourceapi.DeviceTaint {
-	key, value := devicetaint.Taint(d)
-	t := resourceapi.DeviceTaint{Key: key, Value: value, Effect: devicetaint.Effect(d, opts.NoExecute)}
-	if conds := report.WorstFirst(d.Conditions); len(conds) > 0 && !conds[0].Since.IsZero() {
+	key, value := TaintKeyValue(d)
+	t := resourceapi.DeviceTaint{Key: key, Value: value, Effect: TaintEffect(d, opts.NoExecute)}
+	if conds := health.WorstFirst(d.Conditions); len(conds) > 0 && !conds[0].Since.IsZero() {
 		at := metav1.NewTime(conds[0].Since.Truncate(time.Second))
 		t.TimeAdded = &at
 	}

@@ -8,7 +8,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -75,26 +74,6 @@ func TestTaints(t *testing.T) {
 				t.Errorf("Taints = %v, want %v", got, tc.want)
 			}
 		})
-	}
-}
-
-// TestTaintMatchesDeviceTaintRule pins the promise that a driver's own taints and the agent's
-// DeviceTaintRules say the same thing.
-func TestTaintMatchesDeviceTaintRule(t *testing.T) {
-	for _, d := range []health.DeviceStatus{
-		gpuStatus("GPU-a", health.Unhealthy, xid(48, health.Unhealthy, false)),
-		gpuStatus("GPU-a", health.Unhealthy, xid(79, health.Unhealthy, true)),
-		gpuStatus("GPU-a", health.Degraded, health.Condition{Type: health.ConditionECCCorrectedStorm, Severity: health.Degraded, Reason: "CorrectedStorm"}),
-		gpuStatus("GPU-a", health.Unhealthy, health.Condition{Type: health.ConditionAdmin, Severity: health.Unhealthy, Reason: health.ReasonAdminDrain}),
-	} {
-		for _, noExec := range []bool{false, true} {
-			got := dra.Taint(d, dra.TaintOptions{NoExecute: noExec})
-			key, value := devicetaint.Taint(d)
-			if got.Key != key || got.Value != value || got.Effect != devicetaint.Effect(d, noExec) {
-				t.Errorf("Taint(%v, noExecute=%v) = %s=%s:%s, DeviceTaintRule has %s=%s:%s", d.Conditions, noExec,
-					got.Key, got.Value, got.Effect, key, value, devicetaint.Effect(d, noExec))
-			}
-		}
 	}
 }
 

@@ -182,3 +182,16 @@ func (ds *deviceState) worstReason() string {
 	}
 	return best.Reason
 }
+
+// WorstFirst returns the conditions ordered by severity, most severe first, earliest first
+// among equals; the input is not changed.
+func WorstFirst(conds []Condition) []Condition {
+	out := slices.Clone(conds)
+	slices.SortStableFunc(out, func(a, b Condition) int {
+		if a.Severity != b.Severity {
+			return int(b.Severity) - int(a.Severity)
+		}
+		return a.Since.Compare(b.Since)
+	})
+	return out
+}

@@ -306,7 +306,7 @@ func condition(d health.DeviceStatus) metav1.Condition {
 		reason = ReasonUnhealthy
 	}
 	var parts []string
-	for _, c := range report.WorstFirst(d.Conditions) {
+	for _, c := range health.WorstFirst(d.Conditions) {
 		parts = append(parts, c.Reason+": "+c.Message)
 	}
 	msg := strings.Join(parts, "; ")

@@ -46,6 +46,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -55,7 +56,7 @@ const (
 	UUIDLabel      = "gpuhealth.dev/gpu-uuid"
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	ManagedBy      = "gpuhealth"
-	TaintKeyPrefix = "gpuhealth.dev/"
+	TaintKeyPrefix = dra.TaintKeyPrefix
 	DefaultDriver  = "gpu.nvidia.com"
 	DefaultUUIDKey = dradevices.DefaultUUIDAttribute
 )

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -60,10 +61,10 @@ func TestEffectAndTaint(t *testing.T) {
 		{"lost GPU", status("GPU-a", 0, health.Unhealthy, false, health.Condition{Type: health.ConditionGPULost, Severity: health.Unhealthy, Reason: "GPULost"}), true, resourceapi.DeviceTaintEffectNoSchedule, "gpuhealth.dev/gpu-lost", "GPULost"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := devicetaint.Effect(tc.dev, tc.noExecute); got != tc.effect {
+			if got := dra.TaintEffect(tc.dev, tc.noExecute); got != tc.effect {
 				t.Errorf("Effect = %s, want %s", got, tc.effect)
 			}
-			key, val := devicetaint.Taint(tc.dev)
+			key, val := dra.TaintKeyValue(tc.dev)
 			if key != tc.key || val != tc.val {
 				t.Errorf("Taint = %s=%s, want %s=%s", key, val, tc.key, tc.val)
 			}
@@ -262,4 +263,28 @@ func TestRulesChangedByHandAreRepairedAtTheNextRelist(t *testing.T) {
 	if lists != before+1 {
 		t.Errorf("%d lists after a conflict, want %d", lists, before+1)
 	}
+}
+
+// TestTaintMatchesDeviceTaintRule pins the promise that a driver's own taints and the agent's
+// DeviceTaintRules say the same thing.
+func TestTaintMatchesDeviceTaintRule(t *testing.T) {
+	for _, d := range []health.DeviceStatus{
+		draStatus(health.Unhealthy, health.Condition{Type: health.ConditionXID, Code: 48, Severity: health.Unhealthy, Reason: "XID48"}),
+		draStatus(health.Unhealthy, health.Condition{Type: health.ConditionXID, Code: 79, Severity: health.Unhealthy, Reason: "XID79", Evict: true}),
+		draStatus(health.Degraded, health.Condition{Type: health.ConditionECCCorrectedStorm, Severity: health.Degraded, Reason: "CorrectedStorm"}),
+		draStatus(health.Unhealthy, health.Condition{Type: health.ConditionAdmin, Severity: health.Unhealthy, Reason: health.ReasonAdminDrain}),
+	} {
+		for _, noExec := range []bool{false, true} {
+			got := dra.Taint(d, dra.TaintOptions{NoExecute: noExec})
+			key, value := dra.TaintKeyValue(d)
+			if got.Key != key || got.Value != value || got.Effect != dra.TaintEffect(d, noExec) {
+				t.Errorf("Taint(%v, noExecute=%v) = %s=%s:%s, DeviceTaintRule has %s=%s:%s", d.Conditions, noExec,
+					got.Key, got.Value, got.Effect, key, value, dra.TaintEffect(d, noExec))
+			}
+		}
+	}
+}
+
+func draStatus(h health.Severity, c health.Condition) health.DeviceStatus {
+	return health.DeviceStatus{Device: health.Device{UUID: "GPU-a"}, Health: h, Evict: c.Evict, Conditions: []health.Condition{c}}
 }

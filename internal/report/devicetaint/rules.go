@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -103,21 +104,21 @@ func (s *Syncer) reportUnmatched(ctx context.Context, snap health.Snapshot, unma
 }
 
 func (s *Syncer) rule(name string, d health.DeviceStatus, t dradevices.Device) *resourceapi.DeviceTaintRule {
-	key, value := Taint(d)
+	key, value := dra.TaintKeyValue(d)
 	driver, pool, device := s.opts.Driver, t.Pool, t.Name
 	return &resourceapi.DeviceTaintRule{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name,
 			Labels: map[string]string{
 				NodeLabel:      s.nodeName,
-				UUIDLabel:      labelValue(d.Device.UUID),
+				UUIDLabel:      dra.LabelValue(d.Device.UUID),
 				ManagedByLabel: ManagedBy,
 			},
 			OwnerReferences: []metav1.OwnerReference{*s.nodeRef},
 		},
 		Spec: resourceapi.DeviceTaintRuleSpec{
 			DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: &driver, Pool: &pool, Device: &device},
-			Taint:          resourceapi.DeviceTaint{Key: key, Value: value, Effect: Effect(d, s.opts.NoExecute)},
+			Taint:          resourceapi.DeviceTaint{Key: key, Value: value, Effect: dra.TaintEffect(d, s.opts.NoExecute)},
 		},
 	}
 }

@@ -13,8 +13,8 @@ import (
 
 	yaml "go.yaml.in/yaml/v3"
 
-	"github.com/gpuhealth/gpuhealth/internal/strictyaml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/strictyaml"
 )
 
 // Scenario file identity.

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuhealth/gpuhealth/internal/strictyaml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/strictyaml"
 )
 
 // File identity.

@@ -7,7 +7,7 @@ import (
 
 	yaml "go.yaml.in/yaml/v3"
 
-	"github.com/gpuhealth/gpuhealth/internal/strictyaml"
+	"github.com/gpuhealth/gpuhealth/pkg/strictyaml"
 )
 
 type inner struct {
