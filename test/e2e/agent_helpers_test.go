@@ -141,7 +141,9 @@ type agentSetup struct {
 	node, kubeconfig, checkpoint string
 	// scenario is the body of a scenario file after its header; empty means no events.
 	scenario string
-	gpus     int
+	// gpusExtra is appended inside the scenario's gpus mapping (", migInstances: {...}").
+	gpusExtra string
+	gpus      int
 	// noExecute lets eviction-class faults taint NoExecute.
 	noExecute bool
 	// breakerFraction, when set, turns the circuit breaker on with that share.
@@ -152,7 +154,7 @@ type agentSetup struct {
 func startAgent(t *testing.T, s agentSetup) *agentProcess {
 	t.Helper()
 	dir := t.TempDir()
-	scenario := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d}\n%s", s.node, s.gpus, s.scenario)
+	scenario := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d%s}\n%s", s.node, s.gpus, s.gpusExtra, s.scenario)
 	scenarioPath := filepath.Join(dir, "scenario.yaml")
 	configPath := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(scenarioPath, []byte(scenario), 0o644); err != nil {

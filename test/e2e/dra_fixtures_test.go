@@ -6,13 +6,10 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	resourcev1 "k8s.io/api/resource/v1"
@@ -242,46 +239,11 @@ func waitDevice(t *testing.T, c *controlplane.Cluster, ns, name, want string) {
 // startFixtureAgent is startAgent with MIG instances in the simulator (gpus.migInstances).
 func startFixtureAgent(t *testing.T, kubeconfig, node string, count int, mig map[int]int, events string) *agentProcess {
 	t.Helper()
-	dir := t.TempDir()
 	var instances []string
 	for _, i := range slices.Sorted(maps.Keys(mig)) {
 		instances = append(instances, fmt.Sprintf("%q: %d", strconv.Itoa(i), mig[i]))
 	}
-	scenario := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d, migInstances: {%s}}\n%s",
-		node, count, strings.Join(instances, ", "), events)
-	scenarioPath, configPath := filepath.Join(dir, "scenario.yaml"), filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(scenarioPath, []byte(scenario), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	port := freePort(t)
-	a := &agentProcess{t: t, metrics: "http://127.0.0.1:" + strconv.Itoa(port), log: filepath.Join(dir, "agent.log"), done: make(chan struct{})}
-	logFile, err := os.Create(a.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.cmd = exec.Command(gpuhealthBinary(t), "agent", "--backend", "sim", "--scenario", scenarioPath,
-		"--node-name", node, "--kubeconfig", kubeconfig, "--config", configPath,
-		"--checkpoint", filepath.Join(dir, "ckpt.json"), "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "-v", "2")
-	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
-	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := a.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = a.cmd.Wait()
-		logFile.Close()
-		close(a.done)
-	}()
-	t.Cleanup(func() {
-		a.stop()
-		if t.Failed() {
-			b, _ := os.ReadFile(a.log)
-			t.Logf("agent log (%s):\n%s", node, tail(string(b), 80))
-		}
-	})
-	a.waitReady()
-	return a
+	return startAgent(t, agentSetup{node: node, gpus: count, kubeconfig: kubeconfig,
+		checkpoint: filepath.Join(t.TempDir(), "ckpt.json"), scenario: events,
+		gpusExtra: ", migInstances: {" + strings.Join(instances, ", ") + "}"})
 }
