@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -67,7 +69,22 @@ func (c *Cluster) CreateReadyNode(ctx context.Context, name string, labels map[s
 			ContainerRuntimeVersion: "fake://1.0.0",
 		},
 	}
-	if node, err = kubelet.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+	// In a cluster with real nodes the node-lifecycle controller may taint the new Node between
+	// Create and this update; NodeRestriction then refuses an update that carries the older
+	// taints ("not allowed to modify taints"), so apply the status to a fresh copy and retry.
+	status := node.Status
+	err = retry.OnError(retry.DefaultRetry, func(err error) bool {
+		return apierrors.IsConflict(err) || apierrors.IsForbidden(err) && strings.Contains(err.Error(), "taints")
+	}, func() error {
+		current, err := kubelet.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		current.Status = status
+		node, err = kubelet.CoreV1().Nodes().UpdateStatus(ctx, current, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("set node %s Ready: %w", name, err)
 	}
 
