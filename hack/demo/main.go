@@ -35,8 +35,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
@@ -224,7 +224,7 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 		}
 		reported := 0
 		for _, n := range list.Items {
-			if n.Annotations[annotation.HealthKey] != "" {
+			if n.Annotations[gpuhealthv1.HealthKey] != "" {
 				reported++
 			}
 		}
@@ -246,7 +246,7 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	st.say("the scenario makes GPU 3 fall off the bus (XID 79) and GPU 5 overheat (97 °C), then cools GPU 5 down")
 	if err := waitFor(ctx, "GPU 3 and GPU 5 of "+nodes[0]+" to be reported Unhealthy", func() (bool, error) {
 		n, err := admin.CoreV1().Nodes().Get(ctx, nodes[0], metav1.GetOptions{})
-		return err == nil && n.Annotations[annotation.UnhealthyIDsKey] == "3,5", err
+		return err == nil && n.Annotations[gpuhealthv1.UnhealthyIDsKey] == "3,5", err
 	}); err != nil {
 		return err
 	}
@@ -276,7 +276,7 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	}
 	if err := waitFor(ctx, "the drain to reach every reporter", func() (bool, error) {
 		n, err := admin.CoreV1().Nodes().Get(ctx, nodes[1], metav1.GetOptions{})
-		return err == nil && n.Annotations[annotation.UnhealthyIDsKey] == "2", err
+		return err == nil && n.Annotations[gpuhealthv1.UnhealthyIDsKey] == "2", err
 	}); err != nil {
 		return err
 	}
@@ -296,7 +296,7 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	st.heading("GPU 5 of " + nodes[0] + " cools down")
 	if err := waitFor(ctx, "GPU 5 to recover after three clean samples", func() (bool, error) {
 		n, err := admin.CoreV1().Nodes().Get(ctx, nodes[0], metav1.GetOptions{})
-		return err == nil && n.Annotations[annotation.UnhealthyIDsKey] == "3", err
+		return err == nil && n.Annotations[gpuhealthv1.UnhealthyIDsKey] == "3", err
 	}); err != nil {
 		return err
 	}

@@ -34,17 +34,17 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/report/claimstatus"
-	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
-	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
-	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -131,7 +131,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err := m.Register(opts.Registry); err != nil {
 		return fmt.Errorf("agent: register metrics: %w", err)
 	}
-	events := condition.NewEvents(recorder, opts.NodeName, "")
+	events := nodecondition.NewEvents(recorder, opts.NodeName, "")
 	// One cache of the Node and one of its DRA devices, shared by every reporter and the drains
 	// watcher: one watch of each per agent.
 	attrs := draAttributes(agentCfg)
@@ -264,7 +264,7 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 				Clock:       opts.Clock,
 			})
 		case config.ReporterCondition:
-			cs := condition.New(opts.Client, opts.NodeName, caches.nodes, opts.Clock)
+			cs := nodecondition.New(opts.Client, opts.NodeName, caches.nodes, opts.Clock)
 			if cb != nil {
 				cs.WithCircuitBreaker(cb.Held)
 			}

@@ -10,8 +10,8 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -39,7 +39,7 @@ func (w *drainWatcher) run(ctx context.Context) error {
 		if !ok {
 			return
 		}
-		drains, err := annotation.ParseDrains(node.Annotations[annotation.DrainsKey])
+		drains, err := gpuhealthv1.ParseDrains(node.Annotations[gpuhealthv1.DrainsKey])
 		if err != nil {
 			logger.Error(err, "Ignoring a malformed drains annotation; keeping the drains in force")
 			w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, "MalformedDrains", "gpuhealth kept the drains in force: %v", err)

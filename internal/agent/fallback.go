@@ -12,8 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -28,13 +27,13 @@ func restoreFromNode(ctx context.Context, client kubernetes.Interface, nodeName 
 	if err != nil {
 		return 0, fmt.Errorf("read node %s: %w", nodeName, err)
 	}
-	value := node.Annotations[annotation.HealthKey]
+	value := node.Annotations[gpuhealthv1.HealthKey]
 	if value == "" {
 		return 0, nil
 	}
-	var summaries map[string]report.GPUSummary
+	var summaries map[string]gpuhealthv1.GPUSummary
 	if err := json.Unmarshal([]byte(value), &summaries); err != nil {
-		return 0, fmt.Errorf("%s: %w", annotation.HealthKey, err)
+		return 0, fmt.Errorf("%s: %w", gpuhealthv1.HealthKey, err)
 	}
 	policy := t.Policy()
 	cp := health.Checkpoint{BootID: bootID, Time: now}

@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
-	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 

@@ -18,8 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 func newDrainCommand() *cobra.Command {
@@ -50,8 +49,8 @@ gpuhealth.dev/gpu-health annotation.`,
 			if by == "" {
 				by = whoAmI(ctx, client)
 			}
-			uuid, index, err := changeDrains(ctx, client, args[0], args[1], func(drains map[string]annotation.Drain, uuid string, index int) (bool, error) {
-				drains[uuid] = annotation.Drain{Index: index, Reason: reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
+			uuid, index, err := changeDrains(ctx, client, args[0], args[1], func(drains map[string]gpuhealthv1.Drain, uuid string, index int) (bool, error) {
+				drains[uuid] = gpuhealthv1.Drain{Index: index, Reason: reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
 				return true, nil
 			})
 			if err != nil {
@@ -80,7 +79,7 @@ condition keeps it Unhealthy. GPU is an index, a UUID or a PCI bus ID.`,
 			if err != nil {
 				return badInput(err)
 			}
-			uuid, index, err := changeDrains(cmd.Context(), client, args[0], args[1], func(drains map[string]annotation.Drain, uuid string, _ int) (bool, error) {
+			uuid, index, err := changeDrains(cmd.Context(), client, args[0], args[1], func(drains map[string]gpuhealthv1.Drain, uuid string, _ int) (bool, error) {
 				if _, ok := drains[uuid]; !ok {
 					return false, nil
 				}
@@ -102,7 +101,7 @@ condition keeps it Unhealthy. GPU is an index, a UUID or a PCI bus ID.`,
 // concurrency: the patch carries the resourceVersion it read, and a conflict (someone else
 // changed the node meanwhile) reads and tries again, so two drains at once never lose one.
 func changeDrains(ctx context.Context, client kubernetes.Interface, nodeName, gpu string,
-	change func(drains map[string]annotation.Drain, uuid string, index int) (bool, error)) (string, int, error) {
+	change func(drains map[string]gpuhealthv1.Drain, uuid string, index int) (bool, error)) (string, int, error) {
 	var uuid string
 	var index int
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -113,7 +112,7 @@ func changeDrains(ctx context.Context, client kubernetes.Interface, nodeName, gp
 		if err != nil {
 			return err
 		}
-		drains, err := annotation.ParseDrains(node.Annotations[annotation.DrainsKey])
+		drains, err := gpuhealthv1.ParseDrains(node.Annotations[gpuhealthv1.DrainsKey])
 		if err != nil {
 			return fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
 		}
@@ -135,7 +134,7 @@ func changeDrains(ctx context.Context, client kubernetes.Interface, nodeName, gp
 		}
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 			"resourceVersion": node.ResourceVersion,
-			"annotations":     map[string]any{annotation.DrainsKey: value},
+			"annotations":     map[string]any{gpuhealthv1.DrainsKey: value},
 		}})
 		if err != nil {
 			return err
@@ -148,11 +147,11 @@ func changeDrains(ctx context.Context, client kubernetes.Interface, nodeName, gp
 
 // resolveGPU turns an index, UUID or PCI bus ID into the GPU's UUID and index, using the agent's
 // health annotation and the drains already recorded.
-func resolveGPU(node *corev1.Node, drains map[string]annotation.Drain, gpu string) (string, int, error) {
-	summaries := map[string]report.GPUSummary{}
-	if v := node.Annotations[annotation.HealthKey]; v != "" {
+func resolveGPU(node *corev1.Node, drains map[string]gpuhealthv1.Drain, gpu string) (string, int, error) {
+	summaries := map[string]gpuhealthv1.GPUSummary{}
+	if v := node.Annotations[gpuhealthv1.HealthKey]; v != "" {
 		if err := json.Unmarshal([]byte(v), &summaries); err != nil {
-			return "", 0, fmt.Errorf("node %s: %s is not valid JSON: %w", node.Name, annotation.HealthKey, err)
+			return "", 0, fmt.Errorf("node %s: %s is not valid JSON: %w", node.Name, gpuhealthv1.HealthKey, err)
 		}
 	}
 	index, isIndex := -1, false
@@ -181,7 +180,7 @@ func resolveGPU(node *corev1.Node, drains map[string]annotation.Drain, gpu strin
 		return gpu, -1, nil // a UUID the agent has not reported (yet): accept it as given
 	}
 	if len(summaries) == 0 {
-		return "", 0, fmt.Errorf("node %s has no %s annotation to resolve GPU %q: is the gpuhealth agent running there? Name the GPU by UUID instead", node.Name, annotation.HealthKey, gpu)
+		return "", 0, fmt.Errorf("node %s has no %s annotation to resolve GPU %q: is the gpuhealth agent running there? Name the GPU by UUID instead", node.Name, gpuhealthv1.HealthKey, gpu)
 	}
 	return "", 0, fmt.Errorf("node %s has no GPU %q (give an index, a UUID or a PCI bus ID; see gpuhealth status --node %s)", node.Name, gpu, node.Name)
 }

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 const healthJSON = `{"GPU-a":{"index":0,"pciBusID":"00000000:10:00.0","model":"H100","health":"Healthy"},
@@ -18,9 +18,9 @@ const healthJSON = `{"GPU-a":{"index":0,"pciBusID":"00000000:10:00.0","model":"H
 "MIG-b1":{"index":1,"health":"Unhealthy","parentUUID":"GPU-b"}}`
 
 func gpuNodeObject(drains string) *corev1.Node {
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{annotation.HealthKey: healthJSON}}}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{gpuhealthv1.HealthKey: healthJSON}}}
 	if drains != "" {
-		n.Annotations[annotation.DrainsKey] = drains
+		n.Annotations[gpuhealthv1.DrainsKey] = drains
 	}
 	return n
 }
@@ -39,7 +39,7 @@ func TestResolveGPU(t *testing.T) {
 		{"garbage", "x!", "", 0, "no GPU"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			uuid, index, err := resolveGPU(gpuNodeObject(""), map[string]annotation.Drain{}, tc.gpu)
+			uuid, index, err := resolveGPU(gpuNodeObject(""), map[string]gpuhealthv1.Drain{}, tc.gpu)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -58,7 +58,7 @@ func TestResolveGPU(t *testing.T) {
 
 func TestStatusRowsAndTable(t *testing.T) {
 	drains := `{"GPU-a":{"index":0,"reason":"fan noise","by":"alice","at":"2026-11-29T00:00:00Z"},"GPU-gone":{"index":5,"reason":"RMA","by":"bob"}}`
-	nodes := []corev1.Node{*gpuNodeObject(drains), {ObjectMeta: metav1.ObjectMeta{Name: "n0-bad", Annotations: map[string]string{annotation.HealthKey: "{not json"}}}}
+	nodes := []corev1.Node{*gpuNodeObject(drains), {ObjectMeta: metav1.ObjectMeta{Name: "n0-bad", Annotations: map[string]string{gpuhealthv1.HealthKey: "{not json"}}}}
 	rows := collectStatus(nodes, klog.Background())
 	if len(rows) != 4 {
 		t.Fatalf("%d rows, want 4 (two GPUs, a MIG instance, a drain for a GPU not reported): %+v", len(rows), rows)

@@ -9,8 +9,8 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
-	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
 )
 
 func TestExternalTaints(t *testing.T) {

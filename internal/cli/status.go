@@ -21,8 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -125,17 +124,17 @@ reasons "external:<key>": they keep the device out of scheduling whatever gpuhea
 func collectStatus(nodes []corev1.Node, logger klog.Logger) []GPUStatus {
 	gpus := []GPUStatus{}
 	for _, n := range nodes {
-		summaries := map[string]report.GPUSummary{}
-		if v := n.Annotations[annotation.HealthKey]; v != "" {
+		summaries := map[string]gpuhealthv1.GPUSummary{}
+		if v := n.Annotations[gpuhealthv1.HealthKey]; v != "" {
 			if err := json.Unmarshal([]byte(v), &summaries); err != nil {
 				logger.Error(err, "Skipping a node with a malformed health annotation", "node", n.Name)
 				continue
 			}
 		}
-		drains, err := annotation.ParseDrains(n.Annotations[annotation.DrainsKey])
+		drains, err := gpuhealthv1.ParseDrains(n.Annotations[gpuhealthv1.DrainsKey])
 		if err != nil {
 			logger.Error(err, "Ignoring a malformed drains annotation", "node", n.Name)
-			drains = map[string]annotation.Drain{}
+			drains = map[string]gpuhealthv1.Drain{}
 		}
 		for uuid, s := range summaries {
 			row := GPUStatus{Node: n.Name, Index: s.Index, UUID: uuid, Model: s.Model, Health: s.Health,
@@ -161,7 +160,7 @@ func collectStatus(nodes []corev1.Node, logger klog.Logger) []GPUStatus {
 	return gpus
 }
 
-func markDrained(row *GPUStatus, d annotation.Drain) {
+func markDrained(row *GPUStatus, d gpuhealthv1.Drain) {
 	row.Drained, row.DrainReason, row.DrainedBy = true, d.Reason, d.By
 	if !d.At.IsZero() {
 		at := d.At

@@ -3,7 +3,7 @@ package scheduling
 import (
 	"testing"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 // BenchmarkParseNode parses one 8-GPU node carrying all three annotations, the cost the extender
@@ -11,9 +11,9 @@ import (
 // cached (nodeCacheCapable: false).
 func BenchmarkParseNode(b *testing.B) {
 	node := gpuNode("n", 8, map[string]string{
-		annotation.UnhealthyIDsKey: "3",
-		annotation.HealthKey:       healthJSON(b, map[int]string{0: "Healthy", 1: "Healthy", 2: "Degraded", 3: "Unhealthy", 4: "Healthy", 5: "Healthy", 6: "Healthy", 7: "Healthy"}),
-		annotation.DrainsKey:       drainsJSON(b, map[string]int{uuid(5): 5}),
+		gpuhealthv1.UnhealthyIDsKey: "3",
+		gpuhealthv1.HealthKey:       healthJSON(b, map[int]string{0: "Healthy", 1: "Healthy", 2: "Degraded", 3: "Unhealthy", 4: "Healthy", 5: "Healthy", 6: "Healthy", 7: "Healthy"}),
+		gpuhealthv1.DrainsKey:       drainsJSON(b, map[string]int{uuid(5): 5}),
 	})
 	b.ReportAllocs()
 	for b.Loop() {
@@ -25,7 +25,7 @@ func BenchmarkParseNode(b *testing.B) {
 
 // BenchmarkPlace is the pure placement of a 4-GPU pod on one parsed node.
 func BenchmarkPlace(b *testing.B) {
-	n, _ := ParseNode(gpuNode("n", 8, map[string]string{annotation.UnhealthyIDsKey: "3"}))
+	n, _ := ParseNode(gpuNode("n", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "3"}))
 	b.ReportAllocs()
 	for b.Loop() {
 		Place(Request{GPUs: 4}, &n, Usage{GPUs: 2})

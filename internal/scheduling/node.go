@@ -19,9 +19,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/hami"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 // Resource and annotation names of the device-plugin and Volcano GPU-sharing paths.
@@ -127,19 +125,19 @@ func ParseNode(node *corev1.Node) (NodeGPUs, []string) {
 	}
 
 	ann := node.Annotations
-	if v, ok := ann[annotation.UnhealthyIDsKey]; ok {
+	if v, ok := ann[gpuhealthv1.UnhealthyIDsKey]; ok {
 		for _, i := range parseIndexList(v, count, &w) {
 			n.GPUs[i].Health = Unhealthy
 		}
 	}
 	uuids := map[string]int{} // UUID -> index, from gpu-health
-	if v, ok := ann[annotation.HealthKey]; ok {
+	if v, ok := ann[gpuhealthv1.HealthKey]; ok {
 		parseHealth(v, n.GPUs, uuids, &w)
 	}
-	if v, ok := ann[annotation.DrainsKey]; ok {
+	if v, ok := ann[gpuhealthv1.DrainsKey]; ok {
 		parseDrains(v, n.GPUs, uuids, &w)
 	}
-	if v, ok := ann[hami.CordonKey]; ok {
+	if v, ok := ann[gpuhealthv1.HAMiCordonKey]; ok {
 		parseCordon(v, n.GPUs, uuids, &w)
 	}
 	for _, g := range n.GPUs {
@@ -218,7 +216,7 @@ func short(s string) string {
 // parseIndexList parses "0,3" the way Volcano's scheduler does (split on commas, parse each
 // entry, skip bad ones), also skipping indexes outside 0..count-1.
 func parseIndexList(v string, count int, w *warnings) []int {
-	key := annotation.UnhealthyIDsKey
+	key := gpuhealthv1.UnhealthyIDsKey
 	if strings.TrimSpace(v) == "" {
 		return nil
 	}
@@ -240,7 +238,7 @@ func parseIndexList(v string, count int, w *warnings) []int {
 
 // parseHealth applies the gpu-health annotation to gpus and records UUID -> index.
 func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
-	key := annotation.HealthKey
+	key := gpuhealthv1.HealthKey
 	var entries map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(v), &entries); err != nil {
 		w.add(key, "not a JSON object (%v): ignored", err)
@@ -254,7 +252,7 @@ func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 	// Sorted, so that duplicates resolve the same way every time.
 	for _, uuid := range slices.Sorted(maps.Keys(entries)) {
 		raw := entries[uuid]
-		var s report.GPUSummary
+		var s gpuhealthv1.GPUSummary
 		if err := json.Unmarshal(raw, &s); err != nil {
 			w.add(key, "entry %s: %v: ignored", short(uuid), err)
 			continue
@@ -296,7 +294,7 @@ func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 // parseDrains applies the gpu-drains annotation. A drain names its GPU by UUID; the index it
 // recorded is used only when gpu-health does not list that UUID (indexes can shift, UUIDs not).
 func parseDrains(v string, gpus []GPU, uuids map[string]int, w *warnings) {
-	key := annotation.DrainsKey
+	key := gpuhealthv1.DrainsKey
 	var entries map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(v), &entries); err != nil {
 		w.add(key, "not a JSON object (%v): ignored", err)
@@ -304,7 +302,7 @@ func parseDrains(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 	}
 	for _, uuid := range slices.Sorted(maps.Keys(entries)) {
 		raw := entries[uuid]
-		var d annotation.Drain
+		var d gpuhealthv1.Drain
 		if err := json.Unmarshal(raw, &d); err != nil {
 			w.add(key, "entry %s: %v: ignored", short(uuid), err)
 			continue
@@ -331,7 +329,7 @@ func parseDrains(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 // skip empty entries, match device IDs, which are GPU UUIDs). A UUID gpu-health does not list
 // cannot be placed and is reported.
 func parseCordon(v string, gpus []GPU, uuids map[string]int, w *warnings) {
-	key := hami.CordonKey
+	key := gpuhealthv1.HAMiCordonKey
 	for entry := range strings.SplitSeq(v, ",") {
 		uuid := strings.TrimSpace(entry)
 		if uuid == "" {
@@ -339,7 +337,7 @@ func parseCordon(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 		}
 		i, ok := uuids[uuid]
 		if !ok {
-			w.add(key, "GPU %s is not listed in %s: ignored", short(uuid), annotation.HealthKey)
+			w.add(key, "GPU %s is not listed in %s: ignored", short(uuid), gpuhealthv1.HealthKey)
 			continue
 		}
 		worsen(&gpus[i], Unhealthy)

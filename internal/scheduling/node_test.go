@@ -11,9 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/hami"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 // gpuNode returns a node with n whole GPUs and the given annotations.
@@ -42,9 +40,9 @@ func uuid(i int) string { return "GPU-0000000" + string(rune('0'+i)) }
 // healthJSON builds a gpu-health value: index -> health for physical GPUs.
 func healthJSON(t testing.TB, h map[int]string) string {
 	t.Helper()
-	m := map[string]report.GPUSummary{}
+	m := map[string]gpuhealthv1.GPUSummary{}
 	for i, s := range h {
-		m[uuid(i)] = report.GPUSummary{Index: i, Model: "H100", Health: s}
+		m[uuid(i)] = gpuhealthv1.GPUSummary{Index: i, Model: "H100", Health: s}
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -55,9 +53,9 @@ func healthJSON(t testing.TB, h map[int]string) string {
 
 func drainsJSON(t testing.TB, d map[string]int) string {
 	t.Helper()
-	m := map[string]annotation.Drain{}
+	m := map[string]gpuhealthv1.Drain{}
 	for u, i := range d {
-		m[u] = annotation.Drain{Index: i, Reason: "maintenance", By: "admin", At: time.Unix(0, 0).UTC()}
+		m[u] = gpuhealthv1.Drain{Index: i, Reason: "maintenance", By: "admin", At: time.Unix(0, 0).UTC()}
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -95,31 +93,31 @@ func TestParseNode(t *testing.T) {
 		{name: "no GPUs", node: gpuNode("n", 0, nil), want: ""},
 		{
 			name: "volcano ids",
-			node: gpuNode("n", 8, map[string]string{annotation.UnhealthyIDsKey: "0,3"}),
+			node: gpuNode("n", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,3"}),
 			want: "U..U....",
 		},
 		{
 			name: "volcano ids with spaces and an empty value",
-			node: gpuNode("n", 4, map[string]string{annotation.UnhealthyIDsKey: " 1 , 2"}),
+			node: gpuNode("n", 4, map[string]string{gpuhealthv1.UnhealthyIDsKey: " 1 , 2"}),
 			want: ".UU.",
 		},
 		{
 			name:         "malformed volcano ids: bad entries skipped, the rest count",
-			node:         gpuNode("n", 8, map[string]string{annotation.UnhealthyIDsKey: "0,,x,-1,99"}),
+			node:         gpuNode("n", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,,x,-1,99"}),
 			want:         "U.......",
 			wantWarnings: 4,
 			wantWarning:  `index 99 is out of range`,
 		},
 		{
 			name:         "huge and non-UTF-8 ids",
-			node:         gpuNode("n", 4, map[string]string{annotation.UnhealthyIDsKey: "99999999999999999999999,\xff\xfe,2"}),
+			node:         gpuNode("n", 4, map[string]string{gpuhealthv1.UnhealthyIDsKey: "99999999999999999999999,\xff\xfe,2"}),
 			want:         "..U.",
 			wantWarnings: 2,
 			wantWarning:  `"\xff\xfe"`,
 		},
 		{
 			name:         "thousands of bad entries give a bounded number of warnings",
-			node:         gpuNode("n", 2, map[string]string{annotation.UnhealthyIDsKey: strings.Repeat("x,", 10000) + "1"}),
+			node:         gpuNode("n", 2, map[string]string{gpuhealthv1.UnhealthyIDsKey: strings.Repeat("x,", 10000) + "1"}),
 			want:         ".U",
 			wantWarnings: maxWarnings + 1,
 			wantWarning:  "more entries ignored",
@@ -127,8 +125,8 @@ func TestParseNode(t *testing.T) {
 		{
 			name: "a HAMi node: the cordon takes GPUs out by UUID; unknown UUIDs are reported",
 			node: gpuNode("n", 4, map[string]string{
-				annotation.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
-				hami.CordonKey:       " " + uuid(2) + ", ,GPU-not-here",
+				gpuhealthv1.HealthKey:     healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
+				gpuhealthv1.HAMiCordonKey: " " + uuid(2) + ", ,GPU-not-here",
 			}),
 			want:         "..U.",
 			wantWarnings: 1,
@@ -136,27 +134,27 @@ func TestParseNode(t *testing.T) {
 		},
 		{
 			name: "gpu-health alone",
-			node: gpuNode("n", 4, map[string]string{annotation.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Degraded", 2: "Unhealthy", 3: "Healthy"})}),
+			node: gpuNode("n", 4, map[string]string{gpuhealthv1.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Degraded", 2: "Unhealthy", 3: "Healthy"})}),
 			want: ".dU.",
 		},
 		{
 			name: "union of volcano ids and gpu-health",
 			node: gpuNode("n", 4, map[string]string{
-				annotation.UnhealthyIDsKey: "0",
-				annotation.HealthKey:       healthJSON(t, map[int]string{0: "Healthy", 3: "Unhealthy", 1: "Degraded"}),
+				gpuhealthv1.UnhealthyIDsKey: "0",
+				gpuhealthv1.HealthKey:       healthJSON(t, map[int]string{0: "Healthy", 3: "Unhealthy", 1: "Degraded"}),
 			}),
 			want: "Ud.U",
 		},
 		{
 			name:         "gpu-health not JSON: ignored, volcano ids still count",
-			node:         gpuNode("n", 2, map[string]string{annotation.HealthKey: "{not json", annotation.UnhealthyIDsKey: "1"}),
+			node:         gpuNode("n", 2, map[string]string{gpuhealthv1.HealthKey: "{not json", gpuhealthv1.UnhealthyIDsKey: "1"}),
 			want:         ".U",
 			wantWarnings: 1,
 			wantWarning:  "not a JSON object",
 		},
 		{
 			name: "gpu-health with bad entries",
-			node: gpuNode("n", 3, map[string]string{annotation.HealthKey: `{"GPU-a":{"index":0,"health":"Unhealthy"},"GPU-b":{"index":"x"},` +
+			node: gpuNode("n", 3, map[string]string{gpuhealthv1.HealthKey: `{"GPU-a":{"index":0,"health":"Unhealthy"},"GPU-b":{"index":"x"},` +
 				`"GPU-c":{"index":7,"health":"Unhealthy"},"GPU-d":{"index":1,"health":"Sick"},"GPU-e":{"index":2,"health":"Degraded"},"GPU-f":[]}`}),
 			want:         "U.d",
 			wantWarnings: 4,
@@ -164,7 +162,7 @@ func TestParseNode(t *testing.T) {
 		},
 		{
 			name: "MIG instance not healthy makes its card Degraded",
-			node: gpuNode("n", 2, map[string]string{annotation.HealthKey: `{"GPU-p":{"index":1,"health":"Healthy"},` +
+			node: gpuNode("n", 2, map[string]string{gpuhealthv1.HealthKey: `{"GPU-p":{"index":1,"health":"Healthy"},` +
 				`"MIG-1":{"index":1,"health":"Unhealthy","parentUUID":"GPU-p"},"MIG-2":{"index":0,"health":"Unhealthy","parentUUID":"GPU-missing"}}`}),
 			want:         ".d",
 			wantWarnings: 1,
@@ -173,8 +171,8 @@ func TestParseNode(t *testing.T) {
 		{
 			name: "drain by UUID known to gpu-health uses the current index",
 			node: gpuNode("n", 4, map[string]string{
-				annotation.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
-				annotation.DrainsKey: drainsJSON(t, map[string]int{uuid(2): 0}),
+				gpuhealthv1.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
+				gpuhealthv1.DrainsKey: drainsJSON(t, map[string]int{uuid(2): 0}),
 			}),
 			want:         "..D.",
 			wantWarnings: 1,
@@ -182,12 +180,12 @@ func TestParseNode(t *testing.T) {
 		},
 		{
 			name: "drain by UUID unknown to gpu-health uses its recorded index",
-			node: gpuNode("n", 4, map[string]string{annotation.DrainsKey: drainsJSON(t, map[string]int{"GPU-x": 1, "GPU-y": 9})}),
+			node: gpuNode("n", 4, map[string]string{gpuhealthv1.DrainsKey: drainsJSON(t, map[string]int{"GPU-x": 1, "GPU-y": 9})}),
 			want: ".D..", wantWarnings: 1, wantWarning: "index 9 is out of range",
 		},
 		{
 			name:         "drains not JSON",
-			node:         gpuNode("n", 1, map[string]string{annotation.DrainsKey: "\xff"}),
+			node:         gpuNode("n", 1, map[string]string{gpuhealthv1.DrainsKey: "\xff"}),
 			want:         ".",
 			wantWarnings: 1,
 		},
@@ -200,7 +198,7 @@ func TestParseNode(t *testing.T) {
 		},
 		{
 			name: "sharing node",
-			node: sharingNode("n", 2, 16384, map[string]string{annotation.UnhealthyIDsKey: "1"}),
+			node: sharingNode("n", 2, 16384, map[string]string{gpuhealthv1.UnhealthyIDsKey: "1"}),
 			want: ".U",
 		},
 	}
@@ -234,7 +232,7 @@ func TestParseNode(t *testing.T) {
 
 func TestParseNodeSharingAndUUIDs(t *testing.T) {
 	n, warnings := ParseNode(sharingNode("n", 4, 16000, map[string]string{
-		annotation.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
+		gpuhealthv1.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
 	}))
 	if len(warnings) != 0 {
 		t.Fatalf("warnings: %q", warnings)
@@ -268,7 +266,7 @@ func FuzzParseNode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ids, health, drains string, gpus, cards, memory int64) {
 		node := &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{
-				annotation.UnhealthyIDsKey: ids, annotation.HealthKey: health, annotation.DrainsKey: drains,
+				gpuhealthv1.UnhealthyIDsKey: ids, gpuhealthv1.HealthKey: health, gpuhealthv1.DrainsKey: drains,
 			}},
 			Status: corev1.NodeStatus{Capacity: corev1.ResourceList{
 				ResourceGPU:       *resource.NewQuantity(gpus, resource.DecimalSI),

@@ -9,8 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/hami"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 func qty(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
@@ -131,38 +130,38 @@ func TestPlaceWholeGPUs(t *testing.T) {
 		{name: "packs onto a busy node", node: gpuNode("n", 8, nil), want: 2, used: 6, fits: true, wantScore: 10},
 		{name: "no GPUs", node: gpuNode("n", 0, nil), want: 1, reason: "node has no nvidia.com/gpu"},
 		{
-			name: "unhealthy GPUs do not count", node: gpuNode("n", 8, map[string]string{annotation.UnhealthyIDsKey: "0,1,2,3,4,5"}),
+			name: "unhealthy GPUs do not count", node: gpuNode("n", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5"}),
 			want: 3, reason: "not enough healthy GPUs: 3 requested, 2 free (6 unhealthy or drained, 0 in use)",
 		},
 		{
-			name: "exactly the healthy GPUs", node: gpuNode("n", 8, map[string]string{annotation.UnhealthyIDsKey: "0,1,2,3,4,5"}),
+			name: "exactly the healthy GPUs", node: gpuNode("n", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5"}),
 			want: 2, fits: true, wantScore: 10,
 		},
 		{
-			name: "GPUs in use do not count", node: gpuNode("n", 8, map[string]string{annotation.UnhealthyIDsKey: "0"}),
+			name: "GPUs in use do not count", node: gpuNode("n", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0"}),
 			want: 2, used: 6, reason: "1 free (1 unhealthy or drained, 6 in use)",
 		},
 		{
 			name: "drained GPUs do not count",
-			node: gpuNode("n", 4, map[string]string{annotation.DrainsKey: drainsJSON(t, map[string]int{"GPU-a": 0, "GPU-b": 1, "GPU-c": 2})}),
+			node: gpuNode("n", 4, map[string]string{gpuhealthv1.DrainsKey: drainsJSON(t, map[string]int{"GPU-a": 0, "GPU-b": 1, "GPU-c": 2})}),
 			want: 2, reason: "2 requested, 1 free (3 unhealthy or drained",
 		},
 		{
 			name: "a HAMi node: GPUs cordoned in hami.io/device-cordon do not count",
 			node: gpuNode("n", 4, map[string]string{
-				annotation.HealthKey: healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
-				hami.CordonKey:       uuid(1) + "," + uuid(3),
+				gpuhealthv1.HealthKey:     healthJSON(t, map[int]string{0: "Healthy", 1: "Healthy", 2: "Healthy", 3: "Healthy"}),
+				gpuhealthv1.HAMiCordonKey: uuid(1) + "," + uuid(3),
 			}),
 			want: 3, reason: "3 requested, 2 free (2 unhealthy or drained, 0 in use)",
 		},
 		{
 			name: "Degraded GPUs fit but halve the score",
-			node: gpuNode("n", 8, map[string]string{annotation.HealthKey: healthJSON(t, map[int]string{7: "Degraded"})}),
+			node: gpuNode("n", 8, map[string]string{gpuhealthv1.HealthKey: healthJSON(t, map[int]string{7: "Degraded"})}),
 			want: 4, fits: true, wantScore: 3,
 		},
 		{
 			name: "a pod that must use a Degraded GPU scores 0",
-			node: gpuNode("n", 4, map[string]string{annotation.HealthKey: healthJSON(t, map[int]string{2: "Degraded", 3: "Degraded"})}),
+			node: gpuNode("n", 4, map[string]string{gpuhealthv1.HealthKey: healthJSON(t, map[int]string{2: "Degraded", 3: "Degraded"})}),
 			want: 3, fits: true, wantScore: 0,
 		},
 	}
@@ -207,22 +206,22 @@ func TestPlaceShared(t *testing.T) {
 		{name: "more than a card", node: sharingNode("n", 2, card, nil), want: card + 1, wantCard: NoCard, reason: "more than a card's 16000 MiB"},
 		{
 			name: "skips unhealthy and drained cards",
-			node: sharingNode("n", 3, card, map[string]string{annotation.UnhealthyIDsKey: "1", annotation.DrainsKey: drainsJSON(t, map[string]int{"GPU-x": 2})}),
+			node: sharingNode("n", 3, card, map[string]string{gpuhealthv1.UnhealthyIDsKey: "1", gpuhealthv1.DrainsKey: drainsJSON(t, map[string]int{"GPU-x": 2})}),
 			want: 1000, used: map[int]int64{1: 15000, 2: 15000}, wantCard: 0, wantScore: 2,
 		},
 		{
 			name: "no healthy card has room",
-			node: sharingNode("n", 2, card, map[string]string{annotation.UnhealthyIDsKey: "0"}),
+			node: sharingNode("n", 2, card, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0"}),
 			want: 8000, used: map[int]int64{1: 9000}, wantCard: NoCard, reason: "no healthy GPU has 8000 MiB free (1 of 2 cards unhealthy or drained)",
 		},
 		{
 			name: "a healthy card before a fuller Degraded one, with a penalty",
-			node: sharingNode("n", 2, card, map[string]string{annotation.HealthKey: healthJSON(t, map[int]string{0: "Degraded", 1: "Healthy"})}),
+			node: sharingNode("n", 2, card, map[string]string{gpuhealthv1.HealthKey: healthJSON(t, map[int]string{0: "Degraded", 1: "Healthy"})}),
 			want: 4000, used: map[int]int64{0: 8000}, wantCard: 1, wantScore: 3,
 		},
 		{
 			name: "only a Degraded card: fits with score 0",
-			node: sharingNode("n", 2, card, map[string]string{annotation.HealthKey: healthJSON(t, map[int]string{0: "Degraded", 1: "Unhealthy"})}),
+			node: sharingNode("n", 2, card, map[string]string{gpuhealthv1.HealthKey: healthJSON(t, map[int]string{0: "Degraded", 1: "Unhealthy"})}),
 			want: 4000, wantCard: 0, wantScore: 0,
 		},
 	}

@@ -17,9 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
 
@@ -73,7 +73,7 @@ func TestAgentReportsFaultsAndRecovery(t *testing.T) {
 		if err != nil {
 			return false, "", err
 		}
-		cond, err := nodeCondition(ctx, c, node, condition.Type)
+		cond, err := nodeCondition(ctx, c, node, nodecondition.Type)
 		if err != nil {
 			return false, "", err
 		}
@@ -82,13 +82,13 @@ func TestAgentReportsFaultsAndRecovery(t *testing.T) {
 			devicetaint.RuleName(uuids[5]): "gpuhealth.dev/thermal=TemperatureAtSlowdown:None",
 			devicetaint.RuleName(uuids[6]): "gpuhealth.dev/xid=79:NoSchedule", // NoExecute is opt-in
 		}
-		ok := ann[annotation.UnhealthyIDsKey] == "3,6" && cond.Status == corev1.ConditionTrue && len(rs) == len(want)
+		ok := ann[gpuhealthv1.UnhealthyIDsKey] == "3,6" && cond.Status == corev1.ConditionTrue && len(rs) == len(want)
 		for name, taint := range want {
 			r := rs[name]
 			ok = ok && fmt.Sprintf("%s=%s:%s", r.Spec.Taint.Key, r.Spec.Taint.Value, r.Spec.Taint.Effect) == taint &&
 				r.Spec.Taint.TimeAdded != nil && *r.Spec.DeviceSelector.Pool == node
 		}
-		return ok, fmt.Sprintf("ids=%q condition=%s rules=%v", ann[annotation.UnhealthyIDsKey], cond.Status, ruleNames(rs)), nil
+		return ok, fmt.Sprintf("ids=%q condition=%s rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], cond.Status, ruleNames(rs)), nil
 	})
 
 	eventually(t, "recovery removes the reset GPU and the cooled one", func(ctx context.Context) (bool, string, error) {
@@ -101,8 +101,8 @@ func TestAgentReportsFaultsAndRecovery(t *testing.T) {
 			return false, "", err
 		}
 		_, only79 := rs[devicetaint.RuleName(uuids[6])]
-		return ann[annotation.UnhealthyIDsKey] == "6" && len(rs) == 1 && only79,
-			fmt.Sprintf("ids=%q rules=%v", ann[annotation.UnhealthyIDsKey], ruleNames(rs)), nil
+		return ann[gpuhealthv1.UnhealthyIDsKey] == "6" && len(rs) == 1 && only79,
+			fmt.Sprintf("ids=%q rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs)), nil
 	})
 
 	eventually(t, "events for the transitions", func(ctx context.Context) (bool, string, error) {
@@ -114,7 +114,7 @@ func TestAgentReportsFaultsAndRecovery(t *testing.T) {
 		for _, e := range evs.Items {
 			reasons[e.Reason] = true
 		}
-		return reasons[condition.EventGPUUnhealthy] && reasons[condition.EventGPUDegraded] && reasons[condition.EventGPURecovered],
+		return reasons[nodecondition.EventGPUUnhealthy] && reasons[nodecondition.EventGPUDegraded] && reasons[nodecondition.EventGPURecovered],
 			fmt.Sprintf("%v", reasons), nil
 	})
 }
@@ -138,7 +138,7 @@ func TestAgentRestartKeepsStateWithoutWrites(t *testing.T) {
 			return false, "", err
 		}
 		rs, err := rules(ctx, c, node)
-		return err == nil && ann[annotation.UnhealthyIDsKey] == "2" && len(rs) == 1, fmt.Sprintf("ids=%q rules=%v", ann[annotation.UnhealthyIDsKey], ruleNames(rs)), err
+		return err == nil && ann[gpuhealthv1.UnhealthyIDsKey] == "2" && len(rs) == 1, fmt.Sprintf("ids=%q rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs)), err
 	})
 	first.kill()
 
@@ -170,15 +170,15 @@ func TestAgentRestartKeepsStateWithoutWrites(t *testing.T) {
 	nodeWatch.Stop()
 	for ev := range nodeWatch.ResultChan() {
 		if n, ok := ev.Object.(*corev1.Node); ok && ev.Type == watch.Modified {
-			t.Errorf("the node was modified during the restart: ids=%q", n.Annotations[annotation.UnhealthyIDsKey])
+			t.Errorf("the node was modified during the restart: ids=%q", n.Annotations[gpuhealthv1.UnhealthyIDsKey])
 		}
 	}
 	ann, err := nodeAnnotations(ctx, c, node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ann[annotation.UnhealthyIDsKey] != "2" {
-		t.Errorf("after the restart %s = %q, want 2", annotation.UnhealthyIDsKey, ann[annotation.UnhealthyIDsKey])
+	if ann[gpuhealthv1.UnhealthyIDsKey] != "2" {
+		t.Errorf("after the restart %s = %q, want 2", gpuhealthv1.UnhealthyIDsKey, ann[gpuhealthv1.UnhealthyIDsKey])
 	}
 }
 
@@ -191,7 +191,7 @@ func TestAgentReconcilesStaleStateAtStart(t *testing.T) {
 	ctx := t.Context()
 	const node = "agent-stale"
 	uuids := gpuNode(t, c, node, 4)
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"0,1",%q:"{}","example.com/keep":"yes"}}}`, annotation.UnhealthyIDsKey, annotation.HealthKey)
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"0,1",%q:"{}","example.com/keep":"yes"}}}`, gpuhealthv1.UnhealthyIDsKey, gpuhealthv1.HealthKey)
 	if _, err := c.Admin().CoreV1().Nodes().Patch(ctx, node, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -211,11 +211,11 @@ func TestAgentReconcilesStaleStateAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ids, ok := ann[annotation.UnhealthyIDsKey]; ok {
-		t.Errorf("stale %s=%q survived the start-up reconcile", annotation.UnhealthyIDsKey, ids)
+	if ids, ok := ann[gpuhealthv1.UnhealthyIDsKey]; ok {
+		t.Errorf("stale %s=%q survived the start-up reconcile", gpuhealthv1.UnhealthyIDsKey, ids)
 	}
-	if !strings.Contains(ann[annotation.HealthKey], uuids[0]) {
-		t.Errorf("%s = %q, want every GPU listed", annotation.HealthKey, ann[annotation.HealthKey])
+	if !strings.Contains(ann[gpuhealthv1.HealthKey], uuids[0]) {
+		t.Errorf("%s = %q, want every GPU listed", gpuhealthv1.HealthKey, ann[gpuhealthv1.HealthKey])
 	}
 	if ann["example.com/keep"] != "yes" {
 		t.Errorf("a foreign annotation was changed: %v", ann)
@@ -259,7 +259,7 @@ func TestAgentXIDStormWritesOncePerSink(t *testing.T) {
 	defer ruleWatch.Stop()
 	eventually(t, "storm reported", func(ctx context.Context) (bool, string, error) {
 		ann, err := nodeAnnotations(ctx, c, node)
-		return err == nil && ann[annotation.UnhealthyIDsKey] == "1", fmt.Sprintf("ids=%q", ann[annotation.UnhealthyIDsKey]), err
+		return err == nil && ann[gpuhealthv1.UnhealthyIDsKey] == "1", fmt.Sprintf("ids=%q", ann[gpuhealthv1.UnhealthyIDsKey]), err
 	})
 	// Let the second burst and several sampling rounds pass, then count.
 	eventually(t, "both bursts processed", func(ctx context.Context) (bool, string, error) {
@@ -293,7 +293,7 @@ func TestAgentXIDStormWritesOncePerSink(t *testing.T) {
 		if !ok {
 			continue
 		}
-		if v := n.Annotations[annotation.UnhealthyIDsKey]; v != last {
+		if v := n.Annotations[gpuhealthv1.UnhealthyIDsKey]; v != last {
 			idChanges++
 			last = v
 		}
@@ -302,7 +302,7 @@ func TestAgentXIDStormWritesOncePerSink(t *testing.T) {
 		}
 	}
 	if idChanges != 1 {
-		t.Errorf("%s changed %d times, want 1", annotation.UnhealthyIDsKey, idChanges)
+		t.Errorf("%s changed %d times, want 1", gpuhealthv1.UnhealthyIDsKey, idChanges)
 	}
 }
 
@@ -360,8 +360,8 @@ func TestAgentConvergesAfterAPIServerRestart(t *testing.T) {
 			return false, "", nil
 		}
 		_, ok := rs[devicetaint.RuleName(uuids[1])]
-		return ann[annotation.UnhealthyIDsKey] == "1" && ok && len(rs) == 1,
-			fmt.Sprintf("ids=%q rules=%v", ann[annotation.UnhealthyIDsKey], ruleNames(rs)), nil
+		return ann[gpuhealthv1.UnhealthyIDsKey] == "1" && ok && len(rs) == 1,
+			fmt.Sprintf("ids=%q rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs)), nil
 	})
 	if got := a.writes(); got["annotation"] < 1 || got["devicetaint"] != 1 {
 		t.Errorf("writes = %v; want the fault written once the API server was back", got)

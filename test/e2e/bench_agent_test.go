@@ -21,8 +21,8 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
@@ -149,7 +149,7 @@ func TestBenchSignalToObject(t *testing.T) {
 		if !ok {
 			return "", false
 		}
-		return n.Annotations[annotation.UnhealthyIDsKey], true
+		return n.Annotations[gpuhealthv1.UnhealthyIDsKey], true
 	})
 	ruleWatch, err := c.Admin().ResourceV1().DeviceTaintRules().Watch(ctx, metav1.ListOptions{LabelSelector: devicetaint.NodeLabel + "=" + node})
 	if err != nil {

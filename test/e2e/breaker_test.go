@@ -20,10 +20,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
-	"github.com/gpuhealth/gpuhealth/internal/report/condition"
+	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
 
@@ -145,7 +145,7 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 			if err != nil {
 				return false, "", err
 			}
-			ids = append(ids, ann[annotation.UnhealthyIDsKey])
+			ids = append(ids, ann[gpuhealthv1.UnhealthyIDsKey])
 		}
 		return slices.Equal(ids, []string{"0,1", "0,1", "0,1", "0,1"}), fmt.Sprint(ids), nil
 	})
@@ -171,7 +171,7 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 	eventually(t, "held GPUs are reported loudly", func(ctx context.Context) (bool, string, error) {
 		open := 0
 		for _, n := range nodes {
-			cond, err := nodeCondition(ctx, c, n, condition.BreakerType)
+			cond, err := nodeCondition(ctx, c, n, nodecondition.BreakerType)
 			if err != nil {
 				return false, "", err
 			}

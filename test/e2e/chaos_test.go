@@ -16,9 +16,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/internal/simulate"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
@@ -67,8 +67,8 @@ func converged(t *testing.T, c *controlplane.Cluster, node, ids string, ruled []
 			names = append(names, n)
 		}
 		slices.Sort(names)
-		return ann[annotation.UnhealthyIDsKey] == ids && slices.Equal(names, ruled),
-			fmt.Sprintf("ids=%q (want %q) rules=%v (want %v)", ann[annotation.UnhealthyIDsKey], ids, names, ruled), nil
+		return ann[gpuhealthv1.UnhealthyIDsKey] == ids && slices.Equal(names, ruled),
+			fmt.Sprintf("ids=%q (want %q) rules=%v (want %v)", ann[gpuhealthv1.UnhealthyIDsKey], ids, names, ruled), nil
 	})
 }
 

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
 
@@ -82,8 +82,8 @@ func TestDrainUndrainAndStatus(t *testing.T) {
 				return false, "", err
 			}
 			r, ok := rs[devicetaint.RuleName(uuids[2])]
-			return ann[annotation.UnhealthyIDsKey] == "2" && ok && r.Spec.Taint.Key == "gpuhealth.dev/admin-drain",
-				fmt.Sprintf("ids=%q rules=%v", ann[annotation.UnhealthyIDsKey], ruleNames(rs)), nil
+			return ann[gpuhealthv1.UnhealthyIDsKey] == "2" && ok && r.Spec.Taint.Key == "gpuhealth.dev/admin-drain",
+				fmt.Sprintf("ids=%q rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs)), nil
 		})
 	}
 	drained("every sink reports the drain")
@@ -130,8 +130,8 @@ func TestDrainUndrainAndStatus(t *testing.T) {
 		if err != nil {
 			return false, "", err
 		}
-		_, ids := ann[annotation.UnhealthyIDsKey]
-		_, drains := ann[annotation.DrainsKey]
+		_, ids := ann[gpuhealthv1.UnhealthyIDsKey]
+		_, drains := ann[gpuhealthv1.DrainsKey]
 		return !ids && !drains && len(rs) == 0, fmt.Sprintf("ids=%v drains=%v rules=%v", ids, drains, ruleNames(rs)), nil
 	})
 }

@@ -21,10 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
 
@@ -258,20 +257,20 @@ func createGPUNode(t *testing.T, c *controlplane.Cluster, name string, gpus int6
 // Volcano list (empty removes it), gpu-health for the given indexes, gpu-drains for drained.
 func setGPUHealth(t *testing.T, c *controlplane.Cluster, node, unhealthyIDs string, health map[int]string, drained []int) {
 	t.Helper()
-	summaries := map[string]report.GPUSummary{}
+	summaries := map[string]gpuhealthv1.GPUSummary{}
 	for i, h := range health {
-		summaries[gpuUUID(node, i)] = report.GPUSummary{Index: i, Model: "NVIDIA H100 80GB HBM3", Health: h}
+		summaries[gpuUUID(node, i)] = gpuhealthv1.GPUSummary{Index: i, Model: "NVIDIA H100 80GB HBM3", Health: h}
 	}
-	drains := map[string]annotation.Drain{}
+	drains := map[string]gpuhealthv1.Drain{}
 	for _, i := range drained {
-		drains[gpuUUID(node, i)] = annotation.Drain{Index: i, Reason: "maintenance", By: "e2e", At: time.Now().UTC().Truncate(time.Second)}
+		drains[gpuUUID(node, i)] = gpuhealthv1.Drain{Index: i, Reason: "maintenance", By: "e2e", At: time.Now().UTC().Truncate(time.Second)}
 	}
-	ann := map[string]any{annotation.UnhealthyIDsKey: nil, annotation.DrainsKey: nil, annotation.HealthKey: mustJSON(t, summaries)}
+	ann := map[string]any{gpuhealthv1.UnhealthyIDsKey: nil, gpuhealthv1.DrainsKey: nil, gpuhealthv1.HealthKey: mustJSON(t, summaries)}
 	if unhealthyIDs != "" {
-		ann[annotation.UnhealthyIDsKey] = unhealthyIDs
+		ann[gpuhealthv1.UnhealthyIDsKey] = unhealthyIDs
 	}
 	if len(drains) > 0 {
-		ann[annotation.DrainsKey] = mustJSON(t, drains)
+		ann[gpuhealthv1.DrainsKey] = mustJSON(t, drains)
 	}
 	patch := mustJSON(t, map[string]any{"metadata": map[string]any{"annotations": ann}})
 	if _, err := c.Admin().CoreV1().Nodes().Patch(t.Context(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {

@@ -27,9 +27,9 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/condition"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 	"github.com/gpuhealth/gpuhealth/test/helm"
 )
@@ -83,7 +83,7 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	}
 
 	// An admin's drain and a foreign annotation on A, and a rule of B's, for the agent to leave alone.
-	mergePatchNode(t, admin, nodeA, map[string]any{annotation.DrainsKey: `{"GPU-x":{"by":"admin"}}`, "example.com/other": "keep"})
+	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.DrainsKey: `{"GPU-x":{"by":"admin"}}`, "example.com/other": "keep"})
 	ruleOfB := policyRule("rule-of-b", nodeB, nodeB)
 	if _, err := admin.ResourceV1().DeviceTaintRules().Create(ctx, ruleOfB, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -91,10 +91,10 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 
 	// The policy takes effect once the API server's policy informer has it; wait for a denial.
 	waitDenied(t, "the policy to be enforced", func(ctx context.Context) error {
-		return patchAnnotations(ctx, asA, nodeB, map[string]any{annotation.UnhealthyIDsKey: "0"})
+		return patchAnnotations(ctx, asA, nodeB, map[string]any{gpuhealthv1.UnhealthyIDsKey: "0"})
 	})
 
-	owned := map[string]any{annotation.UnhealthyIDsKey: "1", annotation.HealthKey: `{"GPU-1":{"health":"Unhealthy"}}`}
+	owned := map[string]any{gpuhealthv1.UnhealthyIDsKey: "1", gpuhealthv1.HealthKey: `{"GPU-1":{"health":"Unhealthy"}}`}
 	cases := []struct {
 		name    string
 		request func(ctx context.Context) error
@@ -106,7 +106,7 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 			return patchAnnotations(ctx, asA, nodeA, owned)
 		}, ""},
 		{"own node: remove gpuhealth annotations", func(ctx context.Context) error {
-			return patchAnnotations(ctx, asA, nodeA, map[string]any{annotation.UnhealthyIDsKey: nil})
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{gpuhealthv1.UnhealthyIDsKey: nil})
 		}, ""},
 		{"other node: gpuhealth annotation", func(ctx context.Context) error {
 			return patchAnnotations(ctx, asA, nodeB, owned)
@@ -118,8 +118,8 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 			return patchAnnotations(ctx, asA, nodeA, map[string]any{"example.com/new": "x"})
 		}, "example.com/new"},
 		{"own node: undrain (the drains annotation is the operator's)", func(ctx context.Context) error {
-			return patchAnnotations(ctx, asA, nodeA, map[string]any{annotation.DrainsKey: nil})
-		}, annotation.DrainsKey},
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{gpuhealthv1.DrainsKey: nil})
+		}, gpuhealthv1.DrainsKey},
 		{"own node: labels", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, `{"metadata":{"labels":{"nvidia.com/gpu.present":"false"}}}`, "")
 		}, "labels"},
@@ -127,7 +127,7 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 			return patchNode(ctx, asA, nodeA, `{"spec":{"unschedulable":true}}`, "")
 		}, "spec"},
 		{"own node: GPUUnhealthy condition", func(ctx context.Context) error {
-			return patchNode(ctx, asA, nodeA, conditionPatch(string(condition.Type), "True"), "status")
+			return patchNode(ctx, asA, nodeA, conditionPatch(string(nodecondition.Type), "True"), "status")
 		}, ""},
 		{"own node: Ready condition", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, conditionPatch("Ready", "False"), "status")
@@ -139,7 +139,7 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 			return patchNode(ctx, asA, nodeA, `{"metadata":{"annotations":{"example.com/other":"changed"}}}`, "status")
 		}, "example.com/other"},
 		{"other node: GPUUnhealthy condition", func(ctx context.Context) error {
-			return patchNode(ctx, asA, nodeB, conditionPatch(string(condition.Type), "True"), "status")
+			return patchNode(ctx, asA, nodeB, conditionPatch(string(nodecondition.Type), "True"), "status")
 		}, "may not change Node " + nodeB},
 		{"rule labelled for the other node", func(ctx context.Context) error {
 			return createRule(ctx, asA, policyRule("a-writes-b", nodeB, nodeB))
@@ -214,7 +214,7 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ann[annotation.DrainsKey] == "" || ann["example.com/other"] != "keep" {
+	if ann[gpuhealthv1.DrainsKey] == "" || ann["example.com/other"] != "keep" {
 		t.Fatalf("the agent changed annotations it does not own: %v", ann)
 	}
 
@@ -224,7 +224,7 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	if err := c.WriteKubeconfig(kubeconfig, cfgA); err != nil {
 		t.Fatal(err)
 	}
-	mergePatchNode(t, admin, nodeA, map[string]any{annotation.UnhealthyIDsKey: nil, annotation.HealthKey: nil})
+	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.UnhealthyIDsKey: nil, gpuhealthv1.HealthKey: nil})
 	startAgent(t, agentSetup{
 		node: nodeA, gpus: 2, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
 		scenario: "events:\n  - {at: 1s, gpu: 1, xid: 48}\n",
@@ -238,13 +238,13 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		if err != nil {
 			return false, "", err
 		}
-		cond, err := nodeCondition(ctx, c, nodeA, condition.Type)
+		cond, err := nodeCondition(ctx, c, nodeA, nodecondition.Type)
 		if err != nil {
 			return false, "", err
 		}
 		r, ok := rs[devicetaint.RuleName(uuidsA[1])]
-		return ann[annotation.UnhealthyIDsKey] == "1" && ok && r.Spec.Taint.Value == "48" && cond.Status == corev1.ConditionTrue,
-			fmt.Sprintf("ids=%q rules=%v condition=%q", ann[annotation.UnhealthyIDsKey], ruleNames(rs), cond.Status), nil
+		return ann[gpuhealthv1.UnhealthyIDsKey] == "1" && ok && r.Spec.Taint.Value == "48" && cond.Status == corev1.ConditionTrue,
+			fmt.Sprintf("ids=%q rules=%v condition=%q", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs), cond.Status), nil
 	})
 }
 

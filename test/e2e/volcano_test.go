@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
 
@@ -29,7 +29,7 @@ func TestVolcanoAnnotationSecondWriter(t *testing.T) {
 	gpuNode(t, c, node, 8)
 	volcanoWrites := func(value any) {
 		t.Helper()
-		body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{annotation.UnhealthyIDsKey: value}}})
+		body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{gpuhealthv1.UnhealthyIDsKey: value}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +41,7 @@ func TestVolcanoAnnotationSecondWriter(t *testing.T) {
 		t.Helper()
 		eventually(t, "ids "+want, func(ctx context.Context) (bool, string, error) {
 			ann, err := nodeAnnotations(ctx, c, node)
-			return err == nil && ann[annotation.UnhealthyIDsKey] == want, fmt.Sprintf("ids=%q", ann[annotation.UnhealthyIDsKey]), err
+			return err == nil && ann[gpuhealthv1.UnhealthyIDsKey] == want, fmt.Sprintf("ids=%q", ann[gpuhealthv1.UnhealthyIDsKey]), err
 		})
 	}
 
@@ -72,7 +72,7 @@ func TestVolcanoAnnotationSecondWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, ok := ann[annotation.UnhealthyIDsKey]; ok {
-		t.Errorf("after Volcano's restart with nothing Unhealthy for gpuhealth: %s = %q, want absent", annotation.UnhealthyIDsKey, v)
+	if v, ok := ann[gpuhealthv1.UnhealthyIDsKey]; ok {
+		t.Errorf("after Volcano's restart with nothing Unhealthy for gpuhealth: %s = %q, want absent", gpuhealthv1.UnhealthyIDsKey, v)
 	}
 }

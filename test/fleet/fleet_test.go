@@ -39,10 +39,10 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
-	"github.com/gpuhealth/gpuhealth/internal/report/condition"
+	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
@@ -551,7 +551,7 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 		now := time.Since(injected)
 		switch obj := obj.(type) {
 		case *corev1.Node:
-			if want, ok := pendingIDs[obj.Name]; ok && obj.Annotations[annotation.UnhealthyIDsKey] == want {
+			if want, ok := pendingIDs[obj.Name]; ok && obj.Annotations[gpuhealthv1.UnhealthyIDsKey] == want {
 				delete(pendingIDs, obj.Name)
 				lat, lastIDs = append(lat, now), now
 			}
@@ -772,18 +772,18 @@ func checkFinalState(t *testing.T, admin kubernetes.Interface, fleet []*fleetNod
 		t.Errorf("%d nodes, want %d", len(nodes.Items), len(fleet))
 	}
 	for _, n := range nodes.Items {
-		if got, want := n.Annotations[annotation.UnhealthyIDsKey], wantIDs[n.Name]; got != want {
-			t.Errorf("node %s: %s=%q, want %q", n.Name, annotation.UnhealthyIDsKey, got, want)
+		if got, want := n.Annotations[gpuhealthv1.UnhealthyIDsKey], wantIDs[n.Name]; got != want {
+			t.Errorf("node %s: %s=%q, want %q", n.Name, gpuhealthv1.UnhealthyIDsKey, got, want)
 		}
-		if n.Annotations[annotation.HealthKey] == "" {
-			t.Errorf("node %s: no %s annotation", n.Name, annotation.HealthKey)
+		if n.Annotations[gpuhealthv1.HealthKey] == "" {
+			t.Errorf("node %s: no %s annotation", n.Name, gpuhealthv1.HealthKey)
 		}
 	}
 }
 
 func conditionTrue(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
-		if c.Type == condition.Type {
+		if c.Type == nodecondition.Type {
 			return c.Status == corev1.ConditionTrue
 		}
 	}

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
-	"github.com/gpuhealth/gpuhealth/internal/report/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 

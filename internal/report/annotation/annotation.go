@@ -4,9 +4,9 @@
 //     no spaces ("0,3"), as Volcano's device plugin writes it and its scheduler reads it; removed
 //     when every GPU is healthy and no other writer has an entry in it. The key has other writers
 //     (Volcano's device plugin, operators): gpuhealth keeps their entries and removes only its own,
-//     bookkept in gpuhealth.dev/volcano-unhealthy-ids-state (see VolcanoStateKey);
+//     bookkept in gpuhealth.dev/volcano-unhealthy-ids-state (see gpuhealthv1.VolcanoStateKey);
 //   - gpuhealth.dev/gpu-health: a JSON object keyed by device UUID with index, model, health,
-//     reasons and since (report.GPUSummary), for every GPU and MIG instance.
+//     reasons and since (gpuhealthv1.GPUSummary), for every GPU and MIG instance.
 //
 // Only these keys are ever written, with a JSON merge patch, so other annotations are never
 // touched. The syncer reads the Node from the agent's shared cache (nodecache) and writes only
@@ -16,67 +16,19 @@ package annotation
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
-
-// Annotation keys.
-const (
-	UnhealthyIDsKey = "volcano.sh/gpu-unhealthy-ids"
-	HealthKey       = "gpuhealth.dev/gpu-health"
-	// DrainsKey holds administrative per-GPU drains (written by `gpuhealth drain`, read by the
-	// agent and the extender): a JSON object keyed by GPU UUID whose values are Drain.
-	DrainsKey = "gpuhealth.dev/gpu-drains"
-)
-
-// Drain records who drained a GPU, when and why. A drained GPU is treated by every reporter as
-// Unhealthy with reason AdminDrain, until `gpuhealth undrain`.
-type Drain struct {
-	Index  int       `json:"index"`
-	Reason string    `json:"reason"`
-	By     string    `json:"by"`
-	At     time.Time `json:"at"`
-}
-
-// ParseDrains decodes the drains annotation. An empty value means no drains.
-func ParseDrains(value string) (map[string]Drain, error) {
-	drains := map[string]Drain{}
-	if strings.TrimSpace(value) == "" {
-		return drains, nil
-	}
-	if err := json.Unmarshal([]byte(value), &drains); err != nil {
-		return nil, fmt.Errorf("%s: %w", DrainsKey, err)
-	}
-	for uuid := range drains {
-		if uuid == "" {
-			return nil, fmt.Errorf("%s: an entry has an empty UUID", DrainsKey)
-		}
-	}
-	return drains, nil
-}
-
-// Message is how a drain reads in a condition message.
-func (d Drain) Message() string {
-	msg := "drained by " + d.By
-	if !d.At.IsZero() {
-		msg += " at " + d.At.UTC().Format(time.RFC3339)
-	}
-	if d.Reason != "" {
-		msg += ": " + d.Reason
-	}
-	return msg
-}
 
 // Syncer writes the annotations of one Node.
 type Syncer struct {
@@ -102,7 +54,7 @@ func New(client kubernetes.Interface, nodeName string, nodes *nodecache.Cache) *
 		nodes = nodecache.New(client, nodeName)
 	}
 	return &Syncer{nodeName: nodeName, nodes: nodes,
-		writer: nodes.AnnotationWriter(client, UnhealthyIDsKey, HealthKey, VolcanoStateKey)}
+		writer: nodes.AnnotationWriter(client, gpuhealthv1.UnhealthyIDsKey, gpuhealthv1.HealthKey, gpuhealthv1.VolcanoStateKey)}
 }
 
 // Name implements report.Syncer.
@@ -119,14 +71,14 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 
 // Desired returns the two annotation values for snap; "" means the annotation must be absent.
 func Desired(snap health.Snapshot) (unhealthyIDs, healthJSON string, err error) {
-	idx := report.UnhealthyIndexes(snap)
+	idx := gpuhealthv1.UnhealthyIndexes(snap)
 	parts := make([]string, len(idx))
 	for i, v := range idx {
 		parts[i] = strconv.Itoa(v)
 	}
-	summary := make(map[string]report.GPUSummary, len(snap.Devices))
+	summary := make(map[string]gpuhealthv1.GPUSummary, len(snap.Devices))
 	for _, d := range snap.Devices {
-		summary[d.Device.UUID] = report.Summarize(d)
+		summary[d.Device.UUID] = gpuhealthv1.Summarize(d)
 	}
 	b, err := json.Marshal(summary) // map keys are sorted: the value is deterministic
 	if err != nil {
@@ -145,9 +97,9 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	merged := mergeVolcanoIDs(node.Annotations, report.UnhealthyIndexes(snap))
+	merged := mergeVolcanoIDs(node.Annotations, gpuhealthv1.UnhealthyIndexes(snap))
 	s.logBadInput(ctx, merged)
-	return s.writer.Write(ctx, node, map[string]string{UnhealthyIDsKey: merged.Value, HealthKey: healthJSON, VolcanoStateKey: merged.State})
+	return s.writer.Write(ctx, node, map[string]string{gpuhealthv1.UnhealthyIDsKey: merged.Value, gpuhealthv1.HealthKey: healthJSON, gpuhealthv1.VolcanoStateKey: merged.State})
 }
 
 // logBadInput reports entries of another writer that are not GPU indexes, and an unreadable state,
@@ -165,9 +117,9 @@ func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
 	s.mu.Unlock()
 	if newGarbage && garbage != "" {
 		logger.Info("Another writer put entries that are not GPU indexes in the Volcano annotation; keeping them as they are",
-			"node", s.nodeName, "annotation", UnhealthyIDsKey, "entries", garbage)
+			"node", s.nodeName, "annotation", gpuhealthv1.UnhealthyIDsKey, "entries", garbage)
 	}
 	if newStateErr && stateErr != "" {
-		logger.Info("Ignoring an unreadable state annotation", "node", s.nodeName, "annotation", VolcanoStateKey, "err", stateErr)
+		logger.Info("Ignoring an unreadable state annotation", "node", s.nodeName, "annotation", gpuhealthv1.VolcanoStateKey, "err", stateErr)
 	}
 }

@@ -9,8 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -51,7 +51,7 @@ func TestDesired(t *testing.T) {
 			if ids != tc.wantIDs {
 				t.Errorf("unhealthy ids = %q, want %q", ids, tc.wantIDs)
 			}
-			var m map[string]report.GPUSummary
+			var m map[string]gpuhealthv1.GPUSummary
 			if err := json.Unmarshal([]byte(js), &m); err != nil {
 				t.Fatalf("health annotation is not JSON: %v", err)
 			}
@@ -92,15 +92,15 @@ func TestSyncWritesOnlyOnChangeAndKeepsForeignAnnotations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids, present := got.Annotations[annotation.UnhealthyIDsKey]
+		ids, present := got.Annotations[gpuhealthv1.UnhealthyIDsKey]
 		if ids != st.wantIDs || present != (st.wantIDs != "") {
-			t.Errorf("%s: %s = %q (present %v), want %q", st.name, annotation.UnhealthyIDsKey, ids, present, st.wantIDs)
+			t.Errorf("%s: %s = %q (present %v), want %q", st.name, gpuhealthv1.UnhealthyIDsKey, ids, present, st.wantIDs)
 		}
 		if got.Annotations["other.io/keep"] != "yes" {
 			t.Fatalf("%s: a foreign annotation was clobbered: %v", st.name, got.Annotations)
 		}
-		if _, ok := got.Annotations[annotation.HealthKey]; !ok {
-			t.Errorf("%s: %s missing", st.name, annotation.HealthKey)
+		if _, ok := got.Annotations[gpuhealthv1.HealthKey]; !ok {
+			t.Errorf("%s: %s missing", st.name, gpuhealthv1.HealthKey)
 		}
 	}
 }

@@ -5,9 +5,10 @@ import (
 	"strconv"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
-// VolcanoStateKey records gpuhealth's share of volcano.sh/gpu-unhealthy-ids (package sharedlist),
+// gpuhealthv1.VolcanoStateKey records gpuhealth's share of volcano.sh/gpu-unhealthy-ids (package sharedlist),
 // because that key has other writers: Volcano's own device plugin (which deletes the key when it
 // starts and writes its own list of indexes when it sees XIDs, never removing one) and operators.
 // The value is JSON:
@@ -32,8 +33,6 @@ import (
 // exists (an earlier version owned the key outright: the start-up reconcile clears what it left
 // stale), and as other writers' where it does not (gpuhealth never ran on the node). The state
 // stays once written, also when the key is absent.
-const VolcanoStateKey = "gpuhealth.dev/volcano-unhealthy-ids-state"
-
 // volcanoIDs is the format of volcano.sh/gpu-unhealthy-ids: GPU indexes, ascending. Volcano's
 // scheduler skips entries that do not parse as indexes; they are kept as they are.
 var volcanoIDs = sharedlist.Format{
@@ -57,6 +56,6 @@ func mergeVolcanoIDs(annotations map[string]string, ours []int) sharedlist.Resul
 	}
 	// Before this bookkeeping, gpuhealth owned the key outright (it overwrote any other writer):
 	// where its health annotation exists but no state, the key's entries are its own.
-	_, hadGPUHealth := annotations[HealthKey]
-	return volcanoIDs.Merge(annotations[UnhealthyIDsKey], annotations[VolcanoStateKey], hadGPUHealth, own)
+	_, hadGPUHealth := annotations[gpuhealthv1.HealthKey]
+	return volcanoIDs.Merge(annotations[gpuhealthv1.UnhealthyIDsKey], annotations[gpuhealthv1.VolcanoStateKey], hadGPUHealth, own)
 }

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -26,7 +27,7 @@ type volcanoPlugin struct {
 
 func (v *volcanoPlugin) patch(t *testing.T, value any) {
 	t.Helper()
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{annotation.UnhealthyIDsKey: value}}})
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{gpuhealthv1.UnhealthyIDsKey: value}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,14 +97,14 @@ func TestVolcanoAnnotationBesideVolcanoDevicePlugin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		value, present := got.Annotations[annotation.UnhealthyIDsKey]
+		value, present := got.Annotations[gpuhealthv1.UnhealthyIDsKey]
 		if value != st.want || present != (st.want != "") {
-			t.Errorf("%s: %s = %q (present %v), want %q", st.name, annotation.UnhealthyIDsKey, value, present, st.want)
+			t.Errorf("%s: %s = %q (present %v), want %q", st.name, gpuhealthv1.UnhealthyIDsKey, value, present, st.want)
 		}
 		if writes != st.wantWrites {
 			t.Errorf("%s: %d writes, want %d", st.name, writes, st.wantWrites)
 		}
-		if _, hasState := got.Annotations[annotation.VolcanoStateKey]; !hasState {
+		if _, hasState := got.Annotations[gpuhealthv1.VolcanoStateKey]; !hasState {
 			t.Errorf("%s: the state annotation is missing", st.name)
 		}
 		if got.Annotations["other.io/keep"] != "yes" {
@@ -130,9 +131,9 @@ func TestVolcanoAnnotationWithoutState(t *testing.T) {
 		{"gpuhealth never ran here: every entry is another writer's", false, "0,2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ann := map[string]string{annotation.UnhealthyIDsKey: "0,2"}
+			ann := map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,2"}
 			if tc.health {
-				ann[annotation.HealthKey] = "{}"
+				ann[gpuhealthv1.HealthKey] = "{}"
 			}
 			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: ann}})
 			if _, err := annotation.New(client, "n1", nil).Sync(ctx, gpus()); err != nil {
@@ -142,8 +143,8 @@ func TestVolcanoAnnotationWithoutState(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if v := got.Annotations[annotation.UnhealthyIDsKey]; v != tc.want {
-				t.Errorf("%s = %q, want %q", annotation.UnhealthyIDsKey, v, tc.want)
+			if v := got.Annotations[gpuhealthv1.UnhealthyIDsKey]; v != tc.want {
+				t.Errorf("%s = %q, want %q", gpuhealthv1.UnhealthyIDsKey, v, tc.want)
 			}
 		})
 	}
@@ -152,8 +153,8 @@ func TestVolcanoAnnotationWithoutState(t *testing.T) {
 func TestVolcanoAnnotationGarbledStateKeepsEverything(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{
-		annotation.UnhealthyIDsKey: "1,2",
-		annotation.VolcanoStateKey: "][",
+		gpuhealthv1.UnhealthyIDsKey: "1,2",
+		gpuhealthv1.VolcanoStateKey: "][",
 	}}})
 	s := annotation.New(client, "n1", nil)
 	for range 3 {
@@ -165,11 +166,11 @@ func TestVolcanoAnnotationGarbledStateKeepsEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := got.Annotations[annotation.UnhealthyIDsKey]; v != "1,2,3" {
-		t.Errorf("%s = %q, want 1,2,3", annotation.UnhealthyIDsKey, v)
+	if v := got.Annotations[gpuhealthv1.UnhealthyIDsKey]; v != "1,2,3" {
+		t.Errorf("%s = %q, want 1,2,3", gpuhealthv1.UnhealthyIDsKey, v)
 	}
 	var state map[string]string
-	if err := json.Unmarshal([]byte(got.Annotations[annotation.VolcanoStateKey]), &state); err != nil {
+	if err := json.Unmarshal([]byte(got.Annotations[gpuhealthv1.VolcanoStateKey]), &state); err != nil {
 		t.Errorf("state not repaired: %v", err)
 	}
 }

@@ -44,8 +44,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -94,7 +94,7 @@ type Options struct {
 	Clock clock.PassiveClock
 }
 
-// Breaker is the circuit breaker the syncer asks (see internal/report/breaker).
+// Breaker is the circuit breaker the syncer asks (see internal/breaker).
 type Breaker interface {
 	Admit(ctx context.Context, uuid string) (bool, error)
 	SetHeld(uuids []string) bool

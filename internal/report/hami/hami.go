@@ -22,18 +22,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
-)
-
-// Annotation keys.
-const (
-	// CordonKey is HAMi's per-GPU cordon (hami.io/device-cordon).
-	CordonKey = "hami.io/device-cordon"
-	// StateKey is gpuhealth's bookkeeping of its share of CordonKey.
-	StateKey = "gpuhealth.dev/hami-device-cordon-state"
 )
 
 // uuids is the cordon list's format: any non-empty entry is a device ID to HAMi; sorted.
@@ -62,7 +55,7 @@ func New(client kubernetes.Interface, nodeName string, nodes *nodecache.Cache) *
 	if nodes == nil {
 		nodes = nodecache.New(client, nodeName)
 	}
-	return &Syncer{nodeName: nodeName, nodes: nodes, writer: nodes.AnnotationWriter(client, CordonKey, StateKey)}
+	return &Syncer{nodeName: nodeName, nodes: nodes, writer: nodes.AnnotationWriter(client, gpuhealthv1.HAMiCordonKey, gpuhealthv1.HAMiStateKey)}
 }
 
 // Name implements report.Syncer.
@@ -96,9 +89,9 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	}
 	ann := node.Annotations
 	// gpuhealth never owned the cordon outright: without a state, every entry is an operator's.
-	merged := uuids.Merge(ann[CordonKey], ann[StateKey], false, Cordoned(snap))
+	merged := uuids.Merge(ann[gpuhealthv1.HAMiCordonKey], ann[gpuhealthv1.HAMiStateKey], false, Cordoned(snap))
 	s.logBadInput(ctx, merged)
-	return s.writer.Write(ctx, node, map[string]string{CordonKey: merged.Value, StateKey: merged.State})
+	return s.writer.Write(ctx, node, map[string]string{gpuhealthv1.HAMiCordonKey: merged.Value, gpuhealthv1.HAMiStateKey: merged.State})
 }
 
 // logBadInput logs entries with blanks and an unreadable state once per distinct value.
@@ -113,6 +106,6 @@ func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
 	s.mu.Unlock()
 	if fresh && bad != "" {
 		klog.FromContext(ctx).Info("Keeping unexpected content of HAMi's cordon annotation as it is",
-			"node", s.nodeName, "annotation", CordonKey, "entries", m.Invalid, "stateErr", m.StateErr)
+			"node", s.nodeName, "annotation", gpuhealthv1.HAMiCordonKey, "entries", m.Invalid, "stateErr", m.StateErr)
 	}
 }

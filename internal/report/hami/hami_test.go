@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/hami"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -39,7 +40,7 @@ func TestCordonBesideAnOperator(t *testing.T) {
 	s := hami.New(client, "n1", nil)
 	operator := func(value any) func(t *testing.T) {
 		return func(t *testing.T) {
-			body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{hami.CordonKey: value}}})
+			body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{gpuhealthv1.HAMiCordonKey: value}}})
 			if _, err := client.CoreV1().Nodes().Patch(ctx, "n1", types.MergePatchType, body, metav1.PatchOptions{}); err != nil {
 				t.Fatal(err)
 			}
@@ -72,9 +73,9 @@ func TestCordonBesideAnOperator(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, present := node.Annotations[hami.CordonKey]
+		got, present := node.Annotations[gpuhealthv1.HAMiCordonKey]
 		if got != st.want || present != (st.want != "") {
-			t.Errorf("%s: %s = %q (present %v), want %q", st.name, hami.CordonKey, got, present, st.want)
+			t.Errorf("%s: %s = %q (present %v), want %q", st.name, gpuhealthv1.HAMiCordonKey, got, present, st.want)
 		}
 		if writes != st.wantWrites {
 			t.Errorf("%s: %d writes, want %d", st.name, writes, st.wantWrites)

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -151,7 +152,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		for _, x := range d.XIDs {
 			send(m.xidDesc, prometheus.CounterValue, float64(x.Count), m.node, d.Device.UUID, idx, strconv.FormatUint(uint64(x.XID), 10))
 		}
-		for _, check := range report.Unmonitored(d) {
+		for _, check := range gpuhealthv1.Unmonitored(d) {
 			send(m.unmonitoredDesc, prometheus.GaugeValue, 1, m.node, d.Device.UUID, idx, check)
 		}
 	}

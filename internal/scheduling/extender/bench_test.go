@@ -17,9 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 const (
@@ -39,11 +38,11 @@ func benchCluster(b *testing.B) ([]*corev1.Node, []*corev1.Pod) {
 	var pods []*corev1.Pod
 	for i := range benchNodes {
 		name := fmt.Sprintf("gpu-node-%05d", i)
-		health := map[string]report.GPUSummary{}
+		health := map[string]gpuhealthv1.GPUSummary{}
 		var unhealthy []string
-		drains := map[string]annotation.Drain{}
+		drains := map[string]gpuhealthv1.Drain{}
 		for g := range benchGPUs {
-			s := report.GPUSummary{Index: g, Model: "NVIDIA H100 80GB HBM3", Health: "Healthy"}
+			s := gpuhealthv1.GPUSummary{Index: g, Model: "NVIDIA H100 80GB HBM3", Health: "Healthy"}
 			uuid := fmt.Sprintf("GPU-%08x-%04x-%04x-%04x-%012x", i, g, 0, 0, i*benchGPUs+g)
 			switch r := rng.Float64(); {
 			case r < 0.05/benchGPUs*2:
@@ -54,19 +53,19 @@ func benchCluster(b *testing.B) ([]*corev1.Node, []*corev1.Pod) {
 			case r < 0.08/benchGPUs*2:
 				s.Health, s.Reasons = "Degraded", []string{"RowRemapPending"}
 			case r < 0.09/benchGPUs*2:
-				drains[uuid] = annotation.Drain{Index: g, Reason: "maintenance", By: "admin@example.com", At: time.Unix(1_800_000_000, 0).UTC()}
+				drains[uuid] = gpuhealthv1.Drain{Index: g, Reason: "maintenance", By: "admin@example.com", At: time.Unix(1_800_000_000, 0).UTC()}
 			}
 			health[uuid] = s
 		}
-		ann := map[string]string{annotation.HealthKey: mustMarshal(b, health)}
+		ann := map[string]string{gpuhealthv1.HealthKey: mustMarshal(b, health)}
 		if len(unhealthy) > 0 {
-			ann[annotation.UnhealthyIDsKey] = strings.Join(unhealthy, ",")
+			ann[gpuhealthv1.UnhealthyIDsKey] = strings.Join(unhealthy, ",")
 		}
 		if rng.Float64() < 0.005 {
-			ann[annotation.UnhealthyIDsKey] = "0,,x,-1,99"
+			ann[gpuhealthv1.UnhealthyIDsKey] = "0,,x,-1,99"
 		}
 		if len(drains) > 0 {
-			ann[annotation.DrainsKey] = mustMarshal(b, drains)
+			ann[gpuhealthv1.DrainsKey] = mustMarshal(b, drains)
 		}
 		n := node(name, benchGPUs, ann)
 		n.ResourceVersion = strconv.Itoa(1000 + i)

@@ -21,8 +21,8 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 // patchLog records the pod patches the requeuer makes, in order.
@@ -88,7 +88,7 @@ func setUnhealthy(t *testing.T, s *Server, client *fake.Clientset, n, ids string
 	t.Helper()
 	var ann map[string]string
 	if ids != "" {
-		ann = map[string]string{annotation.UnhealthyIDsKey: ids}
+		ann = map[string]string{gpuhealthv1.UnhealthyIDsKey: ids}
 	}
 	if _, err := client.CoreV1().Nodes().Update(t.Context(), node(n, 8, ann), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func settle() { time.Sleep(300 * time.Millisecond) }
 func TestRequeueAfterRecovery(t *testing.T) {
 	gpuPod := func(name string) *corev1.Pod { return pod(name, "", scheduling.ResourceGPU, 4, nil) }
 	s, client, log := startedRequeuing(t, nil,
-		node("sick", 8, map[string]string{annotation.UnhealthyIDsKey: "0,1,2,3,4,5"}), // 2 free
+		node("sick", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5"}), // 2 free
 		node("busy", 8, nil), // 0 free: a running pod holds all 8
 		node("free", 8, nil),
 		node("cpu", 0, nil),
@@ -133,7 +133,7 @@ func TestRequeueAfterRecovery(t *testing.T) {
 	filterOn(t, s, gpuPod("other"), "busy", "cpu")
 	// A probe without identity, and a pod on the Node-objects path, are not remembered either.
 	filterOn(t, s, &corev1.Pod{Spec: gpuPod("x").Spec}, "sick")
-	nodes := corev1.NodeList{Items: []corev1.Node{*node("sick", 8, map[string]string{annotation.UnhealthyIDsKey: "0,1,2,3,4,5"})}}
+	nodes := corev1.NodeList{Items: []corev1.Node{*node("sick", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5"})}}
 	s.Filter(t.Context(), &extenderv1.ExtenderArgs{Pod: gpuPod("other"), Nodes: &nodes})
 	// Rejected on sick, then bound elsewhere: by the default binder (the pod informer sees it),
 	// and by our own /bind.
@@ -185,7 +185,7 @@ func TestRequeueAfterRecovery(t *testing.T) {
 
 	// Updates that do not free GPUs requeue nothing more: the same health again, a Degraded GPU.
 	setUnhealthy(t, s, client, "sick", "")
-	if _, err := client.CoreV1().Nodes().Update(t.Context(), node("sick", 8, map[string]string{annotation.HealthKey: `{"GPU-0":{"index":0,"health":"Degraded"}}`}), metav1.UpdateOptions{}); err != nil {
+	if _, err := client.CoreV1().Nodes().Update(t.Context(), node("sick", 8, map[string]string{gpuhealthv1.HealthKey: `{"GPU-0":{"index":0,"health":"Degraded"}}`}), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
@@ -219,7 +219,7 @@ func TestRequeuePatchFailures(t *testing.T) {
 		"flaky": {errors.New("connection reset"), apierrors.NewServiceUnavailable("try again")},
 	}
 	s, client, log := startedRequeuing(t, failures,
-		node("sick", 8, map[string]string{annotation.UnhealthyIDsKey: "0,1,2,3,4,5,6,7"}),
+		node("sick", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5,6,7"}),
 		pod("gone", "", scheduling.ResourceGPU, 1, nil),
 		pod("flaky", "", scheduling.ResourceGPU, 1, nil),
 	)
@@ -342,7 +342,7 @@ func TestImproved(t *testing.T) {
 		n, _ := scheduling.ParseNode(node("n", gpus, ann))
 		return &n
 	}
-	unhealthy := func(ids string) map[string]string { return map[string]string{annotation.UnhealthyIDsKey: ids} }
+	unhealthy := func(ids string) map[string]string { return map[string]string{gpuhealthv1.UnhealthyIDsKey: ids} }
 	tests := []struct {
 		name       string
 		prev, next *scheduling.NodeGPUs
@@ -353,9 +353,9 @@ func TestImproved(t *testing.T) {
 		{"a GPU recovers", parse(8, unhealthy("0,1")), parse(8, unhealthy("1")), true},
 		{"one recovers, another fails", parse(8, unhealthy("0")), parse(8, unhealthy("1")), true},
 		{"a GPU fails", parse(8, unhealthy("0")), parse(8, unhealthy("0,1")), false},
-		{"undrained", parse(8, map[string]string{annotation.DrainsKey: `{"GPU-a":{"index":2}}`}), parse(8, nil), true},
-		{"a GPU turns Degraded", parse(8, nil), parse(8, map[string]string{annotation.HealthKey: `{"GPU-0":{"index":0,"health":"Degraded"}}`}), false},
-		{"Unhealthy to Degraded", parse(8, unhealthy("0")), parse(8, map[string]string{annotation.HealthKey: `{"GPU-0":{"index":0,"health":"Degraded"}}`}), true},
+		{"undrained", parse(8, map[string]string{gpuhealthv1.DrainsKey: `{"GPU-a":{"index":2}}`}), parse(8, nil), true},
+		{"a GPU turns Degraded", parse(8, nil), parse(8, map[string]string{gpuhealthv1.HealthKey: `{"GPU-0":{"index":0,"health":"Degraded"}}`}), false},
+		{"Unhealthy to Degraded", parse(8, unhealthy("0")), parse(8, map[string]string{gpuhealthv1.HealthKey: `{"GPU-0":{"index":0,"health":"Degraded"}}`}), true},
 		{"more GPUs", parse(4, nil), parse(8, nil), true},
 		{"fewer GPUs", parse(8, nil), parse(4, nil), false},
 		{"the recovered GPU is gone", parse(8, unhealthy("7")), parse(4, nil), false},
@@ -370,7 +370,7 @@ func TestImproved(t *testing.T) {
 }
 
 func TestHealthBlocks(t *testing.T) {
-	health := func(ids string) map[string]string { return map[string]string{annotation.UnhealthyIDsKey: ids} }
+	health := func(ids string) map[string]string { return map[string]string{gpuhealthv1.UnhealthyIDsKey: ids} }
 	whole := func(n int64) scheduling.Request { return scheduling.Request{GPUs: n} }
 	tests := []struct {
 		name string

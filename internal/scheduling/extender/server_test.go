@@ -20,8 +20,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 func qty(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
@@ -80,9 +80,9 @@ func decodeInto(t *testing.T, rec *httptest.ResponseRecorder, v any) {
 
 func drains(t *testing.T, idx ...int) string {
 	t.Helper()
-	m := map[string]annotation.Drain{}
+	m := map[string]gpuhealthv1.Drain{}
 	for _, i := range idx {
-		m["GPU-drained-"+string(rune('a'+i))] = annotation.Drain{Index: i, Reason: "maintenance", By: "admin"}
+		m["GPU-drained-"+string(rune('a'+i))] = gpuhealthv1.Drain{Index: i, Reason: "maintenance", By: "admin"}
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -100,9 +100,9 @@ func drains(t *testing.T, idx ...int) string {
 //	cpu:     no GPUs
 func cluster(t *testing.T) []runtime.Object {
 	return []runtime.Object{
-		node("sick", 8, map[string]string{annotation.UnhealthyIDsKey: "0,1,2,3,4,5"}),
-		node("busy", 8, map[string]string{annotation.DrainsKey: drains(t, 0, 1, 2, 3)}),
-		node("done", 8, map[string]string{annotation.DrainsKey: drains(t, 0, 1, 2, 3)}),
+		node("sick", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5"}),
+		node("busy", 8, map[string]string{gpuhealthv1.DrainsKey: drains(t, 0, 1, 2, 3)}),
+		node("done", 8, map[string]string{gpuhealthv1.DrainsKey: drains(t, 0, 1, 2, 3)}),
 		node("healthy", 8, nil),
 		node("cpu", 0, nil),
 		pod("running", "busy", scheduling.ResourceGPU, 2, nil),
@@ -176,7 +176,7 @@ func TestFilterFromRequestNodes(t *testing.T) {
 	if strings.Join(kept, ",") != "done,healthy" {
 		t.Errorf("Nodes = %v, want [done healthy]", kept)
 	}
-	if res.Nodes.Items[0].Annotations[annotation.DrainsKey] == "" {
+	if res.Nodes.Items[0].Annotations[gpuhealthv1.DrainsKey] == "" {
 		t.Errorf("kept nodes must be returned whole")
 	}
 	if got := res.FailedNodes["busy"]; got != wantFailed["busy"] {
@@ -185,7 +185,7 @@ func TestFilterFromRequestNodes(t *testing.T) {
 }
 
 func TestFilterUsesCachedParseOnlyForTheSameVersion(t *testing.T) {
-	s, _ := started(t, Options{}, node("n", 8, map[string]string{annotation.UnhealthyIDsKey: "0,1,2,3,4,5,6,7"}))
+	s, _ := started(t, Options{}, node("n", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5,6,7"}))
 	// The request's copy is newer (recovered): it wins over the cache.
 	fresh := node("n", 8, nil)
 	fresh.ResourceVersion = "2"
@@ -202,7 +202,7 @@ func TestFilterUsesCachedParseOnlyForTheSameVersion(t *testing.T) {
 }
 
 func TestFilterSeesInformerUpdates(t *testing.T) {
-	s, client := started(t, Options{}, node("n", 2, map[string]string{annotation.UnhealthyIDsKey: "0,1"}))
+	s, client := started(t, Options{}, node("n", 2, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1"}))
 	names := []string{"n"}
 	args := &extenderv1.ExtenderArgs{Pod: pod("p", "", scheduling.ResourceGPU, 1, nil), NodeNames: &names}
 	if res := s.Filter(t.Context(), args); len(*res.NodeNames) != 0 {
@@ -246,8 +246,8 @@ func TestPrioritize(t *testing.T) {
 	s, _ := started(t, Options{},
 		node("empty", 8, nil),
 		node("packed", 8, nil),
-		node("degraded", 8, map[string]string{annotation.HealthKey: healthJSON}),
-		node("sick", 8, map[string]string{annotation.UnhealthyIDsKey: "0,1,2,3,4,5,6,7"}),
+		node("degraded", 8, map[string]string{gpuhealthv1.HealthKey: healthJSON}),
+		node("sick", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5,6,7"}),
 		pod("running", "packed", scheduling.ResourceGPU, 6, nil),
 	)
 	names := []string{"empty", "packed", "degraded", "sick", "missing"}
@@ -316,7 +316,7 @@ func TestBadRequests(t *testing.T) {
 func TestBindSharedCard(t *testing.T) {
 	health := `{"GPU-card0":{"index":0,"health":"Healthy"},"GPU-card1":{"index":1,"health":"Healthy"},"GPU-card2":{"index":2,"health":"Unhealthy"}}`
 	s, client := started(t, Options{Bind: true},
-		sharingNode("share", 3, 16000, map[string]string{annotation.HealthKey: health}),
+		sharingNode("share", 3, 16000, map[string]string{gpuhealthv1.HealthKey: health}),
 		pod("running", "share", scheduling.ResourceGPUMemory, 10000, map[string]string{scheduling.GPUIndexAnnotation: "1"}),
 		pod("a", "", scheduling.ResourceGPUMemory, 4000, nil),
 		pod("b", "", scheduling.ResourceGPUMemory, 8000, nil),

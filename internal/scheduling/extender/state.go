@@ -14,9 +14,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 // podFieldSelector keeps only the pods that can hold GPUs: scheduled and not finished. A pod
@@ -255,7 +254,7 @@ func trimNode(obj any) (any, error) {
 	}
 	out := &corev1.Node{}
 	out.Name, out.UID, out.ResourceVersion = n.Name, n.UID, n.ResourceVersion
-	for _, key := range []string{annotation.UnhealthyIDsKey, annotation.HealthKey, annotation.DrainsKey, hami.CordonKey} {
+	for _, key := range []string{gpuhealthv1.UnhealthyIDsKey, gpuhealthv1.HealthKey, gpuhealthv1.DrainsKey, gpuhealthv1.HAMiCordonKey} {
 		if v, ok := n.Annotations[key]; ok {
 			if out.Annotations == nil {
 				out.Annotations = map[string]string{}

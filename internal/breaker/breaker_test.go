@@ -15,7 +15,7 @@ import (
 	metadatafake "k8s.io/client-go/metadata/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 const ns = "gpuhealth-system"
@@ -158,7 +158,7 @@ func TestHeldChanges(t *testing.T) {
 func nodeMeta(name, healthJSON string) *metav1.PartialObjectMetadata {
 	return &metav1.PartialObjectMetadata{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{annotation.HealthKey: healthJSON}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{gpuhealthv1.HealthKey: healthJSON}},
 	}
 }
 

@@ -1,4 +1,4 @@
-package condition_test
+package nodecondition_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/condition"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -32,12 +32,12 @@ func TestDesired(t *testing.T) {
 		wantReason string
 		wantInMsg  string
 	}{
-		{"healthy", []health.DeviceStatus{device(0, health.Healthy, ""), device(1, health.Healthy, "")}, corev1.ConditionFalse, condition.ReasonHealthy, "all 2 GPUs are healthy"},
-		{"degraded only", []health.DeviceStatus{device(0, health.Degraded, "ClocksThrottled"), device(1, health.Healthy, "")}, corev1.ConditionFalse, condition.ReasonDegraded, "1 of 2 GPUs degraded: 0 (GPU-a): ClocksThrottled"},
-		{"unhealthy", []health.DeviceStatus{device(0, health.Degraded, "ClocksThrottled"), device(1, health.Unhealthy, "XID79")}, corev1.ConditionTrue, condition.ReasonUnhealthy, "1 of 2 GPUs unhealthy: 1 (GPU-b): XID79"},
+		{"healthy", []health.DeviceStatus{device(0, health.Healthy, ""), device(1, health.Healthy, "")}, corev1.ConditionFalse, nodecondition.ReasonHealthy, "all 2 GPUs are healthy"},
+		{"degraded only", []health.DeviceStatus{device(0, health.Degraded, "ClocksThrottled"), device(1, health.Healthy, "")}, corev1.ConditionFalse, nodecondition.ReasonDegraded, "1 of 2 GPUs degraded: 0 (GPU-a): ClocksThrottled"},
+		{"unhealthy", []health.DeviceStatus{device(0, health.Degraded, "ClocksThrottled"), device(1, health.Unhealthy, "XID79")}, corev1.ConditionTrue, nodecondition.ReasonUnhealthy, "1 of 2 GPUs unhealthy: 1 (GPU-b): XID79"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, reason, msg := condition.Desired(health.Snapshot{Devices: tc.devs})
+			status, reason, msg := nodecondition.Desired(health.Snapshot{Devices: tc.devs})
 			if status != tc.wantStatus || reason != tc.wantReason || !strings.Contains(msg, tc.wantInMsg) {
 				t.Errorf("Desired = %s, %s, %q; want %s, %s, containing %q", status, reason, msg, tc.wantStatus, tc.wantReason, tc.wantInMsg)
 			}
@@ -50,7 +50,7 @@ func TestSyncKeepsOtherConditionsAndTransitionTimes(t *testing.T) {
 	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}})
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
-	s := condition.New(client, "n1", nil, clk)
+	s := nodecondition.New(client, "n1", nil, clk)
 
 	sync := func(devs ...health.DeviceStatus) int {
 		t.Helper()
@@ -68,7 +68,7 @@ func TestSyncKeepsOtherConditionsAndTransitionTimes(t *testing.T) {
 		}
 		var c corev1.NodeCondition
 		for _, x := range node.Status.Conditions {
-			if x.Type == condition.Type {
+			if x.Type == nodecondition.Type {
 				c = x
 			}
 		}
@@ -97,7 +97,7 @@ func TestSyncKeepsOtherConditionsAndTransitionTimes(t *testing.T) {
 
 func TestEventsPerTransition(t *testing.T) {
 	rec := record.NewFakeRecorder(10)
-	e := condition.NewEvents(rec, "n1", "")
+	e := nodecondition.NewEvents(rec, "n1", "")
 	dev := health.Device{UUID: "GPU-a", Index: 2}
 	e.Record(health.Transition{Device: dev, From: health.Healthy, To: health.Unhealthy, Reason: "XID79"})
 	e.Record(health.Transition{Device: dev, From: health.Unhealthy, To: health.Healthy, Reason: "NodeReboot"})

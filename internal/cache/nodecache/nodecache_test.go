@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 )
 
 func node(rv, value string) *corev1.Node {

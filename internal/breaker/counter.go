@@ -17,9 +17,8 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
-	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 // Counter keeps the cluster's GPU count in the breaker's ConfigMap: the physical GPUs the agents
@@ -74,7 +73,7 @@ func (c *Counter) Run(ctx context.Context) error {
 		total := 0
 		for _, obj := range objs {
 			if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
-				total += PhysicalGPUs(m.Annotations[annotation.HealthKey])
+				total += PhysicalGPUs(m.Annotations[gpuhealthv1.HealthKey])
 			}
 		}
 		if err == nil && total != last {
@@ -107,7 +106,7 @@ func (c *Counter) Run(ctx context.Context) error {
 // PhysicalGPUs counts the GPUs (not MIG instances) in a gpu-health annotation; a malformed or
 // absent annotation counts none.
 func PhysicalGPUs(healthJSON string) int {
-	var s map[string]report.GPUSummary
+	var s map[string]gpuhealthv1.GPUSummary
 	if json.Unmarshal([]byte(healthJSON), &s) != nil {
 		return 0
 	}

@@ -49,7 +49,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 )
 
 // The ConfigMap, its keys, and the slots.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -130,11 +131,11 @@ func TestUnhealthyIndexesAndSummaries(t *testing.T) {
 		{Device: health.Device{UUID: "MIG-1", Index: 1, MIG: &health.MIGPlacement{ParentUUID: "GPU-1"}}, Health: health.Unhealthy},
 		{Device: health.Device{UUID: "GPU-1", Index: 1}, Health: health.Degraded},
 	}}
-	got := report.UnhealthyIndexes(snap)
+	got := gpuhealthv1.UnhealthyIndexes(snap)
 	if len(got) != 2 || got[0] != 0 || got[1] != 3 {
 		t.Errorf("UnhealthyIndexes = %v, want [0 3] (MIG instances do not count on their own)", got)
 	}
-	s := report.Summarize(snap.Devices[0])
+	s := gpuhealthv1.Summarize(snap.Devices[0])
 	if len(s.Reasons) != 2 || s.Reasons[0] != "XID79" || s.Since == nil || !s.Since.Equal(t0.Add(time.Second)) {
 		t.Errorf("Summarize = %+v, want the worst reason first and its since", s)
 	}
@@ -143,10 +144,10 @@ func TestUnhealthyIndexesAndSummaries(t *testing.T) {
 func TestSummaryListsWhatIsUnmonitored(t *testing.T) {
 	d := health.DeviceStatus{Device: health.Device{UUID: "GPU-a"}, Unmonitored: true,
 		UnmonitoredChecks: []health.Check{health.CheckECC, health.CheckRowRemap}}
-	if got := report.Summarize(d).Unmonitored; !slices.Equal(got, []string{"events", "ecc", "rowRemap"}) {
+	if got := gpuhealthv1.Summarize(d).Unmonitored; !slices.Equal(got, []string{"events", "ecc", "rowRemap"}) {
 		t.Errorf("Unmonitored = %v", got)
 	}
-	if got := report.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-b"}}).Unmonitored; got != nil {
+	if got := gpuhealthv1.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-b"}}).Unmonitored; got != nil {
 		t.Errorf("a fully watched GPU lists %v", got)
 	}
 }

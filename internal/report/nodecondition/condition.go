@@ -1,4 +1,4 @@
-// Package condition reports GPU health as one Node condition, following node-problem-detector's
+// Package nodecondition reports GPU health as one Node condition, following node-problem-detector's
 // conventions (the condition names the problem; True means the problem is present):
 //
 //	type:    GPUUnhealthy
@@ -13,7 +13,7 @@
 // when status does.
 //
 // Events records a Node Event for every health transition of a GPU.
-package condition
+package nodecondition
 
 import (
 	"context"
@@ -30,23 +30,24 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/nodecache"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // Type is the condition's type.
-const Type corev1.NodeConditionType = "GPUUnhealthy"
+const Type = corev1.NodeConditionType(gpuhealthv1.ConditionGPUUnhealthy)
 
 // The condition's reasons.
 const (
-	ReasonUnhealthy = "GPUsUnhealthy"
-	ReasonDegraded  = "GPUsDegraded"
-	ReasonHealthy   = "GPUsHealthy"
+	ReasonUnhealthy = gpuhealthv1.ReasonGPUsUnhealthy
+	ReasonDegraded  = gpuhealthv1.ReasonGPUsDegraded
+	ReasonHealthy   = gpuhealthv1.ReasonGPUsHealthy
 )
 
 // BreakerType is the condition saying the circuit breaker holds back this node's GPUs.
-const BreakerType corev1.NodeConditionType = "GPUCircuitBreakerOpen"
+const BreakerType = corev1.NodeConditionType(gpuhealthv1.ConditionCircuitBreakerOpen)
 
 // Syncer keeps the GPUUnhealthy condition of one Node.
 type Syncer struct {
@@ -166,7 +167,7 @@ func Desired(snap health.Snapshot) (corev1.ConditionStatus, string, string) {
 			continue
 		}
 		total++
-		s := report.Summarize(d)
+		s := gpuhealthv1.Summarize(d)
 		desc := fmt.Sprintf("%d (%s): %s", d.Device.Index, d.Device.UUID, strings.Join(s.Reasons, ", "))
 		switch d.Health {
 		case health.Unhealthy:

@@ -1,0 +1,161 @@
+package v1
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Version names this wire format.
+const Version = "v1"
+
+// Annotation keys.
+const (
+	// UnhealthyIDsKey is Volcano's list of Unhealthy GPU indexes.
+	UnhealthyIDsKey = "volcano.sh/gpu-unhealthy-ids"
+	// HealthKey holds the per-device summaries (GPUSummary by UUID).
+	HealthKey = "gpuhealth.dev/gpu-health"
+	// DrainsKey holds administrative per-GPU drains (Drain by UUID), written by `gpuhealth drain`
+	// and read by the agent and the extender.
+	DrainsKey = "gpuhealth.dev/gpu-drains"
+	// VolcanoStateKey records gpuhealth's share of UnhealthyIDsKey, because that key has other
+	// writers (Volcano's device plugin, operators). Its value is JSON, {"written":"3,5","others":"5"}:
+	// the value gpuhealth last wrote and the part of it that belonged to other writers
+	// (docs/compatibility.md has the merge rules).
+	VolcanoStateKey = "gpuhealth.dev/volcano-unhealthy-ids-state"
+	// HAMiCordonKey is HAMi's per-GPU cordon: device UUIDs, comma-separated.
+	HAMiCordonKey = "hami.io/device-cordon"
+	// HAMiStateKey records gpuhealth's share of HAMiCordonKey, in VolcanoStateKey's format.
+	HAMiStateKey = "gpuhealth.dev/hami-device-cordon-state"
+)
+
+// GPUSummary is what gpuhealth says about one device: the facts of the snapshot reduced to what a
+// scheduler or an operator reads. HealthKey's value is a JSON object of them keyed by UUID.
+type GPUSummary struct {
+	Index    int    `json:"index"`
+	PCIBusID string `json:"pciBusID,omitempty"`
+	Model    string `json:"model,omitempty"`
+	// Health is Healthy, Degraded or Unhealthy.
+	Health string `json:"health"`
+	// Reasons are the reasons of the conditions in effect, worst first.
+	Reasons []string `json:"reasons,omitempty"`
+	// Since is when the worst condition in effect began; absent when healthy.
+	Since *time.Time `json:"since,omitempty"`
+	// Evict is set when the fault corrupts running work: pods should leave the GPU.
+	Evict bool `json:"evict,omitempty"`
+	// ParentUUID is set for MIG instances.
+	ParentUUID string `json:"parentUUID,omitempty"`
+	// Unmonitored lists what the agent cannot watch on the GPU: "events" when NVML delivers no
+	// events for it, and each check the backend cannot run (a driver function missing, ECC off,
+	// MIG mode), so an operator sees at once what a node is blind to. No data, never a fault.
+	Unmonitored []string `json:"unmonitored,omitempty"`
+}
+
+// Unmonitored lists what the agent cannot watch on a device: "events" when NVML delivers no
+// events for it, then each check the backend cannot run.
+func Unmonitored(d health.DeviceStatus) []string {
+	var out []string
+	if d.Unmonitored {
+		out = append(out, "events")
+	}
+	for _, c := range d.UnmonitoredChecks {
+		out = append(out, string(c))
+	}
+	return out
+}
+
+// Summarize reduces a device's status to a GPUSummary.
+func Summarize(d health.DeviceStatus) GPUSummary {
+	s := GPUSummary{Index: d.Device.Index, PCIBusID: d.Device.PCIBusID, Model: d.Device.Model, Health: d.Health.String(), Evict: d.Evict}
+	s.Unmonitored = Unmonitored(d)
+	if d.Device.MIG != nil {
+		s.ParentUUID = d.Device.MIG.ParentUUID
+	}
+	conds := health.WorstFirst(d.Conditions)
+	for _, c := range conds {
+		if !slices.Contains(s.Reasons, c.Reason) {
+			s.Reasons = append(s.Reasons, c.Reason)
+		}
+	}
+	if len(conds) > 0 && d.Health != health.Healthy {
+		since := conds[0].Since.UTC()
+		s.Since = &since
+	}
+	return s
+}
+
+// Summaries returns HealthKey's value for a snapshot: every device's summary by UUID.
+func Summaries(snap health.Snapshot) map[string]GPUSummary {
+	out := make(map[string]GPUSummary, len(snap.Devices))
+	for _, d := range snap.Devices {
+		out[d.Device.UUID] = Summarize(d)
+	}
+	return out
+}
+
+// ParseHealth decodes HealthKey's value. An empty value means no devices.
+func ParseHealth(value string) (map[string]GPUSummary, error) {
+	summaries := map[string]GPUSummary{}
+	if strings.TrimSpace(value) == "" {
+		return summaries, nil
+	}
+	if err := json.Unmarshal([]byte(value), &summaries); err != nil {
+		return nil, fmt.Errorf("%s: %w", HealthKey, err)
+	}
+	return summaries, nil
+}
+
+// UnhealthyIndexes returns the indexes of the physical GPUs that are Unhealthy, ascending. MIG
+// instances do not count on their own: an index names a whole card.
+func UnhealthyIndexes(snap health.Snapshot) []int {
+	var idx []int
+	for _, d := range snap.Devices {
+		if d.Device.MIG == nil && d.Health == health.Unhealthy {
+			idx = append(idx, d.Device.Index)
+		}
+	}
+	slices.Sort(idx)
+	return slices.Compact(idx)
+}
+
+// Drain records who drained a GPU, when and why. A drained GPU is treated by every reporter as
+// Unhealthy with reason AdminDrain, until `gpuhealth undrain`.
+type Drain struct {
+	Index  int       `json:"index"`
+	Reason string    `json:"reason"`
+	By     string    `json:"by"`
+	At     time.Time `json:"at"`
+}
+
+// ParseDrains decodes DrainsKey's value. An empty value means no drains.
+func ParseDrains(value string) (map[string]Drain, error) {
+	drains := map[string]Drain{}
+	if strings.TrimSpace(value) == "" {
+		return drains, nil
+	}
+	if err := json.Unmarshal([]byte(value), &drains); err != nil {
+		return nil, fmt.Errorf("%s: %w", DrainsKey, err)
+	}
+	for uuid := range drains {
+		if uuid == "" {
+			return nil, fmt.Errorf("%s: an entry has an empty UUID", DrainsKey)
+		}
+	}
+	return drains, nil
+}
+
+// Message is how a drain reads in a condition message.
+func (d Drain) Message() string {
+	msg := "drained by " + d.By
+	if !d.At.IsZero() {
+		msg += " at " + d.At.UTC().Format(time.RFC3339)
+	}
+	if d.Reason != "" {
+		msg += ": " + d.Reason
+	}
+	return msg
+}
