@@ -1,0 +1,171 @@
+package health
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// DefaultTickInterval is how often a Runtime ticks its Monitor: quiet periods and probation end
+// within a second of when they are due.
+const DefaultTickInterval = time.Second
+
+// Clock is what a Runtime needs of a clock. k8s.io/utils/clock's RealClock and its testing
+// FakeClock satisfy it, so embedders pass the clock they already have.
+type Clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+// realClock is the wall clock.
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// RuntimeOptions configure a Runtime.
+type RuntimeOptions struct {
+	// Clock drives the ticks and stamps the restore; nil means the wall clock.
+	Clock Clock
+	// TickInterval is how often the Monitor ticks; 0 means DefaultTickInterval.
+	TickInterval time.Duration
+	// CheckpointPath is the file that keeps sticky faults across restarts; empty turns
+	// checkpoints off.
+	CheckpointPath string
+	// BootID names the current boot (ReadBootID on Linux). Every checkpoint written names it, and a
+	// checkpoint of another boot keeps only the faults that survive a reboot.
+	BootID string
+}
+
+// Runtime is everything an embedder needs to run a Monitor: it builds the Tracker and Monitor,
+// restores the checkpoint at start, ticks the Monitor on its clock, saves the checkpoint whenever
+// the sticky state changes, and runs the backend that feeds it. The agent, the device plugin and
+// `gpuhealth watch` all run on it; a device plugin or DRA driver that embeds the library writes
+// no loop of its own:
+//
+//	rt, err := health.NewRuntime(policy, backend.Devices(), health.RuntimeOptions{CheckpointPath: path, BootID: bootID})
+//	if restored, err := rt.Restore(); err != nil { log it: the GPUs are read afresh }
+//	go rt.Run(ctx, func(ctx context.Context, m *health.Monitor) error { return backend.Run(ctx, m) })
+//	sub := rt.Monitor().Subscribe() // and report each Update
+type Runtime struct {
+	monitor *Monitor
+	opts    RuntimeOptions
+	// saved is the device part of the last checkpoint written or restored, so unchanged state
+	// is not written again.
+	saved []byte
+}
+
+// NewRuntime returns a Runtime for devices under policy. It fails only when the inventory is
+// unusable (see NewTracker).
+func NewRuntime(policy *Policy, devices []Device, opts RuntimeOptions) (*Runtime, error) {
+	if opts.Clock == nil {
+		opts.Clock = realClock{}
+	}
+	if opts.TickInterval <= 0 {
+		opts.TickInterval = DefaultTickInterval
+	}
+	t, err := NewTracker(policy, devices)
+	if err != nil {
+		return nil, err
+	}
+	// Every checkpoint this run writes must name this boot, also when there was none to
+	// restore: one without it reads as "another boot" next time, and the restart would drop
+	// every fault that lasts until a reboot.
+	t.SetBootID(opts.BootID)
+	return &Runtime{monitor: NewMonitor(t), opts: opts}, nil
+}
+
+// Monitor returns the runtime's Monitor: subscribe to it, or feed it drains.
+func (r *Runtime) Monitor() *Monitor { return r.monitor }
+
+// Restore loads the checkpoint into the Monitor; call it once, before Run. restored is false
+// without an error when checkpoints are off or there is no file yet. An unreadable or
+// inconsistent checkpoint returns an error and changes nothing: the embedder logs it and starts
+// from what the GPUs say, never stays down over it.
+func (r *Runtime) Restore() (restored bool, err error) {
+	if r.opts.CheckpointPath == "" {
+		return false, nil
+	}
+	cp, err := ReadCheckpoint(r.opts.CheckpointPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := r.monitor.Restore(cp, r.opts.BootID, r.opts.Clock.Now()); err != nil {
+		return false, fmt.Errorf("checkpoint %s: %w", r.opts.CheckpointPath, err)
+	}
+	if cp.BootID == r.opts.BootID {
+		r.saved, _ = json.Marshal(r.monitor.Tracker().Checkpoint().Devices)
+	} // else the first save rewrites it, naming this boot
+	return true, nil
+}
+
+// Run ticks the Monitor and saves checkpoints until ctx ends. When feed is not nil it runs too,
+// with the Monitor as its sink (a backend's Run, adapted): a feed that fails stops Run with its
+// error; a feed that returns nil (a scenario that ended) leaves the ticks and saves running. Run
+// returns only after feed has. Failed checkpoint writes are logged (ctx's logr logger) and tried
+// again at the next change.
+func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var feedDone chan error // nil once the feed has returned, or when there is none
+	if feed != nil {
+		feedDone = make(chan error, 1)
+		go func() { feedDone <- feed(ctx, r.monitor) }()
+	}
+	var updates <-chan struct{}
+	var sub *Subscription
+	if r.opts.CheckpointPath != "" {
+		sub = r.monitor.Subscribe()
+		defer sub.Close()
+		updates = sub.C()
+	}
+	tick := r.opts.Clock.After(r.opts.TickInterval)
+	for {
+		select {
+		case <-ctx.Done():
+			if feedDone != nil {
+				<-feedDone
+			}
+			return nil
+		case err := <-feedDone:
+			feedDone = nil
+			if err != nil && ctx.Err() == nil {
+				return err
+			}
+		case now := <-tick:
+			r.monitor.Tick(now)
+			tick = r.opts.Clock.After(r.opts.TickInterval)
+		case <-updates:
+			if _, ok := sub.Next(); ok {
+				r.save(ctx)
+			}
+		}
+	}
+}
+
+// save writes the checkpoint when its sticky devices differ from the last ones written (its time
+// changes with every signal and alone is no reason to write).
+func (r *Runtime) save(ctx context.Context) {
+	cp := r.monitor.Tracker().Checkpoint()
+	b, err := json.Marshal(cp.Devices)
+	if err == nil && bytes.Equal(b, r.saved) {
+		return
+	}
+	if err == nil {
+		err = WriteCheckpoint(r.opts.CheckpointPath, cp)
+	}
+	if err != nil {
+		logr.FromContextOrDiscard(ctx).Error(err, "Writing the checkpoint failed", "path", r.opts.CheckpointPath)
+		return
+	}
+	r.saved = b
+}
