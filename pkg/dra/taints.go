@@ -5,10 +5,15 @@
 //     devices, with the keys and effects of gpuhealth's DeviceTaintRules (a driver puts them in
 //     its slices' device.taints; the scheduler then keeps new claims off sick GPUs). SetTaints
 //     writes them into a device list, leaving other taints alone.
-//   - HealthReporter implements the kubelet's DRA device-health stream through the
+//   - Message says why a device is not Healthy, in the words and length the kubelet keeps.
+//   - Package healthstream (a sub-package, because it needs the kubelet's gRPC API and
+//     client-go) implements the kubelet's DRA device-health stream through the
 //     k8s.io/dynamic-resource-allocation kubeletplugin helper (DRAPlugin.WatchHealthStatus), so
 //     that pod status allocatedResourcesStatus shows each allocated GPU Healthy, Unhealthy or
 //     Unknown.
+//
+// This package imports only k8s.io/api and k8s.io/apimachinery types, never client-go: a driver
+// embeds it whatever client it uses (TestNoClientGo holds it to that).
 //
 // GPUs are matched to the driver's devices by UUID (case-insensitively); the driver says which
 // of its devices carries which GPU.

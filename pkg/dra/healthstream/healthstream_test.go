@@ -1,4 +1,4 @@
-package dra_test
+package healthstream_test
 
 import (
 	"context"
@@ -24,6 +24,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
+	"github.com/gpuhealth/gpuhealth/pkg/dra/healthstream"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -31,6 +32,14 @@ const (
 	driverName = "gpu.example.com"
 	waitLimit  = 30 * time.Second
 )
+
+func gpuStatus(uuid string, sev health.Severity, conds ...health.Condition) health.DeviceStatus {
+	d := health.DeviceStatus{Device: health.Device{UUID: uuid}, Health: sev, Conditions: conds}
+	for _, c := range conds {
+		d.Evict = d.Evict || c.Evict
+	}
+	return d
+}
 
 func TestHealth(t *testing.T) {
 	tests := []struct {
@@ -54,7 +63,7 @@ func TestHealth(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := dra.Health(tc.in); got != tc.want {
+			if got := healthstream.Health(tc.in); got != tc.want {
 				t.Errorf("Health = %s, want %s", got, tc.want)
 			}
 			if got := dra.Message(tc.in); got != tc.wantMessage {
@@ -71,8 +80,8 @@ func TestReport(t *testing.T) {
 		gpuStatus("GPU-bbbb", health.Unhealthy, health.Condition{Severity: health.Unhealthy, Reason: "XID48"}),
 		gpuStatus("GPU-unpublished", health.Unhealthy),
 	}}
-	devices := map[string]dra.DeviceID{"gpu-aaaa": {"node-a", "gpu-0"}, "gpu-bbbb": {"node-a", "gpu-1"}, "gpu-gone": {"node-a", "gpu-2"}}
-	got := dra.Report(snap, devices, now, time.Minute)
+	devices := map[string]dra.DeviceID{"gpu-aaaa": {Pool: "node-a", Device: "gpu-0"}, "gpu-bbbb": {Pool: "node-a", Device: "gpu-1"}, "gpu-gone": {Pool: "node-a", Device: "gpu-2"}}
+	got := healthstream.Report(snap, devices, now, time.Minute)
 	want := []kubeletplugin.DeviceHealth{
 		{PoolName: "node-a", DeviceName: "gpu-0", Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now, HealthCheckTimeout: time.Minute},
 		{PoolName: "node-a", DeviceName: "gpu-1", Health: kubeletplugin.HealthStatusUnhealthy, Message: "XID48", LastUpdated: now, HealthCheckTimeout: time.Minute},
@@ -84,9 +93,9 @@ func TestReport(t *testing.T) {
 }
 
 // driver is a minimal DRA driver: it prepares nothing and reports health through a
-// dra.HealthReporter, as a real driver embedding the library would.
+// healthstream.HealthReporter, as a real driver embedding the library would.
 type driver struct {
-	health *dra.HealthReporter
+	health *healthstream.HealthReporter
 	t      *testing.T
 }
 
@@ -220,10 +229,10 @@ func TestHealthStreamOverGRPC(t *testing.T) {
 	}
 	monitor := health.NewMonitor(tracker)
 	clk := clocktesting.NewFakeClock(time.Unix(5000, 0))
-	reporter := dra.NewHealthReporter(monitor, map[string]dra.DeviceID{
+	reporter := healthstream.NewHealthReporter(monitor, map[string]dra.DeviceID{
 		gpus[0]: {Pool: "node-a", Device: "gpu-0"},
 		gpus[1]: {Pool: "node-a", Device: "gpu-1"},
-	}, dra.HealthOptions{Clock: clk})
+	}, healthstream.HealthOptions{Clock: clk})
 
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testr.New(t)))
 	defer cancel()
@@ -279,7 +288,7 @@ func TestHealthStreamOverGRPC(t *testing.T) {
 		// period must bring the full report again, so the kubelet's lease never runs out.
 		for range 2 {
 			waitForTicker(t, clk)
-			clk.Step(dra.DefaultResendEvery)
+			clk.Step(healthstream.DefaultResendEvery)
 			if got := s.next(); !maps.Equal(got, healthy) {
 				t.Errorf("resent report %v, want %v", got, healthy)
 			}
