@@ -116,15 +116,6 @@ func (ev *evaluation) removeAt(ds *deviceState, i int, reason string) {
 	ev.refresh(ds, reason)
 }
 
-func (ds *deviceState) find(typ ConditionType, code uint32) int {
-	for i := range ds.conds {
-		if ds.conds[i].Type == typ && ds.conds[i].Code == code {
-			return i
-		}
-	}
-	return -1
-}
-
 // refresh recomputes a device's effective health, and its MIG instances', recording
 // transitions. clearReason explains a change for the better.
 func (ev *evaluation) refresh(ds *deviceState, clearReason string) {

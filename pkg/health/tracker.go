@@ -37,64 +37,6 @@ type Tracker struct {
 	lastTime   time.Time
 }
 
-// condState is a condition plus the hysteresis memory of the check that owns it.
-type condState struct {
-	Condition
-	// cleanSamples counts consecutive samples whose reading called for less than the current
-	// severity; cleanAt is the time of the last one counted, so that several readings at one
-	// instant count once.
-	cleanSamples int
-	cleanAt      time.Time
-}
-
-// counterRate turns samples of a monotonically increasing counter into a per-minute rate.
-type counterRate struct {
-	base  int64
-	at    time.Time
-	valid bool
-}
-
-// perMinute records a sample and returns the rate since the previous one. It reports no rate
-// for the first sample, after the counter went backwards (a reset), after the clock went
-// backwards (a new baseline: no rate is known across a clock step), and while time has not
-// advanced (the increase then counts towards the next rate).
-func (r *counterRate) perMinute(v int64, now time.Time) (float64, bool) {
-	if !r.valid || v < r.base || now.Before(r.at) {
-		*r = counterRate{base: v, at: now, valid: true}
-		return 0, false
-	}
-	elapsed := now.Sub(r.at)
-	if elapsed <= 0 {
-		return 0, false
-	}
-	rate := float64(v-r.base) / elapsed.Minutes()
-	r.base, r.at = v, now
-	return rate, true
-}
-
-const maxTrackedLinks = 64
-
-type deviceState struct {
-	dev      Device
-	parent   *deviceState
-	children []*deviceState
-
-	conds []condState
-	// own is the worst severity of the device's own conditions; health and evict are effective
-	// values that include the parent's conditions.
-	own, health Severity
-	ownEvict    bool
-	evict       bool
-	xids        []XIDCount
-	unmonitored bool
-	// uncheckable lists, sorted, the checks the backend cannot run on the device.
-	uncheckable []Check
-
-	eccCorrected counterRate
-	pcie         counterRate
-	nvlink       []counterRate
-}
-
 // NewTracker returns a Tracker for devices under policy. MIG instances name their parent in
 // Device.MIG; the parent must be in devices too.
 func NewTracker(policy *Policy, devices []Device) (*Tracker, error) {
@@ -154,18 +96,6 @@ func (t *Tracker) linkLocked() error {
 		t.refreshLocked(ds)
 	}
 	return nil
-}
-
-type sortKey struct {
-	index, mig int
-	gi, ci     uint32
-}
-
-func (ds *deviceState) sortKey() sortKey {
-	if ds.parent != nil {
-		return sortKey{index: ds.parent.dev.Index, mig: 1, gi: ds.dev.MIG.GPUInstance, ci: ds.dev.MIG.ComputeInstance}
-	}
-	return sortKey{index: ds.dev.Index}
 }
 
 // SetBootID records the boot the tracker's state belongs to, for checkpoints.
