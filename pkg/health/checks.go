@@ -1,0 +1,163 @@
+package health
+
+import "fmt"
+
+// resetRequired applies the driver's word that the GPU needs a reset (ERROR_RESET_REQUIRED).
+func (ev *evaluation) resetRequired(gpu *deviceState) {
+	rule := ev.t.policy.ResetRequired
+	if rule.Severity == Healthy {
+		return
+	}
+	ev.raise(gpu, ConditionGPUResetRequired, 0, rule.Severity, rule.ClearsOn, rule.Evict, rule.Action, "GPUResetRequired",
+		func() string {
+			return "the driver says the GPU requires a reset before it can be used again (ERROR_RESET_REQUIRED)"
+		})
+}
+
+// reset applies a GPU reset: volatile counters restart, and conditions that wait for a reset end
+// on the GPU and its MIG instances.
+func (ev *evaluation) reset(gpu *deviceState) {
+	gpu.eccCorrected, gpu.pcie, gpu.nvlink = counterRate{}, counterRate{}, nil
+	resetClears := func(c *condState) bool { return c.ClearsOn == ClearsOnGPUReset }
+	for _, child := range gpu.children {
+		ev.removeIf(child, ReasonGPUReset, resetClears)
+	}
+	ev.removeIf(gpu, ReasonGPUReset, resetClears)
+}
+
+func (ev *evaluation) ecc(gpu *deviceState, sig Signal) {
+	p := ev.t.policy
+	if !p.ECC.Enabled {
+		return
+	}
+	if sig.Uncorrected > 0 {
+		ev.raise(gpu, ConditionECCUncorrected, 0, Unhealthy, ClearsOnGPUReset, false, ActionResetGPU, "UncorrectedECCErrors",
+			func() string {
+				return fmt.Sprintf("%d uncorrected volatile ECC errors since the last GPU reset", sig.Uncorrected)
+			})
+	}
+	if rate, ok := gpu.eccCorrected.perMinute(int64(sig.Corrected), ev.now); ok && rate > p.ECC.CorrectedStormPerMinute {
+		ev.raise(gpu, ConditionECCCorrectedStorm, 0, Degraded, ClearsOnQuietPeriod, false, ActionInspect, "SingleBitECCStorm",
+			func() string {
+				return fmt.Sprintf("corrected ECC error rate %.0f/min is above %.0f/min", rate, p.ECC.CorrectedStormPerMinute)
+			})
+	}
+}
+
+func (ev *evaluation) remappedRows(gpu *deviceState, sig Signal) {
+	if !ev.t.policy.RowRemap.Enabled {
+		return
+	}
+	failure := Healthy
+	if sig.Failure {
+		failure = Unhealthy
+	}
+	ev.polled(gpu, ConditionRowRemapFailure, 0, failure, DefaultRecoverySamples, ActionCheckHardware, "RowRemapFailure",
+		func() string { return "row remapping failed: no spare row was left for a bad memory row" })
+	if sig.Pending {
+		ev.raise(gpu, ConditionRowRemapPending, 0, Degraded, ClearsOnGPUReset, false, ActionResetGPU, "RowRemapPending",
+			func() string { return "a row remap is pending and takes effect at the next GPU reset" })
+	}
+}
+
+func (ev *evaluation) temperature(gpu *deviceState, sig Signal) {
+	p := ev.t.policy
+	if !p.Thermal.Enabled {
+		return
+	}
+	slowdown, shutdown := sig.SlowdownC, sig.ShutdownC
+	if slowdown <= 0 {
+		slowdown = DefaultSlowdownC
+	}
+	if shutdown <= 0 {
+		shutdown = DefaultShutdownC
+	}
+	if p.Thermal.SlowdownC > 0 {
+		slowdown = p.Thermal.SlowdownC
+	}
+	if p.Thermal.ShutdownC > 0 {
+		shutdown = p.Thermal.ShutdownC
+	}
+	switch {
+	case sig.Value >= shutdown:
+		ev.polled(gpu, ConditionThermal, 0, Unhealthy, p.Thermal.RecoverySamples, ActionCheckCooling, "TemperatureAtShutdown",
+			func() string {
+				return fmt.Sprintf("temperature %d°C reached the shutdown threshold %d°C", sig.Value, shutdown)
+			})
+	case sig.Value >= slowdown:
+		ev.polled(gpu, ConditionThermal, 0, Degraded, p.Thermal.RecoverySamples, ActionCheckCooling, "TemperatureAtSlowdown",
+			func() string {
+				return fmt.Sprintf("temperature %d°C reached the slowdown threshold %d°C", sig.Value, slowdown)
+			})
+	default:
+		ev.polled(gpu, ConditionThermal, 0, Healthy, p.Thermal.RecoverySamples, "", "", nil)
+	}
+}
+
+func (ev *evaluation) clockEvents(gpu *deviceState, sig Signal) {
+	p := ev.t.policy
+	if !p.ClockEvents.Enabled {
+		return
+	}
+	active := sig.Reasons & p.ClockEvents.Reasons
+	if active == 0 {
+		ev.polled(gpu, ConditionClockThrottle, 0, Healthy, p.ClockEvents.RecoverySamples, "", "", nil)
+		return
+	}
+	ev.polled(gpu, ConditionClockThrottle, 0, Degraded, p.ClockEvents.RecoverySamples, ActionCheckCooling, "ClocksThrottled",
+		func() string { return "clocks are throttled: " + active.String() })
+}
+
+func (ev *evaluation) pcieReplays(gpu *deviceState, sig Signal) {
+	p := ev.t.policy
+	if !p.PCIeReplays.Enabled {
+		return
+	}
+	rate, ok := gpu.pcie.perMinute(sig.Value, ev.now)
+	if !ok {
+		return
+	}
+	if rate <= p.PCIeReplays.PerMinute {
+		ev.polled(gpu, ConditionPCIeReplayRate, 0, Healthy, p.PCIeReplays.RecoverySamples, "", "", nil)
+		return
+	}
+	ev.polled(gpu, ConditionPCIeReplayRate, 0, Degraded, p.PCIeReplays.RecoverySamples, ActionInspect, "PCIeReplayRateHigh",
+		func() string {
+			return fmt.Sprintf("PCIe replay rate %.0f/min is above %.0f/min", rate, p.PCIeReplays.PerMinute)
+		})
+}
+
+func (ev *evaluation) nvlinkState(gpu *deviceState, sig Signal) {
+	p := ev.t.policy
+	if !p.NVLink.Enabled || sig.Link >= maxTrackedLinks {
+		return
+	}
+	if !sig.Down {
+		ev.polled(gpu, ConditionNVLinkDown, sig.Link, Healthy, p.NVLink.RecoverySamples, "", "", nil)
+		return
+	}
+	ev.polled(gpu, ConditionNVLinkDown, sig.Link, Unhealthy, p.NVLink.RecoverySamples, ActionResetGPU, "NVLinkDown",
+		func() string { return fmt.Sprintf("NVLink %d is down", sig.Link) })
+}
+
+func (ev *evaluation) nvlinkErrors(gpu *deviceState, sig Signal) {
+	p := ev.t.policy
+	if !p.NVLink.Enabled || sig.Link >= maxTrackedLinks {
+		return
+	}
+	if int(sig.Link) >= len(gpu.nvlink) {
+		gpu.nvlink = append(gpu.nvlink, make([]counterRate, int(sig.Link)+1-len(gpu.nvlink))...)
+	}
+	rate, ok := gpu.nvlink[sig.Link].perMinute(sig.Value, ev.now)
+	if !ok {
+		return
+	}
+	if rate <= p.NVLink.ErrorsPerMinute {
+		ev.polled(gpu, ConditionNVLinkErrorRate, sig.Link, Healthy, p.NVLink.RecoverySamples, "", "", nil)
+		return
+	}
+	ev.polled(gpu, ConditionNVLinkErrorRate, sig.Link, Degraded, p.NVLink.RecoverySamples, ActionInspect, "NVLinkErrorRateHigh",
+		func() string {
+			return fmt.Sprintf("NVLink %d error rate %.0f/min is above %.0f/min", sig.Link, rate, p.NVLink.ErrorsPerMinute)
+		})
+}
