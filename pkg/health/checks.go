@@ -8,10 +8,12 @@ func (ev *evaluation) resetRequired(gpu *deviceState) {
 	if rule.Severity == Healthy {
 		return
 	}
-	ev.raise(gpu, ConditionGPUResetRequired, 0, rule.Severity, rule.ClearsOn, rule.Evict, rule.Action, "GPUResetRequired",
-		func() string {
-			return "the driver says the GPU requires a reset before it can be used again (ERROR_RESET_REQUIRED)"
-		})
+	ev.raise(gpu, raiseSpec{
+		Type: ConditionGPUResetRequired, Severity: rule.Severity, ClearsOn: rule.ClearsOn, Evict: rule.Evict,
+		RecommendedAction: rule.Action, Reason: "GPUResetRequired",
+	}, func() string {
+		return "the driver says the GPU requires a reset before it can be used again (ERROR_RESET_REQUIRED)"
+	})
 }
 
 // reset applies a GPU reset: volatile counters restart, and conditions that wait for a reset end
@@ -31,16 +33,20 @@ func (ev *evaluation) ecc(gpu *deviceState, sig Signal) {
 		return
 	}
 	if sig.Uncorrected > 0 {
-		ev.raise(gpu, ConditionECCUncorrected, 0, Unhealthy, ClearsOnGPUReset, false, ActionResetGPU, "UncorrectedECCErrors",
-			func() string {
-				return fmt.Sprintf("%d uncorrected volatile ECC errors since the last GPU reset", sig.Uncorrected)
-			})
+		ev.raise(gpu, raiseSpec{
+			Type: ConditionECCUncorrected, Severity: Unhealthy, ClearsOn: ClearsOnGPUReset, Evict: false,
+			RecommendedAction: ActionResetGPU, Reason: "UncorrectedECCErrors",
+		}, func() string {
+			return fmt.Sprintf("%d uncorrected volatile ECC errors since the last GPU reset", sig.Uncorrected)
+		})
 	}
 	if rate, ok := gpu.eccCorrected.perMinute(int64(sig.Corrected), ev.now); ok && rate > p.ECC.CorrectedStormPerMinute {
-		ev.raise(gpu, ConditionECCCorrectedStorm, 0, Degraded, ClearsOnQuietPeriod, false, ActionInspect, "SingleBitECCStorm",
-			func() string {
-				return fmt.Sprintf("corrected ECC error rate %.0f/min is above %.0f/min", rate, p.ECC.CorrectedStormPerMinute)
-			})
+		ev.raise(gpu, raiseSpec{
+			Type: ConditionECCCorrectedStorm, Severity: Degraded, ClearsOn: ClearsOnQuietPeriod, Evict: false,
+			RecommendedAction: ActionInspect, Reason: "SingleBitECCStorm",
+		}, func() string {
+			return fmt.Sprintf("corrected ECC error rate %.0f/min is above %.0f/min", rate, p.ECC.CorrectedStormPerMinute)
+		})
 	}
 }
 
@@ -52,11 +58,15 @@ func (ev *evaluation) remappedRows(gpu *deviceState, sig Signal) {
 	if sig.Failure {
 		failure = Unhealthy
 	}
-	ev.polled(gpu, ConditionRowRemapFailure, 0, failure, DefaultRecoverySamples, ActionCheckHardware, "RowRemapFailure",
-		func() string { return "row remapping failed: no spare row was left for a bad memory row" })
+	ev.polled(gpu, pollSpec{
+		Type: ConditionRowRemapFailure, Severity: failure, RecoverySamples: DefaultRecoverySamples,
+		RecommendedAction: ActionCheckHardware, Reason: "RowRemapFailure",
+	}, func() string { return "row remapping failed: no spare row was left for a bad memory row" })
 	if sig.Pending {
-		ev.raise(gpu, ConditionRowRemapPending, 0, Degraded, ClearsOnGPUReset, false, ActionResetGPU, "RowRemapPending",
-			func() string { return "a row remap is pending and takes effect at the next GPU reset" })
+		ev.raise(gpu, raiseSpec{
+			Type: ConditionRowRemapPending, Severity: Degraded, ClearsOn: ClearsOnGPUReset, Evict: false,
+			RecommendedAction: ActionResetGPU, Reason: "RowRemapPending",
+		}, func() string { return "a row remap is pending and takes effect at the next GPU reset" })
 	}
 }
 
@@ -80,17 +90,23 @@ func (ev *evaluation) temperature(gpu *deviceState, sig Signal) {
 	}
 	switch {
 	case sig.Value >= shutdown:
-		ev.polled(gpu, ConditionThermal, 0, Unhealthy, p.Thermal.RecoverySamples, ActionCheckCooling, "TemperatureAtShutdown",
-			func() string {
-				return fmt.Sprintf("temperature %d°C reached the shutdown threshold %d°C", sig.Value, shutdown)
-			})
+		ev.polled(gpu, pollSpec{
+			Type: ConditionThermal, Severity: Unhealthy, RecoverySamples: p.Thermal.RecoverySamples,
+			RecommendedAction: ActionCheckCooling, Reason: "TemperatureAtShutdown",
+		}, func() string {
+			return fmt.Sprintf("temperature %d°C reached the shutdown threshold %d°C", sig.Value, shutdown)
+		})
 	case sig.Value >= slowdown:
-		ev.polled(gpu, ConditionThermal, 0, Degraded, p.Thermal.RecoverySamples, ActionCheckCooling, "TemperatureAtSlowdown",
-			func() string {
-				return fmt.Sprintf("temperature %d°C reached the slowdown threshold %d°C", sig.Value, slowdown)
-			})
+		ev.polled(gpu, pollSpec{
+			Type: ConditionThermal, Severity: Degraded, RecoverySamples: p.Thermal.RecoverySamples,
+			RecommendedAction: ActionCheckCooling, Reason: "TemperatureAtSlowdown",
+		}, func() string {
+			return fmt.Sprintf("temperature %d°C reached the slowdown threshold %d°C", sig.Value, slowdown)
+		})
 	default:
-		ev.polled(gpu, ConditionThermal, 0, Healthy, p.Thermal.RecoverySamples, "", "", nil)
+		ev.polled(gpu, pollSpec{
+			Type: ConditionThermal, Severity: Healthy, RecoverySamples: p.Thermal.RecoverySamples,
+		}, nil)
 	}
 }
 
@@ -101,11 +117,15 @@ func (ev *evaluation) clockEvents(gpu *deviceState, sig Signal) {
 	}
 	active := sig.Reasons & p.ClockEvents.Reasons
 	if active == 0 {
-		ev.polled(gpu, ConditionClockThrottle, 0, Healthy, p.ClockEvents.RecoverySamples, "", "", nil)
+		ev.polled(gpu, pollSpec{
+			Type: ConditionClockThrottle, Severity: Healthy, RecoverySamples: p.ClockEvents.RecoverySamples,
+		}, nil)
 		return
 	}
-	ev.polled(gpu, ConditionClockThrottle, 0, Degraded, p.ClockEvents.RecoverySamples, ActionCheckCooling, "ClocksThrottled",
-		func() string { return "clocks are throttled: " + active.String() })
+	ev.polled(gpu, pollSpec{
+		Type: ConditionClockThrottle, Severity: Degraded, RecoverySamples: p.ClockEvents.RecoverySamples,
+		RecommendedAction: ActionCheckCooling, Reason: "ClocksThrottled",
+	}, func() string { return "clocks are throttled: " + active.String() })
 }
 
 func (ev *evaluation) pcieReplays(gpu *deviceState, sig Signal) {
@@ -118,13 +138,17 @@ func (ev *evaluation) pcieReplays(gpu *deviceState, sig Signal) {
 		return
 	}
 	if rate <= p.PCIeReplays.PerMinute {
-		ev.polled(gpu, ConditionPCIeReplayRate, 0, Healthy, p.PCIeReplays.RecoverySamples, "", "", nil)
+		ev.polled(gpu, pollSpec{
+			Type: ConditionPCIeReplayRate, Severity: Healthy, RecoverySamples: p.PCIeReplays.RecoverySamples,
+		}, nil)
 		return
 	}
-	ev.polled(gpu, ConditionPCIeReplayRate, 0, Degraded, p.PCIeReplays.RecoverySamples, ActionInspect, "PCIeReplayRateHigh",
-		func() string {
-			return fmt.Sprintf("PCIe replay rate %.0f/min is above %.0f/min", rate, p.PCIeReplays.PerMinute)
-		})
+	ev.polled(gpu, pollSpec{
+		Type: ConditionPCIeReplayRate, Severity: Degraded, RecoverySamples: p.PCIeReplays.RecoverySamples,
+		RecommendedAction: ActionInspect, Reason: "PCIeReplayRateHigh",
+	}, func() string {
+		return fmt.Sprintf("PCIe replay rate %.0f/min is above %.0f/min", rate, p.PCIeReplays.PerMinute)
+	})
 }
 
 func (ev *evaluation) nvlinkState(gpu *deviceState, sig Signal) {
@@ -133,11 +157,15 @@ func (ev *evaluation) nvlinkState(gpu *deviceState, sig Signal) {
 		return
 	}
 	if !sig.Down {
-		ev.polled(gpu, ConditionNVLinkDown, sig.Link, Healthy, p.NVLink.RecoverySamples, "", "", nil)
+		ev.polled(gpu, pollSpec{
+			Type: ConditionNVLinkDown, Code: sig.Link, Severity: Healthy, RecoverySamples: p.NVLink.RecoverySamples,
+		}, nil)
 		return
 	}
-	ev.polled(gpu, ConditionNVLinkDown, sig.Link, Unhealthy, p.NVLink.RecoverySamples, ActionResetGPU, "NVLinkDown",
-		func() string { return fmt.Sprintf("NVLink %d is down", sig.Link) })
+	ev.polled(gpu, pollSpec{
+		Type: ConditionNVLinkDown, Code: sig.Link, Severity: Unhealthy, RecoverySamples: p.NVLink.RecoverySamples,
+		RecommendedAction: ActionResetGPU, Reason: "NVLinkDown",
+	}, func() string { return fmt.Sprintf("NVLink %d is down", sig.Link) })
 }
 
 func (ev *evaluation) nvlinkErrors(gpu *deviceState, sig Signal) {
@@ -153,11 +181,15 @@ func (ev *evaluation) nvlinkErrors(gpu *deviceState, sig Signal) {
 		return
 	}
 	if rate <= p.NVLink.ErrorsPerMinute {
-		ev.polled(gpu, ConditionNVLinkErrorRate, sig.Link, Healthy, p.NVLink.RecoverySamples, "", "", nil)
+		ev.polled(gpu, pollSpec{
+			Type: ConditionNVLinkErrorRate, Code: sig.Link, Severity: Healthy, RecoverySamples: p.NVLink.RecoverySamples,
+		}, nil)
 		return
 	}
-	ev.polled(gpu, ConditionNVLinkErrorRate, sig.Link, Degraded, p.NVLink.RecoverySamples, ActionInspect, "NVLinkErrorRateHigh",
-		func() string {
-			return fmt.Sprintf("NVLink %d error rate %.0f/min is above %.0f/min", sig.Link, rate, p.NVLink.ErrorsPerMinute)
-		})
+	ev.polled(gpu, pollSpec{
+		Type: ConditionNVLinkErrorRate, Code: sig.Link, Severity: Degraded, RecoverySamples: p.NVLink.RecoverySamples,
+		RecommendedAction: ActionInspect, Reason: "NVLinkErrorRateHigh",
+	}, func() string {
+		return fmt.Sprintf("NVLink %d error rate %.0f/min is above %.0f/min", sig.Link, rate, p.NVLink.ErrorsPerMinute)
+	})
 }

@@ -2,19 +2,35 @@ package health
 
 import "slices"
 
-// raise sets a condition, keeping its Since when it already exists.
-// msg is called only when the condition is new or changes, so repeated signals build no strings.
-func (ev *evaluation) raise(ds *deviceState, typ ConditionType, code uint32, sev Severity, clearsOn ClearsOn, evict bool, action Action, reason string, msg func() string) {
-	if i := ds.find(typ, code); i >= 0 {
+// raiseSpec is a condition a check raises outright, named field by field as the Condition it
+// becomes. The message is raise's own argument, a function called only when the condition is new
+// or changes, so that repeated signals build no strings. It is not a field because escape
+// analysis treats a struct as one value: raise keeps the spec's strings, so a closure inside it
+// would escape to the heap and cost an allocation on every signal.
+type raiseSpec struct {
+	Type              ConditionType
+	Code              uint32
+	Severity          Severity
+	ClearsOn          ClearsOn
+	Evict             bool
+	RecommendedAction Action
+	Reason            string
+}
+
+// raise sets a condition, keeping its Since when it already exists. A condition that exists
+// with the same severity, clearing, eviction and reason is only seen again: its message and
+// recommended action stay as they are. msg is called only when the condition is new or changes.
+func (ev *evaluation) raise(ds *deviceState, r raiseSpec, msg func() string) {
+	if i := ds.find(r.Type, r.Code); i >= 0 {
 		c := &ds.conds[i]
 		c.LastSeen = ev.now
-		if c.Severity == sev && c.ClearsOn == clearsOn && c.Evict == evict && c.Reason == reason {
+		if c.Severity == r.Severity && c.ClearsOn == r.ClearsOn && c.Evict == r.Evict && c.Reason == r.Reason {
 			return
 		}
 	}
 	ev.replace(ds, condState{Condition: Condition{
-		Type: typ, Code: code, Severity: sev, ClearsOn: clearsOn, Evict: evict,
-		RecommendedAction: action, Reason: reason, Message: msg(),
+		Type: r.Type, Code: r.Code, Severity: r.Severity, ClearsOn: r.ClearsOn, Evict: r.Evict,
+		RecommendedAction: r.RecommendedAction, Reason: r.Reason, Message: msg(),
 	}})
 }
 
@@ -32,10 +48,29 @@ func (ev *evaluation) replace(ds *deviceState, c condState) {
 	ev.refresh(ds, "")
 }
 
+// pollSpec is what one sample of a polled check calls for, field by field as the Condition it
+// becomes, less the message (for the reason given at raiseSpec). A polled condition clears on
+// ClearsOnRecovered and never asks for eviction.
+type pollSpec struct {
+	Type ConditionType
+	Code uint32
+	// Severity is what the sample calls for; Healthy asks for the condition to clear, and then
+	// RecommendedAction, Reason and the message are not used.
+	Severity Severity
+	// RecoverySamples is how many consecutive samples must call for less than the current
+	// severity before it drops; fewer than one counts as one.
+	RecoverySamples   int
+	RecommendedAction Action
+	Reason            string
+}
+
 // polled applies a reading-based check with hysteresis: a worse reading takes effect at once;
-// a better one only after recoverySamples consecutive samples call for it.
-func (ev *evaluation) polled(ds *deviceState, typ ConditionType, code uint32, target Severity, recoverySamples int, action Action, reason string, msg func() string) {
-	i := ds.find(typ, code)
+// a better one only after RecoverySamples consecutive samples call for it. A drop to a severity
+// other than Healthy changes the reason and message, not the recommended action. msg is called
+// only when the condition is new or changes, and may be nil when r.Severity is Healthy.
+func (ev *evaluation) polled(ds *deviceState, r pollSpec, msg func() string) {
+	target := r.Severity
+	i := ds.find(r.Type, r.Code)
 	current := Healthy
 	if i >= 0 {
 		current = ds.conds[i].Severity
@@ -43,8 +78,8 @@ func (ev *evaluation) polled(ds *deviceState, typ ConditionType, code uint32, ta
 	switch {
 	case target > current:
 		ev.replace(ds, condState{Condition: Condition{
-			Type: typ, Code: code, Severity: target, ClearsOn: ClearsOnRecovered,
-			RecommendedAction: action, Reason: reason, Message: msg(),
+			Type: r.Type, Code: r.Code, Severity: target, ClearsOn: ClearsOnRecovered,
+			RecommendedAction: r.RecommendedAction, Reason: r.Reason, Message: msg(),
 		}})
 	case i < 0:
 		return
@@ -60,7 +95,7 @@ func (ev *evaluation) polled(ds *deviceState, typ ConditionType, code uint32, ta
 		}
 		ds.conds[i].cleanSamples++
 		ds.conds[i].cleanAt = ev.now
-		if ds.conds[i].cleanSamples < max(recoverySamples, 1) {
+		if ds.conds[i].cleanSamples < max(r.RecoverySamples, 1) {
 			return
 		}
 		if target == Healthy {
@@ -68,7 +103,7 @@ func (ev *evaluation) polled(ds *deviceState, typ ConditionType, code uint32, ta
 			return
 		}
 		c := ds.conds[i]
-		c.Severity, c.Reason, c.Message, c.cleanSamples = target, reason, msg(), 0
+		c.Severity, c.Reason, c.Message, c.cleanSamples = target, r.Reason, msg(), 0
 		ds.conds[i] = c
 		ev.t.generation++
 		ev.refresh(ds, ReasonRecovered)

@@ -20,8 +20,10 @@ func (ev *evaluation) apply(ds *deviceState, sig Signal) {
 		ev.xid(ds, sig)
 	case SignalLost:
 		lost := ev.t.policy.Lost
-		ev.raise(gpu, ConditionGPULost, 0, lost.Severity, lost.ClearsOn, lost.Evict, lost.Action, "GPULost",
-			func() string { return "the GPU is lost (fell off the bus or stopped responding)" })
+		ev.raise(gpu, raiseSpec{
+			Type: ConditionGPULost, Severity: lost.Severity, ClearsOn: lost.ClearsOn, Evict: lost.Evict,
+			RecommendedAction: lost.Action, Reason: "GPULost",
+		}, func() string { return "the GPU is lost (fell off the bus or stopped responding)" })
 	case SignalResetRequired:
 		ev.resetRequired(gpu)
 	case SignalReset:
@@ -30,15 +32,19 @@ func (ev *evaluation) apply(ds *deviceState, sig Signal) {
 		ev.ecc(gpu, sig)
 	case SignalECCStorm:
 		if ev.t.policy.ECC.Enabled {
-			ev.raise(gpu, ConditionECCCorrectedStorm, 0, Degraded, ClearsOnQuietPeriod, false, ActionInspect, "SingleBitECCStorm",
-				func() string { return "the driver reported a single-bit ECC error storm" })
+			ev.raise(gpu, raiseSpec{
+				Type: ConditionECCCorrectedStorm, Severity: Degraded, ClearsOn: ClearsOnQuietPeriod, Evict: false,
+				RecommendedAction: ActionInspect, Reason: "SingleBitECCStorm",
+			}, func() string { return "the driver reported a single-bit ECC error storm" })
 		}
 	case SignalRemappedRows:
 		ev.remappedRows(gpu, sig)
 	case SignalRetiredPages:
 		if ev.t.policy.RetiredPages.Enabled && sig.Pending {
-			ev.raise(gpu, ConditionRetiredPagesPending, 0, Degraded, ClearsOnGPUReset, false, ActionResetGPU, "RetiredPagesPending",
-				func() string { return "retired pages are pending and take effect at the next GPU reset" })
+			ev.raise(gpu, raiseSpec{
+				Type: ConditionRetiredPagesPending, Severity: Degraded, ClearsOn: ClearsOnGPUReset, Evict: false,
+				RecommendedAction: ActionResetGPU, Reason: "RetiredPagesPending",
+			}, func() string { return "retired pages are pending and take effect at the next GPU reset" })
 		}
 	case SignalTemperature:
 		ev.temperature(gpu, sig)
