@@ -2,6 +2,15 @@ package health
 
 import "fmt"
 
+// lost applies the backend's word that the GPU is lost, under the policy's rule for it.
+func (ev *evaluation) lost(gpu *deviceState) {
+	rule := ev.t.policy.Lost
+	ev.raise(gpu, raiseSpec{
+		Type: ConditionGPULost, Severity: rule.Severity, ClearsOn: rule.ClearsOn, Evict: rule.Evict,
+		RecommendedAction: rule.Action, Reason: "GPULost",
+	}, func() string { return "the GPU is lost (fell off the bus or stopped responding)" })
+}
+
 // resetRequired applies the driver's word that the GPU needs a reset (ERROR_RESET_REQUIRED).
 func (ev *evaluation) resetRequired(gpu *deviceState) {
 	rule := ev.t.policy.ResetRequired
@@ -27,6 +36,8 @@ func (ev *evaluation) reset(gpu *deviceState) {
 	ev.removeIf(gpu, ReasonGPUReset, resetClears)
 }
 
+// ecc applies a sample of the volatile ECC counters: any uncorrected error calls for a GPU reset,
+// and a corrected-error rate above the policy's limit is a storm until a quiet period passes.
 func (ev *evaluation) ecc(gpu *deviceState, sig Signal) {
 	p := ev.t.policy
 	if !p.ECC.Enabled {
@@ -50,6 +61,20 @@ func (ev *evaluation) ecc(gpu *deviceState, sig Signal) {
 	}
 }
 
+// eccStorm applies the driver's event for a single-bit ECC error storm, the same condition a
+// high corrected-error rate raises.
+func (ev *evaluation) eccStorm(gpu *deviceState) {
+	if !ev.t.policy.ECC.Enabled {
+		return
+	}
+	ev.raise(gpu, raiseSpec{
+		Type: ConditionECCCorrectedStorm, Severity: Degraded, ClearsOn: ClearsOnQuietPeriod, Evict: false,
+		RecommendedAction: ActionInspect, Reason: "SingleBitECCStorm",
+	}, func() string { return "the driver reported a single-bit ECC error storm" })
+}
+
+// remappedRows applies a reading of the row remapper: a failure lasts while readings show it,
+// a pending remap until the GPU reset that applies it.
 func (ev *evaluation) remappedRows(gpu *deviceState, sig Signal) {
 	if !ev.t.policy.RowRemap.Enabled {
 		return
@@ -70,6 +95,20 @@ func (ev *evaluation) remappedRows(gpu *deviceState, sig Signal) {
 	}
 }
 
+// retiredPages applies a reading of page retirement: pages pending retirement wait for a GPU
+// reset.
+func (ev *evaluation) retiredPages(gpu *deviceState, sig Signal) {
+	if !ev.t.policy.RetiredPages.Enabled || !sig.Pending {
+		return
+	}
+	ev.raise(gpu, raiseSpec{
+		Type: ConditionRetiredPagesPending, Severity: Degraded, ClearsOn: ClearsOnGPUReset, Evict: false,
+		RecommendedAction: ActionResetGPU, Reason: "RetiredPagesPending",
+	}, func() string { return "retired pages are pending and take effect at the next GPU reset" })
+}
+
+// temperature applies a temperature reading against the slowdown and shutdown thresholds: the
+// policy's when it sets them, else the GPU's own from the signal, else the defaults.
 func (ev *evaluation) temperature(gpu *deviceState, sig Signal) {
 	p := ev.t.policy
 	if !p.Thermal.Enabled {
@@ -110,6 +149,7 @@ func (ev *evaluation) temperature(gpu *deviceState, sig Signal) {
 	}
 }
 
+// clockEvents applies the GPU's clock event reasons; only those the policy selects count.
 func (ev *evaluation) clockEvents(gpu *deviceState, sig Signal) {
 	p := ev.t.policy
 	if !p.ClockEvents.Enabled {
@@ -128,6 +168,7 @@ func (ev *evaluation) clockEvents(gpu *deviceState, sig Signal) {
 	}, func() string { return "clocks are throttled: " + active.String() })
 }
 
+// pcieReplays applies a sample of the PCIe replay counter, as a rate against the policy's limit.
 func (ev *evaluation) pcieReplays(gpu *deviceState, sig Signal) {
 	p := ev.t.policy
 	if !p.PCIeReplays.Enabled {
@@ -151,6 +192,7 @@ func (ev *evaluation) pcieReplays(gpu *deviceState, sig Signal) {
 	})
 }
 
+// nvlinkState applies a reading of one NVLink's state.
 func (ev *evaluation) nvlinkState(gpu *deviceState, sig Signal) {
 	p := ev.t.policy
 	if !p.NVLink.Enabled || sig.Link >= maxTrackedLinks {
@@ -168,6 +210,8 @@ func (ev *evaluation) nvlinkState(gpu *deviceState, sig Signal) {
 	}, func() string { return fmt.Sprintf("NVLink %d is down", sig.Link) })
 }
 
+// nvlinkErrors applies a sample of one NVLink's error counter, as a rate against the policy's
+// limit.
 func (ev *evaluation) nvlinkErrors(gpu *deviceState, sig Signal) {
 	p := ev.t.policy
 	if !p.NVLink.Enabled || sig.Link >= maxTrackedLinks {

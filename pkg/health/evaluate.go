@@ -2,13 +2,16 @@ package health
 
 import "time"
 
-// evaluation carries one state change through the device tree and collects transitions.
+// evaluation carries one state change through the device tree and collects transitions. The
+// checks it runs live in checks.go, xid.go and recovery.go; the condition bookkeeping they share
+// (raise, polled, removal, effective health) in conditions.go.
 type evaluation struct {
 	t   *Tracker
 	now time.Time
 	out []Transition
 }
 
+// apply hands a signal to the check for its kind.
 func (ev *evaluation) apply(ds *deviceState, sig Signal) {
 	// Everything but XIDs is a fact about the physical GPU.
 	gpu := ds
@@ -19,11 +22,7 @@ func (ev *evaluation) apply(ds *deviceState, sig Signal) {
 	case SignalXID:
 		ev.xid(ds, sig)
 	case SignalLost:
-		lost := ev.t.policy.Lost
-		ev.raise(gpu, raiseSpec{
-			Type: ConditionGPULost, Severity: lost.Severity, ClearsOn: lost.ClearsOn, Evict: lost.Evict,
-			RecommendedAction: lost.Action, Reason: "GPULost",
-		}, func() string { return "the GPU is lost (fell off the bus or stopped responding)" })
+		ev.lost(gpu)
 	case SignalResetRequired:
 		ev.resetRequired(gpu)
 	case SignalReset:
@@ -31,21 +30,11 @@ func (ev *evaluation) apply(ds *deviceState, sig Signal) {
 	case SignalECCCounters:
 		ev.ecc(gpu, sig)
 	case SignalECCStorm:
-		if ev.t.policy.ECC.Enabled {
-			ev.raise(gpu, raiseSpec{
-				Type: ConditionECCCorrectedStorm, Severity: Degraded, ClearsOn: ClearsOnQuietPeriod, Evict: false,
-				RecommendedAction: ActionInspect, Reason: "SingleBitECCStorm",
-			}, func() string { return "the driver reported a single-bit ECC error storm" })
-		}
+		ev.eccStorm(gpu)
 	case SignalRemappedRows:
 		ev.remappedRows(gpu, sig)
 	case SignalRetiredPages:
-		if ev.t.policy.RetiredPages.Enabled && sig.Pending {
-			ev.raise(gpu, raiseSpec{
-				Type: ConditionRetiredPagesPending, Severity: Degraded, ClearsOn: ClearsOnGPUReset, Evict: false,
-				RecommendedAction: ActionResetGPU, Reason: "RetiredPagesPending",
-			}, func() string { return "retired pages are pending and take effect at the next GPU reset" })
-		}
+		ev.retiredPages(gpu, sig)
 	case SignalTemperature:
 		ev.temperature(gpu, sig)
 	case SignalClockEvents:
