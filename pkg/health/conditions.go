@@ -110,6 +110,8 @@ func (ev *evaluation) polled(ds *deviceState, r pollSpec, msg func() string) {
 	}
 }
 
+// expireQuiet ends the device's conditions that clear on a quiet period once their signal has
+// not been seen for the policy's QuietPeriod.
 func (ev *evaluation) expireQuiet(ds *deviceState) {
 	quiet := ev.t.policy.QuietPeriod
 	for i := 0; i < len(ds.conds); i++ {
@@ -130,6 +132,8 @@ func (ev *evaluation) expireQuiet(ds *deviceState) {
 	}
 }
 
+// removeIf ends every condition of the device that match selects; reason explains the change in
+// the transitions it causes.
 func (ev *evaluation) removeIf(ds *deviceState, reason string, match func(*condState) bool) {
 	removed := false
 	ds.conds = slices.DeleteFunc(ds.conds, func(c condState) bool {
@@ -145,6 +149,8 @@ func (ev *evaluation) removeIf(ds *deviceState, reason string, match func(*condS
 	}
 }
 
+// removeAt ends the device's i-th condition; reason explains the change in the transitions it
+// causes.
 func (ev *evaluation) removeAt(ds *deviceState, i int, reason string) {
 	ds.conds = slices.Delete(ds.conds, i, i+1)
 	ev.t.generation++
@@ -165,6 +171,7 @@ func (ev *evaluation) refresh(ds *deviceState, clearReason string) {
 	}
 }
 
+// settle records a transition when the device's effective health changed.
 func (ev *evaluation) settle(ds *deviceState, clearReason string) {
 	from := ds.health
 	ev.t.refreshLocked(ds)

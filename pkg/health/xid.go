@@ -30,6 +30,10 @@ func (ev *evaluation) xid(ds *deviceState, sig Signal) {
 	ev.xidOn(ds, sig.XID, rule)
 }
 
+// xidOn counts an XID on one device and raises the condition its rule asks for. It does not go
+// through raise: the XID's reason and message are formatted, so it compares severity, clearing
+// and eviction before building them (one XID always has the same reason), and a storm of one
+// XID allocates nothing.
 func (ev *evaluation) xidOn(ds *deviceState, xid uint32, rule XIDRule) {
 	ds.countXID(xid, ev.now)
 	if rule.FollowRecoveryAction || rule.Severity == Healthy {
@@ -52,6 +56,8 @@ func (ev *evaluation) xidOn(ds *deviceState, xid uint32, rule XIDRule) {
 	}})
 }
 
+// countXID counts every XID, including those that change nothing, keeping the counts sorted by
+// XID for snapshots.
 func (ds *deviceState) countXID(xid uint32, now time.Time) {
 	for i := range ds.xids {
 		if ds.xids[i].XID == xid {
