@@ -24,7 +24,11 @@ func disruption(e resourceapi.DeviceTaintEffect) int {
 // applyBreaker asks the circuit breaker before any rule becomes more disruptive than it is now;
 // a GPU the breaker holds back is tainted None instead (still visible everywhere). A GPU with
 // several devices (MIG partitions, a VFIO device) is asked about once: the budget counts GPUs.
+// Without a breaker, desired is left as it is.
 func (s *Syncer) applyBreaker(ctx context.Context, desired map[string]*resourceapi.DeviceTaintRule, existing []*resourceapi.DeviceTaintRule) error {
+	if s.opts.Breaker == nil {
+		return nil
+	}
 	now := map[string]resourceapi.DeviceTaintEffect{}
 	for _, r := range existing {
 		now[r.Name] = r.Spec.Taint.Effect

@@ -32,15 +32,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strings"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
@@ -170,166 +165,22 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	return nil
 }
 
-// relist replaces the view with this node's rules as the API server has them.
-func (s *Syncer) relist(ctx context.Context) error {
-	now := s.opts.Clock.Now()
-	list, err := s.client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{
-		LabelSelector: labels.SelectorFromSet(labels.Set{NodeLabel: s.nodeName}).String(),
-	})
-	if err != nil {
-		return fmt.Errorf("list DeviceTaintRules: %w", err)
-	}
-	s.view = make(map[string]*resourceapi.DeviceTaintRule, len(list.Items))
-	for i := range list.Items {
-		s.view[list.Items[i].Name] = &list.Items[i]
-	}
-	s.listed, s.fresh = now, true
-	return nil
-}
-
-// stale makes the next Sync list the rules again: a write found the view wrong.
-func (s *Syncer) stale() { s.fresh = false }
-
-// Sync implements report.Syncer.
+// Sync implements report.Syncer. It takes four steps, each in a file of its own: the rules this
+// snapshot asks for (desired.go), the rules the node has (view.go), the circuit breaker's word on
+// every escalation (breaker.go) and the writes that make the second match the first (write.go).
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if s.devices == nil {
 		return 0, errors.New("devicetaint: Sync before Start")
 	}
-	if err := s.ensureNodeRef(ctx); err != nil {
-		return 0, err
-	}
-	catalog, err := s.devices.Catalog(ctx)
+	desired, err := s.desired(ctx, snap)
 	if err != nil {
 		return 0, err
 	}
-	desired := s.desiredRules(ctx, snap, catalog)
-	if !s.fresh || s.opts.Clock.Since(s.listed) >= s.opts.Relist {
-		if err := s.relist(ctx); err != nil {
-			return 0, err
-		}
+	existing, err := s.existing(ctx)
+	if err != nil {
+		return 0, err
 	}
-	existing := slices.SortedFunc(maps.Values(s.view), func(a, b *resourceapi.DeviceTaintRule) int { return strings.Compare(a.Name, b.Name) })
-	var errs []error
-	if s.opts.Breaker != nil {
-		errs = append(errs, s.applyBreaker(ctx, desired, existing))
-	}
+	breakerErr := s.applyBreaker(ctx, desired, existing)
 	writes, err := s.write(ctx, desired, existing)
-	return writes, errors.Join(append(errs, err)...)
+	return writes, errors.Join(breakerErr, err)
 }
-
-// write deletes the existing rules that are not desired, updates those that differ and creates
-// the missing ones, keeping the view in step; it returns the writes made. desired is consumed.
-func (s *Syncer) write(ctx context.Context, desired map[string]*resourceapi.DeviceTaintRule, existing []*resourceapi.DeviceTaintRule) (int, error) {
-	var errs []error
-	writes := 0
-	rules := s.client.ResourceV1().DeviceTaintRules()
-	for _, have := range existing {
-		want, ok := desired[have.Name]
-		delete(desired, have.Name)
-		if !ok {
-			err := rules.Delete(ctx, have.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
-			switch {
-			case apierrors.IsNotFound(err):
-				// Already gone: someone deleted it by hand.
-				delete(s.view, have.Name)
-			case err != nil:
-				// A conflict means another rule of that name replaced ours: look again.
-				s.stale()
-				errs = append(errs, fmt.Errorf("delete DeviceTaintRule %s: %w", have.Name, err))
-			default:
-				delete(s.view, have.Name)
-				writes++
-			}
-			continue
-		}
-		n, err := s.update(ctx, have, want)
-		writes += n
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	n, err := s.create(ctx, desired)
-	return writes + n, errors.Join(append(errs, err)...)
-}
-
-// create creates the missing rules, in name order; it returns the writes made.
-func (s *Syncer) create(ctx context.Context, missing map[string]*resourceapi.DeviceTaintRule) (int, error) {
-	var errs []error
-	writes := 0
-	rules := s.client.ResourceV1().DeviceTaintRules()
-	for _, name := range slices.Sorted(maps.Keys(missing)) {
-		want := missing[name]
-		created, err := rules.Create(ctx, want, metav1.CreateOptions{FieldManager: "gpuhealth-agent"})
-		if apierrors.IsAlreadyExists(err) {
-			// Someone created it after the last list: compare with the real one.
-			have, getErr := rules.Get(ctx, want.Name, metav1.GetOptions{})
-			if getErr != nil {
-				s.stale()
-				errs = append(errs, fmt.Errorf("get DeviceTaintRule %s: %w", want.Name, getErr))
-				continue
-			}
-			n, err := s.update(ctx, have, want)
-			writes += n
-			if err != nil {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("create DeviceTaintRule %s: %w", want.Name, err))
-			continue
-		}
-		s.view[created.Name] = created
-		writes++
-	}
-	return writes, errors.Join(errs...)
-}
-
-// update makes have look like want, if it does not already; it returns the writes made. The view
-// gets the rule as the API server has it afterwards.
-func (s *Syncer) update(ctx context.Context, have, want *resourceapi.DeviceTaintRule) (int, error) {
-	if same(have, want) {
-		s.view[have.Name] = have
-		return 0, nil
-	}
-	updated := have.DeepCopy()
-	updated.Labels = want.Labels
-	updated.OwnerReferences = want.OwnerReferences
-	updated.Spec.DeviceSelector = want.Spec.DeviceSelector
-	updated.Spec.Taint.Key, updated.Spec.Taint.Value = want.Spec.Taint.Key, want.Spec.Taint.Value
-	if updated.Spec.Taint.Effect != want.Spec.Taint.Effect {
-		updated.Spec.Taint.Effect = want.Spec.Taint.Effect
-		updated.Spec.Taint.TimeAdded = nil // the effect changed: the server stamps the time
-	}
-	got, err := s.client.ResourceV1().DeviceTaintRules().Update(ctx, updated, metav1.UpdateOptions{FieldManager: "gpuhealth-agent"})
-	if err != nil {
-		// A conflict or a rule gone: someone else changed it; list again before retrying.
-		s.stale()
-		return 0, fmt.Errorf("update DeviceTaintRule %s: %w", have.Name, err)
-	}
-	s.view[got.Name] = got
-	return 1, nil
-}
-
-func (s *Syncer) ensureNodeRef(ctx context.Context) error {
-	if s.nodeRef != nil {
-		return nil
-	}
-	node, err := s.client.CoreV1().Nodes().Get(ctx, s.nodeName, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("get node %s: %w", s.nodeName, err)
-	}
-	s.nodeRef = &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
-	return nil
-}
-
-func same(have, want *resourceapi.DeviceTaintRule) bool {
-	hs, ws := have.Spec.DeviceSelector, want.Spec.DeviceSelector
-	return maps.Equal(have.Labels, want.Labels) &&
-		len(have.OwnerReferences) == 1 && have.OwnerReferences[0].UID == want.OwnerReferences[0].UID &&
-		hs != nil && eq(hs.Driver, ws.Driver) && eq(hs.Pool, ws.Pool) && eq(hs.Device, ws.Device) &&
-		have.Spec.Taint.Key == want.Spec.Taint.Key && have.Spec.Taint.Value == want.Spec.Taint.Value &&
-		have.Spec.Taint.Effect == want.Spec.Taint.Effect
-}
-
-func eq(a, b *string) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -18,6 +19,26 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
+
+// RuleName is the DeviceTaintRule name for a device UUID.
+func RuleName(uuid string) string {
+	return "gpuhealth-" + strings.Trim(invalidName.ReplaceAllString(strings.ToLower(uuid), "-"), "-")
+}
+
+var invalidName = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// desired returns the rules this node should have for snap, by name: the node's devices as the
+// slice cache has them now, matched to the GPUs that are not Healthy.
+func (s *Syncer) desired(ctx context.Context, snap health.Snapshot) (map[string]*resourceapi.DeviceTaintRule, error) {
+	if err := s.ensureNodeRef(ctx); err != nil {
+		return nil, err
+	}
+	catalog, err := s.devices.Catalog(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.desiredRules(ctx, snap, catalog), nil
+}
 
 // desiredRules returns the rules this node should have for snap: one per DRA device that a GPU
 // or MIG device which is not Healthy applies to (see dradevices.Catalog.Assign). The rule of a
@@ -121,4 +142,17 @@ func (s *Syncer) rule(name string, d health.DeviceStatus, t dradevices.Device) *
 			Taint:          resourceapi.DeviceTaint{Key: key, Value: value, Effect: dra.TaintEffect(d, s.opts.NoExecute)},
 		},
 	}
+}
+
+// ensureNodeRef reads the Node once, for the owner reference every rule carries.
+func (s *Syncer) ensureNodeRef(ctx context.Context) error {
+	if s.nodeRef != nil {
+		return nil
+	}
+	node, err := s.client.CoreV1().Nodes().Get(ctx, s.nodeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get node %s: %w", s.nodeName, err)
+	}
+	s.nodeRef = &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}
+	return nil
 }
