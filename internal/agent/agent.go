@@ -11,12 +11,9 @@
 package agent
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -106,26 +103,33 @@ func Run(ctx context.Context, opts Options) error {
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "gpuhealth-agent", Host: opts.NodeName})
 	nodeRef := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: opts.NodeName}
 
-	tracker, err := health.NewTracker(opts.Policy, opts.Backend.Devices())
+	checkpointPath := agentCfg.CheckpointPath
+	if checkpointPath == "-" {
+		checkpointPath = ""
+	}
+	rt, err := health.NewRuntime(opts.Policy, opts.Backend.Devices(), health.RuntimeOptions{
+		Clock: opts.Clock, CheckpointPath: checkpointPath, BootID: opts.BootID,
+	})
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	tracker.SetBootID(opts.BootID)
-	ckpt := newCheckpointer(agentCfg.CheckpointPath)
-	restored, err := ckpt.restore(ctx, tracker, opts.BootID, opts.Clock.Now())
+	monitor := rt.Monitor()
+	tracker := monitor.Tracker() // metrics read its snapshot
+	restored, err := rt.Restore()
 	if err != nil {
-		logger.Error(err, "Ignoring the checkpoint", "path", agentCfg.CheckpointPath)
-		recorder.Eventf(nodeRef, corev1.EventTypeWarning, "CheckpointIgnored", "gpuhealth ignored its checkpoint %s: %v", agentCfg.CheckpointPath, err)
+		logger.Error(err, "Ignoring the checkpoint", "path", checkpointPath)
+		recorder.Eventf(nodeRef, corev1.EventTypeWarning, "CheckpointIgnored", "gpuhealth ignored its checkpoint %s: %v", checkpointPath, err)
+	} else if restored {
+		logger.Info("Restored the checkpoint", "path", checkpointPath)
 	}
 	if !restored && !opts.BootTime.IsZero() {
-		n, err := restoreFromNode(ctx, opts.Client, opts.NodeName, tracker, opts.BootID, opts.BootTime, opts.Clock.Now())
+		n, err := restoreFromNode(ctx, opts.Client, opts.NodeName, monitor, opts.BootID, opts.BootTime, opts.Clock.Now())
 		if err != nil {
 			logger.Error(err, "Could not restore faults from the node's annotation either")
 		} else if n > 0 {
 			logger.Info("Restored sticky faults from the node's gpu-health annotation", "gpus", n)
 		}
 	}
-	monitor := health.NewMonitor(tracker)
 
 	m := metrics.New(opts.NodeName, tracker.Snapshot)
 	if err := m.Register(opts.Registry); err != nil {
@@ -152,8 +156,12 @@ func Run(ctx context.Context, opts Options) error {
 	sub := monitor.Subscribe()
 	defer sub.Close()
 	g.Go(func() error {
-		err := opts.Backend.Run(ctx, &meteredSink{monitor: monitor, metrics: m, clock: opts.Clock})
-		if err != nil && ctx.Err() == nil {
+		// The runtime ticks the monitor, saves the checkpoint on every sticky change and runs
+		// the backend; a backend that fails stops the agent.
+		err := rt.Run(ctx, func(ctx context.Context, mon *health.Monitor) error {
+			return opts.Backend.Run(ctx, &meteredSink{monitor: mon, metrics: m, clock: opts.Clock})
+		})
+		if err != nil {
 			return fmt.Errorf("backend: %w", err)
 		}
 		return nil
@@ -175,23 +183,8 @@ func Run(ctx context.Context, opts Options) error {
 				logger.Info("GPU health changed", "gpu", t.Device.UUID, "index", t.Device.Index, "from", t.From, "to", t.To, "reason", t.Reason)
 				events.Record(t)
 			}
-			if err := ckpt.save(tracker); err != nil {
-				logger.Error(err, "Writing the checkpoint failed", "path", agentCfg.CheckpointPath)
-			}
 			for _, w := range writers {
 				_ = w.Report(ctx, u.Snapshot)
-			}
-		}
-	})
-	g.Go(func() error {
-		ticker := opts.Clock.NewTicker(time.Second)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case now := <-ticker.C():
-				monitor.Tick(now)
 			}
 		}
 	})
@@ -352,58 +345,4 @@ func serve(ctx context.Context, opts Options, writers []*report.Writer) error {
 		opts.Ready(lis.Addr().String())
 	}
 	return httpserve.Serve(ctx, lis, mux)
-}
-
-// checkpointer saves the tracker's sticky state when it changes and restores it at start.
-type checkpointer struct {
-	path string
-	last []byte
-}
-
-func newCheckpointer(path string) *checkpointer {
-	if path == "-" {
-		path = ""
-	}
-	return &checkpointer{path: path}
-}
-
-// restore loads the checkpoint; restored says whether there was a usable one.
-func (c *checkpointer) restore(ctx context.Context, t *health.Tracker, bootID string, now time.Time) (restored bool, err error) {
-	if c.path == "" {
-		return false, nil
-	}
-	cp, err := health.ReadCheckpoint(c.path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	transitions, err := t.Restore(cp, bootID, now, nil)
-	if err != nil {
-		return false, err
-	}
-	klog.FromContext(ctx).Info("Restored the checkpoint", "path", c.path, "sameBoot", cp.BootID == bootID, "transitions", len(transitions))
-	c.last, _ = json.Marshal(cp.Devices)
-	return true, nil
-}
-
-// save writes the checkpoint when its devices differ from the last one written.
-func (c *checkpointer) save(t *health.Tracker) error {
-	if c.path == "" {
-		return nil
-	}
-	cp := t.Checkpoint()
-	b, err := json.Marshal(cp.Devices)
-	if err != nil {
-		return err
-	}
-	if c.last != nil && bytes.Equal(b, c.last) {
-		return nil
-	}
-	if err := health.WriteCheckpoint(c.path, cp); err != nil {
-		return err
-	}
-	c.last = b
-	return nil
 }

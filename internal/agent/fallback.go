@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -22,7 +21,7 @@ import (
 // bootTime) are rebuilt from their reasons under the policy: XIDs and lost GPUs, the faults no
 // later reading brings back. Everything else (polled readings, recovery actions, drains) is read
 // again by the agent anyway. It returns how many devices got a fault back.
-func restoreFromNode(ctx context.Context, client kubernetes.Interface, nodeName string, t *health.Tracker, bootID string, bootTime, now time.Time) (int, error) {
+func restoreFromNode(ctx context.Context, client kubernetes.Interface, nodeName string, m *health.Monitor, bootID string, bootTime, now time.Time) (int, error) {
 	node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 	if err != nil {
 		return 0, fmt.Errorf("read node %s: %w", nodeName, err)
@@ -31,11 +30,11 @@ func restoreFromNode(ctx context.Context, client kubernetes.Interface, nodeName 
 	if value == "" {
 		return 0, nil
 	}
-	var summaries map[string]gpuhealthv1.GPUSummary
-	if err := json.Unmarshal([]byte(value), &summaries); err != nil {
-		return 0, fmt.Errorf("%s: %w", gpuhealthv1.HealthKey, err)
+	summaries, err := gpuhealthv1.ParseHealth(value)
+	if err != nil {
+		return 0, err
 	}
-	policy := t.Policy()
+	policy := m.Tracker().Policy()
 	cp := health.Checkpoint{BootID: bootID, Time: now}
 	for uuid, s := range summaries {
 		if s.Health == health.Healthy.String() || s.Since == nil || !s.Since.After(bootTime) {
@@ -58,7 +57,7 @@ func restoreFromNode(ctx context.Context, client kubernetes.Interface, nodeName 
 	if len(cp.Devices) == 0 {
 		return 0, nil
 	}
-	if _, err := t.Restore(cp, bootID, now, nil); err != nil {
+	if err := m.Restore(cp, bootID, now); err != nil {
 		return 0, err
 	}
 	return len(cp.Devices), nil

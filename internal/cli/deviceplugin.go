@@ -1,13 +1,10 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -100,53 +97,38 @@ type devicePluginRun struct {
 	policy     *health.Policy
 	bootID     string
 	checkpoint string
-	service    deviceplugin.ServiceOptions
-	plugin     deviceplugin.PluginOptions
+	// clock ticks the monitor and stamps the restore; nil means the wall clock.
+	clock   health.Clock
+	service deviceplugin.ServiceOptions
+	plugin  deviceplugin.PluginOptions
 }
 
 // runDevicePlugin runs backend → monitor → device plugin until ctx ends or a part fails. Each
 // part runs in a goroutine of one errgroup; the first failure stops the others.
 func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 	logger := klog.FromContext(ctx)
-	tracker, err := health.NewTracker(r.policy, r.backend.Devices())
+	rt, err := health.NewRuntime(r.policy, r.backend.Devices(), health.RuntimeOptions{
+		Clock: r.clock, CheckpointPath: r.checkpoint, BootID: r.bootID,
+	})
 	if err != nil {
 		return err
 	}
-	// Every checkpoint this run writes must name this boot, also when there was none to restore:
-	// a checkpoint without it reads as "another boot" next time, and the restart drops every
-	// fault that lasts until a reboot (found by the real-kubelet e2e test).
-	tracker.SetBootID(r.bootID)
-	m := health.NewMonitor(tracker)
-	if err := restoreCheckpoint(ctx, m, r.checkpoint, r.bootID); err != nil {
-		return err
+	if _, err := rt.Restore(); err != nil {
+		// A damaged checkpoint must not keep the plugin down; start from what the GPUs say.
+		logger.Error(err, "Ignoring the checkpoint", "path", r.checkpoint)
 	}
 	logger.Info("Starting the device plugin", "gpus", len(r.backend.Devices()), "resource", r.plugin.ResourceName, "cdi", r.service.CDI)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := r.backend.Run(gctx, m); err != nil && gctx.Err() == nil {
+		err := rt.Run(gctx, func(ctx context.Context, m *health.Monitor) error { return r.backend.Run(ctx, m) })
+		if err != nil {
 			return fmt.Errorf("GPU backend: %w", err)
 		}
 		return nil
 	})
 	g.Go(func() error {
-		// Quiet periods expire with time, not only with signals.
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-gctx.Done():
-				return nil
-			case now := <-t.C:
-				m.Tick(now)
-			}
-		}
-	})
-	if r.checkpoint != "" {
-		g.Go(func() error { return saveCheckpoints(gctx, m, r.checkpoint) })
-	}
-	g.Go(func() error {
-		return deviceplugin.NewPlugin(deviceplugin.NewService(m, r.service), r.plugin).Run(gctx)
+		return deviceplugin.NewPlugin(deviceplugin.NewService(rt.Monitor(), r.service), r.plugin).Run(gctx)
 	})
 	err = g.Wait()
 	if err == nil || ctx.Err() != nil {
@@ -154,45 +136,4 @@ func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 		return nil
 	}
 	return err
-}
-
-func restoreCheckpoint(ctx context.Context, m *health.Monitor, path, bootID string) error {
-	if path == "" {
-		return nil
-	}
-	cp, err := health.ReadCheckpoint(path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil
-	case err != nil:
-		// A damaged checkpoint must not keep the plugin down; start from what the GPUs say.
-		klog.FromContext(ctx).Error(err, "Ignoring the checkpoint", "path", path)
-		return nil
-	}
-	return m.Restore(cp, bootID, time.Now())
-}
-
-// saveCheckpoints writes the tracker's sticky state whenever it changes, until ctx ends.
-func saveCheckpoints(ctx context.Context, m *health.Monitor, path string) error {
-	sub := m.Subscribe()
-	defer sub.Close()
-	var last []byte
-	for {
-		if _, ok := sub.Wait(ctx); !ok {
-			return nil
-		}
-		cp := m.Tracker().Checkpoint()
-		b, err := health.MarshalCheckpoint(cp)
-		if err != nil {
-			return err
-		}
-		if bytes.Equal(b, last) {
-			continue
-		}
-		if err := health.WriteCheckpoint(path, cp); err != nil {
-			klog.FromContext(ctx).Error(err, "Writing the checkpoint failed", "path", path)
-			continue
-		}
-		last = b
-	}
 }

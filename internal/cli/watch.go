@@ -18,8 +18,6 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// tickEvery is how often watch expires quiet periods when no signal arrives.
-const tickEvery = time.Second
 
 func newWatchCommand() *cobra.Command {
 	var backend, scenarioPath, configPath, output string
@@ -99,12 +97,11 @@ type watchSource struct {
 // runWatch runs src into a monitor and prints each transition until src returns (the end of a
 // scenario) or ctx ends (a signal). The backend runs in a goroutine this function waits for.
 func runWatch(ctx context.Context, src watchSource, policy *health.Policy, output string, out io.Writer, log logr.Logger) error {
-	tracker, err := health.NewTracker(policy, src.devices)
+	rt, err := health.NewRuntime(policy, src.devices, health.RuntimeOptions{})
 	if err != nil {
 		return err
 	}
-	m := health.NewMonitor(tracker)
-	sub := m.Subscribe()
+	sub := rt.Monitor().Subscribe()
 	defer sub.Close()
 	sub.Next() // the initial all-healthy state is not a transition
 
@@ -113,27 +110,33 @@ func runWatch(ctx context.Context, src watchSource, policy *health.Policy, outpu
 		return err
 	}
 
+	// The runtime ticks the monitor (quiet periods end with time, not only with signals) and runs
+	// the source; the source's end, not the runtime's, ends watch.
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- src.run(runCtx, m) }()
-
-	ticker := time.NewTicker(tickEvery)
-	defer ticker.Stop()
+	srcDone := make(chan error, 1)
+	rtDone := make(chan error, 1)
+	go func() {
+		rtDone <- rt.Run(runCtx, func(ctx context.Context, m *health.Monitor) error {
+			srcDone <- src.run(ctx, m)
+			return nil
+		})
+	}()
 	for {
 		select {
 		case <-sub.C():
 			if err := p.update(sub, log); err != nil {
-				// Stdout is gone; stop the backend and report why.
+				// Stdout is gone; stop the source and report why.
 				cancel()
-				if rerr := <-done; rerr != nil && !errors.Is(rerr, context.Canceled) {
+				<-rtDone
+				if rerr := <-srcDone; rerr != nil && !errors.Is(rerr, context.Canceled) {
 					err = errors.Join(err, rerr)
 				}
 				return err
 			}
-		case now := <-ticker.C:
-			m.Tick(now)
-		case err := <-done:
+		case err := <-srcDone:
+			cancel()
+			<-rtDone
 			// Print what the last signals changed, then stop.
 			if perr := p.update(sub, log); perr != nil {
 				return perr
