@@ -18,7 +18,6 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-
 func newWatchCommand() *cobra.Command {
 	var backend, scenarioPath, configPath, output string
 	cmd := &cobra.Command{
