@@ -20,7 +20,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -29,12 +28,20 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 )
 
 // DefaultMaxRequestBytes bounds a request body. With nodeCacheCapable: false the scheduler sends
 // every candidate Node object; 5,000 nodes of ~20 KiB each fit.
 const DefaultMaxRequestBytes = 128 << 20
+
+// Defaults of Options.
+const (
+	defaultShutdownTimeout = 10 * time.Second
+	// readHeaderTimeout is generous: kube-scheduler keeps its connections alive between calls.
+	readHeaderTimeout = 10 * time.Second
+)
 
 // Options configure the extender.
 type Options struct {
@@ -76,7 +83,7 @@ func New(client kubernetes.Interface, opts Options) *Server {
 		opts.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	if opts.ShutdownTimeout <= 0 {
-		opts.ShutdownTimeout = 10 * time.Second
+		opts.ShutdownTimeout = defaultShutdownTimeout
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
@@ -122,7 +129,8 @@ func (s *Server) Handler() http.Handler {
 }
 
 // Run starts the informers, then serves on ln until ctx ends, then drains requests for up to
-// Options.ShutdownTimeout. It is what `gpuhealth extender` runs.
+// Options.ShutdownTimeout, and returns once the requests and the requeue workers are done. It is
+// what `gpuhealth extender` runs.
 func Run(ctx context.Context, ln net.Listener, client kubernetes.Interface, opts Options) error {
 	ctx, cancel := context.WithCancel(ctx)
 	s := New(client, opts)
@@ -134,27 +142,9 @@ func Run(ctx context.Context, ln net.Listener, client kubernetes.Interface, opts
 		_ = ln.Close()
 		return err
 	}
-	logger := klog.FromContext(ctx)
-	srv := &http.Server{
-		Handler:           s.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		logger.Info("Serving the scheduler extender", "address", ln.Addr().String(), "bind", opts.Bind)
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-gctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ShutdownTimeout)
-		defer cancel()
-		return srv.Shutdown(shutdownCtx)
-	})
-	return g.Wait()
+	klog.FromContext(ctx).Info("Serving the scheduler extender", "address", ln.Addr().String(), "bind", s.opts.Bind)
+	return httpserve.Serve(ctx, ln, s.Handler(),
+		httpserve.WithShutdownTimeout(s.opts.ShutdownTimeout), httpserve.WithReadHeaderTimeout(readHeaderTimeout))
 }
 
 // decode reads a JSON request body of at most MaxRequestBytes into v.
