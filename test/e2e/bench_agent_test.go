@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
@@ -89,8 +90,9 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // the signal to the objects schedulers read (the Volcano annotation and the DeviceTaintRule, as
 // seen through watches), over at least 200 faults and their recoveries, and how many API writes
 // each state change costs per sink. It asserts only counts, never times: the figures are printed
-// (`make bench-e2e`) for docs/benchmarks.md and the issue notes. The agent's client has the
-// same rate limits as `gpuhealth agent`.
+// as tables, and written as JSON lines (package figure) to GPUHEALTH_BENCH_OUT, from which
+// hack/bench renders docs/benchmarks.md (`make bench`, `make bench-e2e`). The agent's client has
+// the same rate limits as `gpuhealth agent`.
 func TestBenchSignalToObject(t *testing.T) {
 	faults := 50 // make bench-e2e asks for 200
 	if v := os.Getenv("GPUHEALTH_BENCH_FAULTS"); v != "" {
@@ -193,6 +195,7 @@ func TestBenchSignalToObject(t *testing.T) {
 	changes := 2 * faults
 
 	var b strings.Builder
+	var figs []figure.Figure
 	fmt.Fprintf(&b, "signal -> object visible through a watch, %d faults and %d recoveries, loopback, real kube-apiserver %s\n", faults, faults, controlplane.KubernetesVersion)
 	fmt.Fprintf(&b, "| path | p50 | p99 | max |\n|---|---|---|---|\n")
 	for _, row := range []struct {
@@ -205,24 +208,36 @@ func TestBenchSignalToObject(t *testing.T) {
 		{"recovery -> DeviceTaintRule DELETED", ruleRec},
 	} {
 		slices.Sort(row.lat)
-		fmt.Fprintf(&b, "| %s | %v | %v | %v |\n", row.name, percentile(row.lat, 0.5).Round(10*time.Microsecond),
-			percentile(row.lat, 0.99).Round(10*time.Microsecond), row.lat[len(row.lat)-1].Round(10*time.Microsecond))
+		p50, p99, maximum := percentile(row.lat, 0.5), percentile(row.lat, 0.99), row.lat[len(row.lat)-1]
+		fmt.Fprintf(&b, "| %s | %v | %v | %v |\n", row.name, p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond), maximum.Round(10*time.Microsecond))
+		figs = append(figs, figure.Figure{
+			Name: figure.SignalToObject, Labels: map[string]string{figure.LabelPath: row.name}, Unit: figure.UnitMilliseconds,
+			Value: milliseconds(p50), Samples: len(row.lat),
+			Percentiles: map[string]float64{figure.P50: milliseconds(p50), figure.P99: milliseconds(p99), figure.Max: milliseconds(maximum)},
+		})
 	}
 	fmt.Fprintf(&b, "\n| sink | writes | state changes | writes per change |\n|---|---|---|---|\n")
 	for _, sink := range reporters {
 		w := writesAfter[sink] - writesBefore[sink]
 		fmt.Fprintf(&b, "| %s | %d | %d | %.2f |\n", sink, w, changes, float64(w)/float64(changes))
+		figs = append(figs, figure.Figure{
+			Name: figure.WritesPerChange, Labels: map[string]string{figure.LabelSink: sink}, Unit: figure.UnitWritesPerChange,
+			Value: float64(w) / float64(changes), Samples: changes,
+		})
 		if (sink == "annotation" || sink == "devicetaint") && w != changes { // condition coalesces flips; claimstatus writes only for claims
 			t.Errorf("%s: %d writes for %d state changes, want exactly one each", sink, w, changes)
 		}
 	}
 	fmt.Println(b.String())
+	// hack/bench reads the figures as JSON lines; the table above is for people.
 	if path := os.Getenv("GPUHEALTH_BENCH_OUT"); path != "" {
-		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		if err := figure.WriteFile(path, figs...); err != nil {
 			t.Error(err)
 		}
 	}
 }
+
+func milliseconds(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func ptrDuration(d time.Duration) *config.Duration {
 	v := config.Duration(d)

@@ -4,7 +4,6 @@ package fleet
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -37,6 +36,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
@@ -62,64 +62,64 @@ const (
 	convergeLimit = 5 * time.Minute
 )
 
-// Figures are what one fleet run measured; GPUHEALTH_FLEET_OUT receives them as JSON (hack/bench
-// reads it).
+// Figures are what one fleet run measured; GPUHEALTH_FLEET_OUT receives them as JSON lines
+// (Figures.figures), from which hack/bench renders docs/benchmarks.md.
 type Figures struct {
-	Nodes     int      `json:"nodes"`
-	GPUs      int      `json:"gpus"`
-	Reporters []string `json:"reporters"`
+	Nodes     int
+	GPUs      int
+	Reporters []string
 	// FlowControl says whether the agents had the chart's FlowSchema and priority level.
-	FlowControl bool `json:"flowControl"`
+	FlowControl bool
 	// Breaker says whether the agents ran the circuit breaker (GPUHEALTH_FLEET_BREAKER_FRACTION
 	// of the GPUs, default 20%, above the wave), and BreakerBudget its budget in GPUs.
-	Breaker       bool `json:"breaker"`
-	BreakerBudget int  `json:"breakerBudget,omitempty"`
+	Breaker       bool
+	BreakerBudget int
 	// When the budget is below the wave: the most rules ever seen with a disruptive effect at
 	// once (never above the budget), and the seconds until exactly the budget had one.
-	BreakerMaxDisruptive int     `json:"breakerMaxDisruptive,omitempty"`
-	BreakerSettleSeconds float64 `json:"breakerSettleSeconds,omitempty"`
+	BreakerMaxDisruptive int
+	BreakerSettleSeconds float64
 
 	// SetupSeconds is creating the Nodes and ResourceSlices (not part of the agent's cost).
-	SetupSeconds float64 `json:"setupSeconds"`
+	SetupSeconds float64
 	// StartupSeconds is from starting every agent at once until every agent's /readyz is ok (every
 	// reporter has done its start-up reconcile).
-	StartupSeconds  float64          `json:"startupSeconds"`
-	StartupRequests int64            `json:"startupRequests"`
-	StartupByKind   map[string]int64 `json:"startupByKind"`
+	StartupSeconds  float64
+	StartupRequests int64
+	StartupByKind   map[string]int64
 
 	// Per node: Go heap in use and process RSS added by the agents, and their goroutines.
-	HeapPerNodeKiB    float64 `json:"heapPerNodeKiB"`
-	RSSPerNodeKiB     float64 `json:"rssPerNodeKiB"`
-	GoroutinesPerNode float64 `json:"goroutinesPerNode"`
+	HeapPerNodeKiB    float64
+	RSSPerNodeKiB     float64
+	GoroutinesPerNode float64
 
 	// Steady state: nothing changes for SteadySeconds after start-up.
-	SteadySeconds    float64          `json:"steadySeconds"`
-	SteadyRequests   int64            `json:"steadyRequests"`
-	SteadyPerSecond  float64          `json:"steadyRequestsPerSecond"`
-	SteadyByKind     map[string]int64 `json:"steadyByKind"`
-	SteadyWrites     int              `json:"steadyWrites"`
-	SteadyCPUPercent float64          `json:"steadyCPUPercent"` // of one core, all agents together
-	OpenWatches      int64            `json:"openWatches"`
-	WatchesPerNode   float64          `json:"watchesPerNode"`
-	Transports       int64            `json:"transports"`
+	SteadySeconds    float64
+	SteadyRequests   int64
+	SteadyPerSecond  float64
+	SteadyByKind     map[string]int64
+	SteadyWrites     int
+	SteadyCPUPercent float64 // of one core, all agents together
+	OpenWatches      int64
+	WatchesPerNode   float64
+	Transports       int64
 
 	// The wave: WaveGPUs GPUs on WaveNodes nodes fail at once.
-	WaveGPUs  int `json:"waveGPUs"`
-	WaveNodes int `json:"waveNodes"`
+	WaveGPUs  int
+	WaveNodes int
 	// Seconds from the injection until the last object of each kind was seen through a watch.
-	WaveAnnotationsSeconds float64 `json:"waveAnnotationsSeconds"`
-	WaveRulesSeconds       float64 `json:"waveRulesSeconds"`
-	WaveConditionsSeconds  float64 `json:"waveConditionsSeconds"`
+	WaveAnnotationsSeconds float64
+	WaveRulesSeconds       float64
+	WaveConditionsSeconds  float64
 	// WaveAllSeconds is the later of the annotations and the rules: what schedulers read.
-	WaveAllSeconds float64 `json:"waveAllSeconds"`
+	WaveAllSeconds float64
 	// Per-object latency of the taints and annotations (p50, p99).
-	WaveP50Seconds float64 `json:"waveP50Seconds"`
-	WaveP99Seconds float64 `json:"waveP99Seconds"`
-	WaveRequests   int64   `json:"waveRequests"`
+	WaveP50Seconds float64
+	WaveP99Seconds float64
+	WaveRequests   int64
 	// WaveRewatches counts the observer's watches the API server closed during the wave.
-	WaveRewatches int              `json:"waveRewatches"`
-	WaveByKind    map[string]int64 `json:"waveByKind"`
-	WaveWrites    map[string]int   `json:"waveWrites"`
+	WaveRewatches int
+	WaveByKind    map[string]int64
+	WaveWrites    map[string]int
 }
 
 // TestFleet runs GPUHEALTH_FLEET_NODES (default 500) simulated nodes × 8 GPUs, each with its own
@@ -818,14 +818,70 @@ func report(t *testing.T, fig Figures) {
 	}
 	fmt.Println(b.String())
 	if path := os.Getenv("GPUHEALTH_FLEET_OUT"); path != "" {
-		out, err := json.MarshalIndent(fig, "", "  ")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, out, 0o644); err != nil {
+		if err := figure.WriteFile(path, fig.figures()...); err != nil {
 			t.Error(err)
 		}
 	}
+}
+
+// figures are fig as package figure's figures, under the names hack/bench looks for.
+func (fig Figures) figures() []figure.Figure {
+	one := func(name, unit string, v float64) figure.Figure {
+		return figure.Figure{Name: name, Unit: unit, Value: v}
+	}
+	requests := func(name string, v int64, byKind map[string]int64) figure.Figure {
+		f := one(name, figure.UnitRequests, float64(v))
+		f.By = floats(byKind)
+		return f
+	}
+	writes := one(figure.FleetWaveWrites, figure.UnitWrites, float64(sumWrites(fig.WaveWrites)))
+	writes.By = floats(fig.WaveWrites)
+	latency := one(figure.FleetWaveObjectLatency, figure.UnitSeconds, fig.WaveP50Seconds)
+	latency.Percentiles = map[string]float64{figure.P50: fig.WaveP50Seconds, figure.P99: fig.WaveP99Seconds}
+	figs := []figure.Figure{
+		one(figure.FleetNodes, figure.UnitNodes, float64(fig.Nodes)),
+		one(figure.FleetGPUs, figure.UnitGPUs, float64(fig.GPUs)),
+		one(figure.FleetSetupTime, figure.UnitSeconds, fig.SetupSeconds),
+		one(figure.FleetStartupTime, figure.UnitSeconds, fig.StartupSeconds),
+		requests(figure.FleetStartupRequests, fig.StartupRequests, fig.StartupByKind),
+		one(figure.FleetHeapPerNode, figure.UnitKiB, fig.HeapPerNodeKiB),
+		one(figure.FleetRSSPerNode, figure.UnitKiB, fig.RSSPerNodeKiB),
+		one(figure.FleetGoroutinesPerNode, figure.UnitGoroutines, fig.GoroutinesPerNode),
+		one(figure.FleetOpenWatches, figure.UnitWatches, float64(fig.OpenWatches)),
+		one(figure.FleetWatchesPerNode, figure.UnitWatches, fig.WatchesPerNode),
+		one(figure.FleetClientTransports, figure.UnitTransports, float64(fig.Transports)),
+		one(figure.FleetSteadyWindow, figure.UnitSeconds, fig.SteadySeconds),
+		requests(figure.FleetSteadyRequests, fig.SteadyRequests, fig.SteadyByKind),
+		one(figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond, fig.SteadyPerSecond),
+		one(figure.FleetSteadyWrites, figure.UnitWrites, float64(fig.SteadyWrites)),
+		one(figure.FleetSteadyCPU, figure.UnitCPU, fig.SteadyCPUPercent),
+		one(figure.FleetWaveGPUs, figure.UnitGPUs, float64(fig.WaveGPUs)),
+		one(figure.FleetWaveNodes, figure.UnitNodes, float64(fig.WaveNodes)),
+		one(figure.FleetWaveAnnotationsTime, figure.UnitSeconds, fig.WaveAnnotationsSeconds),
+		one(figure.FleetWaveRulesTime, figure.UnitSeconds, fig.WaveRulesSeconds),
+		one(figure.FleetWaveConditionsTime, figure.UnitSeconds, fig.WaveConditionsSeconds),
+		one(figure.FleetWaveAllTime, figure.UnitSeconds, fig.WaveAllSeconds),
+		latency,
+		requests(figure.FleetWaveRequests, fig.WaveRequests, fig.WaveByKind),
+		writes,
+		one(figure.FleetWaveRewatches, figure.UnitWatches, float64(fig.WaveRewatches)),
+	}
+	if fig.Breaker {
+		figs = append(figs, one(figure.FleetBreakerBudget, figure.UnitGPUs, float64(fig.BreakerBudget)))
+	}
+	if fig.BreakerSettleSeconds > 0 { // the budget was below the wave
+		figs = append(figs, one(figure.FleetBreakerSettleTime, figure.UnitSeconds, fig.BreakerSettleSeconds),
+			one(figure.FleetBreakerMaxDisruptive, figure.UnitGPUs, float64(fig.BreakerMaxDisruptive)))
+	}
+	return figs
+}
+
+func floats[N int | int64](m map[string]N) map[string]float64 {
+	out := make(map[string]float64, len(m))
+	for k, v := range m {
+		out[k] = float64(v)
+	}
+	return out
 }
 
 // requestCounter counts the requests of every agent's client by kind ("PATCH nodes",

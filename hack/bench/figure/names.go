@@ -1,0 +1,75 @@
+package figure
+
+// Units. A reader asks for a figure by name and unit, so a figure measured in another unit is
+// not found rather than misread.
+const (
+	UnitMilliseconds      = "ms"
+	UnitSeconds           = "s"
+	UnitKiB               = "KiB"
+	UnitCPU               = "% of a core"
+	UnitRequests          = "requests"
+	UnitRequestsPerSecond = "requests/s"
+	UnitWrites            = "writes"
+	UnitWritesPerChange   = "writes/change"
+	UnitNodes             = "nodes"
+	UnitGPUs              = "GPUs"
+	UnitWatches           = "watches"
+	UnitGoroutines        = "goroutines"
+	UnitTransports        = "transports"
+)
+
+// Percentiles.
+const (
+	P50 = "p50"
+	P99 = "p99"
+	Max = "max"
+)
+
+// The figures TestBenchSignalToObject (test/e2e) writes to GPUHEALTH_BENCH_OUT.
+const (
+	// SignalToObject is the time from a signal until an object is seen through a watch, in
+	// UnitMilliseconds, one figure per LabelPath: the value is the p50, with P50, P99 and Max.
+	SignalToObject = "signal_to_object"
+	LabelPath      = "path"
+	// WritesPerChange is the API writes per GPU state change of one reporter (LabelSink), in
+	// UnitWritesPerChange; the samples are the state changes.
+	WritesPerChange = "api_writes_per_change"
+	LabelSink       = "sink"
+)
+
+// The figures TestFleet (test/fleet) writes to GPUHEALTH_FLEET_OUT, one run each.
+const (
+	FleetNodes             = "nodes"               // UnitNodes
+	FleetGPUs              = "gpus"                // UnitGPUs
+	FleetSetupTime         = "setup_time"          // UnitSeconds: creating the Nodes and ResourceSlices
+	FleetStartupTime       = "startup_time"        // UnitSeconds: until every agent is ready
+	FleetStartupRequests   = "startup_requests"    // UnitRequests, By kind
+	FleetHeapPerNode       = "heap_per_node"       // UnitKiB
+	FleetRSSPerNode        = "rss_per_node"        // UnitKiB
+	FleetGoroutinesPerNode = "goroutines_per_node" // UnitGoroutines
+	FleetOpenWatches       = "open_watches"        // UnitWatches
+	FleetWatchesPerNode    = "watches_per_node"    // UnitWatches
+	FleetClientTransports  = "client_transports"   // UnitTransports
+	FleetSteadyWindow      = "steady_window"       // UnitSeconds
+	FleetSteadyRequests    = "steady_requests"     // UnitRequests, By kind
+	FleetSteadyRequestRate = "steady_request_rate" // UnitRequestsPerSecond
+	FleetSteadyWrites      = "steady_writes"       // UnitWrites
+	FleetSteadyCPU         = "steady_cpu"          // UnitCPU, all agents together
+	FleetWaveGPUs          = "wave_gpus"           // UnitGPUs failing at once
+	FleetWaveNodes         = "wave_nodes"          // UnitNodes they are on
+	// UnitSeconds from the injection until the last object of a kind was seen; all is the later
+	// of the annotations and the rules: what schedulers read.
+	FleetWaveAnnotationsTime = "wave_annotations_time"
+	FleetWaveRulesTime       = "wave_rules_time"
+	FleetWaveConditionsTime  = "wave_conditions_time"
+	FleetWaveAllTime         = "wave_all_time"
+	FleetWaveObjectLatency   = "wave_object_latency" // UnitSeconds per taint and annotation: the p50, with P50 and P99
+	FleetWaveRequests        = "wave_requests"       // UnitRequests, By kind (failed ones again by status)
+	FleetWaveWrites          = "wave_writes"         // UnitWrites, By reporter
+	FleetWaveRewatches       = "wave_rewatches"      // UnitWatches the API server closed on the observer
+	// With the circuit breaker on: its budget, and when the budget is below the wave, the
+	// seconds until exactly the budget had NoSchedule and the most that ever had it at once.
+	FleetBreakerBudget        = "breaker_budget"         // UnitGPUs
+	FleetBreakerSettleTime    = "breaker_settle_time"    // UnitSeconds
+	FleetBreakerMaxDisruptive = "breaker_max_disruptive" // UnitGPUs
+)

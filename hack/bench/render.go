@@ -1,0 +1,273 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
+)
+
+// row is one line of the table.
+type row struct{ what, figure, how string }
+
+// render renders the table and the whole document from res alone. A figure the document needs
+// and res lacks is an error, never a zero.
+func render(res results) (table, doc string, err error) {
+	if err := res.check(); err != nil {
+		return "", "", err
+	}
+	l := &lookup{figs: res.Figures}
+	var rows []row
+	for _, p := range []struct {
+		part string
+		rows func(*lookup, settings) []row
+	}{
+		{partLibrary, libraryRows},
+		{partAgent, agentRows},
+		{partLatency, latencyRows},
+		{partFleet, fleetRows},
+		{partFleetLarge, fleetLargeRows},
+		{partFleetBreaker, fleetBreakerRows},
+	} {
+		if l.has(p.part) {
+			rows = append(rows, p.rows(l, res.Settings)...)
+		}
+	}
+	table = renderTable(rows)
+	doc = renderDocument(l, res, table)
+	if l.err != nil {
+		return "", "", l.err
+	}
+	return table, doc, nil
+}
+
+// The library benchmarks the table quotes.
+const (
+	benchXIDStorm          = "BenchmarkXIDStorm/xid=13"
+	benchMixedLoad         = "BenchmarkMixedLoad"
+	benchRetained          = "BenchmarkStormRetainedMemory/signals=1000000"
+	benchRetainedSmall     = "BenchmarkStormRetainedMemory/signals=1000"
+	benchFilter            = "BenchmarkExtenderFilter"
+	benchFilterNodeObjects = "BenchmarkExtenderFilterNodeObjects"
+)
+
+func libraryRows(l *lookup, _ settings) []row {
+	v := func(name, unit string) float64 { return l.median(partLibrary, name, unit) }
+	how := fmt.Sprintf("go test -bench, median of %d, -cpu 1", len(l.all(partLibrary, benchMixedLoad, "ns/op")))
+	return []row{
+		{"library: XID storm (one GPU, one XID repeated)", fmt.Sprintf("%s signals/s, %.0f B and %.0f allocs per signal",
+			millions(v(benchXIDStorm, "signals/s")), v(benchXIDStorm, "B/op"), v(benchXIDStorm, "allocs/op")), how},
+		{"library: mixed load (every kind of signal, 8 GPUs)", fmt.Sprintf("%s signals/s, %.0f B and %.0f allocs per signal",
+			millions(v(benchMixedLoad, "signals/s")), v(benchMixedLoad, "B/op"), v(benchMixedLoad, "allocs/op")), how},
+		{"library: heap kept after 1,000,000 storm signals", fmt.Sprintf("%s (after 1,000: %s)",
+			kib(v(benchRetained, "retained-B")), kib(v(benchRetainedSmall, "retained-B"))), how},
+		{"extender: /filter, 5,000 nodes × 8 GPUs, nodeCacheCapable", fmt.Sprintf("p50 %.2f ms, p99 %.2f ms",
+			v(benchFilter, "p50-ms"), v(benchFilter, "p99-ms")), how},
+		{"extender: /filter, 5,000 Node objects in the request", fmt.Sprintf("p50 %.0f ms, p99 %.0f ms",
+			v(benchFilterNodeObjects, "p50-ms"), v(benchFilterNodeObjects, "p99-ms")), how},
+	}
+}
+
+func agentRows(l *lookup, s settings) []row {
+	how := fmt.Sprintf("`gpuhealth agent --backend sim`, /proc/PID, %s window, median of %d", s.AgentWindow, len(l.runs(partAgent)))
+	var rows []row
+	for _, kind := range []string{scenarioIdle, scenarioStorm} {
+		v := func(name, unit string) float64 { return l.median(partAgent, name, unit, labelScenario, kind) }
+		mib := func(name string) float64 { return v(name, figure.UnitKiB) / 1024 }
+		what := "agent: idle, 8 simulated GPUs (sampling every 10 s)"
+		if kind == scenarioStorm {
+			what = fmt.Sprintf("agent: XID storm, 8 simulated GPUs, %s XIDs/s evaluated (gpuhealth_xid_total)", thousands(int(v(agentXIDRate, unitXIDRate))))
+		}
+		rows = append(rows, row{what, fmt.Sprintf("RSS %.1f MiB (anonymous %.1f, file-backed %.1f; peak %.1f), Go heap %.1f MiB, CPU %.1f%% of a core",
+			mib(agentRSS), mib(agentRSSAnon), mib(agentRSSFile), mib(agentRSSPeak), mib(agentGoHeap), v(agentCPU, figure.UnitCPU)), how})
+	}
+	return rows
+}
+
+func latencyRows(l *lookup, s settings) []row {
+	how := fmt.Sprintf("TestBenchSignalToObject, %d faults + %d recoveries per run, median of %d runs' percentiles", s.Faults, s.Faults, len(l.runs(partLatency)))
+	var rows []row
+	for _, p := range l.labelValues(partLatency, figure.SignalToObject, figure.LabelPath) {
+		pct := func(q string) float64 {
+			return l.medianPercentile(q, partLatency, figure.SignalToObject, figure.UnitMilliseconds, figure.LabelPath, p)
+		}
+		rows = append(rows, row{"signal → object: " + p, fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", pct(figure.P50), pct(figure.P99)), how})
+	}
+	var w []string
+	for _, sink := range l.labelValues(partLatency, figure.WritesPerChange, figure.LabelSink) {
+		w = append(w, fmt.Sprintf("%s %.2f", sink, l.median(partLatency, figure.WritesPerChange, figure.UnitWritesPerChange, figure.LabelSink, sink)))
+	}
+	return append(rows, row{"API writes per GPU state change, by sink", strings.Join(w, ", "), how})
+}
+
+func fleetRows(l *lookup, _ settings) []row {
+	v := func(name, unit string) float64 { return l.median(partFleet, name, unit) }
+	how := fmt.Sprintf("test/fleet, one process, own client per node, median of %d", len(l.runs(partFleet)))
+	return []row{
+		{fmt.Sprintf("fleet: %.0f nodes × 8 GPUs, start-up until every agent is ready", v(figure.FleetNodes, figure.UnitNodes)),
+			fmt.Sprintf("%.1f s, %.0f requests", v(figure.FleetStartupTime, figure.UnitSeconds), v(figure.FleetStartupRequests, figure.UnitRequests)), how},
+		{"fleet: agent memory per node (in one process)",
+			fmt.Sprintf("heap %.0f KiB, RSS %.0f KiB, %.0f goroutines, %.0f watches", v(figure.FleetHeapPerNode, figure.UnitKiB),
+				v(figure.FleetRSSPerNode, figure.UnitKiB), v(figure.FleetGoroutinesPerNode, figure.UnitGoroutines),
+				v(figure.FleetWatchesPerNode, figure.UnitWatches)), how},
+		{fmt.Sprintf("fleet: API requests at steady state (%.0f s, resync 1 h)", v(figure.FleetSteadyWindow, figure.UnitSeconds)),
+			fmt.Sprintf("%.2f requests/s for the whole fleet, %.0f writes; agents' CPU %.1f%% of a core",
+				v(figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond), v(figure.FleetSteadyWrites, figure.UnitWrites),
+				v(figure.FleetSteadyCPU, figure.UnitCPU)), how},
+		{fmt.Sprintf("fleet: 10%% of GPUs fail at once (%.0f GPUs on %.0f nodes)", v(figure.FleetWaveGPUs, figure.UnitGPUs), v(figure.FleetWaveNodes, figure.UnitNodes)),
+			fmt.Sprintf("all taints and annotations in %.1f s (rules %.1f s, annotations %.1f s; per object p50 %.2f s, p99 %.1f s); %.0f requests",
+				v(figure.FleetWaveAllTime, figure.UnitSeconds), v(figure.FleetWaveRulesTime, figure.UnitSeconds),
+				v(figure.FleetWaveAnnotationsTime, figure.UnitSeconds),
+				l.medianPercentile(figure.P50, partFleet, figure.FleetWaveObjectLatency, figure.UnitSeconds),
+				l.medianPercentile(figure.P99, partFleet, figure.FleetWaveObjectLatency, figure.UnitSeconds),
+				v(figure.FleetWaveRequests, figure.UnitRequests)), how},
+	}
+}
+
+func fleetLargeRows(l *lookup, _ settings) []row {
+	v := func(name, unit string) float64 { return l.median(partFleetLarge, name, unit) }
+	return []row{{
+		fmt.Sprintf("fleet: %.0f nodes × 8 GPUs (%.0f GPUs fail at once)", v(figure.FleetNodes, figure.UnitNodes), v(figure.FleetWaveGPUs, figure.UnitGPUs)),
+		fmt.Sprintf("start-up %.1f s; steady %.2f requests/s; wave: all taints and annotations in %.1f s (p99 %.1f s), %.0f requests",
+			v(figure.FleetStartupTime, figure.UnitSeconds), v(figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond),
+			v(figure.FleetWaveAllTime, figure.UnitSeconds), l.medianPercentile(figure.P99, partFleetLarge, figure.FleetWaveObjectLatency, figure.UnitSeconds),
+			v(figure.FleetWaveRequests, figure.UnitRequests)),
+		"test/fleet, one run",
+	}}
+}
+
+func fleetBreakerRows(l *lookup, _ settings) []row {
+	v := func(name, unit string) float64 { return l.median(partFleetBreaker, name, unit) }
+	budget := v(figure.FleetBreakerBudget, figure.UnitGPUs)
+	return []row{{
+		fmt.Sprintf("fleet: %.0f nodes, circuit breaker on, budget 5%% (%.0f GPUs) against the 10%% wave", v(figure.FleetNodes, figure.UnitNodes), budget),
+		fmt.Sprintf("all taints and annotations in %.1f s; exactly %.0f GPUs NoSchedule after %.1f s, never more than %.0f at once, the rest None; %.0f requests; heap %.0f KiB per node",
+			v(figure.FleetWaveAllTime, figure.UnitSeconds), budget, v(figure.FleetBreakerSettleTime, figure.UnitSeconds),
+			v(figure.FleetBreakerMaxDisruptive, figure.UnitGPUs), v(figure.FleetWaveRequests, figure.UnitRequests), v(figure.FleetHeapPerNode, figure.UnitKiB)),
+		"test/fleet GPUHEALTH_FLEET_BREAKER=1, one run",
+	}}
+}
+
+func renderTable(rows []row) string {
+	var b strings.Builder
+	b.WriteString("| what | median | how |\n|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", r.what, r.figure, r.how)
+	}
+	return b.String()
+}
+
+// renderDocument writes docs/benchmarks.md around table; figures it cannot find go to l.err.
+func renderDocument(l *lookup, res results, table string) string {
+	m, s := res.Machine, res.Settings
+	var b strings.Builder
+	b.WriteString("# Benchmarks\n\n")
+	b.WriteString("Written by `make bench` (hack/bench); every figure below comes from that one command. Rerun it to\n" +
+		"refresh this page; figures from another machine belong on another page.\n\n")
+	fmt.Fprintf(&b, "Measured %s on %d CPUs (`nproc`) of %s, %.1f GiB memory, Linux %s, %s.\n"+
+		"The machine was shared with other work while it ran, so treat small differences as noise. `make bench` took %s.\n\n",
+		m.Date.Format("2006-01-02 15:04 MST"), m.CPUs, cmp.Or(m.CPUModel, "an unknown CPU"), m.MemGiB, m.Kernel, m.GoVersion,
+		time.Duration(res.Took).Round(time.Second))
+	b.WriteString(table)
+	b.WriteString(`
+## What each figure is
+
+- **library**: ` + "`BenchmarkXIDStorm`, `BenchmarkMixedLoad` and `BenchmarkStormRetainedMemory`" + ` (pkg/health), with
+  ` + "`-count 5 -cpu 1 -benchmem`" + `; the median of the five runs. A repeated identical signal allocates nothing.
+- **agent**: the real ` + "`gpuhealth agent --backend sim`" + ` binary (all reporters, default HealthConfig: sampling every
+  10 s, resync 5 min) against a local kube-apiserver, as its own least-privilege ServiceAccount. Each run waits for
+  ` + "`/readyz`" + `, waits 2 s more, then reads utime+stime from ` + "`/proc/PID/stat`" + ` across the window and VmRSS
+  (RssAnon and RssFile: anonymous memory and the binary's mapped pages; VmHWM as the peak) from
+  ` + "`/proc/PID/status`" + ` at its end, and the Go heap in use from the agent's own ` + "`go_memstats_heap_inuse_bytes`" + `. *Idle* is 8 GPUs and no events; the *storm* sends
+  XID 13 (counted, the GPU stays Healthy) to all 8 GPUs in bursts every 100 ms.
+- **signal → object**: ` + "`TestBenchSignalToObject`" + ` (test/e2e, ` + "`make bench-e2e`" + `): an in-process agent with the
+  CLI's client rate limits; each fault and recovery is timed from the signal until the object is seen through a
+  watch. The p50 and p99 quoted are the medians of the runs' p50s and p99s. Writes per change count the
+  ` + "`gpuhealth_api_writes_total`" + ` increments per GPU state change (the condition writer also rewrites its message
+  when the set of sick GPUs changes).
+- **extender**: ` + "`BenchmarkExtenderFilter`" + ` and ` + "`BenchmarkExtenderFilterNodeObjects`" + ` (internal/scheduling/extender):
+  one /filter call for a 4-GPU pod over 5,000 nodes × 8 GPUs, p50/p99 per call over the benchmark's iterations.
+- **fleet**: ` + "`TestFleet`" + ` (test/fleet): N simulated nodes × 8 GPUs in one process, each with its own
+  ` + "`agent.Run`" + `, its own clientset and its own connection (an uncacheable transport, as separate processes would
+  have), all reporters, resync 1 h, sharing one ServiceAccount as a DaemonSet does, with the chart's
+  FlowSchema and priority level for it, against one kube-apiserver
+  (no scheduler or controller-manager). Requests are counted by a ` + "`rest.Config.WrapTransport`" + ` on every
+  client. *Start-up* runs from starting every agent at once until every ` + "`/readyz`" + ` is ok. *Memory per node* is the
+  growth of the Go heap in use and of the process RSS, after a GC, divided by N (the API server's own memory
+  is not included). *Steady state* is a quiet window after start-up. In the *wave* one GPU in ten
+  (` + "`(node*8+gpu) % 10 == 0`" + `, at most one per node) gets XID 48 at the same instant through the agents'
+  channel backends; the time is until the last DeviceTaintRule and the last ` + "`volcano.sh/gpu-unhealthy-ids`" + `
+  annotation are seen through the test's watches. The test asserts only correctness (every expected rule and
+  annotation exists at the end, nothing else does, one write per change), never a time. The larger run
+  repeats all of it once with more nodes. The breaker run turns the circuit breaker on, with its
+  controller (the GPU count) in the test process and a budget of 5% of the GPUs, half the wave: 400
+  agents race for 200 slots, and the test fails if more than the budget ever had NoSchedule at once
+  or if the final state is not exactly the budget NoSchedule and the rest None.
+
+Reading the fleet figures: the steady state costs no requests at all (no lease, no polling; the 3
+watches per agent, each selected by the agent's node through a selector the API server indexes, stay
+open), so what remains beyond resyncs is one resync per reporter per hour here (5 minutes by default).
+A GPU state change costs exactly four requests: the annotation patch, the condition patch, the
+DeviceTaintRule and an Event; the writers read the Node from the agent's shared informer cache, not
+with a GET, and no agent watches DeviceTaintRules or ResourceClaims cluster-wide (docs/agent.md says
+why). The agents' ServiceAccount gets the chart's FlowSchema and priority level
+(` + "`internal/agent.FlowControl`" + `): without them the default FlowSchemas put every agent into one flow
+of workload-low with short queues, and most of a wave's burst came back as HTTP 429 (15.3 s for the
+500-node wave, 468 rejections; ` + "`GPUHEALTH_FLEET_FLOWCONTROL=0`" + ` reproduces it). With them no request is
+rejected up to 1,000 nodes; at 2,000 nodes the wave's 6,400 simultaneous requests overflow the default
+queue of 5,000 and the excess is retried (` + "`agent.flowControl.queueLengthLimit`" + ` sizes the queue: four
+requests per node that changes at once). The agents, the test and the API server share the same 2 cores, so the wave's time is mostly
+CPU; it varies between runs on a shared machine, and the per-run table below shows the spread.
+
+The fleet test is too heavy for every CI run: it is skipped unless ` + "`GPUHEALTH_FLEET=1`" + `. Run it alone with
+
+` + "```sh" + `
+GPUHEALTH_FLEET=1 GPUHEALTH_FLEET_NODES=500 GPUHEALTH_CONTROLPLANE_BIN="$(hack/controlplane/build.sh)" \
+  go test -tags e2e -count=1 -v -timeout 20m -run '^TestFleet$' ./test/fleet/
+` + "```" + `
+
+(` + "`GPUHEALTH_FLEET_STEADY`" + ` sets the steady window, default 30s; ` + "`GPUHEALTH_FLEET_REPORTERS`" + ` a comma-separated
+reporter list, default all; ` + "`GPUHEALTH_FLEET_OUT`" + ` a file for the figures as JSON; ` + "`GPUHEALTH_FLEET_FLOWCONTROL=0`" + `
+leaves out the FlowSchema; ` + "`GPUHEALTH_FLEET_KEEP`" + ` a directory for the control plane's logs.)
+`)
+	b.WriteString(fleetRuns(l))
+	fmt.Fprintf(&b, "\n## Knobs\n\n`go run ./hack/bench -h`: runs (%d), agent window (%s), storm rate (%s XIDs/s), faults per latency run (%d), fleet nodes (%d), fleet runs (%d), fleet steady window (%s), the larger fleet run (%d nodes, `-fleet-large 0` skips it), the run with the circuit breaker (`-fleet-breaker=false` skips it); `-skip %s` leaves parts out. Raw outputs and logs go to `%s/`.\n",
+		s.Runs, s.AgentWindow, thousands(s.StormRate), s.Faults, s.FleetNodes, s.FleetRuns, s.FleetSteady, s.FleetLarge, strings.Join(partNames(), ","), s.Raw)
+	return b.String()
+}
+
+// fleetRuns is the table of every fleet run, the larger one and the one with the breaker last,
+// and what the first run's start-up requested; empty without fleet figures.
+func fleetRuns(l *lookup) string {
+	var b strings.Builder
+	first := ""
+	n := 0
+	for _, part := range []string{partFleet, partFleetLarge, partFleetBreaker} {
+		for _, run := range l.runs(part) {
+			if n == 0 {
+				b.WriteString("\n## The fleet's runs\n\n")
+				b.WriteString("| run | nodes | start-up | steady requests/s (by kind) | wave: all written | wave requests (by kind, failed ones again by status) |\n|---|---|---|---|---|---|\n")
+				first = byKind(l.one(part, run, figure.FleetStartupRequests, figure.UnitRequests).By)
+			}
+			n++
+			label := fmt.Sprint(n)
+			if part == partFleetBreaker {
+				label += " (breaker)"
+			}
+			v := func(name, unit string) figure.Figure { return l.one(part, run, name, unit) }
+			startup := v(figure.FleetStartupRequests, figure.UnitRequests)
+			steady := v(figure.FleetSteadyRequests, figure.UnitRequests)
+			wave := v(figure.FleetWaveRequests, figure.UnitRequests)
+			fmt.Fprintf(&b, "| %s | %.0f | %.1f s, %.0f requests | %.2f (%s) | %.2f s | %.0f (%s) |\n", label,
+				v(figure.FleetNodes, figure.UnitNodes).Value, v(figure.FleetStartupTime, figure.UnitSeconds).Value, startup.Value,
+				v(figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond).Value, byKind(steady.By),
+				v(figure.FleetWaveAllTime, figure.UnitSeconds).Value, wave.Value, byKind(wave.By))
+		}
+	}
+	if n > 0 {
+		fmt.Fprintf(&b, "\nStart-up requests of run 1 by kind: %s.\n", first)
+	}
+	return b.String()
+}

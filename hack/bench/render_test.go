@@ -1,0 +1,224 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
+)
+
+// testdata/results.json holds figures that reproduce the docs/benchmarks.md of 2026-11-30 (with
+// several runs around each median), and testdata/benchmarks.golden.md that document: the
+// renderer keeps the page's shape. After changing the page's text on purpose, write the new
+// golden with `go run ./hack/bench -render hack/bench/testdata/results.json -out
+// hack/bench/testdata/benchmarks.golden.md`.
+func TestRenderGolden(t *testing.T) {
+	res, err := loadResults("testdata/results.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, doc, err := render(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile("testdata/benchmarks.golden.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if doc != string(want) {
+		got, wantLines := strings.Split(doc, "\n"), strings.Split(string(want), "\n")
+		for i := range min(len(got), len(wantLines)) {
+			if got[i] != wantLines[i] {
+				t.Fatalf("line %d differs:\n got: %s\nwant: %s", i+1, got[i], wantLines[i])
+			}
+		}
+		t.Fatalf("%d lines, want %d", len(got), len(wantLines))
+	}
+}
+
+func TestRenderParts(t *testing.T) {
+	res, err := loadResults("testdata/results.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		parts     []string
+		wantRows  []string // each row's first cell starts with one of these, in order
+		fleetRuns int      // rows of the fleet's per-run table
+	}{
+		{"library only", []string{partLibrary}, []string{"library", "library", "library", "extender", "extender"}, 0},
+		{"latency only", []string{partLatency}, []string{"signal → object: fault -> volcano", "signal → object: fault -> DeviceTaintRule",
+			"signal → object: recovery -> annotation", "signal → object: recovery -> DeviceTaintRule", "API writes"}, 0},
+		{"agent and the breaker run", []string{partAgent, partFleetBreaker}, []string{"agent: idle", "agent: XID storm, 8 simulated GPUs, 99,973 XIDs/s",
+			"fleet: 500 nodes, circuit breaker on"}, 1},
+		{"nothing", nil, nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := res
+			r.Figures = slices.DeleteFunc(slices.Clone(res.Figures), func(f figure.Figure) bool { return !slices.Contains(tc.parts, f.Part) })
+			table, doc, err := render(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSpace(table), "\n")[2:]
+			if len(lines) != len(tc.wantRows) {
+				t.Fatalf("%d rows, want %d:\n%s", len(lines), len(tc.wantRows), table)
+			}
+			for i, l := range lines {
+				if !strings.HasPrefix(l, "| "+tc.wantRows[i]) {
+					t.Errorf("row %d %q, want it to start with %q", i+1, l, tc.wantRows[i])
+				}
+			}
+			if got := strings.Count(doc, "\n| 1 "); got != min(tc.fleetRuns, 1) {
+				t.Errorf("fleet runs table: %d first rows, want %d", got, min(tc.fleetRuns, 1))
+			}
+			if tc.fleetRuns > 0 && !strings.Contains(doc, "| 1 (breaker) | 500 | 7.6 s, 4000 requests |") {
+				t.Errorf("the breaker run is run 1 when it is the only one:\n%s", doc)
+			}
+		})
+	}
+}
+
+// A figure the document needs and the results lack is an error that names it, never a zero.
+func TestRenderMissing(t *testing.T) {
+	res, err := loadResults("testdata/results.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	without := func(drop func(figure.Figure) bool) results {
+		r := res
+		r.Figures = slices.DeleteFunc(slices.Clone(res.Figures), drop)
+		return r
+	}
+	for _, tc := range []struct {
+		name    string
+		res     results
+		wantErr string
+	}{
+		{"a benchmark's unit", without(func(f figure.Figure) bool { return f.Name == benchFilter && f.Unit == "p99-ms" }),
+			"no figure BenchmarkExtenderFilter in p99-ms (part library)"},
+		{"a scenario of the agent", without(func(f figure.Figure) bool { return f.Part == partAgent && f.Labels[labelScenario] == scenarioStorm }),
+			"no figure xid_rate{scenario=storm} in XIDs/s (part agent)"},
+		{"a percentile", results{Settings: res.Settings, Figures: []figure.Figure{
+			{Part: partLatency, Run: "1", Name: figure.SignalToObject, Labels: map[string]string{figure.LabelPath: "p"}, Unit: figure.UnitMilliseconds, Value: 8,
+				Percentiles: map[string]float64{figure.P50: 8}},
+			{Part: partLatency, Run: "1", Name: figure.WritesPerChange, Labels: map[string]string{figure.LabelSink: "annotation"}, Unit: figure.UnitWritesPerChange, Value: 1},
+		}}, `figure latency run 1: signal_to_object{"path":"p"} has no p99`},
+		{"a path label", results{Figures: []figure.Figure{
+			{Part: partLatency, Run: "1", Name: figure.SignalToObject, Unit: figure.UnitMilliseconds, Value: 8},
+		}}, "figure latency run 1: signal_to_object has no label path"},
+		{"a fleet figure only the runs table shows", without(func(f figure.Figure) bool {
+			return f.Part == partFleetLarge && f.Name == figure.FleetSteadyRequests
+		}), "no figure steady_requests in requests (part fleet-large)"},
+		{"the fleet's figures in another unit", results{Figures: slices.Collect(func(yield func(figure.Figure) bool) {
+			for _, f := range res.Figures {
+				if f.Part == partFleetLarge && f.Name == figure.FleetStartupTime {
+					f.Unit = figure.UnitMilliseconds
+				}
+				if f.Part == partFleetLarge && !yield(f) {
+					return
+				}
+			}
+		})}, "no figure startup_time in s (part fleet-large)"},
+		{"a figure twice", results{Figures: append(slices.Clone(res.Figures), res.Figures[0])},
+			"figure library run 1: BenchmarkXIDStorm/xid=13 in ns/op twice"},
+		{"a figure without a run", results{Figures: []figure.Figure{{Part: partLibrary, Name: benchMixedLoad, Unit: "ns/op", Value: 1}}},
+			"figure library run : BenchmarkMixedLoad: no part or run"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			table, doc, err := render(tc.res)
+			if err == nil {
+				t.Fatalf("no error; rendered\n%s", table)
+			}
+			if !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("error %q, want it to contain %q", err, tc.wantErr)
+			}
+			if table != "" || doc != "" {
+				t.Error("rendered something next to the error")
+			}
+		})
+	}
+}
+
+func TestLoadResults(t *testing.T) {
+	dir := t.TempDir()
+	res, err := loadResults("testdata/results.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "results.json")
+	if err := saveResults(path, res); err != nil {
+		t.Fatal(err)
+	}
+	again, err := loadResults(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, want, _ := render(res)
+	if _, got, err := render(again); err != nil || got != want {
+		t.Errorf("saved and loaded results render differently (%v)", err)
+	}
+
+	for _, tc := range []struct {
+		name, text, wantErr string
+	}{
+		{"malformed", `{"took": "1s", "figures": [`, "unexpected EOF"},
+		{"an unknown field", `{"tooks": "1s"}`, `unknown field "tooks"`},
+		{"a figure without a value", `{"figures": [{"part": "library", "run": "1", "name": "BenchmarkX", "unit": "ns/op"}]}`,
+			"figure BenchmarkX without a value"},
+		{"an unknown field in a figure", `{"figures": [{"part": "library", "run": "1", "name": "BenchmarkX", "unit": "ns/op", "value": 1, "runs": 5}]}`,
+			`unknown field "runs"`},
+		{"a bad duration", `{"took": "eleven minutes"}`, `invalid duration "eleven minutes"`},
+		{"two documents", `{} {}`, "more than one JSON value"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".json")
+			if err := os.WriteFile(p, []byte(tc.text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := loadResults(p)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), p) {
+				t.Errorf("error %v, want the file and %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestReadRun(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "latency-1.jsonl")
+	text := `{"name":"signal_to_object","labels":{"path":"p"},"unit":"ms","value":8.3,"percentiles":{"p50":8.3,"p99":17.8}}` + "\n" +
+		`{"name":"api_writes_per_change","labels":{"sink":"annotation"},"unit":"writes/change","value":1,"samples":200}` + "\n"
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	figs, err := readRun(path, partLatency, "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range figs {
+		if f.Part != partLatency || f.Run != "2" {
+			t.Errorf("figure %s not tagged with part latency, run 2", f.ID())
+		}
+	}
+
+	// A test writes its own figures; where they come from is hack/bench's to say.
+	if err := os.WriteFile(path, []byte(`{"part":"fleet","name":"nodes","unit":"nodes","value":5}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readRun(path, partLatency, "1"); err == nil || !strings.Contains(err.Error(), "part and run are hack/bench's to set") {
+		t.Errorf("a figure with a part: error %v", err)
+	}
+
+	// A test that broke off half-way through a line.
+	if err := os.WriteFile(path, []byte(text+`{"name":"api_writes_per_change","labels":{"si`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readRun(path, partLatency, "1"); err == nil || !strings.Contains(err.Error(), "latency-1.jsonl: line 3: unexpected end of JSON input") {
+		t.Errorf("a truncated line: error %v, want the file and the line", err)
+	}
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+
+	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
+)
+
+// measureFleet runs test/fleet o.FleetRuns times with o.FleetNodes nodes (part fleet), then once
+// with o.FleetLarge nodes (part fleet-large) and once with the circuit breaker on, its budget half
+// the wave (part fleet-breaker), and returns every run's figures.
+func measureFleet(ctx context.Context, o options) ([]figure.Figure, error) {
+	progress("fleet: %d runs × %d nodes × 8 GPUs (test/fleet), then one run × %d nodes", o.FleetRuns, o.FleetNodes, o.FleetLarge)
+	var figs []figure.Figure
+	for r := range o.FleetRuns {
+		f, err := fleetRun(ctx, o, o.FleetNodes, partFleet, strconv.Itoa(r+1))
+		if err != nil {
+			return nil, err
+		}
+		figs = append(figs, f...)
+	}
+	if o.FleetLarge > 0 {
+		f, err := fleetRun(ctx, o, o.FleetLarge, partFleetLarge, "1")
+		if err != nil {
+			return nil, err
+		}
+		figs = append(figs, f...)
+	}
+	if o.FleetBreaker {
+		f, err := fleetRun(ctx, o, o.FleetNodes, partFleetBreaker, "1", "GPUHEALTH_FLEET_BREAKER=1", "GPUHEALTH_FLEET_BREAKER_FRACTION=0.05")
+		if err != nil {
+			return nil, err
+		}
+		figs = append(figs, f...)
+	}
+	return figs, nil
+}
+
+// fleetRun runs test/fleet once with nodes nodes (and env added) and returns its figures as part
+// and run.
+func fleetRun(ctx context.Context, o options, nodes int, part, run string, env ...string) ([]figure.Figure, error) {
+	name := part + "-" + run
+	out := filepath.Join(o.Raw, name+".jsonl")
+	_ = os.Remove(out)
+	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "e2e", "-run", "^TestFleet$", "-timeout", "20m", "-v", "./test/fleet/")
+	cmd.Env = append(os.Environ(), "GPUHEALTH_FLEET=1", "GPUHEALTH_FLEET_NODES="+strconv.Itoa(nodes),
+		"GPUHEALTH_FLEET_STEADY="+o.FleetSteady.String(), "GPUHEALTH_FLEET_OUT="+absPath(out))
+	cmd.Env = append(cmd.Env, env...)
+	if _, err := runLogged(cmd, filepath.Join(o.Raw, name+".log")); err != nil {
+		return nil, err
+	}
+	figs, err := readRun(out, part, run)
+	if err != nil {
+		return nil, err
+	}
+	l := &lookup{figs: figs}
+	progress("  %s: %.0f nodes ready in %.1fs, %.2f requests/s steady, wave in %.2fs", name,
+		l.median(part, figure.FleetNodes, figure.UnitNodes), l.median(part, figure.FleetStartupTime, figure.UnitSeconds),
+		l.median(part, figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond), l.median(part, figure.FleetWaveAllTime, figure.UnitSeconds))
+	if l.err != nil {
+		return nil, fmt.Errorf("%s: %w", out, l.err)
+	}
+	return figs, nil
+}
