@@ -8,7 +8,8 @@
 //     scheduler keeps new claims off sick GPUs;
 //   - pkg/dra/healthstream answers the kubelet's DRA health stream (KEP-4680), so pod status
 //     shows each allocated GPU Healthy or Unhealthy;
-//   - claims are prepared as CDI devices that set NVIDIA_VISIBLE_DEVICES.
+//   - claims are prepared as CDI devices that set NVIDIA_VISIBLE_DEVICES;
+//   - GPUs drained with `gpuhealth drain` (the Node annotation of pkg/api/v1) count as Unhealthy.
 //
 // docs/embedding.md walks through it.
 package main
@@ -176,6 +177,7 @@ func run(ctx context.Context, o options) error {
 	g.Go(func() error {
 		return publishSlices(gctx, rt.Monitor(), helper, gpus, dra.TaintOptions{NoExecute: o.noExecute})
 	})
+	g.Go(func() error { return watchDrains(gctx, client, o.nodeName, rt.Monitor()) })
 	err = g.Wait()
 	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause

@@ -18,7 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
 
@@ -206,7 +208,8 @@ func logPodStatus(t *testing.T, c *controlplane.Cluster, ns, name, when string) 
 // pod. Then the simulated GPU gets a double-bit ECC error (XID 48) and later a reset: the
 // kubelet shows the device Unhealthy in the pod's allocatedResourcesStatus (fed by the
 // driver's health stream) and the driver taints the device in its own slice; after the reset
-// both clear. Deleting the pod unprepares the claim.
+// both clear. A drain (the Node annotation `gpuhealth drain` writes) does the same until the
+// undrain. Deleting the pod unprepares the claim.
 func TestExamplesDRADriver(t *testing.T) {
 	t.Parallel()
 	bin := exampleBinary(t, "dra-driver")
@@ -311,17 +314,19 @@ func TestExamplesDRADriver(t *testing.T) {
 		})
 		t.Logf("allocatedResourcesStatus (%s after the driver started): %s", time.Since(driver.started).Round(100*time.Millisecond), last)
 	}
-	waitTaint := func(t *testing.T, tainted bool, deadline time.Time) {
+	// waitTaint waits until gpu-1 in the driver's slice carries exactly the taint key=value
+	// (NoSchedule), or none when key is empty.
+	waitTaint := func(t *testing.T, key, value string, deadline time.Time) {
 		t.Helper()
-		eventuallyWithin(t, time.Until(deadline), fmt.Sprintf("gpu-1 tainted=%v in the driver's slice", tainted), func(ctx context.Context) (bool, string, error) {
+		eventuallyWithin(t, time.Until(deadline), fmt.Sprintf("gpu-1 tainted %q=%q in the driver's slice", key, value), func(ctx context.Context) (bool, string, error) {
 			ts, err := sliceTaints(ctx, c, node.Name, "gpu-1")
 			if err != nil {
 				return false, "", err
 			}
-			if !tainted {
+			if key == "" {
 				return len(ts) == 0, fmt.Sprint(ts), nil
 			}
-			return len(ts) == 1 && ts[0].Key == "gpuhealth.dev/xid" && ts[0].Value == "48" && ts[0].Effect == resourcev1.DeviceTaintEffectNoSchedule,
+			return len(ts) == 1 && ts[0].Key == key && ts[0].Value == value && ts[0].Effect == resourcev1.DeviceTaintEffectNoSchedule,
 				fmt.Sprint(ts), nil
 		})
 	}
@@ -335,7 +340,7 @@ func TestExamplesDRADriver(t *testing.T) {
 		deadline := driver.started.Add(faultAt + pollTimeout)
 		waitHealth(t, corev1.ResourceHealthStatusUnhealthy, deadline)
 		logPodStatus(t, c, ns, claimName, "after XID 48")
-		waitTaint(t, true, deadline)
+		waitTaint(t, "gpuhealth.dev/xid", "48", deadline)
 		// A NoSchedule taint leaves the running pod alone.
 		if pod, err := c.Admin().CoreV1().Pods(ns).Get(ctx, claimName, metav1.GetOptions{}); err != nil || pod.Status.Phase != corev1.PodRunning {
 			t.Errorf("the pod should keep running: %v", err)
@@ -346,7 +351,32 @@ func TestExamplesDRADriver(t *testing.T) {
 		deadline := driver.started.Add(resetAt + pollTimeout)
 		waitHealth(t, corev1.ResourceHealthStatusHealthy, deadline)
 		logPodStatus(t, c, ns, claimName, "after the reset")
-		waitTaint(t, false, deadline)
+		waitTaint(t, "", "", deadline)
+	})
+
+	t.Run("a drain makes it Unhealthy and tainted, an undrain gives it back", func(t *testing.T) {
+		// What `gpuhealth drain NODE 1` writes: the drains annotation of pkg/api/v1.
+		drains, err := json.Marshal(map[string]gpuhealthv1.Drain{uuid: {Index: 1, Reason: "fan replacement", By: "e2e", At: time.Now()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		setDrains := func(value string) {
+			t.Helper()
+			patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{gpuhealthv1.DrainsKey: value}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Admin().CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setDrains(string(drains))
+		waitHealth(t, corev1.ResourceHealthStatusUnhealthy, time.Now().Add(pollTimeout))
+		logPodStatus(t, c, ns, claimName, "drained")
+		waitTaint(t, "gpuhealth.dev/admin-drain", "AdminDrain", time.Now().Add(pollTimeout))
+		setDrains("")
+		waitHealth(t, corev1.ResourceHealthStatusHealthy, time.Now().Add(pollTimeout))
+		waitTaint(t, "", "", time.Now().Add(pollTimeout))
 	})
 
 	t.Run("deleting the pod unprepares the claim", func(t *testing.T) {
