@@ -97,12 +97,13 @@ func setUnhealthy(t *testing.T, s *Server, client *fake.Clientset, n, ids string
 	if ids != "" {
 		want = len(strings.Split(ids, ","))
 	}
-	waitFor(t, func() bool {
-		s.state.mu.RLock()
-		defer s.state.mu.RUnlock()
-		e := s.state.nodes[n]
-		return e != nil && e.gpus.Unhealthy == want
-	})
+	waitFor(t, func() bool { return cachedNode(s, n) != nil && cachedNode(s, n).Unhealthy == want })
+}
+
+// cachedNode returns the node as the extender's cache has it, or nil.
+func cachedNode(s *Server, name string) (node *scheduling.NodeGPUs) {
+	s.state.read(func(v view) { node, _ = v.node(name, nil) })
+	return node
 }
 
 func isRemembered(s *Server, name string) bool {
@@ -188,11 +189,7 @@ func TestRequeueAfterRecovery(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().Update(t.Context(), node("sick", 8, map[string]string{gpuhealthv1.HealthKey: `{"GPU-0":{"index":0,"health":"Degraded"}}`}), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool {
-		s.state.mu.RLock()
-		defer s.state.mu.RUnlock()
-		return s.state.nodes["sick"].gpus.Degraded == 1
-	})
+	waitFor(t, func() bool { return cachedNode(s, "sick").Degraded == 1 })
 	settle()
 	if got := log.list(); len(got) != 1 {
 		t.Errorf("patched %v, want waiting once", got)

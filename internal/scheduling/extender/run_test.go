@@ -109,3 +109,29 @@ func TestRunDrainsABindInFlight(t *testing.T) {
 		t.Errorf("Run: %v", err)
 	}
 }
+
+func TestRunServesAndShutsDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, ln, fake.NewClientset(node("n", 1, nil)), Options{}) }()
+	url := "http://" + ln.Addr().String() + "/healthz"
+	waitFor(t, func() bool {
+		resp, err := http.Get(url) //nolint:noctx // a test probe
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := http.Get(url); err == nil { //nolint:noctx // a test probe
+		t.Error("still serving after shutdown")
+	}
+}

@@ -2,9 +2,7 @@ package extender
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -17,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
@@ -310,109 +307,5 @@ func TestBadRequests(t *testing.T) {
 				t.Errorf("Error = %q, want it to contain %q", body.Error, tc.wantError)
 			}
 		})
-	}
-}
-
-func TestBindSharedCard(t *testing.T) {
-	health := `{"GPU-card0":{"index":0,"health":"Healthy"},"GPU-card1":{"index":1,"health":"Healthy"},"GPU-card2":{"index":2,"health":"Unhealthy"}}`
-	s, client := started(t, Options{Bind: true},
-		sharingNode("share", 3, 16000, map[string]string{gpuhealthv1.HealthKey: health}),
-		pod("running", "share", scheduling.ResourceGPUMemory, 10000, map[string]string{scheduling.GPUIndexAnnotation: "1"}),
-		pod("a", "", scheduling.ResourceGPUMemory, 4000, nil),
-		pod("b", "", scheduling.ResourceGPUMemory, 8000, nil),
-		pod("c", "", scheduling.ResourceGPUMemory, 9000, nil),
-	)
-	bind := func(name string) extenderv1.ExtenderBindingResult {
-		rec := post(t, s.Handler(), "/bind", extenderv1.ExtenderBindingArgs{PodName: name, PodNamespace: "default", PodUID: types.UID("uid-" + name), Node: "share"})
-		var res extenderv1.ExtenderBindingResult
-		decodeInto(t, rec, &res)
-		return res
-	}
-	card := func(name string) (string, string) {
-		p, err := client.CoreV1().Pods("default").Get(t.Context(), name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p.Annotations[scheduling.GPUIndexAnnotation], p.Annotations[scheduling.GPUUUIDAnnotation]
-	}
-	// a packs onto card 1 (10000 of 16000 used), not the empty card 0 nor the unhealthy card 2.
-	if res := bind("a"); res.Error != "" {
-		t.Fatalf("bind a: %s", res.Error)
-	}
-	if idx, uuid := card("a"); idx != "1" || uuid != "GPU-card1" {
-		t.Errorf("a got card %q (%q), want 1 (GPU-card1)", idx, uuid)
-	}
-	// b no longer fits card 1 (charged at once, before any informer event): card 0.
-	if res := bind("b"); res.Error != "" {
-		t.Fatalf("bind b: %s", res.Error)
-	}
-	if idx, uuid := card("b"); idx != "0" || uuid != "GPU-card0" {
-		t.Errorf("b got card %q (%q), want 0 (GPU-card0)", idx, uuid)
-	}
-	// c fits no healthy card.
-	if res := bind("c"); !strings.Contains(res.Error, "no healthy GPU has 9000 MiB free") {
-		t.Errorf("bind c: error %q, want no room", res.Error)
-	}
-	var bindings []string
-	for _, a := range client.Actions() {
-		if ca, ok := a.(k8stesting.CreateAction); ok && a.GetSubresource() == "binding" {
-			b := ca.GetObject().(*corev1.Binding)
-			bindings = append(bindings, b.Name+"->"+b.Target.Name)
-		}
-	}
-	if strings.Join(bindings, ",") != "a->share,b->share" {
-		t.Errorf("bindings = %v, want a and b on share", bindings)
-	}
-	// A stale UID is refused.
-	rec := post(t, s.Handler(), "/bind", extenderv1.ExtenderBindingArgs{PodName: "c", PodNamespace: "default", PodUID: "other", Node: "share"})
-	var res extenderv1.ExtenderBindingResult
-	decodeInto(t, rec, &res)
-	if !strings.Contains(res.Error, "is now UID") {
-		t.Errorf("stale UID: error %q", res.Error)
-	}
-}
-
-func TestBindWholeGPUs(t *testing.T) {
-	s, client := started(t, Options{Bind: true}, node("n", 8, nil), pod("p", "", scheduling.ResourceGPU, 2, nil))
-	if err := s.Bind(t.Context(), &extenderv1.ExtenderBindingArgs{PodName: "p", PodNamespace: "default", Node: "n"}); err != nil {
-		t.Fatal(err)
-	}
-	p, err := client.CoreV1().Pods("default").Get(t.Context(), "p", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := p.Annotations[scheduling.GPUIndexAnnotation]; ok {
-		t.Errorf("whole-GPU pod got a card annotation: %v", p.Annotations)
-	}
-	s.state.mu.RLock()
-	defer s.state.mu.RUnlock()
-	if u := s.state.usageLocked("n"); u.GPUs != 2 {
-		t.Errorf("usage after bind = %+v, want 2 GPUs charged", u)
-	}
-}
-
-func TestRunServesAndShutsDown(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, ln, fake.NewClientset(node("n", 1, nil)), Options{}) }()
-	url := "http://" + ln.Addr().String() + "/healthz"
-	waitFor(t, func() bool {
-		resp, err := http.Get(url) //nolint:noctx // a test probe
-		if err != nil {
-			return false
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if _, err := http.Get(url); err == nil { //nolint:noctx // a test probe
-		t.Error("still serving after shutdown")
 	}
 }

@@ -1,26 +1,15 @@
 package extender
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
-	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
-
-// podFieldSelector keeps only the pods that can hold GPUs: scheduled and not finished. A pod
-// that finishes leaves the selector and arrives as a delete.
-const podFieldSelector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
 // nodeEntry is a parsed node; entries are replaced, never changed, so a reader may keep one.
 type nodeEntry struct {
@@ -127,18 +116,31 @@ func (s *state) setLocked(uid types.UID, e holdEntry, ok bool) {
 	u.Add(e.hold)
 }
 
-// usageLocked returns the usage of a node; the caller holds mu and must not keep the maps.
-func (s *state) usageLocked(node string) scheduling.Usage {
-	if u := s.usage[node]; u != nil {
+// view is the state as one request sees it, at one point in time: state.read hands it out with
+// the state read-locked, and it must not be used after read returns. Parsed nodes it returns may
+// be kept (entries are replaced, never changed); usages are copies.
+type view struct{ s *state }
+
+// read calls f with a view of the state, holding the read lock for all of f, so that a request
+// about thousands of nodes takes the lock once. f must not call other methods of the state.
+func (s *state) read(f func(view)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	f(view{s})
+}
+
+// usage returns what the pods on node hold.
+func (v view) usage(node string) scheduling.Usage {
+	if u := v.s.usage[node]; u != nil {
 		return *u
 	}
 	return scheduling.Usage{}
 }
 
-// nodeLocked returns the parsed node from the cache; when the request carries the node object
-// too, the cached parse is used only if it is of the same resourceVersion.
-func (s *state) nodeLocked(name string, fromRequest *corev1.Node) (*scheduling.NodeGPUs, []string) {
-	e := s.nodes[name]
+// node returns the parsed node from the cache; when the request carries the node object too,
+// the cached parse is used only if it is of the same resourceVersion.
+func (v view) node(name string, fromRequest *corev1.Node) (*scheduling.NodeGPUs, []string) {
+	e := v.s.nodes[name]
 	if fromRequest == nil {
 		if e == nil {
 			return nil, nil
@@ -152,141 +154,22 @@ func (s *state) nodeLocked(name string, fromRequest *corev1.Node) (*scheduling.N
 	return &gpus, warnings
 }
 
-// listener hears what the informers learn that matters to a pod the extender rejected: a node
-// that can hold more than before, and a pod that is bound (or gone), which needs no retry.
-type listener interface {
-	nodeImproved(name string)
-	forget(uid types.UID)
-}
-
-// start runs node and pod informers that feed s, and waits for their first list. l, which may be
-// nil, hears from the informers' handlers and must not block them.
-func (s *state) start(ctx context.Context, client kubernetes.Interface, l listener) error {
-	logger := klog.FromContext(ctx)
-	nodes := informers.NewSharedInformerFactory(client, 0)
-	pods := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = podFieldSelector
-	}))
-
-	nodeInf := nodes.Core().V1().Nodes().Informer()
-	// Only capacity and annotations matter; dropping the rest keeps 5,000 nodes small.
-	if err := nodeInf.SetTransform(trimNode); err != nil {
-		return err
-	}
-	onNode := func(obj any) {
-		if n, ok := obj.(*corev1.Node); ok {
-			warnings, better := s.setNode(n)
-			for _, w := range warnings {
-				logger.Info("Ignoring part of a GPU health annotation", "node", klog.KObj(n), "warning", w)
-			}
-			if better && l != nil {
-				l.nodeImproved(n.Name)
-			}
-		}
-	}
-	nodeReg, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    onNode,
-		UpdateFunc: func(_, obj any) { onNode(obj) },
-		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
-			}
-			if n, ok := obj.(*corev1.Node); ok {
-				s.deleteNode(n.Name)
-			}
-		},
-	})
-	if err != nil {
-		return err
-	}
-
-	podInf := pods.Core().V1().Pods().Informer()
-	if err := podInf.SetTransform(trimPod); err != nil {
-		return err
-	}
-	onPod := func(obj any) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok {
+// place chooses the card of a GPU-sharing request on the named node of the cache, and returns it
+// with its UUID ("" when the agent reported none).
+func (s *state) place(req scheduling.Request, name string) (card int, uuid string, err error) {
+	card = scheduling.NoCard
+	s.read(func(v view) {
+		node, _ := v.node(name, nil)
+		if node == nil {
+			err = fmt.Errorf("node %s is not in the extender's cache", name)
 			return
 		}
-		h, holds, warning := scheduling.PodHold(p)
-		if warning != "" {
-			logger.Info("Pod's GPU share is not charged to a card", "pod", klog.KObj(p), "warning", warning)
+		p := scheduling.Place(req, node, v.usage(name))
+		if !p.Fits {
+			err = fmt.Errorf("node %s: %s", name, p.Reason)
+			return
 		}
-		s.observe(p.UID, h, holds)
-		if l != nil && p.Spec.NodeName != "" {
-			l.forget(p.UID) // bound: nothing to retry
-		}
-	}
-	podReg, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    onPod,
-		UpdateFunc: func(_, obj any) { onPod(obj) },
-		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
-			}
-			if p, ok := obj.(*corev1.Pod); ok {
-				s.forget(p.UID)
-				if l != nil {
-					l.forget(p.UID)
-				}
-			}
-		},
+		card, uuid = p.Card, node.UUIDOf(p.Card)
 	})
-	if err != nil {
-		return err
-	}
-
-	nodes.Start(ctx.Done())
-	pods.Start(ctx.Done())
-	// The handlers, not just the stores, must have seen the first list: state is fed by them.
-	if !cache.WaitForCacheSync(ctx.Done(), nodeReg.HasSynced, podReg.HasSynced) {
-		return fmt.Errorf("node and pod informers did not sync: %w", context.Cause(ctx))
-	}
-	return nil
-}
-
-// trimNode keeps what ParseNode reads.
-func trimNode(obj any) (any, error) {
-	n, ok := obj.(*corev1.Node)
-	if !ok {
-		return obj, nil
-	}
-	out := &corev1.Node{}
-	out.Name, out.UID, out.ResourceVersion = n.Name, n.UID, n.ResourceVersion
-	for _, key := range []string{gpuhealthv1.UnhealthyIDsKey, gpuhealthv1.HealthKey, gpuhealthv1.DrainsKey, gpuhealthv1.HAMiCordonKey} {
-		if v, ok := n.Annotations[key]; ok {
-			if out.Annotations == nil {
-				out.Annotations = map[string]string{}
-			}
-			out.Annotations[key] = v
-		}
-	}
-	out.Status.Capacity = n.Status.Capacity
-	return out, nil
-}
-
-// trimPod keeps what PodHold reads.
-func trimPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil
-	}
-	out := &corev1.Pod{}
-	out.Name, out.Namespace, out.UID, out.ResourceVersion = p.Name, p.Namespace, p.UID, p.ResourceVersion
-	out.Annotations = p.Annotations
-	out.Spec.NodeName = p.Spec.NodeName
-	out.Status.Phase = p.Status.Phase
-	trim := func(cs []corev1.Container) []corev1.Container {
-		if len(cs) == 0 {
-			return nil
-		}
-		out := make([]corev1.Container, len(cs))
-		for i, c := range cs {
-			out[i] = corev1.Container{Name: c.Name, Resources: c.Resources, RestartPolicy: c.RestartPolicy}
-		}
-		return out
-	}
-	out.Spec.Containers, out.Spec.InitContainers = trim(p.Spec.Containers), trim(p.Spec.InitContainers)
-	return out, nil
+	return card, uuid, err
 }
