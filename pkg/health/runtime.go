@@ -116,10 +116,16 @@ func (r *Runtime) Restore() (restored bool, err error) {
 func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var feedDone chan error // nil once the feed has returned, or when there is none
+	var (
+		feedDone chan struct{} // closed when the feed returns; nil once seen, or without a feed
+		feedErr  error         // the feed's error, read once feedDone is closed
+	)
 	if feed != nil {
-		feedDone = make(chan error, 1)
-		go func() { feedDone <- feed(ctx, r.monitor) }()
+		feedDone = make(chan struct{})
+		go func() {
+			defer close(feedDone)
+			feedErr = feed(ctx, r.monitor)
+		}()
 	}
 	var updates <-chan struct{}
 	var sub *Subscription
@@ -136,10 +142,10 @@ func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) 
 				<-feedDone
 			}
 			return nil
-		case err := <-feedDone:
+		case <-feedDone:
 			feedDone = nil
-			if err != nil && ctx.Err() == nil {
-				return err
+			if feedErr != nil && ctx.Err() == nil {
+				return feedErr
 			}
 		case now := <-tick:
 			r.monitor.Tick(now)

@@ -6,6 +6,7 @@ package strictyaml
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -18,8 +19,17 @@ import (
 	yaml "go.yaml.in/yaml/v3"
 )
 
-// Decode decodes exactly one YAML document from data into out, rejecting unknown fields.
+// Decode decodes exactly one YAML document from data into out, rejecting unknown fields. Values
+// bound for an encoding.TextUnmarshaler (Duration, for one) are checked first, so that their
+// errors carry the line, which yaml.v3 drops.
 func Decode(data []byte, out any) error {
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return Clean(err)
+	}
+	if err := checkValues(&doc, reflect.TypeOf(out)); err != nil {
+		return err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(out); err != nil {
@@ -35,19 +45,19 @@ func Decode(data []byte, out any) error {
 		}
 		return fmt.Errorf("line %d: only one YAML document is allowed", extra.Line)
 	}
-	// yaml.v3 truncates a fraction bound for an integer (1.5 becomes 1) without a word.
-	var doc yaml.Node
-	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil {
-		return Clean(err)
-	}
-	return checkWhole(&doc, reflect.TypeOf(out))
+	return nil
 }
 
-var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+var (
+	unmarshalerType     = reflect.TypeFor[yaml.Unmarshaler]()
+	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
 
-// checkWhole walks n alongside the Go type it was decoded into and rejects a number with a
-// fraction where the type holds integers. Types with their own UnmarshalYAML check themselves.
-func checkWhole(n *yaml.Node, t reflect.Type) error {
+// checkValues walks n alongside the Go type it will be decoded into. It rejects a number with a
+// fraction where the type holds integers (yaml.v3 truncates 1.5 to 1 without a word), and runs
+// each value bound for an encoding.TextUnmarshaler through it, adding the line to its error.
+// Types with their own UnmarshalYAML check themselves.
+func checkValues(n *yaml.Node, t reflect.Type) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -57,10 +67,22 @@ func checkWhole(n *yaml.Node, t reflect.Type) error {
 	if reflect.PointerTo(t).Implements(unmarshalerType) {
 		return nil
 	}
+	if reflect.PointerTo(t).Implements(textUnmarshalerType) && n.Kind != yaml.DocumentNode {
+		if n.Kind != yaml.ScalarNode {
+			return fmt.Errorf("line %d: must be a single value", n.Line)
+		}
+		if n.ShortTag() == "!!null" {
+			return nil
+		}
+		if err := reflect.New(t).Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(n.Value)); err != nil {
+			return fmt.Errorf("line %d: %w", n.Line, err)
+		}
+		return nil
+	}
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
-			if err := checkWhole(c, t); err != nil {
+			if err := checkValues(c, t); err != nil {
 				return err
 			}
 		}
@@ -78,7 +100,7 @@ func checkWhole(n *yaml.Node, t reflect.Type) error {
 			return nil
 		}
 		for _, c := range n.Content {
-			if err := checkWhole(c, t.Elem()); err != nil {
+			if err := checkValues(c, t.Elem()); err != nil {
 				return err
 			}
 		}
@@ -87,7 +109,7 @@ func checkWhole(n *yaml.Node, t reflect.Type) error {
 			var vt reflect.Type
 			switch t.Kind() {
 			case reflect.Map:
-				if err := checkWhole(n.Content[i], t.Key()); err != nil {
+				if err := checkValues(n.Content[i], t.Key()); err != nil {
 					return err
 				}
 				vt = t.Elem()
@@ -97,7 +119,7 @@ func checkWhole(n *yaml.Node, t reflect.Type) error {
 			if vt == nil {
 				continue
 			}
-			if err := checkWhole(n.Content[i+1], vt); err != nil {
+			if err := checkValues(n.Content[i+1], vt); err != nil {
 				return err
 			}
 		}
@@ -204,17 +226,23 @@ func oneLine(s string) string {
 }
 
 // Duration is a Go duration string in a file ("90s", "1h30m"). Bare numbers are refused: their
-// unit would be a guess.
+// unit would be a guess. Decode reports a bad one with its line.
 type Duration time.Duration
 
-// UnmarshalYAML implements yaml.Unmarshaler.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("line %d: a duration must be a single value with a unit, such as 10s or 1m30s", n.Line)
+// ParseDuration reads a duration with a unit, refusing bare numbers ("10", "0").
+func ParseDuration(text string) (time.Duration, error) {
+	v, err := time.ParseDuration(text)
+	if err != nil || strings.Trim(text, "+-.0123456789") == "" {
+		return 0, fmt.Errorf("%q is not a duration; write one with a unit, such as 10s or 1m30s", text)
 	}
-	v, err := time.ParseDuration(n.Value)
-	if n.Tag != "!!str" || err != nil {
-		return fmt.Errorf("line %d: %q is not a duration; write one with a unit, such as 10s or 1m30s", n.Line, n.Value)
+	return v, nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(text []byte) error {
+	v, err := ParseDuration(string(text))
+	if err != nil {
+		return err
 	}
 	*d = Duration(v)
 	return nil

@@ -123,8 +123,25 @@ type NVLinkCheck struct {
 	RecoverySamples *int     `yaml:"recoverySamples,omitempty" json:"recoverySamples,omitempty"`
 }
 
-// Duration is a Go duration string in the file ("10s"); a bare number is an error.
-type Duration = strictyaml.Duration
+// Duration is a Go duration string in the file ("10s"); a bare number is an error. It is an
+// encoding.TextUnmarshaler, so it reads the same from YAML, JSON and flags.
+type Duration time.Duration
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(text []byte) error {
+	v, err := strictyaml.ParseDuration(string(text))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration as a Go duration string.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// String is the Go duration string.
+func (d Duration) String() string { return time.Duration(d).String() }
 
 // Default returns the configuration that selects the default profile and changes nothing.
 func Default() *HealthConfig {

@@ -1,6 +1,8 @@
 package config_test
 
 import (
+	"encoding"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -456,3 +458,19 @@ func TestLoad(t *testing.T) {
 }
 
 func policyString(p *health.Policy) string { return fmt.Sprintf("%+v", *p) }
+
+func TestDurationIsATextUnmarshaler(t *testing.T) {
+	var _ encoding.TextUnmarshaler = (*config.Duration)(nil)
+	var d config.Duration
+	if err := json.Unmarshal([]byte(`"1m30s"`), &d); err != nil || time.Duration(d) != 90*time.Second {
+		t.Fatalf("JSON 1m30s = %v, %v", time.Duration(d), err)
+	}
+	for _, bad := range []string{"10", "0", "", "soon", "1.5"} {
+		if err := d.UnmarshalText([]byte(bad)); err == nil || !strings.Contains(err.Error(), "unit") {
+			t.Errorf("UnmarshalText(%q) = %v, want an error asking for a unit", bad, err)
+		}
+	}
+	if b, err := json.Marshal(config.Duration(2 * time.Hour)); err != nil || string(b) != `"2h0m0s"` {
+		t.Fatalf("json.Marshal = %s, %v", b, err)
+	}
+}
