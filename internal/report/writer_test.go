@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -39,6 +42,12 @@ func (s *countingSyncer) snapshot() []health.Snapshot {
 	return append([]health.Snapshot(nil), s.calls...)
 }
 
+func (s *countingSyncer) failNext(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail = n
+}
+
 type observer struct {
 	mu             sync.Mutex
 	writes, errors int
@@ -53,31 +62,63 @@ func (o *observer) ObserveSync(_ string, writes int, err error) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+// timerClock is a fake clock that tells the test every timer the Writer's queue arms, and for
+// how long: a retry's backoff or the wait for the next resync. The queue arms the timer after the
+// Sync before it has returned, so a test that has read a timer knows the Writer is idle until
+// the clock reaches it, and steps the clock instead of sleeping.
+type timerClock struct {
+	*clocktesting.FakeClock
+	timers chan time.Duration
+}
+
+func newTimerClock() *timerClock {
+	return &timerClock{FakeClock: clocktesting.NewFakeClock(time.Unix(1000, 0)), timers: make(chan time.Duration, 100)}
+}
+
+func (c *timerClock) NewTimer(d time.Duration) clock.Timer {
+	t := c.FakeClock.NewTimer(d)
+	c.timers <- d
+	return t
+}
+
+// nextTimer returns the duration of the next timer the Writer arms.
+func (c *timerClock) nextTimer(t *testing.T) time.Duration {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	select {
+	case d := <-c.timers:
+		return d
+	case <-time.After(30 * time.Second): // only reached when the Writer is stuck
+		t.Fatal("the Writer armed no timer")
+		return 0
 	}
+}
+
+// run runs w until the test ends and waits for it to return.
+func run(t *testing.T, w *report.Writer) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return ctx
 }
 
 func TestWriterCoalescesToTheLatestSnapshot(t *testing.T) {
 	s := &countingSyncer{}
-	w := report.NewWriter(s, report.WriterOptions{Resync: time.Hour})
+	clk := newTimerClock()
+	w := report.NewWriter(s, report.WriterOptions{Resync: time.Hour, Clock: clk})
 	// Reports before Run starts pile up; the worker must sync only the last one.
 	for i := range 1000 {
 		_ = w.Report(context.Background(), health.Snapshot{Time: time.Unix(int64(i), 0)})
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- w.Run(ctx) }()
-	waitFor(t, "a sync", func() bool { return len(s.snapshot()) > 0 })
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	run(t, w)
+	if d := clk.nextTimer(t); d != time.Hour {
+		t.Fatalf("after the sync the Writer waits %v, want the resync period (1h)", d)
 	}
 	calls := s.snapshot()
 	if len(calls) != 1 {
@@ -94,30 +135,55 @@ func TestWriterCoalescesToTheLatestSnapshot(t *testing.T) {
 func TestWriterRetriesFailedSyncsWithBackoff(t *testing.T) {
 	s := &countingSyncer{fail: 3}
 	o := &observer{}
-	w := report.NewWriter(s, report.WriterOptions{Resync: time.Hour, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond, Observer: o})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = w.Run(ctx) }()
+	clk := newTimerClock()
+	w := report.NewWriter(s, report.WriterOptions{Resync: time.Hour, BaseDelay: time.Second, MaxDelay: 2 * time.Second, Clock: clk, Observer: o})
+	ctx := run(t, w)
 	_ = w.Report(ctx, health.Snapshot{})
-	waitFor(t, "a successful sync after three failures", w.Synced)
-	if n := len(s.snapshot()); n != 4 {
-		t.Errorf("%d sync attempts, want 4 (3 failures, then success)", n)
+	// Each failure waits twice as long as the one before, up to MaxDelay; the first success
+	// waits for the resync.
+	for i, want := range []time.Duration{time.Second, 2 * time.Second, 2 * time.Second, time.Hour} {
+		if d := clk.nextTimer(t); d != want {
+			t.Fatalf("after sync %d the Writer waits %v, want %v", i+1, d, want)
+		}
+		if n := len(s.snapshot()); n != i+1 {
+			t.Fatalf("%d sync attempts before the clock reached the wait after sync %d", n, i+1)
+		}
+		if want != time.Hour {
+			clk.Step(want)
+		}
+	}
+	if !w.Synced() {
+		t.Error("Synced() = false after a successful sync")
 	}
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	if o.errors != 3 || o.writes != 1 {
 		t.Errorf("observed %d errors and %d writes, want 3 and 1", o.errors, o.writes)
+	}
+	o.mu.Unlock()
+
+	// A success forgets the failures: the next failure starts at BaseDelay again.
+	s.failNext(1)
+	w.Trigger()
+	if d := clk.nextTimer(t); d != time.Second {
+		t.Errorf("a failure after a success waits %v, want BaseDelay (1s)", d)
 	}
 }
 
 func TestWriterResyncsPeriodically(t *testing.T) {
 	s := &countingSyncer{}
-	w := report.NewWriter(s, report.WriterOptions{Resync: 20 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = w.Run(ctx) }()
+	clk := newTimerClock()
+	w := report.NewWriter(s, report.WriterOptions{Resync: 3 * time.Second, Clock: clk})
+	ctx := run(t, w)
 	_ = w.Report(ctx, health.Snapshot{})
-	waitFor(t, "three resyncs without any report", func() bool { return len(s.snapshot()) >= 3 })
+	for i := range 3 {
+		if d := clk.nextTimer(t); d != 3*time.Second {
+			t.Fatalf("after sync %d the Writer waits %v, want the resync period (3s)", i+1, d)
+		}
+		if n := len(s.snapshot()); n != i+1 {
+			t.Fatalf("%d syncs after %d resync periods without any report, want %d", n, i, i+1)
+		}
+		clk.Step(3 * time.Second)
+	}
 }
 
 func TestUnhealthyIndexesAndSummaries(t *testing.T) {

@@ -164,7 +164,7 @@ func TestRulesFollowTheDriverRepublishing(t *testing.T) {
 	before := nodeSlice("s", gpuDev("gpu-7", "GPU-a", busA))
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-n1"}}, before)
 	s := devicetaint.New(client, "n1", devicetaint.Options{})
-	start(t, s)
+	triggered := start(t, s)
 	snap := health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Unhealthy, false, xid79)}}
 	if n, err := s.Sync(ctx, snap); err != nil || n != 1 {
 		t.Fatalf("Sync = %d, %v; want one rule", n, err)
@@ -174,16 +174,20 @@ func TestRulesFollowTheDriverRepublishing(t *testing.T) {
 	if _, err := client.ResourceV1().ResourceSlices().Update(ctx, after, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for range 200 {
+	// Sync whenever the syncer asks for it, as the Writer does, until the cache has the new slice.
+	for {
+		select {
+		case <-triggered:
+		case <-time.After(30 * time.Second): // only reached when the cache never sees the update
+			t.Fatal("no rule for the new partition")
+		}
 		if _, err := s.Sync(ctx, snap); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := client.ResourceV1().DeviceTaintRules().Get(ctx, devicetaint.RuleName("GPU-a")+"-gpu-7-mig-1g10gb-19-0", metav1.GetOptions{}); err == nil {
 			return
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatal("no rule for the new partition")
 }
 
 func TestStartRefusesMalformedAttributeNames(t *testing.T) {

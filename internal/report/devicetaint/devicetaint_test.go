@@ -93,24 +93,22 @@ func TestSyncCreatesUpdatesAndDeletesRules(t *testing.T) {
 		return out
 	}
 	start(t, s)
-	// sync syncs until the API server holds wantRules rules, as the informer-triggered syncs of
-	// a running Writer would, and returns the writes it took.
+	// sync syncs devs, checks that the API server then holds wantRules rules and that a second
+	// Sync has nothing left to write (the syncer writes from its own view, so one Sync converges),
+	// and returns the writes of the first.
 	sync := func(wantRules int, devs ...health.DeviceStatus) int {
 		t.Helper()
-		total := 0
-		for range 200 {
-			n, err := s.Sync(ctx, health.Snapshot{Devices: devs})
-			if err != nil {
-				t.Fatal(err)
-			}
-			total += n
-			if len(rules()) == wantRules && n == 0 {
-				return total
-			}
-			time.Sleep(10 * time.Millisecond)
+		n, err := s.Sync(ctx, health.Snapshot{Devices: devs})
+		if err != nil {
+			t.Fatal(err)
 		}
-		t.Fatalf("no convergence to %d rules: %v", wantRules, rules())
-		return 0
+		if again, err := s.Sync(ctx, health.Snapshot{Devices: devs}); err != nil || again != 0 {
+			t.Fatalf("a second Sync of the same state = %d writes, %v; want 0 writes", again, err)
+		}
+		if got := rules(); len(got) != wantRules {
+			t.Fatalf("%d rules, want %d: %v", len(got), wantRules, got)
+		}
+		return n
 	}
 
 	if n := sync(1, status("GPU-a", 0, health.Degraded, false, thermal), status("GPU-b", 1, health.Healthy, false)); n != 1 {
@@ -170,14 +168,24 @@ func TestSyncRemovesStaleRulesFromAnEarlierRun(t *testing.T) {
 	}
 }
 
-// start starts the syncer's caches, as the Writer does before the first Sync.
-func start(t *testing.T, s *devicetaint.Syncer) {
+// start starts the syncer's caches, as the Writer does before the first Sync. The channel it
+// returns receives a value (coalesced, as the Writer's queue does) whenever the syncer asks for
+// a Sync: the cache of slices has changed.
+func start(t *testing.T, s *devicetaint.Syncer) <-chan struct{} {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	if err := s.Start(ctx, func() {}); err != nil {
+	triggered := make(chan struct{}, 1)
+	trigger := func() {
+		select {
+		case triggered <- struct{}{}:
+		default:
+		}
+	}
+	if err := s.Start(ctx, trigger); err != nil {
 		t.Fatal(err)
 	}
+	return triggered
 }
 
 func TestSyncBeforeStartIsAnError(t *testing.T) {
