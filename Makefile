@@ -10,6 +10,8 @@ GOFLAGS_TEST ?= -race -count=1
 NODES     ?= 1
 # Tools are installed by hack/tools.sh into $(TOOLS_BIN), keyed by version.
 TOOLS_BIN := $(shell hack/tools.sh bindir)
+# Example embedders, each its own Go module (./... of the main module does not reach them).
+EXAMPLES  := examples/dra-driver examples/device-plugin
 
 .PHONY: help
 help: ## List the targets.
@@ -38,6 +40,7 @@ test: verify unit e2e ## Everything CI runs: lint, unit tests (race), e2e tests 
 unit: ## Unit tests with the race detector, plus a short run of every fuzz target.
 	hack/tools.sh install helm
 	$(GO) test $(GOFLAGS_TEST) ./...
+	for m in $(EXAMPLES); do (cd $$m && $(GO) test $(GOFLAGS_TEST) ./...); done
 	hack/fuzz.sh 10s
 
 .PHONY: e2e
@@ -62,11 +65,13 @@ cluster-down: ## Stop everything cluster-up started.
 lint: ## golangci-lint (pinned, installed by hack/tools.sh), including the go-nvml import rule.
 	hack/tools.sh install golangci-lint
 	$(TOOLS_BIN)/golangci-lint run ./...
+	for m in $(EXAMPLES); do (cd $$m && $(TOOLS_BIN)/golangci-lint run ./...); done
 
 .PHONY: verify
 verify: lint ## gofmt, go vet, go mod tidy, generated docs, and lint.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+	for m in $(EXAMPLES); do (cd $$m && $(GO) vet ./...); done
 	hack/verify-tidy.sh
 	@$(GO) run ./hack/xiddoc | diff -u docs/xid-policy.md - || { echo "docs/xid-policy.md is stale: go run ./hack/xiddoc > docs/xid-policy.md"; exit 1; }
 
