@@ -68,13 +68,16 @@ type AgentConfig struct {
 
 // CircuitBreakerConfig: when more than MaxFraction of the cluster's GPUs would turn NoSchedule or
 // NoExecute within Window, further GPUs are tainted None instead, until an operator acknowledges
-// (`gpuhealth breaker ack`) or the wave leaves the window. The agents share the budget through a
-// ConfigMap in Namespace.
+// (`gpuhealth breaker ack`) or the wave leaves the window. The budget is a set of Lease slots in
+// Namespace (gpuhealth-breaker-slot-<k>, one per GPU admitted, so racing agents never contend on
+// one object); the cluster's GPU count and the acknowledgement live in the ConfigMap
+// gpuhealth-circuit-breaker there, written by one leader-elected `gpuhealth breaker controller`.
 type CircuitBreakerConfig struct {
 	Enabled     bool      `yaml:"enabled,omitempty" json:"enabled,omitempty"`
 	MaxFraction float64   `yaml:"maxFraction,omitempty" json:"maxFraction,omitempty"`
 	Window      *Duration `yaml:"window,omitempty" json:"window,omitempty"`
-	// Namespace of the shared ConfigMap (default: $POD_NAMESPACE, else gpuhealth-system).
+	// Namespace of the slot Leases and the count ConfigMap (default: $POD_NAMESPACE, else
+	// gpuhealth-system).
 	Namespace string `yaml:"namespace,omitempty" json:"namespace,omitempty"`
 }
 
