@@ -49,21 +49,10 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) (code
 	// One line, never a stack trace.
 	fmt.Fprintln(stderr, "gpuhealth: "+strings.ReplaceAll(err.Error(), "\n", "; "))
 	var ie inputError
-	if errors.As(err, &ie) || isFlagError(err) {
+	if errors.As(err, &ie) {
 		return ExitBadInput
 	}
 	return ExitFailure
-}
-
-// isFlagError recognises cobra's and pflag's usage errors, which have no type of their own.
-func isFlagError(err error) bool {
-	msg := err.Error()
-	for _, p := range []string{"unknown flag", "unknown shorthand flag", "flag needs an argument", "invalid argument", "unknown command", "accepts ", "requires at least", "required flag"} {
-		if strings.Contains(msg, p) {
-			return true
-		}
-	}
-	return false
 }
 
 // NewRootCommand builds the command tree.
@@ -80,7 +69,51 @@ Unhealthy, and recovers it when the fault clears.`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand(), newAgentCommand(), newDrainCommand(), newUndrainCommand(), newStatusCommand(), newExtenderCommand(), newDevicePluginCommand(), newBreakerCommand())
+	// Cobra adds these when it executes; added now, markUsageErrors covers them too.
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	// Cobra's and pflag's usage errors have no type of their own; they become bad input where
+	// they arise instead of being recognised later by their text.
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return badInput(err) }) // subcommands inherit it
+	markUsageErrors(root)
 	return root
+}
+
+// markUsageErrors makes the argument errors of cmd and every command below it bad input: a
+// command's own Args check, and for a command that only groups others an argument that names
+// none of them. Such a command shows its help when run alone, as cobra does; cobra checks
+// arguments only of commands that run, so it gets a Run that does that.
+func markUsageErrors(cmd *cobra.Command) {
+	if cmd.HasSubCommands() && !cmd.Runnable() {
+		if cmd.Args == nil {
+			cmd.Args = noSubcommand
+		}
+		cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	}
+	if check := cmd.Args; check != nil {
+		cmd.Args = func(cmd *cobra.Command, args []string) error {
+			if err := check(cmd, args); err != nil {
+				return badInput(err)
+			}
+			return nil
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		markUsageErrors(sub)
+	}
+}
+
+// noSubcommand is the Args of a command that groups others: any argument left once cobra has
+// looked for a subcommand names none.
+func noSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	err := fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		err = fmt.Errorf("%w (did you mean %s?)", err, strings.Join(s, " or "))
+	}
+	return err
 }
 
 // loadConfig reads the HealthConfig at path (the built-in default when path is empty) and builds

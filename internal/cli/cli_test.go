@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gpuhealth/gpuhealth/internal/cli"
@@ -107,7 +108,11 @@ func TestBadInputExitsTwoWithOneLine(t *testing.T) {
 		{"bad output", []string{"simulate", "--scenario", exampleScenario, "--output", "yaml"}, []string{"--output", `"yaml"`}},
 		{"unknown flag", []string{"simulate", "--scenario", exampleScenario, "--verbose"}, []string{"--verbose"}},
 		{"positional argument", []string{"simulate", "--scenario", exampleScenario, "extra"}, []string{"extra"}},
-		{"unknown command", []string{"simulat"}, []string{"simulat"}},
+		{"unknown command", []string{"simulat"}, []string{"simulat", "did you mean simulate"}},
+		{"unknown shorthand flag", []string{"simulate", "--scenario", exampleScenario, "-x"}, []string{"-x"}},
+		{"flag value of the wrong type", []string{"breaker", "status", "--window", "soon"}, []string{"--window", "soon"}},
+		{"unknown subcommand", []string{"breaker", "bogus"}, []string{"bogus", "gpuhealth breaker"}},
+		{"argument to a cobra command", []string{"completion", "bash", "extra"}, []string{"extra"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -161,5 +166,33 @@ func TestCancelledRunIsNotBadInput(t *testing.T) {
 	code := cli.Execute(ctx, []string{"simulate", "--scenario", exampleScenario}, &out, &errOut)
 	if code != cli.ExitFailure || strings.Count(errOut.String(), "\n") != 1 {
 		t.Fatalf("exit %d, stderr %q; want %d and one line", code, errOut.String(), cli.ExitFailure)
+	}
+}
+
+// failingWriter fails every write with err.
+type failingWriter struct{ err error }
+
+func (w failingWriter) Write([]byte) (int, error) { return 0, w.err }
+
+// TestFailuresThatReadLikeUsageErrorsAreNotBadInput: bad input is decided where an error arises,
+// never by its text. A failure to write the result (EINVAL reads "invalid argument", as a bad
+// flag value does) is the system's fault: exit 1.
+func TestFailuresThatReadLikeUsageErrorsAreNotBadInput(t *testing.T) {
+	stdout := failingWriter{&os.PathError{Op: "write", Path: "/dev/stdout", Err: syscall.EINVAL}}
+	var errOut bytes.Buffer
+	code := cli.Execute(context.Background(), []string{"simulate", "--scenario", exampleScenario}, stdout, &errOut)
+	if code != cli.ExitFailure || !strings.Contains(errOut.String(), "invalid argument") {
+		t.Fatalf("exit %d, stderr %q; want %d and the write error", code, errOut.String(), cli.ExitFailure)
+	}
+}
+
+func TestGroupsShowTheirHelpWhenRunAlone(t *testing.T) {
+	for _, args := range [][]string{{}, {"breaker"}} {
+		t.Run(strings.Join(append([]string{"gpuhealth"}, args...), " "), func(t *testing.T) {
+			code, stdout, stderr := execute(args...)
+			if code != cli.ExitOK || stderr != "" || !strings.Contains(stdout, "Available Commands:") {
+				t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+			}
+		})
 	}
 }
