@@ -14,16 +14,25 @@ import (
 
 func newProbeCommand() *cobra.Command {
 	var output string
+	var rawCalls bool
 	cmd := &cobra.Command{
-		Use:   "probe [--output json|table]",
+		Use:   "probe [--output json|table] [--raw]",
 		Short: "Show each real GPU's identity, supported checks and current readings (NVML)",
 		Long: `probe opens NVML, lists every GPU (UUID, index, PCI bus ID, minor number, model, MIG
 instances), the health events each GPU supports, and one round of readings: ECC totals, row
 remapping, retired pages, temperature and its thresholds, power, clock-event reasons, PCIe
 replays, NVLink state and errors, and NVML's recovery action. Readings a GPU does not support
-are listed as unsupported ("no data", not a fault). Without the NVIDIA driver it exits 1.`,
+are listed as unsupported ("no data", not a fault). Without the NVIDIA driver it exits 1.
+
+--raw prints instead, as JSON {"calls": [...]}, every NVML call the backend
+depends on with the driver's own answer (return text and code, and the value when it succeeded):
+which optional functions the library has, the supported event mask, ECC mode and counters,
+remapped rows and retired pages, temperature thresholds, field 230 (recovery action), each
+NVLink's state, and one event-set wait. Nothing is interpreted: it is what to compare with
+nvidia-smi, or with the fixtures of the tests, on a new driver.`,
 		Example: `  gpuhealth probe
-  gpuhealth probe --output json`,
+  gpuhealth probe --output json
+  gpuhealth probe --raw`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "json" && output != "table" {
@@ -32,6 +41,17 @@ are listed as unsupported ("no data", not a fault). Without the NVIDIA driver it
 			b, err := gpunvml.OpenSystem()
 			if err != nil {
 				return err
+			}
+			if rawCalls {
+				calls := b.RawCalls()
+				if err := b.Close(); err != nil {
+					return err
+				}
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(struct {
+					Calls []gpunvml.RawCall `json:"calls"`
+				}{calls})
 			}
 			rep := b.Probe()
 			if err := b.Close(); err != nil {
@@ -46,6 +66,7 @@ are listed as unsupported ("no data", not a fault). Without the NVIDIA driver it
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: json or table")
+	cmd.Flags().BoolVar(&rawCalls, "raw", false, "print every NVML call the backend makes with the driver's raw answer, as JSON")
 	return cmd
 }
 

@@ -28,6 +28,7 @@ func TestNVMLCommandsWithoutDriver(t *testing.T) {
 	}{
 		{"probe", []string{"probe"}},
 		{"probe json", []string{"probe", "--output", "json"}},
+		{"probe raw", []string{"probe", "--raw"}},
 		{"watch", []string{"watch"}},
 		{"watch nvml json", []string{"watch", "--backend", "nvml", "--output", "json"}},
 	}

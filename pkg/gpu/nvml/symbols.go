@@ -102,17 +102,21 @@ func lookupSymbols(lib nvml.Interface) symbols {
 	if ext == nil {
 		return s
 	}
-	var all []string
-	for _, f := range readingFuncs {
-		all = append(all, f.anyOf...)
-	}
-	all = append(append(append(all, migSymbols...), eventSymbols...), partSymbols...)
-	for _, name := range all {
+	for _, name := range optionalSymbols() {
 		if err := ext.LookupSymbol(name); err != nil {
 			s.missing[name] = true
 		}
 	}
 	return s
+}
+
+// optionalSymbols lists every optional function the backend may call.
+func optionalSymbols() []string {
+	var all []string
+	for _, f := range readingFuncs {
+		all = append(all, f.anyOf...)
+	}
+	return append(append(append(all, migSymbols...), eventSymbols...), partSymbols...)
 }
 
 // has reports whether the library has the function.
