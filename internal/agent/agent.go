@@ -240,7 +240,7 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 		var s report.Syncer
 		switch name {
 		case config.ReporterAnnotation:
-			s = annotation.New(opts.Client, opts.NodeName, caches.nodes)
+			s = annotation.New(opts.Client, opts.NodeName, annotation.Options{Nodes: caches.nodes})
 		case config.ReporterDeviceTaint:
 			s = devicetaint.New(opts.Client, opts.NodeName, devicetaint.Options{
 				Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, ParentUUIDAttribute: cfg.ParentUUIDAttribute,
@@ -257,13 +257,13 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 				Clock:       opts.Clock,
 			})
 		case config.ReporterCondition:
-			cs := nodecondition.New(opts.Client, opts.NodeName, caches.nodes, opts.Clock)
-			if cb != nil {
-				cs.WithCircuitBreaker(cb.Held)
+			o := nodecondition.Options{Nodes: caches.nodes, Clock: opts.Clock}
+			if cb != nil { // a nil *Breaker must not become a non-nil interface
+				o.Breaker = cb
 			}
-			s = cs
+			s = nodecondition.New(opts.Client, opts.NodeName, o)
 		case config.ReporterHAMi:
-			s = hami.New(opts.Client, opts.NodeName, caches.nodes)
+			s = hami.New(opts.Client, opts.NodeName, hami.Options{Nodes: caches.nodes})
 		case config.ReporterClaimStatus:
 			s = claimstatus.New(opts.Client, opts.NodeName, claimstatus.Options{Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute,
 				ParentUUIDAttribute: cfg.ParentUUIDAttribute, PCIBusIDAttribute: cfg.PCIBusIDAttribute, Devices: caches.devices, Clock: opts.Clock})

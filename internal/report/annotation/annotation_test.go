@@ -66,7 +66,7 @@ func TestSyncWritesOnlyOnChangeAndKeepsForeignAnnotations(t *testing.T) {
 	ctx := context.Background()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{"other.io/keep": "yes"}}}
 	client := fake.NewClientset(node)
-	s := annotation.New(client, "n1", nil)
+	s := annotation.New(client, "n1", annotation.Options{})
 
 	steps := []struct {
 		name       string
@@ -106,7 +106,7 @@ func TestSyncWritesOnlyOnChangeAndKeepsForeignAnnotations(t *testing.T) {
 }
 
 func TestSyncFailsCleanlyWithoutTheNode(t *testing.T) {
-	s := annotation.New(fake.NewClientset(), "missing", nil)
+	s := annotation.New(fake.NewClientset(), "missing", annotation.Options{})
 	if _, err := s.Sync(context.Background(), snap(health.Unhealthy, health.Healthy)); err == nil {
 		t.Fatal("Sync succeeded for a node that does not exist")
 	}

@@ -69,7 +69,8 @@ type Options struct {
 	// Devices, when set, is the agent's shared index of this node's DRA devices (of Driver and
 	// the same attributes); nil gives the syncer one of its own.
 	Devices *dradevices.Index
-	Clock   clock.PassiveClock
+	// Clock stamps the conditions' lastTransitionTime (default the real clock).
+	Clock clock.PassiveClock
 }
 
 // Syncer keeps the GPU health conditions of the claims allocated on one node.

@@ -50,8 +50,16 @@ var (
 	_ report.Starter = (*Syncer)(nil)
 )
 
-// New returns a Syncer for nodeName reading the Node from nodes (the agent's shared cache).
-func New(client kubernetes.Interface, nodeName string, nodes *nodecache.Cache) *Syncer {
+// Options configure a Syncer. The zero value is ready to use.
+type Options struct {
+	// Nodes, when set, is the agent's shared cache of this Node; nil gives the syncer one of its
+	// own.
+	Nodes *nodecache.Cache
+}
+
+// New returns a Syncer for nodeName.
+func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
+	nodes := opts.Nodes
 	if nodes == nil {
 		nodes = nodecache.New(client, nodeName)
 	}

@@ -37,7 +37,7 @@ func snapshot(unhealthy ...string) health.Snapshot {
 func TestCordonBesideAnOperator(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-	s := hami.New(client, "n1", nil)
+	s := hami.New(client, "n1", hami.Options{})
 	operator := func(value any) func(t *testing.T) {
 		return func(t *testing.T) {
 			body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{gpuhealthv1.HAMiCordonKey: value}}})

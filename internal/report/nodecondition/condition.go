@@ -49,15 +49,31 @@ const (
 // BreakerType is the condition saying the circuit breaker holds back this node's GPUs.
 const BreakerType = corev1.NodeConditionType(gpuhealthv1.ConditionCircuitBreakerOpen)
 
+// Options configure a Syncer. The zero value is ready to use.
+type Options struct {
+	// Nodes, when set, is the agent's shared cache of this Node; nil gives the syncer one of its
+	// own.
+	Nodes *nodecache.Cache
+	// Clock stamps the conditions' heartbeat and transition times (default the real clock).
+	Clock clock.PassiveClock
+	// Breaker, when set, is the circuit breaker whose held-back GPUs the syncer reports in a
+	// second condition, GPUCircuitBreakerOpen.
+	Breaker Breaker
+}
+
+// Breaker is what the syncer asks the circuit breaker (see internal/breaker): the GPUs of this
+// node it holds back.
+type Breaker interface {
+	Held() []string
+}
+
 // Syncer keeps the GPUUnhealthy condition of one Node.
 type Syncer struct {
 	client   kubernetes.Interface
 	nodeName string
 	nodes    *nodecache.Cache
 	clock    clock.PassiveClock
-	// held, when set, reports the GPUs the circuit breaker holds back; the syncer then also
-	// keeps the GPUCircuitBreakerOpen condition.
-	held func() []string
+	breaker  Breaker // nil: no GPUCircuitBreakerOpen condition
 
 	// written is what the last patch wrote, so that the informer event of our own patch does
 	// not cost another Sync.
@@ -65,27 +81,20 @@ type Syncer struct {
 	written []corev1.NodeCondition
 }
 
-// WithCircuitBreaker makes the syncer also keep the GPUCircuitBreakerOpen condition.
-func (s *Syncer) WithCircuitBreaker(held func() []string) *Syncer {
-	s.held = held
-	return s
-}
-
 var (
 	_ report.Syncer  = (*Syncer)(nil)
 	_ report.Starter = (*Syncer)(nil)
 )
 
-// New returns a Syncer for nodeName that reads the Node from nodes, the agent's shared cache; nil
-// gives the syncer a cache of its own.
-func New(client kubernetes.Interface, nodeName string, nodes *nodecache.Cache, clk clock.PassiveClock) *Syncer {
-	if clk == nil {
-		clk = clock.RealClock{}
+// New returns a Syncer for nodeName.
+func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
 	}
-	if nodes == nil {
-		nodes = nodecache.New(client, nodeName)
+	if opts.Nodes == nil {
+		opts.Nodes = nodecache.New(client, nodeName)
 	}
-	return &Syncer{client: client, nodeName: nodeName, nodes: nodes, clock: clk}
+	return &Syncer{client: client, nodeName: nodeName, nodes: opts.Nodes, clock: opts.Clock, breaker: opts.Breaker}
 }
 
 // Name implements report.Syncer.
@@ -197,8 +206,8 @@ func Desired(snap health.Snapshot) (corev1.ConditionStatus, string, string) {
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	status, reason, message := Desired(snap)
 	want := []corev1.NodeCondition{{Type: Type, Status: status, Reason: reason, Message: message}}
-	if s.held != nil {
-		want = append(want, breakerCondition(s.held()))
+	if s.breaker != nil {
+		want = append(want, breakerCondition(s.breaker.Held()))
 	}
 	node, err := s.nodes.Get(ctx)
 	if err != nil {

@@ -50,7 +50,7 @@ func TestSyncKeepsOtherConditionsAndTransitionTimes(t *testing.T) {
 	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}})
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
-	s := nodecondition.New(client, "n1", nil, clk)
+	s := nodecondition.New(client, "n1", nodecondition.Options{Clock: clk})
 
 	sync := func(devs ...health.DeviceStatus) int {
 		t.Helper()
@@ -92,6 +92,46 @@ func TestSyncKeepsOtherConditionsAndTransitionTimes(t *testing.T) {
 	c, _ = get()
 	if !c.LastTransitionTime.Equal(&firstTransition) {
 		t.Errorf("lastTransitionTime moved from %v to %v without a status change", firstTransition, c.LastTransitionTime)
+	}
+}
+
+// heldBreaker holds back the GPUs in held.
+type heldBreaker struct{ held []string }
+
+func (b *heldBreaker) Held() []string { return b.held }
+
+func TestSyncKeepsTheCircuitBreakerConditionWithABreaker(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	cb := &heldBreaker{held: []string{"GPU-a", "GPU-b"}}
+	s := nodecondition.New(client, "n1", nodecondition.Options{Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0)), Breaker: cb})
+	breakerCondition := func() corev1.NodeCondition {
+		t.Helper()
+		node, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == nodecondition.BreakerType {
+				return c
+			}
+		}
+		t.Fatalf("no %s condition in %+v", nodecondition.BreakerType, node.Status.Conditions)
+		return corev1.NodeCondition{}
+	}
+	snap := health.Snapshot{Devices: []health.DeviceStatus{device(0, health.Unhealthy, "XID79"), device(1, health.Unhealthy, "XID79")}}
+	if n, err := s.Sync(ctx, snap); err != nil || n != 1 {
+		t.Fatalf("Sync = %d, %v; want 1 write", n, err)
+	}
+	if c := breakerCondition(); c.Status != corev1.ConditionTrue || c.Reason != "CircuitBreakerOpen" || !strings.Contains(c.Message, "GPU-a, GPU-b") {
+		t.Errorf("breaker condition %+v, want True naming GPU-a and GPU-b", c)
+	}
+	cb.held = nil
+	if n, err := s.Sync(ctx, snap); err != nil || n != 1 {
+		t.Fatalf("Sync after the breaker let the GPUs through = %d, %v; want 1 write", n, err)
+	}
+	if c := breakerCondition(); c.Status != corev1.ConditionFalse || c.Reason != "CircuitBreakerClosed" {
+		t.Errorf("breaker condition %+v, want False", c)
 	}
 }
 
