@@ -114,9 +114,11 @@ func runWatch(ctx context.Context, src watchSource, policy *health.Policy, outpu
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srcDone := make(chan error, 1)
-	rtDone := make(chan error, 1)
+	rtDone := make(chan struct{})
 	go func() {
-		rtDone <- rt.Run(runCtx, func(ctx context.Context, m *health.Monitor) error {
+		defer close(rtDone)
+		// The feed always returns nil (its error goes to srcDone), so Run has none to return.
+		_ = rt.Run(runCtx, func(ctx context.Context, m *health.Monitor) error {
 			srcDone <- src.run(ctx, m)
 			return nil
 		})
