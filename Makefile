@@ -21,6 +21,10 @@ help: ## List the targets.
 build: ## Build bin/gpuhealth.
 	$(GO) build -o $(BIN)/gpuhealth ./cmd/gpuhealth
 
+.PHONY: image
+image: ## bin/gpuhealth-image.tar: the image (OCI archive, linux/amd64 + linux/arm64, tagged as the chart expects), built offline with podman.
+	hack/image.sh
+
 .PHONY: kubectl-plugin
 kubectl-plugin: build ## bin/kubectl-gpuhealth, so that `kubectl gpuhealth status` works with bin/ on PATH.
 	ln -sf gpuhealth $(BIN)/kubectl-gpuhealth

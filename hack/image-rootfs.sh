@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Stages the image's root filesystem for one architecture: the gpuhealth binary (cgo, stripped,
+# trimmed) plus exactly the glibc files it needs (the ELF's interpreter and its NEEDED libraries,
+# read with readelf), nothing else. Used by the Dockerfile's source stage and, offline, by
+# hack/image.sh.
+#
+#   hack/image-rootfs.sh ARCH DIR [VERSION]     ARCH: amd64 or arm64
+#
+# arm64 is cross-compiled with Debian's aarch64-linux-gnu toolchain when the machine is not arm64.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+arch=${1:?usage: image-rootfs.sh ARCH DIR [VERSION]}
+dir=${2:?usage: image-rootfs.sh ARCH DIR [VERSION]}
+version=${3:-dev}
+native=$(go env GOARCH)
+
+cc=gcc
+libdir=
+case $arch in
+amd64)
+	[[ $native == amd64 ]] || cc=x86_64-linux-gnu-gcc
+	libdir=/usr/x86_64-linux-gnu/lib
+	;;
+arm64)
+	[[ $native == arm64 ]] || cc=aarch64-linux-gnu-gcc
+	libdir=/usr/aarch64-linux-gnu/lib
+	;;
+*)
+	echo "image-rootfs.sh: unsupported architecture $arch (amd64 or arm64)" >&2
+	exit 2
+	;;
+esac
+
+rm -rf "$dir"
+mkdir -p "$dir"
+CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$cc go build -trimpath \
+	-ldflags "-s -w -X github.com/gpuhealth/gpuhealth/internal/cli.version=$version" \
+	-o "$dir/gpuhealth" ./cmd/gpuhealth
+
+# The files the dynamic loader will look for: the interpreter at its absolute path, and each
+# NEEDED library in the directory the loader searches first on Debian for that architecture.
+interp=$(readelf -l "$dir/gpuhealth" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+mapfile -t needed < <(readelf -d "$dir/gpuhealth" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p')
+[[ -n $interp ]] || {
+	echo "image-rootfs.sh: $dir/gpuhealth has no interpreter" >&2
+	exit 1
+}
+triplet=$([[ $arch == amd64 ]] && echo x86_64-linux-gnu || echo aarch64-linux-gnu)
+find_lib() { # the file for a library name: the machine's own for a native build, else the cross one
+	local name=$1 candidate
+	local candidates=("$libdir/$name")
+	[[ $cc == gcc ]] && candidates=("/lib/$triplet/$name" "/usr/lib/$triplet/$name")
+	for candidate in "${candidates[@]}"; do
+		if [[ -e $candidate ]]; then
+			echo "$candidate"
+			return
+		fi
+	done
+	echo "image-rootfs.sh: cannot find $name for $arch in ${candidates[*]}" >&2
+	return 1
+}
+mkdir -p "$dir$(dirname "$interp")"
+cp -L "$(find_lib "$(basename "$interp")")" "$dir$interp"
+mkdir -p "$dir/lib/$triplet"
+for lib in "${needed[@]}"; do
+	cp -L "$(find_lib "$lib")" "$dir/lib/$triplet/$lib"
+done
+echo "image-rootfs.sh: $dir: gpuhealth ($arch) + $(basename "$interp") ${needed[*]}" >&2
