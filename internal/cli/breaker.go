@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -172,7 +173,7 @@ ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker
 					m.leader.Set(1)
 					return counter.Run(ctx)
 				}
-				return runLeaderElected(ctx, client, namespace, watchdog, func(ctx context.Context) error {
+				return runLeaderElected(ctx, breakerElection(client, namespace, breakerIdentity(), watchdog), func(ctx context.Context) error {
 					m.leader.Set(1)
 					defer m.leader.Set(0)
 					return counter.Run(ctx)
@@ -190,47 +191,100 @@ ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker
 	return cmd
 }
 
-// runLeaderElected runs run while this process leads, and returns when ctx is done or the
-// lead is lost (the Deployment restarts the container, which then campaigns again).
-func runLeaderElected(ctx context.Context, client kubernetes.Interface, namespace string, watchdog *leaderelection.HealthzAdaptor, run func(context.Context) error) error {
-	host, _ := os.Hostname()
-	identity := host + "_" + uuid.NewString()
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: LeaderElectionLease},
-		Client:     client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
-	}
-	var runErr error
-	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock:            lock,
+// breakerElection is how the breaker controller's replicas elect their leader: through the Lease
+// LeaderElectionLease in namespace, which identity holds while it leads.
+func breakerElection(client kubernetes.Interface, namespace, identity string, watchdog *leaderelection.HealthzAdaptor) leaderelection.LeaderElectionConfig {
+	return leaderelection.LeaderElectionConfig{
+		Lock: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: LeaderElectionLease},
+			Client:     client.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
+		},
 		ReleaseOnCancel: true,
 		LeaseDuration:   15 * time.Second,
 		RenewDeadline:   10 * time.Second,
 		RetryPeriod:     2 * time.Second,
 		Name:            LeaderElectionLease,
 		WatchDog:        watchdog,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
-				runErr = run(ctx)
-				cancel()
-			},
-			OnStoppedLeading: func() { cancel() },
+	}
+}
+
+// breakerIdentity names this replica in the Lease: the pod's host name and a random suffix, so
+// that a restarted container never mistakes its predecessor's lease for its own.
+func breakerIdentity() string {
+	host, _ := os.Hostname()
+	return host + "_" + uuid.NewString()
+}
+
+// runLeaderElected campaigns with cfg (whose Callbacks it sets) and runs run while this process
+// leads. It returns when ctx is done, when run returns, or when the lead is lost (the Deployment
+// restarts the container, which then campaigns again); in every case only once run has
+// returned, with run's error if it failed.
+func runLeaderElected(ctx context.Context, cfg leaderelection.LeaderElectionConfig, run func(context.Context) error) error {
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var work leaderWork
+	cfg.Callbacks = leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(leadCtx context.Context) {
+			defer cancel() // the work is over: stop renewing the lease, so that Run returns
+			work.do(leadCtx, run)
 		},
-	})
+		OnStoppedLeading: cancel,
+	}
+	le, err := leaderelection.NewLeaderElector(cfg)
 	if err != nil {
 		return err
 	}
 	le.Run(ctx)
-	if runErr != nil {
-		return runErr
+	if err := work.wait(); err != nil {
+		return err
 	}
 	if parent.Err() == nil {
-		return fmt.Errorf("lost the lead (Lease %s/%s)", namespace, LeaderElectionLease)
+		return fmt.Errorf("lost the lead (Lease %s)", cfg.Lock.Describe())
 	}
 	return nil
+}
+
+// leaderWork owns the work OnStartedLeading runs. client-go calls that callback in a goroutine
+// that LeaderElector.Run does not wait for, so the work registers here and wait, called once Run
+// has returned, waits for it and hands over its error; work that would start only after wait
+// began does not start at all.
+type leaderWork struct {
+	mu      sync.Mutex
+	waiting bool
+	err     error
+	running sync.WaitGroup
+}
+
+// do runs run with ctx, unless wait has begun, and keeps its error for wait.
+func (w *leaderWork) do(ctx context.Context, run func(context.Context) error) {
+	var start bool
+	w.locked(func() {
+		if start = !w.waiting; start {
+			w.running.Add(1)
+		}
+	})
+	if !start {
+		return
+	}
+	defer w.running.Done()
+	err := run(ctx)
+	w.locked(func() { w.err = err })
+}
+
+// wait returns once the work, if it started, has returned, with its error.
+func (w *leaderWork) wait() (err error) {
+	w.locked(func() { w.waiting = true })
+	w.running.Wait()
+	w.locked(func() { err = w.err })
+	return err
+}
+
+func (w *leaderWork) locked(f func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f()
 }
 
 // breakerControllerMetrics are what the breaker controller exports.
