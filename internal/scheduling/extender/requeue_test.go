@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/workqueue"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -25,39 +26,108 @@ import (
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
-// patchLog records the pod patches the requeuer makes, in order.
+// The requeue tests run the requeuer on a fake clock: a nudge waits in the rate-limited queue
+// until the test moves the clock, so nothing is patched behind the test's back, and the backoff
+// between retries is measured in fake time. What the informers' handlers queued is recorded as it
+// happens, so "nothing else was requeued" is checked, not waited for.
+
+// requeueEpoch is where the fake clocks start.
+var requeueEpoch = time.Unix(1_800_000_000, 0)
+
+// patch is one pod patch the requeuer made (failed ones too), at a time of the fake clock.
+type patch struct {
+	name string
+	at   time.Time
+	body []byte
+}
+
+// patchLog records the pod patches, in order.
 type patchLog struct {
 	mu      sync.Mutex
-	names   []string
-	patches map[string][]byte
+	patches []patch
 }
 
-func (l *patchLog) record(name string, patch []byte) {
+func (l *patchLog) record(p patch) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.names = append(l.names, name)
-	if l.patches == nil {
-		l.patches = map[string][]byte{}
+	l.patches = append(l.patches, p)
+}
+
+// of returns the patches of the named pod, or all of them for "".
+func (l *patchLog) of(name string) []patch {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []patch
+	for _, p := range l.patches {
+		if name == "" || p.name == name {
+			out = append(out, p)
+		}
 	}
-	l.patches[name] = patch
+	return out
 }
 
-func (l *patchLog) list() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.names)
+func (l *patchLog) names() []string {
+	var names []string
+	for _, p := range l.of("") {
+		names = append(names, p.name)
+	}
+	return names
 }
 
-// startedRequeuing is started with Requeue on; it records every pod patch (failed ones too) and
-// answers the patches of the pods in failures with the errors given there, in turn.
-func startedRequeuing(t *testing.T, failures map[string][]error, objs ...runtime.Object) (*Server, *fake.Clientset, *patchLog) {
+// recordingQueue is the requeuer's queue, recording every pod queued, by name ("uid-NAME").
+type recordingQueue struct {
+	workqueue.TypedRateLimitingInterface[types.UID]
+	mu     sync.Mutex
+	queued []string
+}
+
+func (q *recordingQueue) record(uid types.UID) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.queued = append(q.queued, strings.TrimPrefix(string(uid), "uid-"))
+}
+
+func (q *recordingQueue) Add(uid types.UID) {
+	q.record(uid)
+	q.TypedRateLimitingInterface.Add(uid)
+}
+
+func (q *recordingQueue) AddAfter(uid types.UID, d time.Duration) {
+	q.record(uid)
+	q.TypedRateLimitingInterface.AddAfter(uid, d)
+}
+
+func (q *recordingQueue) AddRateLimited(uid types.UID) {
+	q.record(uid)
+	q.TypedRateLimitingInterface.AddRateLimited(uid)
+}
+
+// list returns the pods queued so far, sorted: the order of one node's pods is not defined.
+func (q *recordingQueue) list() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Sorted(slices.Values(q.queued))
+}
+
+// requeueFixture is a Server started with Requeue on a fake clock and a fake clientset.
+type requeueFixture struct {
+	s       *Server
+	client  *fake.Clientset
+	clk     *clocktesting.FakeClock
+	patches *patchLog
+	queue   *recordingQueue
+	syncs   int
+}
+
+// startedRequeuing starts a requeueFixture holding objs; the patches of the pods in failures are
+// answered with the errors given there, in turn.
+func startedRequeuing(t *testing.T, failures map[string][]error, objs ...runtime.Object) *requeueFixture {
 	t.Helper()
-	client := fake.NewClientset(objs...)
-	log := &patchLog{}
+	f := &requeueFixture{client: fake.NewClientset(objs...), clk: clocktesting.NewFakeClock(requeueEpoch), patches: &patchLog{}}
 	var mu sync.Mutex
-	client.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+	f.client.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		pa := a.(k8stesting.PatchAction)
-		log.record(pa.GetName(), pa.GetPatch())
+		f.patches.record(patch{name: pa.GetName(), at: f.clk.Now(), body: pa.GetPatch()})
 		mu.Lock()
 		defer mu.Unlock()
 		if errs := failures[pa.GetName()]; len(errs) > 0 {
@@ -66,11 +136,38 @@ func startedRequeuing(t *testing.T, failures map[string][]error, objs ...runtime
 		}
 		return false, nil, nil
 	})
-	s := New(client, Options{Bind: true, Requeue: true})
-	if err := s.Start(t.Context()); err != nil {
+	f.s = New(f.client, Options{Bind: true, Requeue: true, Clock: f.clk})
+	f.queue = &recordingQueue{TypedRateLimitingInterface: f.s.requeue.queue}
+	f.s.requeue.queue = f.queue // before Start, which runs the workers
+	if err := f.s.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	return s, client, log
+	return f
+}
+
+// sync returns once the node informer's handler has dealt with every node change made so far:
+// it adds a node and waits for it in the cache, and the handler takes the events of one informer
+// in order, one at a time.
+func (f *requeueFixture) sync(t *testing.T) {
+	t.Helper()
+	f.syncs++
+	name := fmt.Sprintf("sync-%d", f.syncs)
+	if _, err := f.client.CoreV1().Nodes().Create(t.Context(), node(name, 0, nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return cachedNode(f.s, name) != nil })
+}
+
+// advanceUntil moves the fake clock on, 50 ms at a time, until cond holds.
+func (f *requeueFixture) advanceUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	waitFor(t, func() bool {
+		if cond() {
+			return true
+		}
+		f.clk.Step(50 * time.Millisecond)
+		return false
+	})
 }
 
 // filterOn runs /filter for the pod on the named nodes (nodeCacheCapable: true).
@@ -84,20 +181,20 @@ func filterOn(t *testing.T, s *Server, p *corev1.Pod, names ...string) *extender
 }
 
 // setUnhealthy writes the Volcano list of node n (8 GPUs) and waits until the cache has it.
-func setUnhealthy(t *testing.T, s *Server, client *fake.Clientset, n, ids string) {
+func (f *requeueFixture) setUnhealthy(t *testing.T, n, ids string) {
 	t.Helper()
 	var ann map[string]string
 	if ids != "" {
 		ann = map[string]string{gpuhealthv1.UnhealthyIDsKey: ids}
 	}
-	if _, err := client.CoreV1().Nodes().Update(t.Context(), node(n, 8, ann), metav1.UpdateOptions{}); err != nil {
+	if _, err := f.client.CoreV1().Nodes().Update(t.Context(), node(n, 8, ann), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	want := 0
 	if ids != "" {
 		want = len(strings.Split(ids, ","))
 	}
-	waitFor(t, func() bool { return cachedNode(s, n) != nil && cachedNode(s, n).Unhealthy == want })
+	waitFor(t, func() bool { return cachedNode(f.s, n) != nil && cachedNode(f.s, n).Unhealthy == want })
 }
 
 // cachedNode returns the node as the extender's cache has it, or nil.
@@ -111,13 +208,9 @@ func isRemembered(s *Server, name string) bool {
 	return ok
 }
 
-// settle gives a patch that should not happen the time to happen: nudges wait 100 ms in the
-// queue, and a wrong one would have been queued before the one just seen.
-func settle() { time.Sleep(300 * time.Millisecond) }
-
 func TestRequeueAfterRecovery(t *testing.T) {
 	gpuPod := func(name string) *corev1.Pod { return pod(name, "", scheduling.ResourceGPU, 4, nil) }
-	s, client, log := startedRequeuing(t, nil,
+	f := startedRequeuing(t, nil,
 		node("sick", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5"}), // 2 free
 		node("busy", 8, nil), // 0 free: a running pod holds all 8
 		node("free", 8, nil),
@@ -125,6 +218,7 @@ func TestRequeueAfterRecovery(t *testing.T) {
 		pod("running", "busy", scheduling.ResourceGPU, 8, nil),
 		gpuPod("waiting"), gpuPod("other"), gpuPod("bound-elsewhere"), gpuPod("bound-by-us"),
 	)
+	s := f.s
 
 	// Rejected on sick because of GPU health (and on busy and cpu for other reasons).
 	if res := filterOn(t, s, gpuPod("waiting"), "sick", "busy", "cpu"); len(*res.NodeNames) != 0 {
@@ -147,7 +241,7 @@ func TestRequeueAfterRecovery(t *testing.T) {
 	}
 	bound := gpuPod("bound-elsewhere")
 	bound.Spec.NodeName = "free"
-	if _, err := client.CoreV1().Pods("default").Update(t.Context(), bound, metav1.UpdateOptions{}); err != nil {
+	if _, err := f.client.CoreV1().Pods("default").Update(t.Context(), bound, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Bind(t.Context(), &extenderv1.ExtenderBindingArgs{PodName: "bound-by-us", PodNamespace: "default", Node: "free"}); err != nil {
@@ -156,57 +250,65 @@ func TestRequeueAfterRecovery(t *testing.T) {
 	waitFor(t, func() bool { return !isRemembered(s, "bound-elsewhere") && !isRemembered(s, "bound-by-us") })
 
 	// Worse is not better: another GPU fails.
-	setUnhealthy(t, s, client, "sick", "0,1,2,3,4,5,6")
+	f.setUnhealthy(t, "sick", "0,1,2,3,4,5,6")
+	f.sync(t)
+	if got := f.queue.list(); len(got) != 0 {
+		t.Fatalf("queued %v after a GPU failed, want none", got)
+	}
 	// Recovery.
-	setUnhealthy(t, s, client, "sick", "")
-	waitFor(t, func() bool { return len(log.list()) > 0 })
-	settle()
-	if got := log.list(); !slices.Equal(got, []string{"waiting"}) {
+	f.setUnhealthy(t, "sick", "")
+	f.sync(t)
+	if got := f.queue.list(); !slices.Equal(got, []string{"waiting"}) {
+		t.Fatalf("queued %v after the recovery, want only waiting", got)
+	}
+	if got := f.patches.names(); len(got) != 0 {
+		t.Fatalf("patched %v before the nudge's wait in the queue was over", got)
+	}
+	f.advanceUntil(t, func() bool { return len(f.patches.of("")) > 0 })
+	if got := f.patches.names(); !slices.Equal(got, []string{"waiting"}) {
 		t.Fatalf("patched %v, want only waiting", got)
 	}
-	var patch struct {
+	var body struct {
 		Metadata struct {
 			UID         types.UID
 			Annotations map[string]string
 		}
 	}
-	if err := json.Unmarshal(log.patches["waiting"], &patch); err != nil {
+	if err := json.Unmarshal(f.patches.of("waiting")[0].body, &body); err != nil {
 		t.Fatal(err)
 	}
-	if patch.Metadata.UID != "uid-waiting" {
-		t.Errorf("patch carries UID %q, want uid-waiting", patch.Metadata.UID)
+	if body.Metadata.UID != "uid-waiting" {
+		t.Errorf("patch carries UID %q, want uid-waiting", body.Metadata.UID)
 	}
-	p, err := client.CoreV1().Pods("default").Get(t.Context(), "waiting", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := time.Parse(time.RFC3339Nano, p.Annotations[RequeuedAtAnnotation]); err != nil {
-		t.Errorf("%s = %q: %v", RequeuedAtAnnotation, p.Annotations[RequeuedAtAnnotation], err)
+	if at, err := time.Parse(time.RFC3339Nano, body.Metadata.Annotations[RequeuedAtAnnotation]); err != nil || at.Before(requeueEpoch) {
+		t.Errorf("%s = %q (%v), want the fake clock's time", RequeuedAtAnnotation, body.Metadata.Annotations[RequeuedAtAnnotation], err)
 	}
 
 	// Updates that do not free GPUs requeue nothing more: the same health again, a Degraded GPU.
-	setUnhealthy(t, s, client, "sick", "")
-	if _, err := client.CoreV1().Nodes().Update(t.Context(), node("sick", 8, map[string]string{gpuhealthv1.HealthKey: `{"GPU-0":{"index":0,"health":"Degraded"}}`}), metav1.UpdateOptions{}); err != nil {
+	f.setUnhealthy(t, "sick", "")
+	if _, err := f.client.CoreV1().Nodes().Update(t.Context(), node("sick", 8, map[string]string{gpuhealthv1.HealthKey: `{"GPU-0":{"index":0,"health":"Degraded"}}`}), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return cachedNode(s, "sick").Degraded == 1 })
-	settle()
-	if got := log.list(); len(got) != 1 {
-		t.Errorf("patched %v, want waiting once", got)
+	f.sync(t)
+	if cachedNode(s, "sick").Degraded != 1 {
+		t.Fatal("the cache missed the Degraded GPU")
+	}
+	if got := f.queue.list(); !slices.Equal(got, []string{"waiting"}) {
+		t.Errorf("queued %v in all, want waiting once", got)
 	}
 }
 
 func TestRequeueNodeNewToTheCache(t *testing.T) {
-	s, client, log := startedRequeuing(t, nil, pod("waiting", "", scheduling.ResourceGPU, 1, nil))
+	f := startedRequeuing(t, nil, pod("waiting", "", scheduling.ResourceGPU, 1, nil))
 	// The scheduler knows a node the extender's informer has not seen yet.
-	res := filterOn(t, s, pod("waiting", "", scheduling.ResourceGPU, 1, nil), "new")
+	res := filterOn(t, f.s, pod("waiting", "", scheduling.ResourceGPU, 1, nil), "new")
 	if !strings.Contains(res.FailedNodes["new"], "not in the gpuhealth extender's cache") {
 		t.Fatalf("FailedNodes = %v", res.FailedNodes)
 	}
-	if _, err := client.CoreV1().Nodes().Create(t.Context(), node("new", 8, nil), metav1.CreateOptions{}); err != nil {
+	if _, err := f.client.CoreV1().Nodes().Create(t.Context(), node("new", 8, nil), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return slices.Equal(log.list(), []string{"waiting"}) })
+	f.advanceUntil(t, func() bool { return slices.Equal(f.patches.names(), []string{"waiting"}) })
 }
 
 func TestRequeuePatchFailures(t *testing.T) {
@@ -215,38 +317,39 @@ func TestRequeuePatchFailures(t *testing.T) {
 		"gone":  {gone},
 		"flaky": {errors.New("connection reset"), apierrors.NewServiceUnavailable("try again")},
 	}
-	s, client, log := startedRequeuing(t, failures,
+	f := startedRequeuing(t, failures,
 		node("sick", 8, map[string]string{gpuhealthv1.UnhealthyIDsKey: "0,1,2,3,4,5,6,7"}),
 		pod("gone", "", scheduling.ResourceGPU, 1, nil),
 		pod("flaky", "", scheduling.ResourceGPU, 1, nil),
 	)
 	for _, name := range []string{"gone", "flaky"} {
-		filterOn(t, s, pod(name, "", scheduling.ResourceGPU, 1, nil), "sick")
+		filterOn(t, f.s, pod(name, "", scheduling.ResourceGPU, 1, nil), "sick")
 	}
-	setUnhealthy(t, s, client, "sick", "")
-	count := func(name string) int {
-		n := 0
-		for _, got := range log.list() {
-			if got == name {
-				n++
-			}
+	f.setUnhealthy(t, "sick", "")
+	f.sync(t)
+	if got := f.queue.list(); !slices.Equal(got, []string{"flaky", "gone"}) {
+		t.Fatalf("queued %v, want flaky and gone", got)
+	}
+	// A failed patch is retried with backoff until it succeeds: 200 ms, then 400 ms later.
+	f.advanceUntil(t, func() bool { return len(f.patches.of("flaky")) == 3 })
+	tries := f.patches.of("flaky")
+	for i, least := range []time.Duration{200 * time.Millisecond, 400 * time.Millisecond} {
+		if gap := tries[i+1].at.Sub(tries[i].at); gap < least {
+			t.Errorf("retry %d of flaky came %v after the try before, want at least %v", i+1, gap, least)
 		}
-		return n
 	}
-	// A failed patch is retried with backoff until it succeeds.
-	waitFor(t, func() bool { return count("flaky") == 3 })
 	// A pod that is gone is tried once and forgotten.
-	settle()
-	if n := count("gone"); n != 1 || isRemembered(s, "gone") {
-		t.Errorf("gone: patched %d times, remembered %v; want once, then forgotten", n, isRemembered(s, "gone"))
+	waitFor(t, func() bool { return !isRemembered(f.s, "gone") })
+	if n := len(f.patches.of("gone")); n != 1 {
+		t.Errorf("gone: patched %d times, want once", n)
 	}
-	if n := count("flaky"); n != 3 {
-		t.Errorf("flaky: patched %d times, want 3", n)
+	if got := f.queue.list(); !slices.Equal(got, []string{"flaky", "flaky", "flaky", "gone"}) {
+		t.Errorf("queued %v, want flaky three times (two retries) and gone once", got)
 	}
 }
 
 func TestRequeueMemoryIsBounded(t *testing.T) {
-	clk := clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0))
+	clk := clocktesting.NewFakeClock(requeueEpoch)
 	r := newRequeuer(fake.NewClientset(), clk)
 	uid := func(i int) types.UID { return types.UID(fmt.Sprintf("uid-%d", i)) }
 	// size counts the pods remembered and the nodes some pod is remembered for.

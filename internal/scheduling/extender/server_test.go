@@ -2,6 +2,7 @@ package extender
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -226,15 +228,15 @@ func TestFilterSeesInformerUpdates(t *testing.T) {
 	waitFor(t, func() bool { return len(*s.Filter(t.Context(), args).NodeNames) == 0 })
 }
 
-// waitFor polls cond; informer events are asynchronous even with a fake clientset.
+// waitFor polls cond until it holds: informer events are asynchronous even with a fake
+// clientset. Nothing in these tests waits for time to pass; the requeue tests move a fake clock.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
+	err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	})
+	if err != nil {
+		t.Fatalf("condition not met within 10s: %v", err)
 	}
 }
 
