@@ -1,0 +1,22 @@
+// Package kmsg reads the kernel log as a second source of GPU health signals, beside NVML.
+//
+// The NVIDIA driver writes every XID, and a few faults that carry no XID at all (a GPU that
+// failed to initialise, a GPU that fell off the bus before NVML could see it), to the kernel
+// log. NVML's event API misses events that happen while no one is subscribed and cannot report
+// a GPU it cannot open; the kernel log keeps them. This package turns that log into data:
+//
+//   - [ParseRecord] parses one record as read from /dev/kmsg (see the kernel's
+//     Documentation/ABI/testing/dev-kmsg): priority, sequence number, time since boot,
+//     the unescaped message and its dictionary lines (SUBSYSTEM=, DEVICE=).
+//   - [ParseNVRM] turns one "NVRM: ..." driver message into an [Event]: an XID with its
+//     process, MIG scope and (XID 154) new recovery action; a GPU that failed to initialise;
+//     a GPU lost from the bus; or the line that names the UUID of the GPU at a PCI bus ID.
+//
+// Both are pure functions of their input, so they are safe for concurrent use.
+//
+// What it does not do yet (later work): there is no reader loop on /dev/kmsg (open, seek to
+// the end or to a saved sequence number, handle EPIPE on overwritten records), no
+// de-duplication against NVML's own XID events, and no wiring into the agent. The package
+// imports only the standard library and nothing from Kubernetes, so a device plugin or a DRA
+// driver can embed it.
+package kmsg
