@@ -11,11 +11,17 @@
 //   - [ParseNVRM] turns one "NVRM: ..." driver message into an [Event]: an XID with its
 //     process, MIG scope and (XID 154) new recovery action; a GPU that failed to initialise;
 //     a GPU lost from the bus; or the line that names the UUID of the GPU at a PCI bus ID.
+//   - [Reader] reads /dev/kmsg one record per read(2): [Open] it from the oldest record the
+//     kernel still holds (a replay since boot, as far as the buffer reaches) or, with
+//     [SeekEnd], from the next record logged; [Reader.Next] blocks until a record arrives and
+//     honours its context. Records the kernel overwrote before they were read (EPIPE) and
+//     records that do not parse are counted ([Reader.Overruns], [Reader.Malformed]) and
+//     skipped, never fatal.
 //
-// Both are pure functions of their input, so they are safe for concurrent use.
+// ParseRecord and ParseNVRM are pure functions of their input, so they are safe for
+// concurrent use.
 //
-// What it does not do yet (later work): there is no reader loop on /dev/kmsg (open, seek to
-// the end or to a saved sequence number, handle EPIPE on overwritten records), no
+// What it does not do yet (later work): no seek to a saved sequence number, no
 // de-duplication against NVML's own XID events, and no wiring into the agent. The package
 // imports only the standard library and nothing from Kubernetes, so a device plugin or a DRA
 // driver can embed it.
