@@ -27,12 +27,11 @@ for arch in "${archs[@]}"; do
 	rootfs=bin/image/rootfs-$arch
 	say "staging $rootfs"
 	hack/image-rootfs.sh "$arch" "$rootfs" "$version"
-	case $arch in
-	amd64) smoke=(chroot "$rootfs" /gpuhealth version) ;;
-	arm64) smoke=(qemu-aarch64 -L "$rootfs" "$rootfs/gpuhealth" version) ;;
-	esac
-	if [[ $(go env GOARCH) == "$arch" ]]; then
-		smoke=(chroot "$rootfs" /gpuhealth version)
+	# Natively in a chroot; a foreign architecture under qemu-user with the rootfs's own loader.
+	smoke=(chroot "$rootfs" /gpuhealth version)
+	if [[ $(go env GOARCH) != "$arch" ]]; then
+		qemu=$([[ $arch == arm64 ]] && echo qemu-aarch64 || echo qemu-x86_64)
+		smoke=("$qemu" -L "$rootfs" "$rootfs/gpuhealth" version)
 	fi
 	if ! command -v "${smoke[0]}" >/dev/null 2>&1; then
 		say "cannot smoke-test $arch here (${smoke[0]} missing)"

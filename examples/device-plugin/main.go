@@ -71,16 +71,9 @@ func run(ctx context.Context, o options) error {
 	logger := klog.Background().WithValues("resource", o.resourceName)
 	ctx = klog.NewContext(ctx, logger)
 
-	cfg := config.Default()
-	if o.config != "" {
-		var err error
-		if cfg, err = config.Load(o.config); err != nil {
-			return err
-		}
-	}
-	policy, err := cfg.Policy()
+	cfg, policy, err := config.LoadPolicy(o.config)
 	if err != nil {
-		return fmt.Errorf("%s: %w", o.config, err)
+		return err
 	}
 	sc, err := sim.LoadScenario(o.scenario)
 	if err != nil {

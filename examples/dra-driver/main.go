@@ -109,16 +109,9 @@ func run(ctx context.Context, o options) error {
 
 	// The health library: a policy (which faults matter, what clears them) and a Runtime that
 	// runs the simulated GPUs through it.
-	cfg := config.Default()
-	if o.config != "" {
-		var err error
-		if cfg, err = config.Load(o.config); err != nil {
-			return err
-		}
-	}
-	policy, err := cfg.Policy()
+	cfg, policy, err := config.LoadPolicy(o.config)
 	if err != nil {
-		return fmt.Errorf("%s: %w", o.config, err)
+		return err
 	}
 	sc, err := sim.LoadScenario(o.scenario)
 	if err != nil {

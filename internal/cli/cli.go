@@ -119,16 +119,9 @@ func noSubcommand(cmd *cobra.Command, args []string) error {
 // loadConfig reads the HealthConfig at path (the built-in default when path is empty) and builds
 // its policy; anything wrong with either is bad input.
 func loadConfig(path string) (*config.HealthConfig, *health.Policy, error) {
-	cfg := config.Default()
-	if path != "" {
-		var err error
-		if cfg, err = config.Load(path); err != nil {
-			return nil, nil, badInput(err)
-		}
-	}
-	policy, err := cfg.Policy()
+	cfg, policy, err := config.LoadPolicy(path)
 	if err != nil {
-		return nil, nil, badInput(fmt.Errorf("%s: %w", path, err))
+		return nil, nil, badInput(err)
 	}
 	return cfg, policy, nil
 }

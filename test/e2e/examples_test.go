@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -68,64 +67,19 @@ func exampleBinary(t *testing.T, name string) string {
 	return b.path
 }
 
-// exampleProcess is one example running, its output in a log file.
-type exampleProcess struct {
-	cmd     *exec.Cmd
-	log     string
-	started time.Time
-	done    chan struct{}
-}
-
-// startExample starts an example binary; it is stopped (SIGTERM) when the test ends, and its
-// log is shown when the test failed.
-func startExample(t *testing.T, bin string, args ...string) *exampleProcess {
+// startExample starts an example binary; it must exit 0 on the SIGTERM that stops it when the
+// test ends, and its log is shown when the test failed.
+func startExample(t *testing.T, bin string, args ...string) *process {
 	t.Helper()
-	p := &exampleProcess{log: filepath.Join(t.TempDir(), filepath.Base(bin)+".log"), done: make(chan struct{})}
-	logFile, err := os.Create(p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	p.started = time.Now()
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		logFile.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-			if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-				t.Errorf("%s exited with %d after SIGTERM", filepath.Base(bin), code)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("%s did not stop within 15s of SIGTERM", filepath.Base(bin))
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(p.log)
-			t.Logf("%s log:\n%s", filepath.Base(bin), tail(string(b), 80))
+	name := filepath.Base(bin)
+	p := startProcess(t, name, filepath.Join(t.TempDir(), name+".log"), bin, args...)
+	t.Cleanup(func() { // runs before startProcess's own: stop, then check how it ended
+		p.stop(t)
+		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("%s exited with %d", name, code)
 		}
 	})
 	return p
-}
-
-// exited reports whether the process has ended, with its log tail.
-func (p *exampleProcess) exited() (bool, string) {
-	select {
-	case <-p.done:
-		b, _ := os.ReadFile(p.log)
-		return true, tail(string(b), 30)
-	default:
-		return false, ""
-	}
 }
 
 // writeScenario writes a scenario of count simulated GPUs on node with the given events.

@@ -263,15 +263,8 @@ func TestRealNodeHarness(t *testing.T) {
 	})
 }
 
-// devicePluginProcess is `gpuhealth device-plugin --backend sim` registered with a real kubelet.
-type devicePluginProcess struct {
-	cmd     *exec.Cmd
-	log     string
-	started time.Time
-	done    chan struct{}
-}
-
-func startDevicePlugin(t *testing.T, node *controlplane.KubeletNode, scenario, checkpoint string, extraArgs ...string) *devicePluginProcess {
+// startDevicePlugin starts `gpuhealth device-plugin --backend sim` registered with a real kubelet.
+func startDevicePlugin(t *testing.T, node *controlplane.KubeletNode, scenario, checkpoint string, extraArgs ...string) *process {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "scenario.yaml")
@@ -279,49 +272,9 @@ func startDevicePlugin(t *testing.T, node *controlplane.KubeletNode, scenario, c
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p := &devicePluginProcess{log: filepath.Join(dir, "device-plugin.log"), done: make(chan struct{})}
-	logFile, err := os.Create(p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
 	args := append([]string{"device-plugin", "--backend", "sim", "--scenario", path,
 		"--kubelet-socket-dir", node.DevicePluginDir(), "--checkpoint", checkpoint, "-v", "4"}, extraArgs...)
-	p.cmd = exec.Command(gpuhealthBinary(t), args...)
-	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	p.started = time.Now()
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		logFile.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.stop(t)
-		if t.Failed() {
-			b, _ := os.ReadFile(p.log)
-			t.Logf("device-plugin log:\n%s", tail(string(b), 60))
-		}
-	})
-	return p
-}
-
-func (p *devicePluginProcess) stop(t *testing.T) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(15 * time.Second):
-		t.Errorf("device plugin did not stop within 15s of SIGTERM")
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
+	return startProcess(t, "device-plugin", filepath.Join(dir, "device-plugin.log"), gpuhealthBinary(t), args...)
 }
 
 // gpuCounts returns the node's nvidia.com/gpu capacity and allocatable.

@@ -32,14 +32,14 @@ const rawWaitMs = 100
 // waits on holds none and is freed.
 func (b *Backend) RawCalls() []RawCall {
 	var calls []RawCall
-	ext := b.lib.Extensions()
+	canLookUp := b.lib.Extensions() != nil
 	for _, name := range optionalSymbols() {
 		found := "present"
-		if !b.sym.has(name) {
-			found = "missing"
-		}
-		if ext == nil {
+		switch {
+		case !canLookUp:
 			found = "unknown (the library offers no symbol lookup)"
+		case !b.sym.has(name):
+			found = "missing"
 		}
 		calls = append(calls, RawCall{Call: "LookupSymbol", Args: name, Return: found})
 	}

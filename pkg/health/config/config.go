@@ -161,6 +161,23 @@ func Load(path string) (*HealthConfig, error) {
 	return c, nil
 }
 
+// LoadPolicy reads the HealthConfig file at path (the default configuration when path is empty)
+// and builds its Policy: what every embedder does at start. Errors name the file.
+func LoadPolicy(path string) (*HealthConfig, *health.Policy, error) {
+	cfg := Default()
+	if path != "" {
+		var err error
+		if cfg, err = Load(path); err != nil {
+			return nil, nil, err
+		}
+	}
+	policy, err := cfg.Policy()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, policy, nil
+}
+
 // Parse decodes and validates a HealthConfig.
 func Parse(data []byte) (*HealthConfig, error) {
 	var c HealthConfig

@@ -474,3 +474,17 @@ func TestDurationIsATextUnmarshaler(t *testing.T) {
 		t.Fatalf("json.Marshal = %s, %v", b, err)
 	}
 }
+
+func TestLoadPolicy(t *testing.T) {
+	cfg, p, err := config.LoadPolicy("")
+	if err != nil || cfg.Profile != "default" || !reflect.DeepEqual(p, health.DefaultPolicy()) {
+		t.Fatalf("LoadPolicy(\"\") = %+v, %v; want the default profile and health.DefaultPolicy()", cfg, err)
+	}
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(path, []byte(header+"quietPeriod: soon\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := config.LoadPolicy(path); err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("LoadPolicy(bad file) = %v, want an error naming %s", err, path)
+	}
+}
