@@ -214,6 +214,11 @@ func (l *lookup) one(part, run, name, unit string) figure.Figure {
 	return figure.Figure{}
 }
 
+// hasFigure says whether part has any figure called name.
+func (l *lookup) hasFigure(part, name string) bool {
+	return slices.ContainsFunc(l.figs, func(f figure.Figure) bool { return f.Part == part && f.Name == name })
+}
+
 // has says whether part has any figure.
 func (l *lookup) has(part string) bool {
 	return slices.ContainsFunc(l.figs, func(f figure.Figure) bool { return f.Part == part })

@@ -222,3 +222,36 @@ func TestReadRun(t *testing.T) {
 		t.Errorf("a truncated line: error %v, want the file and the line", err)
 	}
 }
+
+// Runs that measured the bare client and the trace show the ratio and the stages beside the
+// agent's figure.
+func TestRenderLatencyAgainstTheBareClient(t *testing.T) {
+	const path = "fault -> volcano.sh/gpu-unhealthy-ids"
+	ms := func(name string, p50, p99 float64, labels ...string) figure.Figure {
+		f := figure.Figure{Part: partLatency, Run: "1", Name: name, Labels: map[string]string{figure.LabelPath: path}, Unit: figure.UnitMilliseconds,
+			Value: p50, Samples: 100, Percentiles: map[string]float64{figure.P50: p50, figure.P99: p99, figure.Max: p99}}
+		for i := 0; i+1 < len(labels); i += 2 {
+			f.Labels[labels[i]] = labels[i+1]
+		}
+		return f
+	}
+	res := results{Figures: []figure.Figure{
+		ms(figure.SignalToObject, 7, 12),
+		ms(figure.BareClientToObject, 5, 10),
+		ms(figure.SignalTrace, 0.3, 1, figure.LabelStage, "signal -> request sent"),
+		ms(figure.SignalTrace, 6.5, 11, figure.LabelStage, "request -> response"),
+		{Part: partLatency, Run: "1", Name: figure.WritesPerChange, Labels: map[string]string{figure.LabelSink: "annotation"}, Unit: figure.UnitWritesPerChange, Value: 1},
+	}}
+	table, _, err := render(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| signal → object: " + path + " | p50 7.0 ms, p99 12.0 ms; bare client p50 5.0 ms, p99 10.0 ms; ratio 1.40× / 1.20× |",
+		"| trace, p50 of each stage: " + path + " | signal -> request sent 0.30 ms, request -> response 6.50 ms |",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+}

@@ -1,12 +1,13 @@
 // Package agent wires a GPU backend to the health library and the library to the reporters:
 // the job of `gpuhealth agent`, one per GPU node.
 //
-//	backend ──signals──▶ Monitor ──updates──▶ fan-out ──▶ damped Writers (annotation, devicetaint, condition)
-//	                                                  ├──▶ Node Events, metrics
-//	                                                  └──▶ checkpoint file
+//	backend ──signals──▶ Monitor ──updates──▶ fan-out ──▶ damped Writers schedulers read (annotation, devicetaint, hami)
+//	                                                  ├──▶ metrics, checkpoint file
+//	                                                  └──▶ followers: once those wrote, Node Events and the other
+//	                                                       Writers (condition, claimstatus)
 //
 // Every loop runs under one errgroup: the backend, one goroutine per writer, the fan-out, the
-// quiet-period ticker and the HTTP server (/metrics, /healthz, /readyz). The first loop that
+// followers, the quiet-period ticker and the HTTP server (/metrics, /healthz, /readyz). The first loop that
 // fails cancels the others; a cancelled context (SIGTERM) stops everything cleanly.
 package agent
 
@@ -169,22 +170,27 @@ func Run(ctx context.Context, opts Options) error {
 	for _, w := range writers {
 		g.Go(func() error { return w.Run(ctx) })
 	}
+	// The sinks schedulers read go first; the rest (the condition, claim status, Events) follow
+	// once those have written, so that their requests do not compete with the scheduler path.
+	scheduling, following := splitBySchedulerPath(writers)
+	after := newFollowers(following, events)
+	g.Go(func() error { return after.run(ctx, scheduling) })
 	g.Go(func() error {
 		for {
 			u, ok := sub.Wait(ctx)
 			if !ok {
 				return nil
 			}
+			for _, w := range scheduling {
+				_ = w.Report(ctx, u.Snapshot)
+			}
+			after.add(u, scheduling)
 			if u.Dropped > 0 {
 				logger.Info("Fell behind; some transitions were not recorded as events", "dropped", u.Dropped)
 			}
 			m.Transitions(u.Transitions)
 			for _, t := range u.Transitions {
 				logger.Info("GPU health changed", "gpu", t.Device.UUID, "index", t.Device.Index, "from", t.From, "to", t.To, "reason", t.Reason)
-				events.Record(t)
-			}
-			for _, w := range writers {
-				_ = w.Report(ctx, u.Snapshot)
 			}
 		}
 	})

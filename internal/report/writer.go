@@ -58,6 +58,10 @@ type Writer struct {
 	latest health.Snapshot
 	has    bool
 	synced bool
+	// reported counts Reports; settled is the highest report a finished Sync (successful or
+	// not) started from, and settledCh is closed and replaced whenever a Sync finishes.
+	reported, settled uint64
+	settledCh         chan struct{}
 }
 
 const queueKey = "sync"
@@ -80,7 +84,7 @@ func NewWriter(s Syncer, opts WriterOptions) *Writer {
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](opts.BaseDelay, opts.MaxDelay),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: s.Name(), Clock: opts.Clock},
 	)
-	return &Writer{syncer: s, opts: opts, queue: q}
+	return &Writer{syncer: s, opts: opts, queue: q, settledCh: make(chan struct{})}
 }
 
 // Name is the syncer's name.
@@ -90,9 +94,36 @@ func (w *Writer) Name() string { return w.syncer.Name() }
 func (w *Writer) Report(_ context.Context, snap health.Snapshot) error {
 	w.mu.Lock()
 	w.latest, w.has = snap, true
+	w.reported++
 	w.mu.Unlock()
 	w.queue.Add(queueKey)
 	return nil
+}
+
+// Reported returns how many snapshots have been reported so far: the number of the latest.
+func (w *Writer) Reported() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reported
+}
+
+// WaitSettled blocks until a Sync that started from report n (see Reported) or a later one has
+// finished, successfully or not, or ctx ends. It reports whether it settled. The agent uses it
+// to keep the sinks schedulers read ahead of the others.
+func (w *Writer) WaitSettled(ctx context.Context, n uint64) bool {
+	for {
+		w.mu.Lock()
+		settled, ch := w.settled >= n, w.settledCh
+		w.mu.Unlock()
+		if settled {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // Synced reports whether the last Sync succeeded.
@@ -132,7 +163,7 @@ func (w *Writer) processNext(ctx context.Context, logger klog.Logger) bool {
 	}
 	defer w.queue.Done(key)
 	w.mu.Lock()
-	snap, has := w.latest, w.has
+	snap, has, report := w.latest, w.has, w.reported
 	w.mu.Unlock()
 	if !has {
 		return true // nothing reported yet; the first Report queues a sync
@@ -143,6 +174,9 @@ func (w *Writer) processNext(ctx context.Context, logger klog.Logger) bool {
 	}
 	w.mu.Lock()
 	w.synced = err == nil
+	w.settled = max(w.settled, report)
+	close(w.settledCh)
+	w.settledCh = make(chan struct{})
 	w.mu.Unlock()
 	if err != nil {
 		if ctx.Err() != nil {

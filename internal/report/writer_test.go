@@ -217,3 +217,53 @@ func TestSummaryListsWhatIsUnmonitored(t *testing.T) {
 		t.Errorf("a fully watched GPU lists %v", got)
 	}
 }
+
+// gatedSyncer blocks each Sync until the test releases it, and fails when told to.
+type gatedSyncer struct {
+	started chan struct{}
+	release chan error
+}
+
+func (s *gatedSyncer) Name() string { return "gated" }
+
+func (s *gatedSyncer) Sync(context.Context, health.Snapshot) (int, error) {
+	s.started <- struct{}{}
+	return 1, <-s.release
+}
+
+func TestWriterWaitSettled(t *testing.T) {
+	s := &gatedSyncer{started: make(chan struct{}), release: make(chan error)}
+	w := report.NewWriter(s, report.WriterOptions{Resync: time.Hour, BaseDelay: time.Hour, Clock: newTimerClock()})
+	ctx := run(t, w)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	_ = w.Report(ctx, health.Snapshot{})
+	first := w.Reported()
+	<-s.started
+	if w.WaitSettled(cancelled, first) {
+		t.Fatal("WaitSettled: settled while the Sync of that report is still running")
+	}
+	s.release <- nil
+	if !w.WaitSettled(ctx, first) {
+		t.Fatal("WaitSettled: not settled after the Sync finished")
+	}
+
+	// A failed Sync settles its report too: the sinks waiting on it must not wait for the retry.
+	_ = w.Report(ctx, health.Snapshot{})
+	second := w.Reported()
+	if second != first+1 {
+		t.Fatalf("Reported() = %d after two reports, want %d", second, first+1)
+	}
+	if w.WaitSettled(cancelled, second) {
+		t.Fatal("WaitSettled: a new report counted as settled before its Sync")
+	}
+	<-s.started
+	s.release <- errors.New("conflict")
+	if !w.WaitSettled(ctx, second) {
+		t.Fatal("WaitSettled: not settled after a failed Sync")
+	}
+	if !w.WaitSettled(cancelled, first) {
+		t.Error("WaitSettled: an older report is not settled once a later one is")
+	}
+}

@@ -4,11 +4,14 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,8 +19,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
 	"github.com/gpuhealth/gpuhealth/internal/agent"
@@ -112,8 +117,19 @@ func TestBenchSignalToObject(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.QPS, cfg.Burst = agent.ClientQPS, agent.ClientBurst // as `gpuhealth agent` runs
+	// The bare client: the same identity, rate limits and spacing, no agent logic. What it
+	// measures is the limit the agent is compared with.
+	bare, err := kubernetes.NewForConfig(rest.CopyConfig(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	trace := &requestTrace{}
+	cfg.Wrap(trace.wrap)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateReadyNode(ctx, bareNode, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -142,7 +158,9 @@ func TestBenchSignalToObject(t *testing.T) {
 		}
 	}()
 
-	nodeWatch, err := c.Admin().CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + node})
+	// One watch of each kind sees the agent's objects and the bare client's, so both are timed
+	// the same way; the values carry the object's name.
+	nodeWatch, err := c.Admin().CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,9 +169,9 @@ func TestBenchSignalToObject(t *testing.T) {
 		if !ok {
 			return "", false
 		}
-		return n.Annotations[gpuhealthv1.UnhealthyIDsKey], true
+		return n.Name + "=" + n.Annotations[gpuhealthv1.UnhealthyIDsKey], true
 	})
-	ruleWatch, err := c.Admin().ResourceV1().DeviceTaintRules().Watch(ctx, metav1.ListOptions{LabelSelector: devicetaint.NodeLabel + "=" + node})
+	ruleWatch, err := c.Admin().ResourceV1().DeviceTaintRules().Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,23 +188,68 @@ func TestBenchSignalToObject(t *testing.T) {
 		return w["annotation"] == 1 && (w["condition"] == 1 || !slices.Contains(reporters, "condition")), fmt.Sprint(w), nil
 	})
 	writesBefore := gatherWrites(t, reg)
-	var annLat, ruleLat, annRec, ruleRec []time.Duration
+	paths := []string{pathFaultAnnotation, pathFaultRule, pathRecoveryAnnotation, pathRecoveryRule}
+	agentLat, bareLat := map[string][]time.Duration{}, map[string][]time.Duration{}
+	stages := map[string]map[string][]time.Duration{} // path → stage → durations
+	record := func(path string, start, seenAt time.Time, req tracedRequest, ok bool) {
+		agentLat[path] = append(agentLat[path], seenAt.Sub(start))
+		if !ok {
+			t.Errorf("%s: no request of the agent's in the trace", path)
+			return
+		}
+		if stages[path] == nil {
+			stages[path] = map[string][]time.Duration{}
+		}
+		stages[path][stageInAgent] = append(stages[path][stageInAgent], req.start.Sub(start))
+		stages[path][stageRequest] = append(stages[path][stageRequest], req.end.Sub(req.start))
+		stages[path][stageWatch] = append(stages[path][stageWatch], seenAt.Sub(req.end))
+	}
+	var bareRule *resourcev1.DeviceTaintRule
 	at := time.Now()
 	for i := range faults {
 		gpu := i % len(uuids)
 		rule := devicetaint.RuleName(uuids[gpu])
 		at = at.Add(time.Second)
+		trace.reset()
 		start := time.Now()
 		backend.Signals <- health.Signal{Kind: health.SignalXID, Device: uuids[gpu], XID: 48, Time: at}
-		annLat = append(annLat, waitValue(t, ids, strconv.Itoa(gpu)).Sub(start))
-		ruleLat = append(ruleLat, waitValue(t, ruleEvents, "ADDED "+rule).Sub(start))
+		annSeen := waitValue(t, ids, node+"="+strconv.Itoa(gpu))
+		ruleSeen := waitValue(t, ruleEvents, "ADDED "+rule)
+		req, ok := trace.first(http.MethodPatch, "/nodes/"+node)
+		record(pathFaultAnnotation, start, annSeen, req, ok)
+		req, ok = trace.first(http.MethodPost, "/devicetaintrules")
+		record(pathFaultRule, start, ruleSeen, req, ok)
+		if bareRule == nil { // the bare client creates rules of the same shape
+			got, err := c.Admin().ResourceV1().DeviceTaintRules().Get(ctx, rule, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bareRule = &resourcev1.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: "bench-bare", Labels: map[string]string{devicetaint.NodeLabel: bareNode}}, Spec: got.Spec}
+		}
 		time.Sleep(changeSpacing)
 
 		at = at.Add(time.Second)
+		trace.reset()
 		start = time.Now()
 		backend.Signals <- health.Signal{Kind: health.SignalReset, Device: uuids[gpu], Time: at}
-		annRec = append(annRec, waitValue(t, ids, "").Sub(start))
-		ruleRec = append(ruleRec, waitValue(t, ruleEvents, "DELETED "+rule).Sub(start))
+		annSeen = waitValue(t, ids, node+"=")
+		ruleSeen = waitValue(t, ruleEvents, "DELETED "+rule)
+		req, ok = trace.first(http.MethodPatch, "/nodes/"+node)
+		record(pathRecoveryAnnotation, start, annSeen, req, ok)
+		req, ok = trace.first(http.MethodDelete, "/devicetaintrules/"+rule)
+		record(pathRecoveryRule, start, ruleSeen, req, ok)
+		time.Sleep(changeSpacing)
+
+		// The same two changes by the bare client, interleaved so that both see the same
+		// API server in the same state: one merge PATCH of the annotation and one create (or
+		// delete) of a rule of the same shape, sent together as the agent sends them.
+		ann, created := bareChange(ctx, t, bare, ids, ruleEvents, strconv.Itoa(gpu), bareRule)
+		bareLat[pathFaultAnnotation] = append(bareLat[pathFaultAnnotation], ann)
+		bareLat[pathFaultRule] = append(bareLat[pathFaultRule], created)
+		time.Sleep(changeSpacing)
+		ann, deleted := bareChange(ctx, t, bare, ids, ruleEvents, "", bareRule)
+		bareLat[pathRecoveryAnnotation] = append(bareLat[pathRecoveryAnnotation], ann)
+		bareLat[pathRecoveryRule] = append(bareLat[pathRecoveryRule], deleted)
 		time.Sleep(changeSpacing)
 	}
 	// The condition writer runs independently; give every writer a moment to settle, then count.
@@ -197,24 +260,24 @@ func TestBenchSignalToObject(t *testing.T) {
 	var b strings.Builder
 	var figs []figure.Figure
 	fmt.Fprintf(&b, "signal -> object visible through a watch, %d faults and %d recoveries, loopback, real kube-apiserver %s\n", faults, faults, controlplane.KubernetesVersion)
-	fmt.Fprintf(&b, "| path | p50 | p99 | max |\n|---|---|---|---|\n")
-	for _, row := range []struct {
-		name string
-		lat  []time.Duration
-	}{
-		{"fault -> volcano.sh/gpu-unhealthy-ids", annLat},
-		{"fault -> DeviceTaintRule ADDED", ruleLat},
-		{"recovery -> annotation removed", annRec},
-		{"recovery -> DeviceTaintRule DELETED", ruleRec},
-	} {
-		slices.Sort(row.lat)
-		p50, p99, maximum := percentile(row.lat, 0.5), percentile(row.lat, 0.99), row.lat[len(row.lat)-1]
-		fmt.Fprintf(&b, "| %s | %v | %v | %v |\n", row.name, p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond), maximum.Round(10*time.Microsecond))
-		figs = append(figs, figure.Figure{
-			Name: figure.SignalToObject, Labels: map[string]string{figure.LabelPath: row.name}, Unit: figure.UnitMilliseconds,
-			Value: milliseconds(p50), Samples: len(row.lat),
-			Percentiles: map[string]float64{figure.P50: milliseconds(p50), figure.P99: milliseconds(p99), figure.Max: milliseconds(maximum)},
-		})
+	fmt.Fprintf(&b, "| path | agent p50 | p99 | max | bare client p50 | p99 | ratio p50 | p99 |\n|---|---|---|---|---|---|---|---|\n")
+	for _, path := range paths {
+		a, bc := latencyFigure(figure.SignalToObject, path, agentLat[path]), latencyFigure(figure.BareClientToObject, path, bareLat[path])
+		fmt.Fprintf(&b, "| %s | %.2fms | %.2fms | %.2fms | %.2fms | %.2fms | %.2f× | %.2f× |\n", path,
+			a.Percentiles[figure.P50], a.Percentiles[figure.P99], a.Percentiles[figure.Max], bc.Percentiles[figure.P50], bc.Percentiles[figure.P99],
+			a.Percentiles[figure.P50]/bc.Percentiles[figure.P50], a.Percentiles[figure.P99]/bc.Percentiles[figure.P99])
+		figs = append(figs, a, bc)
+	}
+	fmt.Fprintf(&b, "\nwhere the agent's time goes (p50 of each stage)\n| path | signal -> request sent | request -> response | response -> watch |\n|---|---|---|---|\n")
+	for _, path := range paths {
+		fmt.Fprintf(&b, "| %s |", path)
+		for _, stage := range []string{stageInAgent, stageRequest, stageWatch} {
+			f := latencyFigure(figure.SignalTrace, path, stages[path][stage])
+			f.Labels[figure.LabelStage] = stage
+			fmt.Fprintf(&b, " %.2fms |", f.Percentiles[figure.P50])
+			figs = append(figs, f)
+		}
+		b.WriteString("\n")
 	}
 	fmt.Fprintf(&b, "\n| sink | writes | state changes | writes per change |\n|---|---|---|---|\n")
 	for _, sink := range reporters {
@@ -271,4 +334,138 @@ func benchReporters() []string {
 		return strings.Split(v, ",")
 	}
 	return nil
+}
+
+// The paths TestBenchSignalToObject times, and the stages of the agent's trace.
+const (
+	pathFaultAnnotation    = "fault -> volcano.sh/gpu-unhealthy-ids"
+	pathFaultRule          = "fault -> DeviceTaintRule ADDED"
+	pathRecoveryAnnotation = "recovery -> annotation removed"
+	pathRecoveryRule       = "recovery -> DeviceTaintRule DELETED"
+
+	stageInAgent = "signal -> request sent"
+	stageRequest = "request -> response"
+	stageWatch   = "response -> watch"
+
+	// bareNode is the Node whose annotation the bare client patches.
+	bareNode = "bench-bare-node"
+)
+
+// tracedRequest is one request of the agent's client: when it left and when its response came.
+type tracedRequest struct {
+	method, path string
+	start, end   time.Time
+}
+
+// requestTrace records every request of a client (rest.Config.Wrap), so that the time from a
+// signal to an object can be split at the request that wrote it.
+type requestTrace struct {
+	mu       sync.Mutex
+	requests []tracedRequest
+}
+
+func (r *requestTrace) wrap(next http.RoundTripper) http.RoundTripper {
+	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+		start := time.Now()
+		resp, err := next.RoundTrip(req)
+		end := time.Now()
+		r.mu.Lock()
+		r.requests = append(r.requests, tracedRequest{method: req.Method, path: req.URL.Path, start: start, end: end})
+		r.mu.Unlock()
+		return resp, err
+	})
+}
+
+func (r *requestTrace) reset() {
+	r.mu.Lock()
+	r.requests = r.requests[:0]
+	r.mu.Unlock()
+}
+
+// first returns the earliest request since the last reset with this method and a path ending in
+// suffix. A watch can see an object before its writer has read the response, so it waits a
+// moment for the request to complete.
+func (r *requestTrace) first(method, suffix string) (tracedRequest, bool) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if req, ok := r.find(method, suffix); ok || time.Now().After(deadline) {
+			return req, ok
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (r *requestTrace) find(method, suffix string) (tracedRequest, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var found tracedRequest
+	ok := false
+	for _, req := range r.requests {
+		if req.method == method && strings.HasSuffix(req.path, suffix) && (!ok || req.start.Before(found.start)) {
+			found, ok = req, true
+		}
+	}
+	return found, ok
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// bareChange makes, with a bare client, the two changes a GPU state change makes: a merge PATCH
+// of the Volcano annotation on bareNode (value "" removes it) and a create (value set) or delete
+// of rule, sent together. It returns the time until the watches saw each.
+func bareChange(ctx context.Context, t *testing.T, client kubernetes.Interface, ids, rules <-chan seen, value string, rule *resourcev1.DeviceTaintRule) (annotation, ruleSeen time.Duration) {
+	t.Helper()
+	var patch []byte
+	var err error
+	if value == "" {
+		patch = []byte(`{"metadata":{"annotations":{"` + gpuhealthv1.UnhealthyIDsKey + `":null}}}`)
+	} else {
+		patch, err = json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{gpuhealthv1.UnhealthyIDsKey: value}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make(chan error, 2)
+	start := time.Now()
+	go func() {
+		_, err := client.CoreV1().Nodes().Patch(ctx, bareNode, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "bench-bare"})
+		errs <- err
+	}()
+	go func() {
+		var err error
+		if value != "" {
+			_, err = client.ResourceV1().DeviceTaintRules().Create(ctx, rule, metav1.CreateOptions{FieldManager: "bench-bare"})
+		} else {
+			err = client.ResourceV1().DeviceTaintRules().Delete(ctx, rule.Name, metav1.DeleteOptions{})
+		}
+		errs <- err
+	}()
+	want := "ADDED " + rule.Name
+	if value == "" {
+		want = "DELETED " + rule.Name
+	}
+	annotation = waitValue(t, ids, bareNode+"="+value).Sub(start)
+	ruleSeen = waitValue(t, rules, want).Sub(start)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("bare client: %v", err)
+		}
+	}
+	return annotation, ruleSeen
+}
+
+// latencyFigure summarises durations as a figure in milliseconds: the p50, with P50, P99 and Max.
+func latencyFigure(name, path string, lat []time.Duration) figure.Figure {
+	sorted := slices.Clone(lat)
+	slices.Sort(sorted)
+	f := figure.Figure{Name: name, Labels: map[string]string{figure.LabelPath: path}, Unit: figure.UnitMilliseconds, Samples: len(sorted)}
+	if len(sorted) == 0 {
+		return f
+	}
+	p50, p99, maximum := percentile(sorted, 0.5), percentile(sorted, 0.99), sorted[len(sorted)-1]
+	f.Value = milliseconds(p50)
+	f.Percentiles = map[string]float64{figure.P50: milliseconds(p50), figure.P99: milliseconds(p99), figure.Max: milliseconds(maximum)}
+	return f
 }

@@ -31,6 +31,14 @@ const (
 	// UnitMilliseconds, one figure per LabelPath: the value is the p50, with P50, P99 and Max.
 	SignalToObject = "signal_to_object"
 	LabelPath      = "path"
+	// BareClientToObject is the limit SignalToObject is compared with: the time from a bare
+	// client's request (same identity, rate limits and spacing, no agent logic) until the same
+	// watch saw the object, per LabelPath, as SignalToObject.
+	BareClientToObject = "bare_client_to_object"
+	// SignalTrace splits SignalToObject at the agent's request, per LabelPath and LabelStage
+	// (signal -> request sent, request -> response, response -> watch), as SignalToObject.
+	SignalTrace = "signal_trace"
+	LabelStage  = "stage"
 	// WritesPerChange is the API writes per GPU state change of one reporter (LabelSink), in
 	// UnitWritesPerChange; the samples are the state changes.
 	WritesPerChange = "api_writes_per_change"
