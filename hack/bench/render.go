@@ -141,8 +141,19 @@ func fleetRows(l *lookup, _ settings) []row {
 				v(figure.FleetWaveAnnotationsTime, figure.UnitSeconds),
 				l.medianPercentile(figure.P50, partFleet, figure.FleetWaveObjectLatency, figure.UnitSeconds),
 				l.medianPercentile(figure.P99, partFleet, figure.FleetWaveObjectLatency, figure.UnitSeconds),
-				v(figure.FleetWaveRequests, figure.UnitRequests)), how},
+				v(figure.FleetWaveRequests, figure.UnitRequests)) + bareWave(l, partFleet), how},
 	}
+}
+
+// bareWave is the wave's limit measured in the same runs, when they measured it: the same writes
+// sent by bare clients, and the ratio.
+func bareWave(l *lookup, part string) string {
+	if !l.hasFigure(part, figure.FleetBareWaveAllTime) {
+		return ""
+	}
+	bare, agents := l.median(part, figure.FleetBareWaveAllTime, figure.UnitSeconds), l.median(part, figure.FleetWaveAllTime, figure.UnitSeconds)
+	return fmt.Sprintf("; bare clients sending the same writes: %.1f s, %.0f requests; ratio %.2f×",
+		bare, l.median(part, figure.FleetBareWaveRequests, figure.UnitRequests), agents/bare)
 }
 
 func fleetLargeRows(l *lookup, _ settings) []row {
@@ -152,7 +163,7 @@ func fleetLargeRows(l *lookup, _ settings) []row {
 		fmt.Sprintf("start-up %.1f s; steady %.2f requests/s; wave: all taints and annotations in %.1f s (p99 %.1f s), %.0f requests",
 			v(figure.FleetStartupTime, figure.UnitSeconds), v(figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond),
 			v(figure.FleetWaveAllTime, figure.UnitSeconds), l.medianPercentile(figure.P99, partFleetLarge, figure.FleetWaveObjectLatency, figure.UnitSeconds),
-			v(figure.FleetWaveRequests, figure.UnitRequests)),
+			v(figure.FleetWaveRequests, figure.UnitRequests)) + bareWave(l, partFleetLarge),
 		"test/fleet, one run",
 	}}
 }
@@ -226,7 +237,12 @@ func renderDocument(l *lookup, res results, table string) string {
   is not included). *Steady state* is a quiet window after start-up. In the *wave* one GPU in ten
   (` + "`(node*8+gpu) % 10 == 0`" + `, at most one per node) gets XID 48 at the same instant through the agents'
   channel backends; the time is until the last DeviceTaintRule and the last ` + "`volcano.sh/gpu-unhealthy-ids`" + `
-  annotation are seen through the test's watches. The test asserts only correctness (every expected rule and
+  annotation are seen through the test's watches. The *bare wave* then measures the limit in the same run:
+  it copies what each failing node's agent wrote (its annotations under other keys, its rules under other
+  names, its condition under another type, an Event) and, for all those nodes at once, sends the same writes
+  with one warm client per node (the agents' identity, rate limits and connections of their own), in the
+  agents' order (annotation and rules together, then condition and Event), timed the same way; the ratio is
+  the agents' time ÷ the bare clients'. The test asserts only correctness (every expected rule and
   annotation exists at the end, nothing else does, one write per change), never a time. The larger run
   repeats all of it once with more nodes. The breaker run turns the circuit breaker on, with its
   controller (the GPU count) in the test process and a budget of 5% of the GPUs, half the wave: 400

@@ -120,6 +120,13 @@ type Figures struct {
 	WaveRewatches int
 	WaveByKind    map[string]int64
 	WaveWrites    map[string]int
+
+	// The bare wave (GPUHEALTH_FLEET_BARE, on unless 0): the same writes sent by bare clients
+	// with the agents' identity, rate limits and concurrency, no agent logic: the API server's
+	// own time for the wave, which WaveAllSeconds is compared with.
+	BareWaveAllSeconds float64
+	BareWaveRequests   int64
+	BareWaveByKind     map[string]int64
 }
 
 // TestFleet runs GPUHEALTH_FLEET_NODES (default 500) simulated nodes × 8 GPUs, each with its own
@@ -287,6 +294,9 @@ func TestFleet(t *testing.T) {
 	fig.Transports = counter.transports.Load()
 
 	wave(t, admin, fleet, counter, &fig)
+	if os.Getenv("GPUHEALTH_FLEET_BARE") != "0" {
+		bareWave(t, admin, agentCfg, fleet, &fig)
+	}
 
 	stop()
 	report(t, fig)
@@ -466,48 +476,9 @@ func waitReady(ctx context.Context, fleet []*fleetNode) error {
 func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter *requestCounter, fig *Figures) {
 	t.Helper()
 	ctx := t.Context()
-	// The failing GPUs: every tenth of the fleet, so at most one per node (8 in a row hold at
-	// most one multiple of 10), spread over the nodes like independent failures.
-	wantRules := map[string]bool{}
-	wantIDs := map[string]string{}    // node -> volcano.sh/gpu-unhealthy-ids
-	failing := map[*fleetNode][]int{} // node -> GPU indexes
-	for i, n := range fleet {
-		for g := range gpusPerNode {
-			if (i*gpusPerNode+g)%waveEvery != 0 {
-				continue
-			}
-			failing[n] = append(failing[n], g)
-			wantRules[devicetaint.RuleName(n.uuids[g])] = true
-		}
-	}
-	for n, idx := range failing {
-		ids := make([]string, len(idx))
-		for i, g := range idx {
-			ids[i] = strconv.Itoa(g)
-		}
-		wantIDs[n.name] = strings.Join(ids, ",")
-	}
+	failing, wantIDs, wantRules := waveTargets(fleet)
 	fig.WaveGPUs, fig.WaveNodes = len(wantRules), len(wantIDs)
-
-	// Watch from the current resourceVersion, so every event seen is the wave's. A watch the
-	// API server closes (an overloaded server drops a watcher that falls behind) is reopened
-	// after a fresh LIST, whose items count as seen then: nothing is missed, only seen later.
-	nodes := &observed{
-		list: listing(func(ctx context.Context, o metav1.ListOptions) (k8sruntime.Object, error) {
-			return admin.CoreV1().Nodes().List(ctx, o)
-		}),
-		watch: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return admin.CoreV1().Nodes().Watch(ctx, opts)
-		},
-	}
-	rules := &observed{
-		list: listing(func(ctx context.Context, o metav1.ListOptions) (k8sruntime.Object, error) {
-			return admin.ResourceV1().DeviceTaintRules().List(ctx, o)
-		}),
-		watch: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return admin.ResourceV1().DeviceTaintRules().Watch(ctx, opts)
-		},
-	}
+	nodes, rules := observeNodesAndRules(admin)
 	watchCtx, stopWatches := context.WithCancel(ctx)
 	defer stopWatches()
 	for _, o := range []*observed{nodes, rules} {
@@ -617,6 +588,54 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 			t.Errorf("%s: %d writes for the wave, want %d (one per changed object)", sink, fig.WaveWrites[sink], want)
 		}
 	}
+}
+
+// waveTargets returns the wave's failing GPUs: every tenth of the fleet, so at most one per node
+// (8 in a row hold at most one multiple of 10), spread over the nodes like independent failures;
+// with the volcano.sh/gpu-unhealthy-ids each failing node must get and the rules expected.
+func waveTargets(fleet []*fleetNode) (failing map[*fleetNode][]int, wantIDs map[string]string, wantRules map[string]bool) {
+	failing, wantIDs, wantRules = map[*fleetNode][]int{}, map[string]string{}, map[string]bool{}
+	for i, n := range fleet {
+		for g := range gpusPerNode {
+			if (i*gpusPerNode+g)%waveEvery != 0 {
+				continue
+			}
+			failing[n] = append(failing[n], g)
+			wantRules[devicetaint.RuleName(n.uuids[g])] = true
+		}
+	}
+	for n, idx := range failing {
+		ids := make([]string, len(idx))
+		for i, g := range idx {
+			ids[i] = strconv.Itoa(g)
+		}
+		wantIDs[n.name] = strings.Join(ids, ",")
+	}
+	return failing, wantIDs, wantRules
+}
+
+// observeNodesAndRules returns observers of the Nodes and the DeviceTaintRules. Each watches from
+// the resourceVersion of its start, so every event seen is new. A watch the API server closes (an
+// overloaded server drops a watcher that falls behind) is reopened after a fresh LIST, whose
+// items count as seen then: nothing is missed, only seen later.
+func observeNodesAndRules(admin kubernetes.Interface) (nodes, rules *observed) {
+	nodes = &observed{
+		list: listing(func(ctx context.Context, o metav1.ListOptions) (k8sruntime.Object, error) {
+			return admin.CoreV1().Nodes().List(ctx, o)
+		}),
+		watch: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return admin.CoreV1().Nodes().Watch(ctx, opts)
+		},
+	}
+	rules = &observed{
+		list: listing(func(ctx context.Context, o metav1.ListOptions) (k8sruntime.Object, error) {
+			return admin.ResourceV1().DeviceTaintRules().List(ctx, o)
+		}),
+		watch: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return admin.ResourceV1().DeviceTaintRules().Watch(ctx, opts)
+		},
+	}
+	return nodes, rules
 }
 
 // effectCount follows the effect of every rule seen, and the most rules ever seen with a
@@ -812,6 +831,10 @@ func report(t *testing.T, fig Figures) {
 	fmt.Fprintf(&b, "| wave: %d GPUs on %d nodes fail at once | all taints and annotations in %.2f s (annotations %.2f s, rules %.2f s; per object p50 %.2f s, p99 %.2f s); conditions %.2f s |\n",
 		fig.WaveGPUs, fig.WaveNodes, fig.WaveAllSeconds, fig.WaveAnnotationsSeconds, fig.WaveRulesSeconds, fig.WaveP50Seconds, fig.WaveP99Seconds, fig.WaveConditionsSeconds)
 	fmt.Fprintf(&b, "| wave: API requests | %d (%s); writes %v; observer re-watches %d |\n", fig.WaveRequests, kinds(fig.WaveByKind), fig.WaveWrites, fig.WaveRewatches)
+	if fig.BareWaveRequests > 0 {
+		fmt.Fprintf(&b, "| bare wave: the same writes, no agent logic | all in %.2f s, %d requests (%s): the agents took %.2f× |\n",
+			fig.BareWaveAllSeconds, fig.BareWaveRequests, kinds(fig.BareWaveByKind), fig.WaveAllSeconds/fig.BareWaveAllSeconds)
+	}
 	if fig.BreakerSettleSeconds > 0 {
 		fmt.Fprintf(&b, "| wave: circuit breaker | exactly the budget of %d GPUs NoSchedule after %.2f s, the rest None; never more than %d at once |\n",
 			fig.BreakerBudget, fig.BreakerSettleSeconds, fig.BreakerMaxDisruptive)
@@ -865,6 +888,10 @@ func (fig Figures) figures() []figure.Figure {
 		requests(figure.FleetWaveRequests, fig.WaveRequests, fig.WaveByKind),
 		writes,
 		one(figure.FleetWaveRewatches, figure.UnitWatches, float64(fig.WaveRewatches)),
+	}
+	if fig.BareWaveRequests > 0 {
+		figs = append(figs, one(figure.FleetBareWaveAllTime, figure.UnitSeconds, fig.BareWaveAllSeconds),
+			requests(figure.FleetBareWaveRequests, fig.BareWaveRequests, fig.BareWaveByKind))
 	}
 	if fig.Breaker {
 		figs = append(figs, one(figure.FleetBreakerBudget, figure.UnitGPUs, float64(fig.BreakerBudget)))

@@ -75,6 +75,10 @@ const (
 	FleetWaveRequests        = "wave_requests"       // UnitRequests, By kind (failed ones again by status)
 	FleetWaveWrites          = "wave_writes"         // UnitWrites, By reporter
 	FleetWaveRewatches       = "wave_rewatches"      // UnitWatches the API server closed on the observer
+	// The bare wave: the wave's writes sent by bare clients (no agent logic), UnitSeconds until
+	// all its annotations and rules were seen, and its UnitRequests, By kind.
+	FleetBareWaveAllTime  = "bare_wave_all_time"
+	FleetBareWaveRequests = "bare_wave_requests"
 	// With the circuit breaker on: its budget, and when the budget is below the wave, the
 	// seconds until exactly the budget had NoSchedule and the most that ever had it at once.
 	FleetBreakerBudget        = "breaker_budget"         // UnitGPUs
