@@ -130,7 +130,7 @@ gpuhealth_signal_latency_seconds_count 1
 func TestDashboardExprsFindsEveryQuery(t *testing.T) {
 	for _, tc := range []struct {
 		name, json, wantErr string
-		want               []string
+		want                []string
 	}{
 		{
 			name: "panels, rows and a variable",
@@ -208,7 +208,7 @@ func (e exported) check(expr string) error {
 		}
 		name := vs.Name
 		for _, m := range vs.LabelMatchers {
-			if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+			if m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 				name = m.Value
 			}
 		}
