@@ -6,10 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 )
 
@@ -103,6 +106,66 @@ func TestGrafanaDashboardConfigMap(t *testing.T) {
 	if dash.UID != "gpuhealth" || len(dash.Panels) == 0 {
 		t.Errorf("uid %q, %d panels", dash.UID, len(dash.Panels))
 	}
+}
+
+// TestMonitorsCoverEveryComponent: with serviceMonitor on, Prometheus scrapes every component
+// the dashboard shows: the agents (ServiceMonitor), the extender (ServiceMonitor on its Service)
+// and the breaker controller (PodMonitor: it has no Service), each on a port that exists.
+func TestMonitorsCoverEveryComponent(t *testing.T) {
+	requireHelm(t)
+	r := render(t, "serviceMonitor.enabled=true", "extender.enabled=true", "config.agent.circuitBreaker.enabled=true")
+
+	var svc corev1.Service
+	r.get(t, "Service", "gpuhealth-extender", &svc)
+	sm := r["ServiceMonitor/gpuhealth-extender"]
+	if sm == nil {
+		t.Fatalf("no ServiceMonitor for the extender: %v", r.keys())
+	}
+	sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+	if !selects(sel, svc.Labels) {
+		t.Errorf("the extender's ServiceMonitor selects %v, its Service has %v", sel, svc.Labels)
+	}
+	if port := endpointPort(t, sm.Object, "endpoints"); !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == port }) {
+		t.Errorf("the extender's ServiceMonitor scrapes port %q, which its Service lacks", port)
+	}
+
+	var d appsv1.Deployment
+	r.get(t, "Deployment", "gpuhealth-breaker-controller", &d)
+	pm := r["PodMonitor/gpuhealth-breaker-controller"]
+	if pm == nil {
+		t.Fatalf("no PodMonitor for the breaker controller: %v", r.keys())
+	}
+	sel, _, _ = unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+	if !selects(sel, d.Spec.Template.Labels) {
+		t.Errorf("the breaker's PodMonitor selects %v, its pods have %v", sel, d.Spec.Template.Labels)
+	}
+	if port := endpointPort(t, pm.Object, "podMetricsEndpoints"); !slices.ContainsFunc(d.Spec.Template.Spec.Containers[0].Ports, func(p corev1.ContainerPort) bool { return p.Name == port }) {
+		t.Errorf("the breaker's PodMonitor scrapes port %q, which its container lacks", port)
+	}
+
+	if r := render(t, "serviceMonitor.enabled=true"); r.has("ServiceMonitor", "gpuhealth-extender") || r.has("PodMonitor", "gpuhealth-breaker-controller") {
+		t.Errorf("monitors for components that are off: %v", r.keys())
+	}
+}
+
+func selects(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(selector) > 0
+}
+
+// endpointPort returns the port of a monitor's only endpoint, under field.
+func endpointPort(t *testing.T, obj map[string]any, field string) string {
+	t.Helper()
+	eps, _, _ := unstructured.NestedSlice(obj, "spec", field)
+	if len(eps) != 1 {
+		t.Fatalf("spec.%s = %v, want one endpoint", field, eps)
+	}
+	port, _ := eps[0].(map[string]any)["port"].(string)
+	return port
 }
 
 func requirePromtool(t *testing.T) string {
