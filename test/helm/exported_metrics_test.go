@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -70,13 +71,7 @@ func TestMonitoringNamesOnlyExportedMetrics(t *testing.T) {
 	}
 	served.addPrometheusSeries()
 
-	for _, where := range slices.Sorted(func(yield func(string) bool) {
-		for k := range exprs {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, where := range slices.Sorted(maps.Keys(exprs)) {
 		if err := served.check(exprs[where]); err != nil {
 			t.Errorf("%s: %v", where, err)
 		}
