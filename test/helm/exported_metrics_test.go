@@ -43,7 +43,7 @@ func TestMonitoringNamesOnlyExportedMetrics(t *testing.T) {
 	requireHelm(t)
 	r := render(t, "prometheusRule.enabled=true", "grafanaDashboard.enabled=true")
 	exprs := map[string]string{} // where -> expression
-	for _, rule := range ruleList(t, r[ruleKind+"/"+ruleName].Object) {
+	for _, rule := range ruleList(t, r.object(t, ruleKind, ruleName)) {
 		exprs["alert "+rule["alert"].(string)] = rule["expr"].(string)
 	}
 	var cm corev1.ConfigMap

@@ -64,10 +64,7 @@ func TestPrometheusRuleUnitTests(t *testing.T) {
 func TestPrometheusRuleObject(t *testing.T) {
 	requireHelm(t)
 	r := render(t, "prometheusRule.enabled=true", "prometheusRule.labels.release=kube-prometheus-stack")
-	o := r[ruleKind+"/"+ruleName]
-	if o == nil {
-		t.Fatalf("no %s/%s; have %v", ruleKind, ruleName, r.keys())
-	}
+	o := &unstructured.Unstructured{Object: r.object(t, ruleKind, ruleName)}
 	if o.GetAPIVersion() != "monitoring.coreos.com/v1" || o.GetNamespace() != testNamespace {
 		t.Errorf("apiVersion %s namespace %s", o.GetAPIVersion(), o.GetNamespace())
 	}
@@ -188,11 +185,7 @@ func runPromtool(promtool string, args ...string) (string, error) {
 // gpuhealth-rules.yaml, next to a copy of the promtool tests (tests.yaml), which name it.
 func rulesDir(t *testing.T, r rendered) string {
 	t.Helper()
-	o := r[ruleKind+"/"+ruleName]
-	if o == nil {
-		t.Fatalf("no %s/%s; have %v", ruleKind, ruleName, r.keys())
-	}
-	spec, ok := o.Object["spec"].(map[string]any)
+	spec, ok := r.object(t, ruleKind, ruleName)["spec"].(map[string]any)
 	if !ok {
 		t.Fatalf("%s has no spec", ruleKind)
 	}
@@ -211,6 +204,16 @@ func rulesDir(t *testing.T, r rendered) string {
 		}
 	}
 	return dir
+}
+
+// object returns the rendered object kind/name as a map, failing if it is missing.
+func (r rendered) object(t *testing.T, kind, name string) map[string]any {
+	t.Helper()
+	o, ok := r[kind+"/"+name]
+	if !ok {
+		t.Fatalf("%s/%s not rendered; have %v", kind, name, r.keys())
+	}
+	return o.Object
 }
 
 // ruleList returns every rule of a rendered PrometheusRule, in order.
