@@ -36,6 +36,12 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
+// The PromQL parser comes from github.com/prometheus/prometheus at v0.311.3 (Prometheus 3.11), the
+// newest release whose requirements raise none of this module's (later ones pull newer grpc,
+// client_golang, x/net, ... into the binaries' build list). Only this test imports it. promtool
+// is a newer, separately pinned binary (hack/tools.sh); the expressions here use nothing either
+// version lacks.
+
 // TestMonitoringNamesOnlyExportedMetrics: every PromQL expression of the chart's alerts and of
 // its dashboard parses, and every metric it selects is one that an agent, the scheduler
 // extender or the breaker controller serves on its /metrics, scraped from them running.
