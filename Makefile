@@ -42,7 +42,7 @@ test: verify unit e2e ## Everything CI runs: lint, unit tests (race), e2e tests 
 
 .PHONY: unit
 unit: ## Unit tests with the race detector, plus a short run of every fuzz target.
-	hack/tools.sh install helm
+	hack/tools.sh install helm promtool
 	$(GO) test $(GOFLAGS_TEST) ./...
 	for m in $(EXAMPLES); do (cd $$m && $(GO) test $(GOFLAGS_TEST) ./...); done
 	hack/fuzz.sh 10s

@@ -3,13 +3,17 @@
 # version, outside the work tree so fresh clones on the same machine reuse them.
 #
 #   hack/tools.sh bindir               print the directory holding the tools
-#   hack/tools.sh install NAME...      install NAME if missing (golangci-lint, helm)
+#   hack/tools.sh install NAME...      install NAME if missing (golangci-lint, helm, promtool)
 set -euo pipefail
 
 GOLANGCI_LINT_VERSION=v2.15.0
 # Helm is built from its Go module (no binary download); the chart tests run `helm lint` and
 # `helm template` with it.
 HELM_VERSION=v3.22.0
+# promtool unit-tests the chart's PrometheusRule (`promtool test rules`). v0.316.0 is Prometheus
+# v3.16.0, the first whose go.mod has no replace directive, which `go install module@version`
+# refuses.
+PROMTOOL_VERSION=v0.316.0
 
 cache_root=${GPUHEALTH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}
 bin_dir="$cache_root/tools/bin"
@@ -24,6 +28,10 @@ install_tool() {
 	helm)
 		module=helm.sh/helm/v3/cmd/helm
 		version=$HELM_VERSION
+		;;
+	promtool)
+		module=github.com/prometheus/prometheus/cmd/promtool
+		version=$PROMTOOL_VERSION
 		;;
 	*)
 		echo "hack/tools.sh: unknown tool $name" >&2

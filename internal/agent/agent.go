@@ -228,6 +228,7 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 			Namespace: cfg.CircuitBreaker.Namespace, MaxFraction: cfg.CircuitBreaker.MaxFraction,
 			Window: time.Duration(*cfg.CircuitBreaker.Window), Clock: opts.Clock,
 		})
+		m.BreakerHeld(0) // closed until it holds a GPU back: the gauge exists from the start
 	}
 	heldChanged := func(held []string) {
 		m.BreakerHeld(len(held))
@@ -276,6 +277,7 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 		default:
 			return nil, fmt.Errorf("agent: unknown reporter %q", name)
 		}
+		m.Reporter(name, name == config.ReporterDeviceTaint)
 		w := report.NewWriter(s, wopts)
 		if name == config.ReporterCondition {
 			conditionWriter = w

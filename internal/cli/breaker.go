@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -161,21 +160,21 @@ ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker
 			if err != nil {
 				return badInput(err)
 			}
-			m := newBreakerControllerMetrics()
-			counter := &breaker.Counter{Client: client, Metadata: meta, Namespace: namespace, Counted: func(n int) { m.gpus.Set(float64(n)) }}
+			m := breaker.NewControllerMetrics()
+			counter := &breaker.Counter{Client: client, Metadata: meta, Namespace: namespace, Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }}
 			watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 			g, ctx := errgroup.WithContext(ctx)
 			if metricsAddress != "" {
-				g.Go(func() error { return serveBreakerController(ctx, metricsAddress, m.registry, watchdog) })
+				g.Go(func() error { return serveBreakerController(ctx, metricsAddress, m.Registry, watchdog) })
 			}
 			g.Go(func() error {
 				if !leaderElect {
-					m.leader.Set(1)
+					m.Leader.Set(1)
 					return counter.Run(ctx)
 				}
 				return runLeaderElected(ctx, breakerElection(client, namespace, breakerIdentity(), watchdog), func(ctx context.Context) error {
-					m.leader.Set(1)
-					defer m.leader.Set(0)
+					m.Leader.Set(1)
+					defer m.Leader.Set(0)
 					return counter.Run(ctx)
 				})
 			})
@@ -285,24 +284,6 @@ func (w *leaderWork) locked(f func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	f()
-}
-
-// breakerControllerMetrics are what the breaker controller exports.
-type breakerControllerMetrics struct {
-	registry     *prometheus.Registry
-	gpus, leader prometheus.Gauge
-}
-
-func newBreakerControllerMetrics() *breakerControllerMetrics {
-	m := &breakerControllerMetrics{
-		registry: prometheus.NewRegistry(),
-		gpus: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuhealth_breaker_cluster_gpus",
-			Help: "The cluster's GPUs as last written to the circuit breaker's ConfigMap (0: not counted yet)."}),
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuhealth_breaker_leader",
-			Help: "1 while this replica leads and counts, else 0."}),
-	}
-	m.registry.MustRegister(m.gpus, m.leader, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return m
 }
 
 // serveBreakerController serves /healthz and /metrics until ctx is done.

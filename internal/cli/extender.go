@@ -36,7 +36,8 @@ where the pod packs onto cards in use and avoids Degraded ones score higher, and
 the healthy card a GPU-sharing pod gets (volcano.sh/gpu-index, gpuhealth.dev/gpu-uuid) before
 binding it. --requeue (on with --bind unless set) annotates the pods it rejected because of GPU
 health (gpuhealth.dev/requeued-at) when a node they were rejected on recovers, so that the
-scheduler retries them at once. /healthz answers once the node and pod caches are filled. See
+scheduler retries them at once. /healthz answers once the node and pod caches are filled; /metrics
+serves call latency and errors by verb and the nodes /filter passed or failed. See
 docs/extender.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

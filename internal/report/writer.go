@@ -32,7 +32,9 @@ type Starter interface {
 
 // Observer receives what a Writer does, for metrics.
 type Observer interface {
-	ObserveSync(reporter string, writes int, err error)
+	// ObserveSync reports one Sync: the writes it made, how long it took on the Writer's clock
+	// and its error.
+	ObserveSync(reporter string, writes int, took time.Duration, err error)
 }
 
 // WriterOptions tune a Writer. Zero values take the defaults.
@@ -168,9 +170,10 @@ func (w *Writer) processNext(ctx context.Context, logger klog.Logger) bool {
 	if !has {
 		return true // nothing reported yet; the first Report queues a sync
 	}
+	start := w.opts.Clock.Now()
 	writes, err := w.syncer.Sync(ctx, snap)
 	if w.opts.Observer != nil {
-		w.opts.Observer.ObserveSync(w.Name(), writes, err)
+		w.opts.Observer.ObserveSync(w.Name(), writes, w.opts.Clock.Since(start), err)
 	}
 	w.mu.Lock()
 	w.synced = err == nil

@@ -53,7 +53,7 @@ type observer struct {
 	writes, errors int
 }
 
-func (o *observer) ObserveSync(_ string, writes int, err error) {
+func (o *observer) ObserveSync(_ string, writes int, _ time.Duration, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.writes += writes

@@ -91,6 +91,7 @@ var valueSets = []struct {
 	{"extender binding", []string{"extender.enabled=true", "extender.bind=true"}},
 	{"device mounts, no policy", []string{"agent.nvml.mode=hostMounts", "admissionPolicy.enabled=false"}},
 	{"circuit breaker, no flow control", []string{"config.agent.circuitBreaker.enabled=true", "agent.flowControl.enabled=false"}},
+	{"alerts and dashboard", []string{"prometheusRule.enabled=true", "grafanaDashboard.enabled=true"}},
 }
 
 func TestLint(t *testing.T) {

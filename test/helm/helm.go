@@ -1,6 +1,6 @@
 // Package helm runs the helm tool on the gpuhealth chart for tests: it finds (or builds, through
-// hack/tools.sh) a pinned helm, lints and renders deployments/helm/gpuhealth, and decodes the
-// rendered manifests into objects. The chart tests in this package and the e2e tests that apply
+// hack/tools.sh) a pinned helm and promtool, lints and renders deployments/helm/gpuhealth, and
+// decodes the rendered manifests into objects. The chart tests in this package and the e2e tests that apply
 // the chart to a real API server share it.
 package helm
 
@@ -26,22 +26,33 @@ const BinaryEnv = "GPUHEALTH_HELM"
 // ChartDir is the chart's directory relative to the repository root.
 const ChartDir = "deployments/helm/gpuhealth"
 
+// PromtoolEnv names a promtool binary to use instead of the one hack/tools.sh installs.
+const PromtoolEnv = "GPUHEALTH_PROMTOOL"
+
 var (
-	findOnce sync.Once
-	helmPath string
-	errFind  error
+	findOnce, findPromtoolOnce sync.Once
+	helmPath, promtoolPath     string
+	errFind, errFindPromtool   error
 )
 
 // Binary returns the path of a helm binary: $GPUHEALTH_HELM if set, else the pinned helm in
 // hack/tools.sh's directory, installing it from Go modules if it is missing (a cold build takes
 // minutes; `make` installs it beforehand). The error says why no helm could be had.
 func Binary() (string, error) {
-	findOnce.Do(func() { helmPath, errFind = findBinary() })
+	findOnce.Do(func() { helmPath, errFind = findTool(BinaryEnv, "helm") })
 	return helmPath, errFind
 }
 
-func findBinary() (string, error) {
-	if p := os.Getenv(BinaryEnv); p != "" {
+// Promtool returns the path of a promtool binary, found or installed as Binary finds helm.
+func Promtool() (string, error) {
+	findPromtoolOnce.Do(func() { promtoolPath, errFindPromtool = findTool(PromtoolEnv, "promtool") })
+	return promtoolPath, errFindPromtool
+}
+
+// findTool returns $env if set, else the tool name from hack/tools.sh's directory, installing it
+// there if it is missing.
+func findTool(env, name string) (string, error) {
+	if p := os.Getenv(env); p != "" {
 		return p, nil
 	}
 	root, err := RepoRoot()
@@ -53,14 +64,14 @@ func findBinary() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("hack/tools.sh bindir: %w", err)
 	}
-	p := filepath.Join(strings.TrimSpace(string(out)), "helm")
+	p := filepath.Join(strings.TrimSpace(string(out)), name)
 	if _, err := os.Stat(p); err == nil {
 		return p, nil
 	}
-	cmd := exec.Command(tools, "install", "helm")
+	cmd := exec.Command(tools, "install", name)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("hack/tools.sh install helm: %w\n%s", err, tail(string(out), 20))
+		return "", fmt.Errorf("hack/tools.sh install %s: %w\n%s", name, err, tail(string(out), 20))
 	}
 	return p, nil
 }

@@ -10,9 +10,14 @@
 //	gpuhealth_transitions_total{node,to}                      health transitions
 //	gpuhealth_api_writes_total{reporter}                      writes to the API server
 //	gpuhealth_api_sync_errors_total{reporter}                 failed syncs
+//	gpuhealth_api_sync_duration_seconds{reporter}             how long one reporter sync takes
 //	gpuhealth_unmatched_devices_total{reporter}               unhealthy GPUs with no object to mark
 //	gpuhealth_signal_latency_seconds                          from a signal's observation to its evaluation
 //	gpuhealth_circuit_breaker_held_gpus{node}                 GPUs the circuit breaker holds back
+//
+// Counters with labels the agent knows in advance (each reporter, each health reached) start at
+// zero, so that rate() and increase() see their first increment: a series that appears at 1 has
+// no increase to show, and an alert on the first API error would miss it.
 package metrics
 
 import (
@@ -36,6 +41,7 @@ type Metrics struct {
 	transitions   *prometheus.CounterVec
 	writes        *prometheus.CounterVec
 	syncErrors    *prometheus.CounterVec
+	syncDuration  *prometheus.HistogramVec
 	unmatched     *prometheus.CounterVec
 	signalLatency prometheus.Histogram
 	breakerHeld   *prometheus.GaugeVec
@@ -50,7 +56,7 @@ var (
 // tracker's Snapshot method).
 func New(node string, snapshot func() health.Snapshot) *Metrics {
 	gpuLabels := []string{"node", "uuid", "index", "model"}
-	return &Metrics{
+	m := &Metrics{
 		node:          node,
 		snapshot:      snapshot,
 		healthDesc:    prometheus.NewDesc("gpuhealth_gpu_health", "GPU health: 0 Healthy, 1 Degraded, 2 Unhealthy.", gpuLabels, nil),
@@ -68,6 +74,10 @@ func New(node string, snapshot func() health.Snapshot) *Metrics {
 		syncErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpuhealth_api_sync_errors_total", Help: "Failed reporter syncs (each is retried with backoff).",
 		}, []string{"reporter"}),
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "gpuhealth_api_sync_duration_seconds", Help: "Time one reporter sync takes, its API calls included, successful or not.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8), // 1 ms .. 16 s
+		}, []string{"reporter"}),
 		unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpuhealth_unmatched_devices_total", Help: "Times a GPU that is not healthy had no object to mark (for example no DRA device with its UUID).",
 		}, []string{"reporter"}),
@@ -80,11 +90,25 @@ func New(node string, snapshot func() health.Snapshot) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}),
 	}
+	for _, h := range []health.Severity{health.Healthy, health.Degraded, health.Unhealthy} {
+		m.transitions.WithLabelValues(node, h.String())
+	}
+	return m
+}
+
+// Reporter exports the counters of the reporter name at zero before its first sync; marks says
+// whether it marks devices, and so may count GPUs it found nothing to mark for (Unmatched).
+func (m *Metrics) Reporter(name string, marks bool) {
+	m.writes.WithLabelValues(name)
+	m.syncErrors.WithLabelValues(name)
+	if marks {
+		m.unmatched.WithLabelValues(name)
+	}
 }
 
 // Register registers every collector with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m, m.transitions, m.writes, m.syncErrors, m.unmatched, m.signalLatency, m.breakerHeld} {
+	for _, c := range []prometheus.Collector{m, m.transitions, m.writes, m.syncErrors, m.syncDuration, m.unmatched, m.signalLatency, m.breakerHeld} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -100,7 +124,8 @@ func (m *Metrics) Transitions(transitions []health.Transition) {
 }
 
 // ObserveSync implements report.Observer.
-func (m *Metrics) ObserveSync(reporter string, writes int, err error) {
+func (m *Metrics) ObserveSync(reporter string, writes int, took time.Duration, err error) {
+	m.syncDuration.WithLabelValues(reporter).Observe(took.Seconds())
 	if writes > 0 {
 		m.writes.WithLabelValues(reporter).Add(float64(writes))
 	}

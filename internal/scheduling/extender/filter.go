@@ -27,9 +27,22 @@ func (s *Server) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) *ext
 		s.requeue.remember(args.Pod.UID, args.Pod.Namespace, args.Pod.Name, retryOn)
 	}
 	if result.Error == "" {
+		s.metrics.filtered.WithLabelValues("failed").Add(float64(len(result.FailedNodes)))
+		s.metrics.filtered.WithLabelValues("passed").Add(float64(passed(result)))
 		logger.V(4).Info("Filtered", "request", req, "failed", len(result.FailedNodes))
 	}
 	return result
+}
+
+// passed counts the nodes a filter result keeps.
+func passed(result *extenderv1.ExtenderFilterResult) int {
+	switch {
+	case result.NodeNames != nil:
+		return len(*result.NodeNames)
+	case result.Nodes != nil:
+		return len(result.Nodes.Items)
+	}
+	return 0
 }
 
 // filter is Filter against one view of the state. retryOn lists the nodes named in the request

@@ -9,12 +9,13 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
-// Handler serves /filter, /prioritize, /bind and /healthz.
+// Handler serves /filter, /prioritize, /bind, /healthz and /metrics.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /filter", s.serveFilter)
-	mux.HandleFunc("POST /prioritize", s.servePrioritize)
-	mux.HandleFunc("POST /bind", s.serveBind)
+	mux.HandleFunc("POST /filter", s.timed(verbFilter, s.serveFilter))
+	mux.HandleFunc("POST /prioritize", s.timed(verbPrioritize, s.servePrioritize))
+	mux.HandleFunc("POST /bind", s.timed(verbBind, s.serveBind))
+	mux.Handle("GET /metrics", s.metrics.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.ready.Load() {
 			http.Error(w, "informer caches not synced yet", http.StatusServiceUnavailable)
@@ -23,6 +24,18 @@ func (s *Server) Handler() http.Handler {
 		_, _ = w.Write([]byte("ok"))
 	})
 	return mux
+}
+
+// timed serves a verb with serve, which says whether it answered an error, and records how long
+// the answer took and whether it was an error.
+func (s *Server) timed(verb string, serve func(http.ResponseWriter, *http.Request) (failed bool)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := s.opts.Clock.Now()
+		if serve(w, r) {
+			s.metrics.errors.WithLabelValues(verb).Inc()
+		}
+		s.metrics.duration.WithLabelValues(verb).Observe(s.opts.Clock.Since(start).Seconds())
+	}
 }
 
 // decode reads a JSON request body of at most MaxRequestBytes into v.
@@ -52,39 +65,42 @@ type errorReply struct {
 	Error string
 }
 
-func (s *Server) serveFilter(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveFilter(w http.ResponseWriter, r *http.Request) (failed bool) {
 	var args extenderv1.ExtenderArgs
 	if err := s.decode(w, r, &args); err != nil {
 		s.reply(w, http.StatusBadRequest, extenderv1.ExtenderFilterResult{Error: err.Error()})
-		return
+		return true
 	}
 	result := s.Filter(r.Context(), &args)
 	s.reply(w, http.StatusOK, result)
+	return result.Error != ""
 }
 
-func (s *Server) servePrioritize(w http.ResponseWriter, r *http.Request) {
+func (s *Server) servePrioritize(w http.ResponseWriter, r *http.Request) (failed bool) {
 	var args extenderv1.ExtenderArgs
 	if err := s.decode(w, r, &args); err != nil {
 		s.reply(w, http.StatusBadRequest, errorReply{Error: err.Error()})
-		return
+		return true
 	}
 	list, err := s.Prioritize(r.Context(), &args)
 	if err != nil {
 		s.reply(w, http.StatusBadRequest, errorReply{Error: err.Error()})
-		return
+		return true
 	}
 	s.reply(w, http.StatusOK, list)
+	return false
 }
 
-func (s *Server) serveBind(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveBind(w http.ResponseWriter, r *http.Request) (failed bool) {
 	var args extenderv1.ExtenderBindingArgs
 	if err := s.decode(w, r, &args); err != nil {
 		s.reply(w, http.StatusBadRequest, extenderv1.ExtenderBindingResult{Error: err.Error()})
-		return
+		return true
 	}
 	var result extenderv1.ExtenderBindingResult
 	if err := s.Bind(r.Context(), &args); err != nil {
 		result.Error = err.Error()
 	}
 	s.reply(w, http.StatusOK, result)
+	return result.Error != ""
 }

@@ -1,5 +1,5 @@
 // Package extender is gpuhealth's kube-scheduler HTTP extender: /filter, /prioritize and /bind
-// speaking k8s.io/kube-scheduler/extender/v1. It decodes the scheduler's request, asks the pure
+// speaking k8s.io/kube-scheduler/extender/v1, and /metrics. It decodes the scheduler's request, asks the pure
 // placement package (internal/scheduling) about each node, and encodes the answer. Node health
 // comes from the Node objects in the request (nodeCacheCapable: false) or from a node informer
 // (nodeCacheCapable: true); what the pods on each node hold comes from a pod informer. No request
@@ -9,7 +9,7 @@
 //
 // The files follow the jobs: server.go the Server's life (New, Start, Run), handlers.go the HTTP
 // glue, filter.go /filter and /prioritize, bind.go /bind, state.go what the informers
-// (informers.go) learn, requeue.go the requeuer.
+// (informers.go) learn, requeue.go the requeuer, metrics.go what /metrics exports.
 package extender
 
 import (
@@ -65,6 +65,7 @@ type Server struct {
 	requeue *requeuer
 	workers sync.WaitGroup
 	ready   atomic.Bool
+	metrics *metrics
 	// bindMu makes choosing a card, recording it and charging it one step, so two binds in
 	// flight never pick the same last free memory. Only reserve takes it.
 	bindMu sync.Mutex
@@ -82,7 +83,7 @@ func New(client kubernetes.Interface, opts Options) *Server {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	s := &Server{client: client, opts: opts, state: newState(), logger: klog.Background()}
+	s := &Server{client: client, opts: opts, state: newState(), metrics: newMetrics(), logger: klog.Background()}
 	if opts.Requeue {
 		s.requeue = newRequeuer(client, opts.Clock)
 	}

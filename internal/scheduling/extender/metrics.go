@@ -1,0 +1,63 @@
+package extender
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Verbs of the extender API, the verb label of its metrics.
+const (
+	verbFilter     = "filter"
+	verbPrioritize = "prioritize"
+	verbBind       = "bind"
+)
+
+// metrics are what the extender serves on /metrics:
+//
+//	gpuhealth_extender_request_duration_seconds{verb}  time to answer filter, prioritize, bind
+//	gpuhealth_extender_request_errors_total{verb}      calls answered with an error
+//	gpuhealth_extender_filter_nodes_total{result}      nodes /filter passed or failed
+//
+// Every label value is known in advance and starts at zero, so that rate() sees the first call.
+type metrics struct {
+	registry *prometheus.Registry
+	duration *prometheus.HistogramVec
+	errors   *prometheus.CounterVec
+	filtered *prometheus.CounterVec
+}
+
+// newMetrics returns the metrics in a registry of their own, with the Go and process collectors
+// (as the agent's and the breaker controller's). Registering distinct collectors on a new
+// registry cannot fail.
+func newMetrics() *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "gpuhealth_extender_request_duration_seconds", Help: "Time the extender takes to answer a scheduler call, by verb.",
+			// kube-scheduler's httpTimeout defaults to 5 s (the chart's extender.scheduler.httpTimeout).
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10), // 0.1 ms .. 26 s
+		}, []string{"verb"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpuhealth_extender_request_errors_total", Help: "Scheduler calls answered with an error (a bad request, or a bind that failed), by verb.",
+		}, []string{"verb"}),
+		filtered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpuhealth_extender_filter_nodes_total", Help: "Nodes /filter passed or failed, by result.",
+		}, []string{"result"}),
+	}
+	m.registry.MustRegister(m.duration, m.errors, m.filtered,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, verb := range []string{verbFilter, verbPrioritize, verbBind} {
+		m.duration.WithLabelValues(verb)
+		m.errors.WithLabelValues(verb)
+	}
+	m.filtered.WithLabelValues("passed")
+	m.filtered.WithLabelValues("failed")
+	return m
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}
