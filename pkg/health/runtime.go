@@ -103,7 +103,7 @@ func (r *Runtime) Restore() (restored bool, err error) {
 		return false, fmt.Errorf("checkpoint %s: %w", r.opts.CheckpointPath, err)
 	}
 	if cp.BootID == r.opts.BootID {
-		r.saved, _ = json.Marshal(r.monitor.Tracker().Checkpoint().Devices)
+		r.saved, _ = savedPart(r.monitor.Tracker().Checkpoint())
 	} // else the first save rewrites it, naming this boot
 	return true, nil
 }
@@ -127,12 +127,13 @@ func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) 
 			feedErr = feed(ctx, r.monitor)
 		}()
 	}
-	var updates <-chan struct{}
+	var updates, cursorMoved <-chan struct{}
 	var sub *Subscription
 	if r.opts.CheckpointPath != "" {
 		sub = r.monitor.Subscribe()
 		defer sub.Close()
 		updates = sub.C()
+		cursorMoved = r.monitor.cursorMoved
 	}
 	tick := r.opts.Clock.After(r.opts.TickInterval)
 	for {
@@ -154,15 +155,26 @@ func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) 
 			if _, ok := sub.Next(); ok {
 				r.save(ctx)
 			}
+		case <-cursorMoved:
+			r.save(ctx)
 		}
 	}
 }
 
-// save writes the checkpoint when its sticky devices differ from the last ones written (its time
-// changes with every signal and alone is no reason to write).
+// savedPart is what decides whether a checkpoint is worth writing: its sticky devices and the
+// sources' cursors (its time changes with every signal and alone is no reason to write).
+func savedPart(cp Checkpoint) ([]byte, error) {
+	return json.Marshal(struct {
+		Devices []CheckpointedDevice
+		Cursors map[string]Cursor
+	}{cp.Devices, cp.Cursors})
+}
+
+// save writes the checkpoint when its sticky devices or cursors differ from the last ones
+// written.
 func (r *Runtime) save(ctx context.Context) {
 	cp := r.monitor.Tracker().Checkpoint()
-	b, err := json.Marshal(cp.Devices)
+	b, err := savedPart(cp)
 	if err == nil && bytes.Equal(b, r.saved) {
 		return
 	}
