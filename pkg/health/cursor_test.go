@@ -9,15 +9,6 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-func xidCount(s health.Snapshot, i int, xid uint32) uint64 {
-	for _, x := range s.Devices[i].XIDs {
-		if x.XID == xid {
-			return x.Count
-		}
-	}
-	return 0
-}
-
 func TestAdvanceAppliesSignalsAndMovesTheCursorTogether(t *testing.T) {
 	h := newHarness(t, health.DefaultPolicy(), gpuDevice(0))
 	if _, ok := h.tr.Cursor("kmsg"); ok {

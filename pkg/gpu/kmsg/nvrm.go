@@ -153,14 +153,7 @@ func parseXid(s string) (Event, bool) {
 		}
 	}
 	ev.Detail = rest
-	if m := migRE.FindStringSubmatch(rest); m != nil {
-		gi, _ := strconv.Atoi(m[1])
-		scope := &MIGScope{GPUInstance: gi, ComputeInstance: -1}
-		if m[2] != "" {
-			scope.ComputeInstance, _ = strconv.Atoi(m[2])
-		}
-		ev.MIG = scope
-	}
+	ev.MIG = parseMIG(rest)
 	if m := recoveryRE.FindStringSubmatch(rest); m != nil {
 		if n, err := strconv.ParseUint(m[1], 16, 32); err == nil {
 			a := RecoveryAction(n)
@@ -168,6 +161,28 @@ func parseXid(s string) (Event, bool) {
 		}
 	}
 	return ev, true
+}
+
+// parseMIG returns the MIG scope a line names, or nil. An instance number too large to be one
+// leaves the XID on the whole GPU rather than on a wrong instance: failing safe.
+func parseMIG(s string) *MIGScope {
+	m := migRE.FindStringSubmatch(s)
+	if m == nil {
+		return nil
+	}
+	gi, err := strconv.ParseUint(m[1], 10, 31)
+	if err != nil {
+		return nil
+	}
+	scope := &MIGScope{GPUInstance: int(gi), ComputeInstance: -1}
+	if m[2] != "" {
+		ci, err := strconv.ParseUint(m[2], 10, 31)
+		if err != nil {
+			return nil
+		}
+		scope.ComputeInstance = int(ci)
+	}
+	return scope
 }
 
 // cutField cuts "key=value, " from the front of s; value loses the quotes some drivers put
