@@ -13,6 +13,9 @@
 //	gpuhealth_unmatched_devices_total{reporter}               unhealthy GPUs with no object to mark
 //	gpuhealth_signal_latency_seconds                          from a signal's observation to its evaluation
 //	gpuhealth_circuit_breaker_held_gpus{node}                 GPUs the circuit breaker holds back
+//
+// Sources (sources.go) adds the kernel log's: gpuhealth_source_up, gpuhealth_xid_source_total,
+// gpuhealth_xid_duplicates_total, gpuhealth_kmsg_records_total, gpuhealth_kmsg_skipped_total.
 package metrics
 
 import (
