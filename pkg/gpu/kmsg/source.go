@@ -205,10 +205,9 @@ func (s *Source) Run(ctx context.Context, sink Sink) error {
 	}
 }
 
-// wallTime converts a record's time since boot into wall time. The kernel stamps records with
-// its own clock, which runs apart from the wall clock (NTP slews one and not the other), so the
-// offset between the two is read afresh for each record; a record is never placed after the
-// moment it was read.
+// wallTime converts a record's time since boot into wall time (see bootClock). The offset
+// between the wall clock and the time since boot is read afresh for each record, as both are
+// adjusted while the node runs; a record is never placed after the moment it was read.
 func (s *Source) wallTime(since time.Duration) time.Time {
 	now, up := s.opts.clock()
 	t := now.Add(since - up)

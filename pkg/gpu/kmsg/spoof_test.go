@@ -59,3 +59,35 @@ func TestSourceIgnoresNVRMLinesWrittenByAProcess(t *testing.T) {
 	}
 	t.Logf("stats after the spoofed lines: %+v", src.Stats())
 }
+
+// A record read as soon as it is logged gets a wall time within a second of the time it was
+// written: the clock bootClock reads keeps to the one the kernel stamps records with, far inside
+// the de-duplication window. Skips where /dev/kmsg cannot be read and written.
+func TestWallTimeOfAFreshRecordOnTheRealDevice(t *testing.T) {
+	r := openKmsg(t, SeekEnd())
+	w, err := os.OpenFile(DevKmsg, os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("cannot write %s: %v", DevKmsg, err)
+	}
+	marker := fmt.Sprintf("gpuhealth kmsg clock test %d", time.Now().UnixNano())
+	written := time.Now()
+	_, err = w.WriteString(marker + "\n")
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Skipf("cannot write %s: %v", DevKmsg, err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), safetyNet)
+	defer cancel()
+	rec := nextWith(ctx, t, r, marker)
+	// The estimate before wallTime clamps it to the moment of reading, which would hide a clock
+	// running ahead.
+	now, up := bootClock()
+	at := now.Add(rec.Since - up)
+	// The record was logged between written and now; the slack is for the two clocks.
+	if slack := time.Second; at.Before(written.Add(-slack)) || at.After(now.Add(slack)) {
+		t.Errorf("record logged at about %v placed at %v (%v off)", written, at, at.Sub(written))
+	}
+	t.Logf("placed %v after the write", at.Sub(written))
+}
