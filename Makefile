@@ -84,9 +84,9 @@ bench: build controlplane ## Every figure of docs/benchmarks.md as one table (li
 	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) run ./hack/bench --gpuhealth $(BIN)/gpuhealth --out docs/benchmarks.md --raw $(BIN)/bench
 
 .PHONY: bench-lib
-bench-lib: ## Library and extender benchmarks only (testing.B, one core, allocations); raw output in bin/bench.txt.
+bench-lib: ## Library, kernel-log and extender benchmarks only (testing.B, one core, allocations); raw output in bin/bench.txt.
 	@mkdir -p $(BIN)
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 -cpu 1 ./pkg/health/... ./internal/scheduling/... | tee $(BIN)/bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 -cpu 1 ./pkg/health/... ./pkg/gpu/kmsg/... ./internal/scheduling/... | tee $(BIN)/bench.txt
 
 .PHONY: bench-e2e
 bench-e2e: controlplane ## Signal -> API object latency (p50/p99 over 200 faults) and writes per change, real control plane: hack/bench's latency part, one run. Raw output in bin/bench-e2e/.

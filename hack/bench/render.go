@@ -51,6 +51,9 @@ const (
 	benchRetainedSmall     = "BenchmarkStormRetainedMemory/signals=1000"
 	benchFilter            = "BenchmarkExtenderFilter"
 	benchFilterNodeObjects = "BenchmarkExtenderFilterNodeObjects"
+	benchKmsgParse         = "BenchmarkParseMixedLog"
+	benchKmsgReplay        = "BenchmarkReplayRingBuffer/buffer=1MiB/fresh"
+	benchKmsgReplayRestart = "BenchmarkReplayRingBuffer/buffer=1MiB/restart"
 )
 
 func libraryRows(l *lookup, _ settings) []row {
@@ -63,6 +66,11 @@ func libraryRows(l *lookup, _ settings) []row {
 			millions(v(benchMixedLoad, "signals/s")), v(benchMixedLoad, "B/op"), v(benchMixedLoad, "allocs/op")), how},
 		{"library: heap kept after 1,000,000 storm signals", fmt.Sprintf("%s (after 1,000: %s)",
 			kib(v(benchRetained, "retained-B")), kib(v(benchRetainedSmall, "retained-B"))), how},
+		{"kernel log: parse 1,000,000 mixed lines (1 in 10 NVRM)", fmt.Sprintf("%s lines/s, %.0f B and %.1f allocs per line",
+			millions(v(benchKmsgParse, "lines/s")), v(benchKmsgParse, "B/line"), v(benchKmsgParse, "allocs/line")), how},
+		{fmt.Sprintf("kernel log: start-up replay of a full 1 MiB buffer (%s records)", thousands(int(v(benchKmsgReplay, "records")))),
+			fmt.Sprintf("%.0f ms at first start, %.0f ms after a restart (all applied before)",
+				v(benchKmsgReplay, "ms/replay"), v(benchKmsgReplayRestart, "ms/replay")), how},
 		{"extender: /filter, 5,000 nodes × 8 GPUs, nodeCacheCapable", fmt.Sprintf("p50 %.2f ms, p99 %.2f ms",
 			v(benchFilter, "p50-ms"), v(benchFilter, "p99-ms")), how},
 		{"extender: /filter, 5,000 Node objects in the request", fmt.Sprintf("p50 %.0f ms, p99 %.0f ms",
@@ -225,6 +233,13 @@ func renderDocument(l *lookup, res results, table string) string {
   its requests slower than the bare client's: the condition's and the Event's requests, sent beside them, slowed
   the API server down. The agent now writes what schedulers read (annotation, DeviceTaintRule, HAMi) first and
   the rest once those have written (` + "`internal/agent/followers.go`" + `), which took the p50 ratio from 1.7× to 1.15×.
+- **kernel log**: ` + "`BenchmarkParseMixedLog` and `BenchmarkReplayRingBuffer`" + ` (pkg/gpu/kmsg, same flags). *Parse*
+  runs the kernel-log Source over 1,000,000 /dev/kmsg records held in memory: one in ten an NVRM line
+  (XIDs of several driver generations, MIG scopes, XID 154, lost and failed GPUs, identity lines), one in a
+  hundred a spoofed line of facility user, the rest ordinary kernel lines; every record is parsed, NVRM lines
+  become signals. *Replay* reads a full 1 MiB log buffer one record per read(2) through the Reader into a
+  Monitor of 8 GPUs, at a first start and after a restart whose checkpoint cursor covers every record
+  ([kernel-log.md](kernel-log.md)).
 - **extender**: ` + "`BenchmarkExtenderFilter`" + ` and ` + "`BenchmarkExtenderFilterNodeObjects`" + ` (internal/scheduling/extender):
   one /filter call for a 4-GPU pod over 5,000 nodes × 8 GPUs, p50/p99 per call over the benchmark's iterations.
 - **fleet**: ` + "`TestFleet`" + ` (test/fleet): N simulated nodes × 8 GPUs in one process, each with its own

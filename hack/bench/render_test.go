@@ -50,7 +50,7 @@ func TestRenderParts(t *testing.T) {
 		wantRows  []string // each row's first cell starts with one of these, in order
 		fleetRuns int      // rows of the fleet's per-run table
 	}{
-		{"library only", []string{partLibrary}, []string{"library", "library", "library", "extender", "extender"}, 0},
+		{"library only", []string{partLibrary}, []string{"library", "library", "library", "kernel log: parse", "kernel log: start-up replay", "extender", "extender"}, 0},
 		{"latency only", []string{partLatency}, []string{"signal → object: fault -> volcano", "signal → object: fault -> DeviceTaintRule",
 			"signal → object: recovery -> annotation", "signal → object: recovery -> DeviceTaintRule", "API writes"}, 0},
 		{"agent and the breaker run", []string{partAgent, partFleetBreaker}, []string{"agent: idle", "agent: XID storm, 8 simulated GPUs, 99,973 XIDs/s",

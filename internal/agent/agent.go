@@ -43,6 +43,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -80,6 +81,8 @@ type Options struct {
 	Clock clock.WithTicker
 	// Registry receives the metrics (default: a new registry).
 	Registry *prometheus.Registry
+	// KernelLog is read beside the backend (OpenKernelLog); nil means none.
+	KernelLog *KernelLog
 }
 
 // Run runs the agent until ctx is done or a loop fails.
@@ -93,6 +96,9 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 		opts.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	if opts.KernelLog == nil {
+		opts.KernelLog = &KernelLog{dedup: kmsg.NewDedup(0)}
 	}
 	agentCfg := opts.Agent.WithDefaults()
 	logger := klog.FromContext(ctx).WithValues("node", opts.NodeName)
@@ -136,6 +142,9 @@ func Run(ctx context.Context, opts Options) error {
 	if err := m.Register(opts.Registry); err != nil {
 		return fmt.Errorf("agent: register metrics: %w", err)
 	}
+	if err := opts.Registry.Register(metrics.NewSources(opts.NodeName, opts.KernelLog)); err != nil {
+		return fmt.Errorf("agent: register metrics: %w", err)
+	}
 	events := nodecondition.NewEvents(recorder, opts.NodeName, "")
 	// One cache of the Node and one of its DRA devices, shared by every reporter and the drains
 	// watcher: one watch of each per agent.
@@ -158,9 +167,10 @@ func Run(ctx context.Context, opts Options) error {
 	defer sub.Close()
 	g.Go(func() error {
 		// The runtime ticks the monitor, saves the checkpoint on every sticky change and runs
-		// the backend; a backend that fails stops the agent.
+		// the backend and the kernel log; a backend that fails stops the agent.
 		err := rt.Run(ctx, func(ctx context.Context, mon *health.Monitor) error {
-			return opts.Backend.Run(ctx, &meteredSink{monitor: mon, metrics: m, clock: opts.Clock})
+			sink := &meteredSink{monitor: mon, metrics: m, clock: opts.Clock, kernelLog: opts.KernelLog}
+			return opts.KernelLog.Run(ctx, mon, func(ctx context.Context) error { return opts.Backend.Run(ctx, sink) })
 		})
 		if err != nil {
 			return fmt.Errorf("backend: %w", err)
@@ -300,14 +310,19 @@ func breakerOrNil(b *breaker.Breaker) devicetaint.Breaker {
 	return b
 }
 
-// meteredSink feeds the monitor and measures how long signals waited.
+// meteredSink feeds the monitor, leaving out XIDs the kernel log already reported, and
+// measures how long signals waited.
 type meteredSink struct {
-	monitor *health.Monitor
-	metrics *metrics.Metrics
-	clock   clock.PassiveClock
+	monitor   *health.Monitor
+	metrics   *metrics.Metrics
+	clock     clock.PassiveClock
+	kernelLog *KernelLog
 }
 
 func (s *meteredSink) Signal(sig health.Signal) {
+	if !s.kernelLog.Admit(sig) {
+		return
+	}
 	s.monitor.Signal(sig)
 	s.metrics.ObserveSignal(sig.Time, s.clock.Now())
 }

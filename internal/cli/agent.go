@@ -60,6 +60,8 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 				return err
 			}
 			defer cleanup()
+			kernelLog := openKernelLog(ctx, cfg, backend, be.Devices(), bootID)
+			defer kernelLog.Close()
 			client, err := newClient(kubeconfig)
 			if err != nil {
 				return badInput(err)
@@ -70,7 +72,7 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			}
 			return agent.Run(ctx, agent.Options{
 				NodeName: nodeName, Client: client, Backend: be, Policy: policy, BootID: bootID, BootTime: bootTime,
-				Agent: agentCfg, MetricsAddress: metricsAddress,
+				Agent: agentCfg, MetricsAddress: metricsAddress, KernelLog: kernelLog,
 			})
 		},
 	}

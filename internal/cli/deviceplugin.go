@@ -13,6 +13,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/pkg/deviceplugin"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 func newDevicePluginCommand() *cobra.Command {
@@ -68,12 +69,14 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 				return err
 			}
 			defer cleanup()
+			kernelLog := openKernelLog(ctx, cfg, backend, be.Devices(), bootID)
+			defer kernelLog.Close()
 			opts := deviceplugin.ServiceOptions{CDI: cdi, Options: deviceplugin.Options{Replicas: replicas}}
 			if backend == "nvml" {
 				opts.NUMANode = deviceplugin.SysfsNUMA("/sys")
 			}
 			return runDevicePlugin(ctx, devicePluginRun{
-				backend: be, policy: policy, bootID: bootID, checkpoint: checkpoint, service: opts,
+				backend: be, kernelLog: kernelLog, policy: policy, bootID: bootID, checkpoint: checkpoint, service: opts,
 				plugin: deviceplugin.PluginOptions{ResourceName: resourceName, Dir: socketDir},
 			})
 		},
@@ -93,7 +96,9 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 
 // devicePluginRun is what runDevicePlugin wires together.
 type devicePluginRun struct {
-	backend    agent.Backend
+	backend agent.Backend
+	// kernelLog is read beside the backend; nil means none.
+	kernelLog  *agent.KernelLog
 	policy     *health.Policy
 	bootID     string
 	checkpoint string
@@ -107,6 +112,9 @@ type devicePluginRun struct {
 // part runs in a goroutine of one errgroup; the first failure stops the others.
 func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 	logger := klog.FromContext(ctx)
+	if r.kernelLog == nil {
+		r.kernelLog = agent.OpenKernelLog(ctx, config.KernelLogConfig{}, nil, "")
+	}
 	rt, err := health.NewRuntime(r.policy, r.backend.Devices(), health.RuntimeOptions{
 		Clock: r.clock, CheckpointPath: r.checkpoint, BootID: r.bootID,
 	})
@@ -121,7 +129,9 @@ func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		err := rt.Run(gctx, func(ctx context.Context, m *health.Monitor) error { return r.backend.Run(ctx, m) })
+		err := rt.Run(gctx, func(ctx context.Context, m *health.Monitor) error {
+			return r.kernelLog.Run(ctx, m, func(ctx context.Context) error { return r.backend.Run(ctx, r.kernelLog.DedupSink(m)) })
+		})
 		if err != nil {
 			return fmt.Errorf("GPU backend: %w", err)
 		}

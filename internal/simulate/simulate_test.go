@@ -221,6 +221,10 @@ func TestTheOneHourExample(t *testing.T) {
 	if !slices.Equal(counts, []string{"31:10000", "109:10000"}) {
 		t.Fatalf("GPU 0 XIDs %q", counts)
 	}
+	// GPU 6's kernel-log XID 13 is counted; the spoofed XID 79 line is not.
+	if x := res.Devices[6].XIDs; len(x) != 1 || x[0].XID != 13 || x[0].Count != 1 {
+		t.Fatalf("GPU 6 XIDs %+v, want XID 13 once", x)
+	}
 }
 
 func TestTheExampleUnderTheDevicePluginProfile(t *testing.T) {

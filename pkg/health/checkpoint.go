@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,6 +28,9 @@ type Checkpoint struct {
 	BootID  string               `json:"bootID"`
 	Time    time.Time            `json:"time"`
 	Devices []CheckpointedDevice `json:"devices"`
+	// Cursors says, per replayable source (the kernel log), how far its records were applied
+	// to Devices; absent from checkpoints written before sources had cursors.
+	Cursors map[string]Cursor `json:"cursors,omitempty"`
 }
 
 // CheckpointedDevice is one device's sticky conditions. The identity is kept so that a GPU
@@ -51,7 +55,7 @@ func sticky(c Condition) bool { return c.ClearsOn != ClearsOnRecovered }
 func (t *Tracker) Checkpoint() Checkpoint {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cp := Checkpoint{BootID: t.bootID, Time: t.lastTime}
+	cp := Checkpoint{BootID: t.bootID, Time: t.lastTime, Cursors: maps.Clone(t.cursors)}
 	for _, ds := range t.ordered {
 		var conds []Condition
 		for _, c := range ds.conds {
@@ -82,6 +86,11 @@ func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Tra
 	added, err := t.restoredDevicesLocked(cp, keep)
 	if err != nil {
 		return out, fmt.Errorf("%w: %w", ErrCorruptCheckpoint, err)
+	}
+	// Cursors come back whatever the boot: each names its own, and a source ignores one of
+	// another boot.
+	for name, c := range cp.Cursors {
+		t.setCursorLocked(name, c)
 	}
 	for _, d := range added {
 		if err := t.addLocked(d); err != nil {

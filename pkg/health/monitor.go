@@ -26,11 +26,14 @@ type Monitor struct {
 	mu   sync.Mutex
 	subs map[*Subscription]struct{}
 	last Snapshot
+
+	// cursorMoved holds a token once Advance moved a cursor; a Runtime takes it and saves.
+	cursorMoved chan struct{}
 }
 
 // NewMonitor returns a Monitor feeding t.
 func NewMonitor(t *Tracker) *Monitor {
-	m := &Monitor{tracker: t, subs: map[*Subscription]struct{}{}}
+	m := &Monitor{tracker: t, subs: map[*Subscription]struct{}{}, cursorMoved: make(chan struct{}, 1)}
 	m.last = t.Snapshot()
 	m.published = t.Generation()
 	return m

@@ -57,8 +57,10 @@ type Runtime struct {
 	monitor *Monitor
 	opts    RuntimeOptions
 	// saved is the device part of the last checkpoint written or restored, so unchanged state
-	// is not written again.
-	saved []byte
+	// is not written again; savedCursors likewise for the cursors.
+	saved, savedCursors []byte
+	// cursorDirty says a cursor moved without any sticky change: the next tick saves it.
+	cursorDirty bool
 }
 
 // NewRuntime returns a Runtime for devices under policy. It fails only when the inventory is
@@ -103,7 +105,7 @@ func (r *Runtime) Restore() (restored bool, err error) {
 		return false, fmt.Errorf("checkpoint %s: %w", r.opts.CheckpointPath, err)
 	}
 	if cp.BootID == r.opts.BootID {
-		r.saved, _ = json.Marshal(r.monitor.Tracker().Checkpoint().Devices)
+		r.saved, r.savedCursors, _ = savedParts(r.monitor.Tracker().Checkpoint())
 	} // else the first save rewrites it, naming this boot
 	return true, nil
 }
@@ -127,12 +129,13 @@ func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) 
 			feedErr = feed(ctx, r.monitor)
 		}()
 	}
-	var updates <-chan struct{}
+	var updates, cursorMoved <-chan struct{}
 	var sub *Subscription
 	if r.opts.CheckpointPath != "" {
 		sub = r.monitor.Subscribe()
 		defer sub.Close()
 		updates = sub.C()
+		cursorMoved = r.monitor.cursorMoved
 	}
 	tick := r.opts.Clock.After(r.opts.TickInterval)
 	for {
@@ -150,20 +153,44 @@ func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) 
 		case now := <-tick:
 			r.monitor.Tick(now)
 			tick = r.opts.Clock.After(r.opts.TickInterval)
+			if r.cursorDirty {
+				r.save(ctx, false)
+			}
 		case <-updates:
 			if _, ok := sub.Next(); ok {
-				r.save(ctx)
+				r.save(ctx, false)
 			}
+		case <-cursorMoved:
+			r.save(ctx, true)
 		}
 	}
 }
 
-// save writes the checkpoint when its sticky devices differ from the last ones written (its time
-// changes with every signal and alone is no reason to write).
-func (r *Runtime) save(ctx context.Context) {
+// savedParts are what decide whether a checkpoint is worth writing: its sticky devices and the
+// sources' cursors (its time changes with every signal and alone is no reason to write).
+func savedParts(cp Checkpoint) (devices, cursors []byte, err error) {
+	if devices, err = json.Marshal(cp.Devices); err != nil {
+		return nil, nil, err
+	}
+	cursors, err = json.Marshal(cp.Cursors)
+	return devices, cursors, err
+}
+
+// save writes the checkpoint when its sticky devices or cursors differ from the last ones
+// written. With cursorOnly (a cursor moved), a checkpoint whose devices did not change waits for
+// the next tick: a storm of application XIDs in the kernel log then costs one write a tick,
+// not one per record, and a crash in between re-applies at most a tick of records that changed
+// nothing sticky.
+func (r *Runtime) save(ctx context.Context, cursorOnly bool) {
 	cp := r.monitor.Tracker().Checkpoint()
-	b, err := json.Marshal(cp.Devices)
-	if err == nil && bytes.Equal(b, r.saved) {
+	devices, cursors, err := savedParts(cp)
+	sameDevices := err == nil && bytes.Equal(devices, r.saved)
+	if sameDevices && bytes.Equal(cursors, r.savedCursors) {
+		r.cursorDirty = false
+		return
+	}
+	if sameDevices && cursorOnly {
+		r.cursorDirty = true
 		return
 	}
 	if err == nil {
@@ -173,5 +200,5 @@ func (r *Runtime) save(ctx context.Context) {
 		logr.FromContextOrDiscard(ctx).Error(err, "Writing the checkpoint failed", "path", r.opts.CheckpointPath)
 		return
 	}
-	r.saved = b
+	r.saved, r.savedCursors, r.cursorDirty = devices, cursors, false
 }

@@ -35,6 +35,8 @@ type Tracker struct {
 	// generation increases whenever any device's conditions change in any way.
 	generation uint64
 	lastTime   time.Time
+	// cursors says how far each replayable source has been applied (see Advance).
+	cursors map[string]Cursor
 }
 
 // NewTracker returns a Tracker for devices under policy. MIG instances name their parent in
@@ -137,6 +139,10 @@ func (t *Tracker) SetUnmonitored(uuid string, unmonitored bool) error {
 func (t *Tracker) Observe(sig Signal, out []Transition) ([]Transition, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.observeLocked(sig, out)
+}
+
+func (t *Tracker) observeLocked(sig Signal, out []Transition) ([]Transition, error) {
 	ds, ok := t.devices[sig.Device]
 	if !ok {
 		return out, ErrUnknownDevice

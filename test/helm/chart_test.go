@@ -413,3 +413,58 @@ func TestAgentFlowControl(t *testing.T) {
 		t.Error("flow control rendered although agent.flowControl.enabled=false")
 	}
 }
+
+func TestAgentKernelLog(t *testing.T) {
+	requireHelm(t)
+	tests := []struct {
+		name           string
+		set            []string
+		wantMount      bool
+		wantSyslog     bool
+		wantPrivileged bool
+		wantEnabled    bool
+	}{
+		{name: "default: /dev/kmsg mounted read-only with CAP_SYSLOG, unprivileged", wantMount: true, wantSyslog: true, wantEnabled: true},
+		{name: "off", set: []string{"config.kernelLog.enabled=false"}},
+		{name: "privileged", set: []string{"agent.kernelLog.privileged=true"}, wantMount: true, wantSyslog: true, wantPrivileged: true, wantEnabled: true},
+		{name: "privileged asks nothing while the kernel log is off", set: []string{"agent.kernelLog.privileged=true", "config.kernelLog.enabled=false"}},
+		// hostMounts mounts the whole /dev into a privileged container already.
+		{name: "hostMounts", set: []string{"agent.nvml.mode=hostMounts"}, wantSyslog: true, wantPrivileged: true, wantEnabled: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := render(t, tc.set...)
+			var ds appsv1.DaemonSet
+			r.get(t, "DaemonSet", "gpuhealth-agent", &ds)
+			pod := ds.Spec.Template.Spec
+			c := pod.Containers[0]
+			vol := slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+				return v.Name == "kmsg" && v.HostPath != nil && v.HostPath.Path == "/dev/kmsg" &&
+					v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathCharDev
+			})
+			mount := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+				return m.Name == "kmsg" && m.MountPath == "/dev/kmsg" && m.ReadOnly
+			})
+			if vol != tc.wantMount || mount != tc.wantMount {
+				t.Errorf("kmsg volume %v, read-only mount %v; want %v", vol, mount, tc.wantMount)
+			}
+			sc := c.SecurityContext
+			syslog := sc.Capabilities != nil && slices.Contains(sc.Capabilities.Add, "SYSLOG")
+			if syslog != tc.wantSyslog || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+				t.Errorf("capabilities %+v, want SYSLOG added %v and ALL dropped", sc.Capabilities, tc.wantSyslog)
+			}
+			if privileged := sc.Privileged != nil && *sc.Privileged; privileged != tc.wantPrivileged {
+				t.Errorf("privileged %v, want %v", privileged, tc.wantPrivileged)
+			}
+			var cm corev1.ConfigMap
+			r.get(t, "ConfigMap", "gpuhealth-agent-config", &cm)
+			cfg, err := config.Parse([]byte(cm.Data["healthconfig.yaml"]))
+			if err != nil {
+				t.Fatalf("rendered HealthConfig: %v", err)
+			}
+			if got := *cfg.KernelLogSection().Enabled; got != tc.wantEnabled {
+				t.Errorf("HealthConfig kernelLog.enabled %v, want %v", got, tc.wantEnabled)
+			}
+		})
+	}
+}

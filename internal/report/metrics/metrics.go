@@ -18,6 +18,9 @@
 // Counters with labels the agent knows in advance (each reporter, each health reached) start at
 // zero, so that rate() and increase() see their first increment: a series that appears at 1 has
 // no increase to show, and an alert on the first API error would miss it.
+//
+// Sources (sources.go) adds the kernel log's: gpuhealth_source_up, gpuhealth_xid_source_total,
+// gpuhealth_xid_duplicates_total, gpuhealth_kmsg_records_total, gpuhealth_kmsg_skipped_total.
 package metrics
 
 import (

@@ -17,12 +17,17 @@
 //     honours its context. Records the kernel overwrote before they were read (EPIPE) and
 //     records that do not parse are counted ([Reader.Overruns], [Reader.Malformed]) and
 //     skipped, never fatal.
+//   - [Mapper] turns an Event into the library's signals for one inventory, naming GPUs by
+//     UUID through their PCI bus IDs (and the identity lines): an XID with its MIG scope, the
+//     recovery action of XID 154, a lost GPU (also for one that failed to initialise).
+//   - [Source] puts these together: [OpenSource] replays the buffer since boot, skips what the
+//     checkpoint's [health.Cursor] says was applied before a restart, follows new records, and
+//     feeds a [Sink] (a *health.Monitor) one record at a time with [health.Monitor.Advance],
+//     so the cursor and the faults it produced are saved together. Only records of the kernel
+//     facility count: an NVRM line a process wrote is counted as spoofed ([Stats]).
+//   - [Dedup] makes an XID that both NVML and the kernel log report count once.
 //
 // ParseRecord and ParseNVRM are pure functions of their input, so they are safe for
-// concurrent use.
-//
-// What it does not do yet (later work): no seek to a saved sequence number, no
-// de-duplication against NVML's own XID events, and no wiring into the agent. The package
-// imports only the standard library and nothing from Kubernetes, so a device plugin or a DRA
-// driver can embed it.
+// concurrent use. The package imports nothing from Kubernetes, so a device plugin or a DRA
+// driver can embed it. docs/kernel-log.md describes the source as the agent runs it.
 package kmsg

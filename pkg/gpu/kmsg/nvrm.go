@@ -100,7 +100,7 @@ func ParseNVRM(msg string) (Event, bool) {
 	case strings.HasPrefix(rest, "GPU at PCI:"):
 		return parseGPUAt(strings.TrimPrefix(rest, "GPU at PCI:"))
 	case strings.HasPrefix(rest, "GPU "):
-		return parseInitFailed(strings.TrimPrefix(rest, "GPU "))
+		return parseGPU(strings.TrimPrefix(rest, "GPU "))
 	case strings.HasPrefix(rest, "The NVIDIA GPU "):
 		// Open and older modules spread this over three printk lines:
 		// "The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system has\n
@@ -134,7 +134,10 @@ func parseXid(s string) (Event, bool) {
 	// counts, but it cannot be attributed to a GPU, so PCIBusID stays empty.
 	bus, _ := NormalizeBusID(strings.TrimPrefix(addr, "PCI:"))
 	code, rest, _ := strings.Cut(rest, ",")
-	xid, err := strconv.Atoi(code)
+	// The code is the leading digits: "79", or "154 (" in a line cut short; digits are all a
+	// reader can trust.
+	digits := len(code) - len(strings.TrimLeft(code, "0123456789"))
+	xid, err := strconv.Atoi(code[:digits])
 	if err != nil || xid < 0 {
 		return Event{}, false
 	}
@@ -153,14 +156,7 @@ func parseXid(s string) (Event, bool) {
 		}
 	}
 	ev.Detail = rest
-	if m := migRE.FindStringSubmatch(rest); m != nil {
-		gi, _ := strconv.Atoi(m[1])
-		scope := &MIGScope{GPUInstance: gi, ComputeInstance: -1}
-		if m[2] != "" {
-			scope.ComputeInstance, _ = strconv.Atoi(m[2])
-		}
-		ev.MIG = scope
-	}
+	ev.MIG = parseMIG(rest)
 	if m := recoveryRE.FindStringSubmatch(rest); m != nil {
 		if n, err := strconv.ParseUint(m[1], 16, 32); err == nil {
 			a := RecoveryAction(n)
@@ -168,6 +164,28 @@ func parseXid(s string) (Event, bool) {
 		}
 	}
 	return ev, true
+}
+
+// parseMIG returns the MIG scope a line names, or nil. An instance number too large to be one
+// leaves the XID on the whole GPU rather than on a wrong instance: failing safe.
+func parseMIG(s string) *MIGScope {
+	m := migRE.FindStringSubmatch(s)
+	if m == nil {
+		return nil
+	}
+	gi, err := strconv.ParseUint(m[1], 10, 31)
+	if err != nil {
+		return nil
+	}
+	scope := &MIGScope{GPUInstance: int(gi), ComputeInstance: -1}
+	if m[2] != "" {
+		ci, err := strconv.ParseUint(m[2], 10, 31)
+		if err != nil {
+			return nil
+		}
+		scope.ComputeInstance = int(ci)
+	}
+	return scope
 }
 
 // cutField cuts "key=value, " from the front of s; value loses the quotes some drivers put
@@ -204,18 +222,15 @@ func parseGPUAt(s string) (Event, bool) {
 	return Event{}, false
 }
 
-// parseInitFailed parses what follows "NVRM: GPU ":
+// parseGPU parses what follows "NVRM: GPU ":
 //
 //	0000:09:00.0: RmInitAdapter failed! (0x22:0x56:894)
+//	0000:01:00.0: GPU has fallen off the bus.        (R610, after the XID 79 line)
 //
-// The "rm_init_adapter failed, device minor number 0" line that always follows it is left out
-// on purpose, so that one failure makes one event.
-func parseInitFailed(s string) (Event, bool) {
+// The "rm_init_adapter failed, device minor number 0" line that always follows the first is
+// left out on purpose, so that one failure makes one event.
+func parseGPU(s string) (Event, bool) {
 	addr, rest, ok := strings.Cut(s, ": ")
-	if !ok {
-		return Event{}, false
-	}
-	detail, ok := strings.CutPrefix(rest, "RmInitAdapter failed!")
 	if !ok {
 		return Event{}, false
 	}
@@ -223,7 +238,13 @@ func parseInitFailed(s string) (Event, bool) {
 	if !ok {
 		return Event{}, false
 	}
-	return Event{Kind: KindInitFailed, PCIBusID: bus, Detail: strings.TrimSpace(detail)}, true
+	if detail, ok := strings.CutPrefix(rest, "RmInitAdapter failed!"); ok {
+		return Event{Kind: KindInitFailed, PCIBusID: bus, Detail: strings.TrimSpace(detail)}, true
+	}
+	if strings.Contains(rest, "fallen off the bus") {
+		return Event{Kind: KindLost, PCIBusID: bus, Detail: strings.TrimSpace(rest)}, true
+	}
+	return Event{}, false
 }
 
 // NormalizeBusID returns a PCI address in the form 0000:3b:00.0 (four-digit domain,

@@ -28,6 +28,18 @@ import (
 //     pid and domains other than 0000 ("PCI:0019:01:00").
 //   - github.com/NVIDIA/open-gpu-kernel-modules/issues/1150 (590.48.01): "45, pid=..., name=...,
 //     Ch 00000001 caused by previous Xid 149".
+//   - github.com/NVIDIA/NVSentinel, health-monitors/syslog-health-monitor/pkg/xid/parser/csv_test.go
+//     (NVIDIA's own syslog monitor, R570-R580): XID 154 "GPU recovery action changed from 0x0
+//     (None) to 0x1 (GPU Reset Required)" and back to none, a bare "Xid (PCI:0000:3f:00): 46" with
+//     nothing after the code, an address with its function ("PCI:0000:00:08.0"), NVLink5 XID 149
+//     with doubled spaces, and a cut-short "154 (" that must not be lost.
+//   - github.com/NVIDIA/open-gpu-kernel-modules/issues/1134 (595.71.05, "Xid 31 -> Xid 154 (Node
+//     Reboot Required)") and /issues/1353 (595.84 to 610.57.04, XID 154 announcing "PF FLR"): the
+//     action names change between branches; the number before them does not.
+//   - A public crash report of the R610 open module (610.43.02; found through a code search whose
+//     index does not name the repository): after "Xid (PCI:0000:01:00): 79, GPU has fallen off the
+//     bus." the driver adds "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus." and "Xid
+//     (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (OS Reboot)".
 //
 // Not found verbatim in a public log (taken from the issue that asked for this package, and to
 // be checked against a MIG node and an R575+ driver): the MIG scope suffixes ("GPU-I 1, CI 0"
@@ -140,6 +152,48 @@ func TestParseNVRM(t *testing.T) {
 			name:   "XID 154 back to none",
 			msg:    "NVRM: Xid (PCI:0000:3b:00): 154, pid='<unknown>', name=<unknown>, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)",
 			want:   Event{Kind: KindXid, PCIBusID: "0000:3b:00.0", Xid: 154, RecoveryAction: action(RecoveryNone), Detail: "GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)"},
+			wantOK: true,
+		},
+		{
+			name:   "XID 154 to PF FLR (R595+ action names)",
+			msg:    "NVRM: Xid (PCI:0000:0d:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (PF FLR)",
+			want:   Event{Kind: KindXid, PCIBusID: "0000:0d:00.0", Xid: 154, RecoveryAction: action(RecoveryGPUReset), Detail: "GPU recovery action changed from 0x0 (None) to 0x1 (PF FLR)"},
+			wantOK: true,
+		},
+		{
+			name:   "XID 154 to OS Reboot (R610)",
+			msg:    "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (OS Reboot)",
+			want:   Event{Kind: KindXid, PCIBusID: "0000:01:00.0", Xid: 154, RecoveryAction: action(RecoveryNodeReboot), Detail: "GPU recovery action changed from 0x0 (None) to 0x2 (OS Reboot)"},
+			wantOK: true,
+		},
+		{
+			name:   "XID 154 on a non-zero domain (NVSentinel)",
+			msg:    "NVRM: Xid (PCI:0008:01:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)",
+			want:   Event{Kind: KindXid, PCIBusID: "0008:01:00.0", Xid: 154, RecoveryAction: action(RecoveryNone), Detail: "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"},
+			wantOK: true,
+		},
+		{
+			name:   "XID cut short after its code keeps the code",
+			msg:    "NVRM: Xid (PCI:0000:01:00): 154 (",
+			want:   Event{Kind: KindXid, PCIBusID: "0000:01:00.0", Xid: 154},
+			wantOK: true,
+		},
+		{
+			name:   "bare XID, nothing after the code",
+			msg:    "NVRM: Xid (PCI:0000:3f:00): 46",
+			want:   Event{Kind: KindXid, PCIBusID: "0000:3f:00.0", Xid: 46},
+			wantOK: true,
+		},
+		{
+			name:   "address with its function (R575+ NVLink5)",
+			msg:    "NVRM: Xid (PCI:0000:00:08.0): 145, RLW_REMAP Nonfatal XC1 i0 Link 10 (0x00000082 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)",
+			want:   Event{Kind: KindXid, PCIBusID: "0000:00:08.0", Xid: 145, Detail: "RLW_REMAP Nonfatal XC1 i0 Link 10 (0x00000082 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)"},
+			wantOK: true,
+		},
+		{
+			name:   "GPU fallen off the bus, R610 form",
+			msg:    "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.",
+			want:   Event{Kind: KindLost, PCIBusID: "0000:01:00.0", Detail: "GPU has fallen off the bus."},
 			wantOK: true,
 		},
 		{

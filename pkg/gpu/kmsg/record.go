@@ -80,23 +80,27 @@ func ParseRecord(line string) (Record, error) {
 	if !ok {
 		return Record{}, malformed("no ';' between prefix and message")
 	}
-	fields := strings.Split(prefix, ",")
-	if len(fields) < 4 {
-		return Record{}, malformed("prefix %q has %d fields, want at least 4 (priority,seq,usec,flags)", prefix, len(fields))
+	// The fields are cut one by one rather than split: a record costs no slice.
+	prioField, rest, ok1 := strings.Cut(prefix, ",")
+	seqField, rest, ok2 := strings.Cut(rest, ",")
+	usecField, rest, ok3 := strings.Cut(rest, ",")
+	flags, _, _ := strings.Cut(rest, ",")
+	if !ok1 || !ok2 || !ok3 {
+		return Record{}, malformed("prefix %q has %d fields, want at least 4 (priority,seq,usec,flags)", prefix, strings.Count(prefix, ",")+1)
 	}
-	prio, err := strconv.ParseUint(fields[0], 10, 16)
+	prio, err := strconv.ParseUint(prioField, 10, 16)
 	if err != nil || prio > maxPriority {
-		return Record{}, malformed("priority %q is not a number in [0,%d]", fields[0], maxPriority)
+		return Record{}, malformed("priority %q is not a number in [0,%d]", prioField, maxPriority)
 	}
-	seq, err := strconv.ParseUint(fields[1], 10, 64)
+	seq, err := strconv.ParseUint(seqField, 10, 64)
 	if err != nil {
-		return Record{}, malformed("sequence number %q: %v", fields[1], err)
+		return Record{}, malformed("sequence number %q: %v", seqField, err)
 	}
-	usec, err := strconv.ParseUint(fields[2], 10, 64)
+	usec, err := strconv.ParseUint(usecField, 10, 64)
 	if err != nil || usec > uint64(math.MaxInt64/int64(time.Microsecond)) {
-		return Record{}, malformed("timestamp %q is not a number of microseconds", fields[2])
+		return Record{}, malformed("timestamp %q is not a number of microseconds", usecField)
 	}
-	if fields[3] == "" {
+	if flags == "" {
 		return Record{}, malformed("empty flags field")
 	}
 	r := Record{
@@ -104,7 +108,7 @@ func ParseRecord(line string) (Record, error) {
 		Level:    Level(prio & 7),
 		Seq:      seq,
 		Since:    time.Duration(usec) * time.Microsecond,
-		Flags:    fields[3],
+		Flags:    flags,
 		Message:  unescape(msg),
 	}
 	if dict == "" {

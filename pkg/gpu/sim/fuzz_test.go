@@ -45,6 +45,7 @@ func FuzzParseScenario(f *testing.F) {
 		scenario("", "{at: 1s, gpu: 2, ecc: {correctedVolatile: 18446744073709551615}}", "{at: 2s, gpu: 2, ecc: {correctedVolatile: 1}}"),
 		scenario("", "{at: 1s, gpu: 2, pcieReplays: 9223372036854775807}", "{at: 2s, gpu: 2, pcieReplays: 1}"),
 		scenario("", "{at: 1s, gpu: 0, clockEventReasons: [hwPowerBrake]}", "{at: 1s, gpu: 0, recoveryAction: drainP2P}", "{at: 1s, gpu: 0, retiredPages: {pending: true}}", "{at: 1s, gpu: 0, remappedRows: {failure: true}}"),
+		scenario("", `{at: 1s, kmsg: "NVRM: Xid (PCI:0000:11:00): 94, pid=1, name=a, Ch 00000008, GPU-I 2, CI 0"}`, `{at: 2s, kmsg: "11,5,2000000,-;NVRM: GPU 0000:10:00.0: RmInitAdapter failed! (0x24:0x72:1568)"}`),
 		scenario("") + "duration: 1m\n",
 		scenario("", "~", "-"),
 		scenarioHeader + "gpus: {count: 64, migInstances: {\"63\": 7}}\n",

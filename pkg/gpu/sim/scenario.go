@@ -13,6 +13,7 @@ import (
 
 	yaml "go.yaml.in/yaml/v3"
 
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/strictyaml"
 )
@@ -54,6 +55,8 @@ const (
 	EventLost              EventKind = "lost"
 	EventReset             EventKind = "reset"
 	EventReboot            EventKind = "reboot"
+	// EventKmsg is a kernel-log line, parsed by pkg/gpu/kmsg as the agent parses /dev/kmsg.
+	EventKmsg EventKind = "kmsg"
 )
 
 // Scenario is a parsed scenario file: simulated GPUs and a timeline of faults and repairs.
@@ -74,7 +77,8 @@ type Event struct {
 	At   time.Duration
 	Line int
 	Kind EventKind
-	// GPU is the index of the GPU concerned (-1 for a node-wide event: reboot).
+	// GPU is the index of the GPU concerned (-1 for a node-wide event: reboot); for a kmsg
+	// event, the GPU its line names.
 	GPU int
 	// MIG is the 1-based position of the MIG instance the event targets (0 for the whole GPU).
 	MIG    int
@@ -95,6 +99,9 @@ type Event struct {
 	LinkDown            *bool
 	LinkErrorsIncrease  int64
 	RecoveryAction      health.RecoveryAction
+	// Kmsg is the kernel-log record of an EventKmsg: a message logged by the kernel, or a
+	// whole /dev/kmsg record ("3,1042,4909922970,-;NVRM: ..."), whose facility then counts.
+	Kmsg kmsg.Record
 }
 
 // scenarioFile mirrors the file; pointers tell "absent" from zero.
@@ -132,6 +139,7 @@ type eventSpec struct {
 	Lost              *bool      `yaml:"lost"`
 	Reset             *bool      `yaml:"reset"`
 	Reboot            *bool      `yaml:"reboot"`
+	Kmsg              *string    `yaml:"kmsg"`
 }
 
 type eccSpec struct {
@@ -318,15 +326,19 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 	add(spec.Lost != nil, EventLost)
 	add(spec.Reset != nil, EventReset)
 	add(spec.Reboot != nil, EventReboot)
+	add(spec.Kmsg != nil, EventKmsg)
 	switch len(kinds) {
 	case 0:
-		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot")
+		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg")
 	case 1:
 		ev.Kind = kinds[0]
 	default:
 		return ev, fmt.Errorf("%s and %s in one event: give each its own event", kinds[0], kinds[1])
 	}
 
+	if ev.Kind == EventKmsg {
+		return sc.kmsgEvent(spec, ev)
+	}
 	if ev.Kind == EventReboot {
 		if !*spec.Reboot {
 			return ev, errors.New("reboot: only 'reboot: true' is meaningful")

@@ -23,6 +23,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -67,6 +68,11 @@ type Backend struct {
 	devices []health.Device
 	gpus    []*gpuState
 	boots   int
+	// mapper turns the scenario's kmsg lines into signals; kmsgSignals is its reused buffer,
+	// spoofed counts lines of another facility than the kernel's.
+	mapper      *kmsg.Mapper
+	kmsgSignals []health.Signal
+	spoofed     int
 }
 
 // gpuState is what NVML would report for one simulated GPU.
@@ -103,6 +109,7 @@ func New(sc *Scenario, opts Options) *Backend {
 		opts.Start = time.Unix(0, 0).UTC()
 	}
 	b := &Backend{sc: sc, opts: opts, devices: sc.Devices()}
+	b.mapper = kmsg.NewMapper(b.devices)
 	for i := range sc.GPUCount {
 		g := &gpuState{uuid: GPUUUID(sc.Node, i), temperature: IdleTemperatureC}
 		for m := 1; m <= sc.MIGInstances[i]; m++ {
@@ -203,6 +210,12 @@ func (b *Backend) apply(ev Event, now time.Time, sink Sink) {
 			g.reboot()
 		}
 		sink.Reboot(b.BootID(), now)
+		return
+	}
+	if ev.Kind == EventKmsg {
+		for range ev.Repeat {
+			b.applyKmsg(ev, now, sink)
+		}
 		return
 	}
 	g := b.gpus[ev.GPU]

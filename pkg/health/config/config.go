@@ -44,6 +44,8 @@ type HealthConfig struct {
 	Checks      Checks    `yaml:"checks,omitempty" json:"checks,omitempty"`
 	// Agent configures `gpuhealth agent`; other commands ignore it.
 	Agent AgentConfig `yaml:"agent,omitempty" json:"agent,omitempty"`
+	// KernelLog configures the kernel log as a second source of signals (agent, device plugin).
+	KernelLog KernelLogConfig `yaml:"kernelLog,omitempty" json:"kernelLog,omitempty"`
 }
 
 // AgentSection returns the agent section with defaults filled in.
@@ -294,6 +296,7 @@ func (c *HealthConfig) Validate() error {
 		validateSamples("checks.nvlink.recoverySamples", n.RecoverySamples, bad)
 	}
 	c.Agent.validate(bad)
+	c.KernelLog.validate(bad)
 	if len(errs) == 0 {
 		return nil
 	}

@@ -1,0 +1,48 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+func TestKernelLogSection(t *testing.T) {
+	tests := []struct {
+		name     string
+		body     string
+		enabled  bool
+		path     string
+		wantErrs []string
+	}{
+		{name: "absent: on, /dev/kmsg", enabled: true, path: "/dev/kmsg"},
+		{name: "off", body: "kernelLog: {enabled: false}\n", enabled: false, path: "/dev/kmsg"},
+		{name: "another path", body: "kernelLog:\n  path: /host/dev/kmsg\n", enabled: true, path: "/host/dev/kmsg"},
+		{name: "relative path", body: "kernelLog:\n  path: dev/kmsg\n", wantErrs: []string{"kernelLog.path", "absolute"}},
+		{name: "unknown field names its line", body: "kernelLog:\n  enable: true\n", wantErrs: []string{`"enable"`, "line 4"}},
+		{name: "enabled is a boolean", body: "kernelLog: {enabled: sometimes}\n", wantErrs: []string{"line 3", `"sometimes"`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := config.Parse([]byte(header + tc.body))
+			if len(tc.wantErrs) > 0 {
+				if err == nil {
+					t.Fatalf("Parse succeeded, want an error mentioning %q", tc.wantErrs)
+				}
+				for _, w := range tc.wantErrs {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not mention %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := c.KernelLogSection()
+			if *k.Enabled != tc.enabled || k.Path != tc.path {
+				t.Errorf("KernelLogSection = {%v %q}, want {%v %q}", *k.Enabled, k.Path, tc.enabled, tc.path)
+			}
+		})
+	}
+}
