@@ -6,8 +6,12 @@ SHELL := /usr/bin/env bash
 GO        ?= go
 BIN       := bin
 GOFLAGS_TEST ?= -race -count=1
-# Real kubelet nodes that cluster-up starts (gpuhealth-node-0..NODES-1).
+# Real kubelet nodes that cluster-up starts (gpuhealth-node-0..NODES-1); CONTAINERS=1 gives them
+# containerd + runc + CNI instead of the fake CRI, so pods really run.
 NODES     ?= 1
+CONTAINERS ?= 0
+# The image the chart runs by default (make image tags it so).
+IMAGE     := gpuhealth/gpuhealth:$(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' deployments/helm/gpuhealth/Chart.yaml)
 # Tools are installed by hack/tools.sh into $(TOOLS_BIN), keyed by version.
 TOOLS_BIN := $(shell hack/tools.sh bindir)
 # Example embedders, each its own Go module (./... of the main module does not reach them).
@@ -53,13 +57,20 @@ e2e: controlplane ## e2e tests against a real etcd + kube-apiserver + scheduler 
 	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
 
 .PHONY: controlplane
-controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet; install the tools real nodes need.
+controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet, containerd; install the tools real nodes need.
 	hack/controlplane/deps.sh
 	hack/controlplane/build.sh >/dev/null
+	hack/controlplane/containerd.sh >/dev/null
 
 .PHONY: cluster-up
-cluster-up: controlplane ## Start a local cluster with NODES real kubelet nodes (default 1) in the background; kubeconfig in .cluster/kubeconfig.
-	NODES=$(NODES) hack/controlplane/cluster.sh up
+cluster-up: controlplane ## Start a local cluster with NODES real kubelet nodes (default 1; CONTAINERS=1: with containerd) in the background; kubeconfig in .cluster/kubeconfig.
+	NODES=$(NODES) CONTAINERS=$(CONTAINERS) hack/controlplane/cluster.sh up
+
+.PHONY: image-load
+image-load: ## Import bin/gpuhealth-image.tar (built for this machine if missing or older than the sources) into every node of cluster-up's cluster (CONTAINERS=1).
+	[[ -f $(BIN)/gpuhealth-image.tar && -z $$(find cmd internal pkg go.mod Dockerfile -newer $(BIN)/gpuhealth-image.tar | head -1) ]] || \
+		hack/image.sh "$$($(GO) env GOARCH)"
+	hack/controlplane/cluster.sh image-load $(BIN)/gpuhealth-image.tar $(IMAGE)
 
 .PHONY: cluster-down
 cluster-down: ## Stop everything cluster-up started.

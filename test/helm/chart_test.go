@@ -3,6 +3,8 @@ package helm
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -304,6 +306,52 @@ func TestAgentDaemonSet(t *testing.T) {
 	}
 	if got, want := cfg.Agent.WithDefaults().Reporters, config.AllReporters(); !slices.Equal(got, want) {
 		t.Errorf("reporters %v, want all %v", got, want)
+	}
+}
+
+func TestAgentSimScenario(t *testing.T) {
+	requireHelm(t)
+	scenario := filepath.Join(t.TempDir(), "scenario.yaml")
+	const want = "apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\ngpus: {count: 2}\n"
+	if err := os.WriteFile(scenario, []byte(want), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := Template(t.Context(), Options{Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"}, SetFile: []string{"agent.sim.scenario=" + scenario}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Decode(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rendered{}
+	for _, o := range objs {
+		r[o.GetKind()+"/"+o.GetName()] = o
+	}
+	var cm corev1.ConfigMap
+	r.get(t, "ConfigMap", "gpuhealth-agent-scenario", &cm)
+	if got := cm.Data["scenario.yaml"]; got != want {
+		t.Errorf("scenario ConfigMap holds %q, want %q", got, want)
+	}
+	var ds appsv1.DaemonSet
+	r.get(t, "DaemonSet", "gpuhealth-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	c := pod.Containers[0]
+	if !slices.Contains(c.Args, "--backend=sim") || !slices.Contains(c.Args, "--scenario=/etc/gpuhealth-sim/scenario.yaml") {
+		t.Errorf("agent args %v, want the sim backend replaying the mounted scenario", c.Args)
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "scenario" && m.MountPath == "/etc/gpuhealth-sim" }) ||
+		!slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+			return v.Name == "scenario" && v.ConfigMap != nil && v.ConfigMap.Name == "gpuhealth-agent-scenario"
+		}) {
+		t.Errorf("scenario ConfigMap not mounted at /etc/gpuhealth-sim: mounts %+v volumes %+v", c.VolumeMounts, pod.Volumes)
+	}
+	if len(pod.NodeSelector) != 0 || pod.RuntimeClassName != nil || c.ImagePullPolicy != corev1.PullNever {
+		t.Errorf("local values: nodeSelector %v, runtimeClassName %v, pull policy %s; want none, none, Never", pod.NodeSelector, pod.RuntimeClassName, c.ImagePullPolicy)
+	}
+
+	if _, err := Template(t.Context(), Options{Set: []string{"agent.backend=sim"}}); err == nil || !strings.Contains(err.Error(), "agent.sim.scenario") {
+		t.Errorf("backend sim without a scenario rendered (err %v), want an error naming agent.sim.scenario", err)
 	}
 }
 

@@ -1,0 +1,351 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Real containers: with Options.Containers each real node runs containerd v2 (built from Go
+// modules by hack/controlplane/containerd.sh) with runc and the bridge/host-local CNI plugins
+// (Debian's, hack/controlplane/deps.sh) instead of the fake CRI. Per node:
+//   - containerd runs in a mount namespace of its own (tmpfs over /run, /var/lib, /var/log, as for
+//     the kubelet), and the kubelet joins that namespace, so both see the same volume mounts,
+//     hostPath directories (such as /var/lib/gpuhealth) and device-plugin directory, and nothing
+//     they mount reaches the machine;
+//   - its socket is the node directory's cri.sock; its root (images, snapshots) is under the node
+//     directory, its state on the namespace's /run;
+//   - pods get addresses from the node's own subnet (PodCIDR) on a bridge of its own in the node
+//     network, whose gateway address is the way to the `kubernetes` Service that nodenet serves;
+//   - the sandbox image is PauseImage, imported from the archive containerd.sh builds.
+// Teardown (stopContainers) stops the kubelet, removes every pod through the CRI (containers,
+// CNI, mounts, cgroups), stops containerd and kills what is left of the node's shims.
+
+// ContainerdBinDirEnv names the environment variable that points at the directory
+// hack/controlplane/containerd.sh prints; unset, FindContainerdBinDir runs that script.
+const ContainerdBinDirEnv = "GPUHEALTH_CONTAINERD_BIN"
+
+// PauseImage is the sandbox ("pause") image of nodes with real containers, built here.
+const PauseImage = "localhost/gpuhealth/pause:1"
+
+// Files in the containerd bin directory.
+const (
+	BinContainerd = "containerd"
+	BinShim       = "containerd-shim-runc-v2"
+	BinCtr        = "ctr"
+	// BinCRIHelper removes a node's pods at teardown and normalizes image names for imports.
+	BinCRIHelper = "crihelper"
+	pauseArchive = "pause.tar"
+)
+
+// cniBinDir is where Debian's containernetworking-plugins puts the plugins.
+const cniBinDir = "/usr/lib/cni"
+
+// PodNetworkPrefix holds every node's pod subnet: node 198.51.100.K gets 10.244.K.0/24.
+const PodNetworkPrefix = "10.244.0.0/16"
+
+// FindContainerdBinDir returns the directory with containerd, its shim, ctr, crihelper and the
+// pause image: $GPUHEALTH_CONTAINERD_BIN if set, otherwise what hack/controlplane/containerd.sh
+// prints after building or finding them.
+func FindContainerdBinDir(ctx context.Context) (string, error) {
+	dir := os.Getenv(ContainerdBinDirEnv)
+	if dir == "" {
+		root, err := RepoRoot()
+		if err != nil {
+			return "", fmt.Errorf("%s is unset and %w", ContainerdBinDirEnv, err)
+		}
+		var stdout bytes.Buffer
+		cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "controlplane", "containerd.sh"))
+		cmd.Dir = root
+		cmd.Stdout = &stdout
+		cmd.Stderr = os.Stderr
+		if err := cmd.Run(); err != nil {
+			return "", fmt.Errorf("hack/controlplane/containerd.sh: %w", err)
+		}
+		dir = strings.TrimSpace(stdout.String())
+	}
+	for _, f := range []string{BinContainerd, BinShim, BinCtr, BinCRIHelper, pauseArchive} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return "", fmt.Errorf("containerd bin directory: %w (run hack/controlplane/containerd.sh)", err)
+		}
+	}
+	return filepath.Abs(dir)
+}
+
+// CheckContainers says why this machine cannot run nodes with real containers, or returns nil:
+// they need root, cgroups, runc and the CNI plugins (hack/controlplane/deps.sh installs the last
+// two).
+func CheckContainers() error {
+	if os.Geteuid() != 0 {
+		return errors.New("real containers need root")
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err != nil {
+		if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
+			return errors.New("real containers need cgroups: neither cgroup v2 nor a v1 memory hierarchy is mounted at /sys/fs/cgroup")
+		}
+	}
+	var missing []string
+	if _, err := exec.LookPath("runc"); err != nil {
+		missing = append(missing, "runc")
+	}
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(cniBinDir, p)); err != nil {
+			missing = append(missing, filepath.Join(cniBinDir, p))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("real containers need %s (hack/controlplane/deps.sh installs them)", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// PodCIDR is the node's pod subnet, 10.244.K.0/24 for node address 198.51.100.K.
+func (n *KubeletNode) PodCIDR() netip.Prefix {
+	k := n.IP.As4()[3]
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, k, 0}), 24)
+}
+
+// bridgeName is the node's CNI bridge in the node network (15 characters at most).
+func (n *KubeletNode) bridgeName() string { return fmt.Sprintf("gh-br%d", n.IP.As4()[3]) }
+
+// criSocket is the node's CRI endpoint: the fake CRI's or containerd's.
+func (n *KubeletNode) criSocket() string { return filepath.Join(n.Dir, "cri.sock") }
+
+func (n *KubeletNode) containerdDir() string { return filepath.Join(n.Dir, "containerd") }
+
+// containerdConfig is containerd's configuration (v3, containerd 2.x); docs/controlplane.md
+// explains the settings.
+func (n *KubeletNode) containerdConfig() string {
+	return fmt.Sprintf(`version = 3
+root = %[1]q
+state = "/run/containerd"
+
+[grpc]
+  address = %[2]q
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = %[3]q
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = %[4]q
+
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = [%[5]q]
+    conf_dir = %[6]q
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      SystemdCgroup = false
+
+[plugins.'io.containerd.grpc.v1.cri']
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+`, filepath.Join(n.containerdDir(), "root"), n.criSocket(), filepath.Join(n.containerdDir(), "opt"),
+		PauseImage, cniBinDir, filepath.Join(n.containerdDir(), "cni"))
+}
+
+// cniConfig is the node's CNI network: a bridge of its own with the node's subnet. The bridge
+// is the pods' gateway into the node network, where the node addresses and the `kubernetes`
+// Service address are local: no NAT, no forwarding.
+func (n *KubeletNode) cniConfig() string {
+	cidr := n.PodCIDR()
+	return fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "gpuhealth",
+  "plugins": [{
+    "type": "bridge",
+    "bridge": %q,
+    "isGateway": true,
+    "ipMasq": false,
+    "hairpinMode": true,
+    "ipam": {
+      "type": "host-local",
+      "ranges": [[{"subnet": %q}]],
+      "routes": [{"dst": "0.0.0.0/0"}]
+    }
+  }]
+}
+`, n.bridgeName(), cidr.String())
+}
+
+// startContainerd writes containerd's and CNI's configuration, starts containerd in the node
+// network and a mount namespace of its own, and imports the pause image.
+func (n *KubeletNode) startContainerd(ctx context.Context) error {
+	c := n.cluster
+	for _, sub := range []string{"root", "opt", "cni"} {
+		if err := os.MkdirAll(filepath.Join(n.containerdDir(), sub), 0o755); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	configPath := filepath.Join(n.containerdDir(), "config.toml")
+	if err := os.WriteFile(configPath, []byte(n.containerdConfig()), 0o600); err != nil {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	if err := os.WriteFile(filepath.Join(n.containerdDir(), "cni", "10-gpuhealth.conflist"), []byte(n.cniConfig()), 0o600); err != nil {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	_ = os.Remove(n.criSocket())
+	bin := filepath.Join(c.containerdBin, BinContainerd)
+	argv, err := c.inNodeNetwork("unshare", "--mount", "--propagation", "private", "--",
+		"sh", "-c", nodeMountScript, "gpuhealth-node", n.Dir, bin, "--config="+configPath)
+	if err != nil {
+		return err
+	}
+	p, err := startProcessWith("containerd-"+n.Name, argv[0], argv[1:], c.path("logs", "containerd-"+n.Name+".log"), c.opts.Detach,
+		func(cmd *exec.Cmd) {
+			// containerd finds its shim on PATH: ours first (an older one in /usr/bin would break
+			// every sandbox); runc is in /usr/sbin.
+			cmd.Env = append(cmd.Env, "PATH="+c.containerdBin+":"+os.Getenv("PATH")+":/usr/sbin:/sbin")
+		})
+	if err != nil {
+		return err
+	}
+	p.binary = bin
+	n.containerd = p
+	c.mu.Lock()
+	c.procs = append(c.procs, p)
+	c.mu.Unlock()
+	err = waitReady(ctx, p, func(ctx context.Context) error {
+		_, err := n.Ctr(ctx, "version")
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return n.ImportImage(ctx, filepath.Join(c.containerdBin, pauseArchive), "")
+}
+
+// Ctr runs ctr against the node's containerd in the CRI's namespace (k8s.io) and returns its
+// combined output.
+func (n *KubeletNode) Ctr(ctx context.Context, args ...string) ([]byte, error) {
+	c := n.cluster
+	if c.containerdBin == "" {
+		return nil, fmt.Errorf("node %s runs no containerd (Options.Containers)", n.Name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(c.containerdBin, BinCtr),
+		append([]string{"--address=" + n.criSocket(), "--namespace=k8s.io"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("ctr %s on node %s: %w: %s", strings.Join(args, " "), n.Name, err, bytes.TrimSpace(out))
+	}
+	return out, nil
+}
+
+// ImportImage imports an image archive (OCI or Docker format; for a multi-platform index only
+// this machine's platform) into the node's containerd. With name set, the image that the
+// archive names name is also tagged with the registry-qualified form the CRI resolves name to,
+// so pods that say `image: name` (with imagePullPolicy Never or IfNotPresent) find it.
+func (n *KubeletNode) ImportImage(ctx context.Context, archive, name string) error {
+	if _, err := n.Ctr(ctx, "images", "import", "--platform=linux/"+runtime.GOARCH, archive); err != nil {
+		return err
+	}
+	if name == "" {
+		return nil
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(n.cluster.containerdBin, BinCRIHelper), "image-ref", name).Output()
+	if err != nil {
+		return fmt.Errorf("normalize image name %s: %w", name, err)
+	}
+	ref := strings.TrimSpace(string(out))
+	if ref == name {
+		return nil
+	}
+	_, err = n.Ctr(ctx, "images", "tag", "--force", name, ref)
+	return err
+}
+
+// stopContainers ends a node with real containers, the kubelet first so it starts nothing new:
+// every pod removed through the CRI (containers, CNI, mounts, cgroups), then containerd, then
+// any shim of this node still running. The node's mount namespace, and every mount in it, goes
+// with its last process; bridges and veths live in the node network, which goes with nodenet.
+func (n *KubeletNode) stopContainers() error {
+	var errs []error
+	if n.kubelet != nil {
+		if err := n.kubelet.stop(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if n.containerd == nil {
+		return errors.Join(errs...)
+	}
+	if exited, _ := n.containerd.exited(); !exited {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		out, err := exec.CommandContext(ctx, filepath.Join(n.cluster.containerdBin, BinCRIHelper),
+			"clean", "--endpoint="+n.criSocket()).CombinedOutput()
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node %s: remove pods: %w: %s", n.Name, err, bytes.TrimSpace(out)))
+		}
+	}
+	if err := n.containerd.stop(10 * time.Second); err != nil {
+		errs = append(errs, err)
+	}
+	if err := killShims(n.criSocket()); err != nil {
+		errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+	}
+	// runc removed each container's cgroup; the parent the CRI puts them under (the containerd
+	// namespace's name, k8s.io) goes once empty, which it is not while another node runs pods.
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
+	for _, dir := range dirs {
+		_ = syscall.Rmdir(dir)
+	}
+	return errors.Join(errs...)
+}
+
+// killShims kills every containerd shim serving the containerd at socket (its command line
+// names the socket) and waits for them to go. They have left containerd's process group.
+func killShims(socket string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids := ShimPIDs(socket)
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("shims %v of %s survived SIGKILL", pids, socket)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ShimPIDs lists the running containerd shims whose command line names socket (their
+// containerd's address).
+func ShimPIDs(socket string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if filepath.Base(args[0]) == BinShim && strings.Contains(string(cmdline), "\x00"+socket+"\x00") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
