@@ -52,9 +52,10 @@ unit: ## Unit tests with the race detector, plus a short run of every fuzz targe
 	hack/fuzz.sh 10s
 
 .PHONY: e2e
-e2e: controlplane ## e2e tests against a real etcd + kube-apiserver + scheduler + controller-manager.
+e2e: controlplane $(BIN)/gpuhealth-image.tar ## e2e tests against a real etcd + kube-apiserver + scheduler + controller-manager (and containerd nodes).
 	hack/tools.sh install helm
-	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
+	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" GPUHEALTH_CONTAINERD_BIN="$$(hack/controlplane/containerd.sh)" \
+	GPUHEALTH_IMAGE_ARCHIVE=$(abspath $(BIN)/gpuhealth-image.tar) $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
 
 .PHONY: controlplane
 controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet, containerd; install the tools real nodes need.
@@ -67,10 +68,12 @@ cluster-up: controlplane ## Start a local cluster with NODES real kubelet nodes 
 	NODES=$(NODES) CONTAINERS=$(CONTAINERS) hack/controlplane/cluster.sh up
 
 .PHONY: image-load
-image-load: ## Import bin/gpuhealth-image.tar (built for this machine if missing or older than the sources) into every node of cluster-up's cluster (CONTAINERS=1).
-	[[ -f $(BIN)/gpuhealth-image.tar && -z $$(find cmd internal pkg go.mod Dockerfile -newer $(BIN)/gpuhealth-image.tar | head -1) ]] || \
-		hack/image.sh "$$($(GO) env GOARCH)"
+image-load: $(BIN)/gpuhealth-image.tar ## Import the image (built for this machine if missing or older than the sources) into every node of cluster-up's cluster (CONTAINERS=1).
 	hack/controlplane/cluster.sh image-load $(BIN)/gpuhealth-image.tar $(IMAGE)
+
+# The image for this machine's architecture when `make image` has not built both (image-load, e2e).
+$(BIN)/gpuhealth-image.tar: $(shell find cmd internal pkg -name '*.go') go.mod go.sum Dockerfile
+	hack/image.sh "$$($(GO) env GOARCH)"
 
 .PHONY: cluster-down
 cluster-down: ## Stop everything cluster-up started.

@@ -82,10 +82,9 @@ func FindContainerdBinDir(ctx context.Context) (string, error) {
 	return filepath.Abs(dir)
 }
 
-// CheckContainers says why this machine cannot run nodes with real containers, or returns nil:
-// they need root, cgroups, runc and the CNI plugins (hack/controlplane/deps.sh installs the last
-// two).
-func CheckContainers() error {
+// CanRunContainers says why this machine can never run nodes with real containers (no root, no
+// cgroups), or returns nil. Tests skip on it; what a script installs is CheckContainers' part.
+func CanRunContainers() error {
 	if os.Geteuid() != 0 {
 		return errors.New("real containers need root")
 	}
@@ -93,6 +92,15 @@ func CheckContainers() error {
 		if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
 			return errors.New("real containers need cgroups: neither cgroup v2 nor a v1 memory hierarchy is mounted at /sys/fs/cgroup")
 		}
+	}
+	return nil
+}
+
+// CheckContainers says why nodes with real containers cannot start here, or returns nil: besides
+// CanRunContainers they need runc and the CNI plugins (hack/controlplane/deps.sh installs them).
+func CheckContainers() error {
+	if err := CanRunContainers(); err != nil {
+		return err
 	}
 	var missing []string
 	if _, err := exec.LookPath("runc"); err != nil {
@@ -118,8 +126,21 @@ func (n *KubeletNode) PodCIDR() netip.Prefix {
 // bridgeName is the node's CNI bridge in the node network (15 characters at most).
 func (n *KubeletNode) bridgeName() string { return fmt.Sprintf("gh-br%d", n.IP.As4()[3]) }
 
-// criSocket is the node's CRI endpoint: the fake CRI's or containerd's.
-func (n *KubeletNode) criSocket() string { return filepath.Join(n.Dir, "cri.sock") }
+// CRISocket is the node's CRI endpoint: the fake CRI's or containerd's.
+func (n *KubeletNode) CRISocket() string { return filepath.Join(n.Dir, "cri.sock") }
+
+// RootFS is the node's file system as its containerd and kubelet see it (their mount namespace,
+// through /proc), where hostPath volumes such as /var/lib/gpuhealth live. Empty without
+// containerd or once it has stopped.
+func (n *KubeletNode) RootFS() string {
+	if n.containerd == nil {
+		return ""
+	}
+	if exited, _ := n.containerd.exited(); exited {
+		return ""
+	}
+	return fmt.Sprintf("/proc/%d/root", n.containerd.pid())
+}
 
 func (n *KubeletNode) containerdDir() string { return filepath.Join(n.Dir, "containerd") }
 
@@ -155,7 +176,7 @@ state = "/run/containerd"
 [plugins.'io.containerd.grpc.v1.cri']
   disable_tcp_service = true
   stream_server_address = "127.0.0.1"
-`, filepath.Join(n.containerdDir(), "root"), n.criSocket(), filepath.Join(n.containerdDir(), "opt"),
+`, filepath.Join(n.containerdDir(), "root"), n.CRISocket(), filepath.Join(n.containerdDir(), "opt"),
 		PauseImage, cniBinDir, filepath.Join(n.containerdDir(), "cni"))
 }
 
@@ -199,7 +220,7 @@ func (n *KubeletNode) startContainerd(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(n.containerdDir(), "cni", "10-gpuhealth.conflist"), []byte(n.cniConfig()), 0o600); err != nil {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
-	_ = os.Remove(n.criSocket())
+	_ = os.Remove(n.CRISocket())
 	bin := filepath.Join(c.containerdBin, BinContainerd)
 	argv, err := c.inNodeNetwork("unshare", "--mount", "--propagation", "private", "--",
 		"sh", "-c", nodeMountScript, "gpuhealth-node", n.Dir, bin, "--config="+configPath)
@@ -240,7 +261,7 @@ func (n *KubeletNode) Ctr(ctx context.Context, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(c.containerdBin, BinCtr),
-		append([]string{"--address=" + n.criSocket(), "--namespace=k8s.io"}, args...)...)
+		append([]string{"--address=" + n.CRISocket(), "--namespace=k8s.io"}, args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("ctr %s on node %s: %w: %s", strings.Join(args, " "), n.Name, err, bytes.TrimSpace(out))
@@ -288,7 +309,7 @@ func (n *KubeletNode) stopContainers() error {
 	if exited, _ := n.containerd.exited(); !exited {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		out, err := exec.CommandContext(ctx, filepath.Join(n.cluster.containerdBin, BinCRIHelper),
-			"clean", "--endpoint="+n.criSocket()).CombinedOutput()
+			"clean", "--endpoint="+n.CRISocket()).CombinedOutput()
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("node %s: remove pods: %w: %s", n.Name, err, bytes.TrimSpace(out)))
@@ -297,7 +318,7 @@ func (n *KubeletNode) stopContainers() error {
 	if err := n.containerd.stop(10 * time.Second); err != nil {
 		errs = append(errs, err)
 	}
-	if err := killShims(n.criSocket()); err != nil {
+	if err := killShims(n.CRISocket()); err != nil {
 		errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
 	}
 	// runc removed each container's cgroup; the parent the CRI puts them under (the containerd

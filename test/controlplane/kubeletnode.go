@@ -250,7 +250,7 @@ func (n *KubeletNode) kubeletConfig(certPath, keyPath string) string {
 	if gates.Len() > 0 {
 		featureGates = gates.String()
 	}
-	endpoint := "unix://" + n.criSocket()
+	endpoint := "unix://" + n.CRISocket()
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: %[1]s
@@ -290,7 +290,7 @@ featureGates: %[8]s
 
 func (n *KubeletNode) startCRI(ctx context.Context) error {
 	c := n.cluster
-	socket := n.criSocket()
+	socket := n.CRISocket()
 	_ = os.Remove(socket)
 	p, err := startProcess("fakecri-"+n.Name, c.bin(BinFakeCRI), []string{
 		"--endpoint=unix://" + socket,
