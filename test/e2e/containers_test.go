@@ -58,9 +58,10 @@ const faultDelay = 8 * time.Second
 // containerd, runc and CNI, with the image built here: the agent pods run, turn Ready through
 // their /readyz probe, reach the API server through the in-cluster configuration, report the
 // scenario's fault on their own nodes (annotation, DeviceTaintRule) and log to where `kubectl
-// logs` reads. An agent pod deleted mid-fault comes back through the DaemonSet with the fault
-// restored from its hostPath checkpoint. helm uninstall leaves only what docs/helm.md lists, and
-// stopping the cluster leaves no process, shim, mount or cgroup behind.
+// logs` reads; their device-plugin containers register with the real kubelets, whose
+// allocatable drops by the sick GPU. An agent pod deleted mid-fault comes back through the
+// DaemonSet with the fault restored from its hostPath checkpoint. helm uninstall leaves only what
+// docs/helm.md lists, and stopping the cluster leaves no process, shim, mount or cgroup behind.
 func TestHelmChartOnContainerdNodes(t *testing.T) {
 	if err := controlplane.CanRunContainers(); err != nil {
 		t.Skipf("skipping: this machine cannot run containers: %v", err)
@@ -94,6 +95,7 @@ func TestHelmChartOnContainerdNodes(t *testing.T) {
 		Release: "gpuhealth", Namespace: "gpuhealth-system",
 		Values:  []string{"deployments/helm/gpuhealth/ci/local-values.yaml"},
 		SetFile: []string{"agent.sim.scenario=" + scenario},
+		Set:     []string{"agent.devicePlugin.enabled=true"},
 	}
 	installed := time.Now()
 	if out, err := helm.Install(ctx, c.AdminKubeconfig(), release, "3m"); err != nil {
@@ -161,11 +163,17 @@ func TestHelmChartOnContainerdNodes(t *testing.T) {
 		}
 	})
 
+	t.Run("the device plugin takes the sick GPU out of the kubelet's allocatable", func(t *testing.T) {
+		for _, n := range nodes {
+			waitGPUs(t, c, n.Name, 4, 3)
+		}
+	})
+
 	t.Run("kubectl logs shows the agents' logs", func(t *testing.T) {
 		for _, n := range nodes {
 			p := agents[n.Name]
 			out, err := exec.CommandContext(ctx, filepath.Join(c.BinDir(), controlplane.BinKubectl),
-				"--kubeconfig", c.AdminKubeconfig(), "logs", "-n", ns, p.Name).CombinedOutput()
+				"--kubeconfig", c.AdminKubeconfig(), "logs", "-n", ns, p.Name, "-c", "agent").CombinedOutput()
 			if err != nil {
 				t.Fatalf("kubectl logs %s: %v\n%s", p.Name, err, out)
 			}
@@ -226,7 +234,8 @@ func TestHelmChartOnContainerdNodes(t *testing.T) {
 		if len(lost) > 0 {
 			t.Errorf("the node lost the fault while its agent was replaced: %v", lost)
 		}
-		logs, err := podLogs(ctx, c, ns, successor.Name)
+		b, err := c.Admin().CoreV1().Pods(ns).GetLogs(successor.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+		logs := string(b)
 		if err != nil {
 			t.Fatal(err)
 		}

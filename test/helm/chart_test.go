@@ -355,6 +355,32 @@ func TestAgentSimScenario(t *testing.T) {
 	}
 }
 
+func TestAgentDevicePlugin(t *testing.T) {
+	requireHelm(t)
+	var ds appsv1.DaemonSet
+	render(t, "agent.devicePlugin.enabled=true").get(t, "DaemonSet", "gpuhealth-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	if len(pod.Containers) != 2 || pod.Containers[1].Name != "device-plugin" {
+		t.Fatalf("containers %d, want the agent and a device-plugin container", len(pod.Containers))
+	}
+	c := pod.Containers[1]
+	for _, want := range []string{"device-plugin", "--kubelet-socket-dir=/var/lib/kubelet/device-plugins", "--resource-name=nvidia.com/gpu", "--checkpoint=/var/lib/gpuhealth/device-plugin.json"} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("device-plugin args %v lack %s", c.Args, want)
+		}
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == "device-plugins" && m.MountPath == "/var/lib/kubelet/device-plugins" && !m.ReadOnly
+	}) || !slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+		return v.Name == "device-plugins" && v.HostPath != nil && v.HostPath.Path == "/var/lib/kubelet/device-plugins"
+	}) {
+		t.Errorf("the kubelet's device-plugin directory is not mounted: mounts %+v", c.VolumeMounts)
+	}
+	if !equality.Semantic.DeepEqual(c.SecurityContext, pod.Containers[0].SecurityContext) || !equality.Semantic.DeepEqual(c.Env, pod.Containers[0].Env) {
+		t.Error("the device plugin runs with another security context or environment than the agent")
+	}
+}
+
 func TestAgentDeviceMounts(t *testing.T) {
 	requireHelm(t)
 	var ds appsv1.DaemonSet
