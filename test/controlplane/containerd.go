@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -321,39 +322,77 @@ func (n *KubeletNode) stopContainers() error {
 	if err := killShims(n.CRISocket()); err != nil {
 		errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
 	}
-	// runc removed each container's cgroup; the parent the CRI puts them under (the containerd
-	// namespace's name, k8s.io) goes once empty, which it is not while another node runs pods.
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
-	for _, dir := range dirs {
+	return errors.Join(errs...)
+}
+
+// killShims kills every containerd shim serving a containerd whose socket path starts with
+// prefix (one node's socket, or a stale cluster directory), the containers they run first (each
+// container's init is a child of its shim, and the rest of the container goes with it), and then
+// removes those containers' cgroups. crihelper clean normally leaves nothing for it to do; a test
+// binary killed before its teardown leaves shims behind, which the next Start sweeps.
+func killShims(prefix string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	var cgroupIDs []string
+	for {
+		shims := ShimPIDs(prefix)
+		if len(shims) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("shims %v of %s survived SIGKILL", shims, prefix)
+		}
+		for _, child := range childrenOf(shims) {
+			cgroupIDs = append(cgroupIDs, criCgroupIDs(child)...)
+			_ = syscall.Kill(child, syscall.SIGKILL)
+		}
+		for _, pid := range shims {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var errs []error
+	for _, id := range cgroupIDs {
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/k8s.io", id))
+		for _, dir := range dirs {
+			// The killed processes leave their cgroups a moment after they exit.
+			err := syscall.Rmdir(dir)
+			for i := 0; err == syscall.EBUSY && i < 50; i++ {
+				time.Sleep(100 * time.Millisecond)
+				err = syscall.Rmdir(dir)
+			}
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+			}
+		}
+	}
+	// The parent the CRI puts containers under (the containerd namespace's name, k8s.io) goes once
+	// empty, which it is not while another node runs pods.
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
+	for _, dir := range parents {
 		_ = syscall.Rmdir(dir)
 	}
 	return errors.Join(errs...)
 }
 
-// killShims kills every containerd shim serving the containerd at socket (its command line
-// names the socket) and waits for them to go. They have left containerd's process group.
-func killShims(socket string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pids := ShimPIDs(socket)
-		if len(pids) == 0 {
-			return nil
+// ShimPIDs lists the running containerd shims whose containerd's address (their -address
+// argument) starts with prefix.
+func ShimPIDs(prefix string) []int {
+	var pids []int
+	for pid, args := range processes() {
+		if len(args) == 0 || filepath.Base(args[0]) != BinShim {
+			continue
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("shims %v of %s survived SIGKILL", pids, socket)
+		if i := slices.Index(args, "-address"); i >= 0 && i+1 < len(args) && strings.HasPrefix(args[i+1], prefix) {
+			pids = append(pids, pid)
 		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
+	return pids
 }
 
-// ShimPIDs lists the running containerd shims whose command line names socket (their
-// containerd's address).
-func ShimPIDs(socket string) []int {
+// processes maps every running process to its command line.
+func processes() map[int][]string {
 	entries, _ := os.ReadDir("/proc")
-	var pids []int
+	out := map[int][]string{}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -363,10 +402,44 @@ func ShimPIDs(socket string) []int {
 		if err != nil {
 			continue
 		}
-		args := strings.Split(string(cmdline), "\x00")
-		if filepath.Base(args[0]) == BinShim && strings.Contains(string(cmdline), "\x00"+socket+"\x00") {
-			pids = append(pids, pid)
+		out[pid] = strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
+	}
+	return out
+}
+
+// childrenOf lists the processes whose parent is one of parents.
+func childrenOf(parents []int) []int {
+	var children []int
+	for pid := range processes() {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name (which may hold spaces): state, ppid, ...
+		fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+		if len(fields) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(fields[1]); err == nil && slices.Contains(parents, ppid) {
+			children = append(children, pid)
 		}
 	}
-	return pids
+	return children
+}
+
+// criCgroupIDs returns the names of the cgroups under k8s.io (where the CRI puts containers
+// when the kubelet gives no parent) that pid belongs to.
+func criCgroupIDs(pid int) []string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	for line := range strings.Lines(string(data)) {
+		_, path, ok := strings.Cut(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ":")
+		if rest, found := strings.CutPrefix(path, "/k8s.io/"); ok && found && !strings.Contains(rest, "/") && !slices.Contains(ids, rest) {
+			ids = append(ids, rest)
+		}
+	}
+	return ids
 }
