@@ -139,8 +139,11 @@ image_load() {
 	ref=$("$bin/crihelper" image-ref "$name")
 	for socket in "$cluster_dir"/nodes/*/cri.sock; do
 		[[ -S $socket && -d $(dirname "$socket")/containerd ]] || continue
-		"$bin/ctr" --address "$socket" --namespace k8s.io images import --platform "linux/$(go env GOARCH)" "$archive" >/dev/null
-		[[ $ref == "$name" ]] || "$bin/ctr" --address "$socket" --namespace k8s.io images tag --force "$name" "$ref" >/dev/null
+		# ctr warns on every call that cgroup v1 is deprecated: true, and not news here.
+		"$bin/ctr" --address "$socket" --namespace k8s.io images import --platform "linux/$(go env GOARCH)" "$archive" \
+			2> >(grep -v DEPRECATION >&2) >/dev/null
+		[[ $ref == "$name" ]] || "$bin/ctr" --address "$socket" --namespace k8s.io images tag --force "$name" "$ref" \
+			2> >(grep -v DEPRECATION >&2) >/dev/null
 		log "loaded $name into $(basename "$(dirname "$socket")")"
 		n=$((n + 1))
 	done

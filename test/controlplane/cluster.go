@@ -210,16 +210,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	if opts.Containers {
-		c.containerdBin = opts.ContainerdBinDir
-		if c.containerdBin == "" {
-			c.containerdBin = os.Getenv(ContainerdBinDirEnv)
-		}
-		if c.containerdBin == "" {
-			c.containerdBin, err = FindContainerdBinDir(ctx)
-		} else {
-			c.containerdBin, err = filepath.Abs(c.containerdBin)
-		}
-		if err != nil {
+		if c.containerdBin, err = FindContainerdBinDir(ctx, opts.ContainerdBinDir); err != nil {
 			return nil, err
 		}
 	}

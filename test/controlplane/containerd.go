@@ -56,10 +56,12 @@ const cniBinDir = "/usr/lib/cni"
 const PodNetworkPrefix = "10.244.0.0/16"
 
 // FindContainerdBinDir returns the directory with containerd, its shim, ctr, crihelper and the
-// pause image: $GPUHEALTH_CONTAINERD_BIN if set, otherwise what hack/controlplane/containerd.sh
-// prints after building or finding them.
-func FindContainerdBinDir(ctx context.Context) (string, error) {
-	dir := os.Getenv(ContainerdBinDirEnv)
+// pause image: dir if set, else $GPUHEALTH_CONTAINERD_BIN if set, otherwise what
+// hack/controlplane/containerd.sh prints after building or finding them.
+func FindContainerdBinDir(ctx context.Context, dir string) (string, error) {
+	if dir == "" {
+		dir = os.Getenv(ContainerdBinDirEnv)
+	}
 	if dir == "" {
 		root, err := RepoRoot()
 		if err != nil {
@@ -434,8 +436,14 @@ func criCgroupIDs(pid int) []string {
 	if err != nil {
 		return nil
 	}
+	return parseCRICgroupIDs(string(data))
+}
+
+// parseCRICgroupIDs reads /proc/PID/cgroup ("ID:CONTROLLERS:PATH" per hierarchy) for the cgroups
+// directly under /k8s.io.
+func parseCRICgroupIDs(data string) []string {
 	var ids []string
-	for line := range strings.Lines(string(data)) {
+	for line := range strings.Lines(data) {
 		_, path, ok := strings.Cut(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ":")
 		if rest, found := strings.CutPrefix(path, "/k8s.io/"); ok && found && !strings.Contains(rest, "/") && !slices.Contains(ids, rest) {
 			ids = append(ids, rest)

@@ -304,6 +304,26 @@ func TestHelmChartOnContainerdNodes(t *testing.T) {
 		for _, n := range nodes {
 			sockets = append(sockets, n.CRISocket())
 		}
+		// The checks below look for these by their shims' command lines and by cgroup: make sure
+		// they find them while the pods run, or their finding nothing afterwards proves nothing.
+		if _, err := c.Admin().CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "sleeper"},
+			Spec: corev1.PodSpec{
+				NodeName:   nodes[0].Name,
+				Containers: []corev1.Container{{Name: "pause", Image: controlplane.PauseImage, ImagePullPolicy: corev1.PullNever}},
+			},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		sleeper := waitPodRunning(t, c, "default", "sleeper")
+		id := strings.TrimPrefix(sleeper.Status.ContainerStatuses[0].ContainerID, "containerd://")
+		containerIDs = append(containerIDs, id)
+		if found, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io/" + id); len(found) == 0 {
+			t.Errorf("no cgroup of the running container %.12s under /sys/fs/cgroup/*/k8s.io", id)
+		}
+		if len(controlplane.ShimPIDs(nodes[0].CRISocket())) == 0 {
+			t.Errorf("no shim of %s found while a pod runs there", nodes[0].Name)
+		}
 		dir := c.Dir()
 		stopped := time.Now()
 		if err := c.Stop(); err != nil {
