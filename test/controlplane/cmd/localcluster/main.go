@@ -5,7 +5,8 @@
 // hack/controlplane/cluster.sh down stops them by the recorded PIDs.
 //
 // With --nodes N (default 1) it also starts N real kubelet nodes, gpuhealth-node-0..N-1, in the
-// harness's node network (see test/controlplane/nodenet.go).
+// harness's node network (see test/controlplane/nodenet.go); with --containers they run
+// containerd, runc and CNI instead of the fake CRI (test/controlplane/containerd.go).
 //
 // Layout under --dir (default .cluster):
 //
