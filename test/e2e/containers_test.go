@@ -60,8 +60,9 @@ const faultDelay = 8 * time.Second
 // scenario's fault on their own nodes (annotation, DeviceTaintRule) and log to where `kubectl
 // logs` reads; their device-plugin containers register with the real kubelets, whose
 // allocatable drops by the sick GPU. An agent pod deleted mid-fault comes back through the
-// DaemonSet with the fault restored from its hostPath checkpoint. helm uninstall leaves only what
-// docs/helm.md lists, and stopping the cluster leaves no process, shim, mount or cgroup behind.
+// DaemonSet with the fault restored from its hostPath checkpoint; a kubelet restart leaves the
+// containers running. helm uninstall leaves only what docs/helm.md lists, and stopping the
+// cluster leaves no process, shim, mount or cgroup behind.
 func TestHelmChartOnContainerdNodes(t *testing.T) {
 	if err := controlplane.CanRunContainers(); err != nil {
 		t.Skipf("skipping: this machine cannot run containers: %v", err)
@@ -142,24 +143,7 @@ func TestHelmChartOnContainerdNodes(t *testing.T) {
 	t.Run("each agent reports the fault on its own node", func(t *testing.T) {
 		for _, n := range nodes {
 			waitNodeFault(t, c, n.Name)
-			uuid := simUUID(n.Name, 1)
-			eventually(t, "DeviceTaintRule for "+uuid, func(ctx context.Context) (bool, string, error) {
-				rules, err := c.Admin().ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{
-					LabelSelector: labels.Set{devicetaint.NodeLabel: n.Name}.String()})
-				if err != nil {
-					return false, "", err
-				}
-				var seen []string
-				for _, r := range rules.Items {
-					seen = append(seen, fmt.Sprintf("%s %s=%s %s", r.Name, devicetaint.UUIDLabel, r.Labels[devicetaint.UUIDLabel], r.Spec.Taint.Effect))
-					if r.Labels[devicetaint.UUIDLabel] == uuid && r.Spec.DeviceSelector != nil &&
-						r.Spec.DeviceSelector.Pool != nil && *r.Spec.DeviceSelector.Pool == n.Name &&
-						r.Spec.DeviceSelector.Device != nil && *r.Spec.DeviceSelector.Device == controlplane.GPUDeviceName(1) {
-						return len(rules.Items) == 1, strings.Join(seen, "; "), nil
-					}
-				}
-				return false, strings.Join(seen, "; "), nil
-			})
+			waitTaintRule(t, c, n.Name)
 		}
 	})
 
@@ -241,6 +225,43 @@ func TestHelmChartOnContainerdNodes(t *testing.T) {
 		}
 		if !strings.Contains(logs, `"msg":"Restored the checkpoint"`) {
 			t.Errorf("the new agent %s did not restore the hostPath checkpoint:\n%s", successor.Name, logs)
+		}
+	})
+
+	t.Run("a kubelet restart leaves the agent running", func(t *testing.T) {
+		n := nodes[1]
+		before := agents[n.Name]
+		if err := c.RestartKubelet(ctx, n.Name); err != nil {
+			t.Fatal(err)
+		}
+		// A starting kubelet deletes its node's ResourceSlices of DRA drivers that have not
+		// registered with it (here all, as no driver runs): waiting for that proves the new kubelet
+		// is at work. A driver would publish them again; the agent then taints the sick GPU's
+		// device again.
+		slices := c.Admin().ResourceV1().ResourceSlices()
+		eventually(t, "the restarted kubelet to delete the unregistered driver's ResourceSlice", func(ctx context.Context) (bool, string, error) {
+			_, err := slices.Get(ctx, controlplane.GPUResourceSlice(n.Name).Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return true, "", nil
+			}
+			return false, "still there", err
+		})
+		uuids := []string{simUUID(n.Name, 0), simUUID(n.Name, 1), simUUID(n.Name, 2), simUUID(n.Name, 3)}
+		if _, err := slices.Create(ctx, controlplane.GPUResourceSlice(n.Name, uuids...), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitTaintRule(t, c, n.Name)
+		p, err := c.Admin().CoreV1().Pods(ns).Get(ctx, before.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			if s.RestartCount > 0 || s.State.Running == nil {
+				t.Errorf("container %s of the agent pod after the kubelet restart: %d restarts, state %+v", s.Name, s.RestartCount, s.State)
+			}
+		}
+		if p.UID != before.UID || !podReady(p) {
+			t.Errorf("agent pod %s not the same Ready pod after the kubelet restart (ready=%v)", p.Name, podReady(p))
 		}
 	})
 
@@ -392,6 +413,30 @@ func chartAppVersion(t *testing.T) string {
 		t.Fatal("Chart.yaml has no appVersion")
 	}
 	return string(m[1])
+}
+
+// waitTaintRule waits until the node's only DeviceTaintRule is the agent's for GPU 1 (the
+// scenario's fault), selecting that GPU's device in the node's pool.
+func waitTaintRule(t *testing.T, c *controlplane.Cluster, node string) {
+	t.Helper()
+	uuid := simUUID(node, 1)
+	eventually(t, "DeviceTaintRule for "+uuid, func(ctx context.Context) (bool, string, error) {
+		rules, err := c.Admin().ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{
+			LabelSelector: labels.Set{devicetaint.NodeLabel: node}.String()})
+		if err != nil {
+			return false, "", err
+		}
+		var seen []string
+		for _, r := range rules.Items {
+			seen = append(seen, fmt.Sprintf("%s %s=%s %s", r.Name, devicetaint.UUIDLabel, r.Labels[devicetaint.UUIDLabel], r.Spec.Taint.Effect))
+			if r.Labels[devicetaint.UUIDLabel] == uuid && r.Spec.DeviceSelector != nil &&
+				r.Spec.DeviceSelector.Pool != nil && *r.Spec.DeviceSelector.Pool == node &&
+				r.Spec.DeviceSelector.Device != nil && *r.Spec.DeviceSelector.Device == controlplane.GPUDeviceName(1) {
+				return len(rules.Items) == 1, strings.Join(seen, "; "), nil
+			}
+		}
+		return false, strings.Join(seen, "; "), nil
+	})
 }
 
 // waitNodeFault waits until the node's Volcano annotation names GPU 1 (the scenario's fault).
