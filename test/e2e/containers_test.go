@@ -238,16 +238,16 @@ func TestHelmChartOnContainerdNodes(t *testing.T) {
 		// registered with it (here all, as no driver runs): waiting for that proves the new kubelet
 		// is at work. A driver would publish them again; the agent then taints the sick GPU's
 		// device again.
-		slices := c.Admin().ResourceV1().ResourceSlices()
+		sliceClient := c.Admin().ResourceV1().ResourceSlices()
 		eventually(t, "the restarted kubelet to delete the unregistered driver's ResourceSlice", func(ctx context.Context) (bool, string, error) {
-			_, err := slices.Get(ctx, controlplane.GPUResourceSlice(n.Name).Name, metav1.GetOptions{})
+			_, err := sliceClient.Get(ctx, controlplane.GPUResourceSlice(n.Name).Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return true, "", nil
 			}
 			return false, "still there", err
 		})
 		uuids := []string{simUUID(n.Name, 0), simUUID(n.Name, 1), simUUID(n.Name, 2), simUUID(n.Name, 3)}
-		if _, err := slices.Create(ctx, controlplane.GPUResourceSlice(n.Name, uuids...), metav1.CreateOptions{}); err != nil {
+		if _, err := sliceClient.Create(ctx, controlplane.GPUResourceSlice(n.Name, uuids...), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		waitTaintRule(t, c, n.Name)
