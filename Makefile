@@ -6,8 +6,12 @@ SHELL := /usr/bin/env bash
 GO        ?= go
 BIN       := bin
 GOFLAGS_TEST ?= -race -count=1
-# Real kubelet nodes that cluster-up starts (gpuhealth-node-0..NODES-1).
+# Real kubelet nodes that cluster-up starts (gpuhealth-node-0..NODES-1); CONTAINERS=1 gives them
+# containerd + runc + CNI instead of the fake CRI, so pods really run.
 NODES     ?= 1
+CONTAINERS ?= 0
+# The image the chart runs by default (make image tags it so).
+IMAGE     := gpuhealth/gpuhealth:$(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' deployments/helm/gpuhealth/Chart.yaml)
 # Tools are installed by hack/tools.sh into $(TOOLS_BIN), keyed by version.
 TOOLS_BIN := $(shell hack/tools.sh bindir)
 # Example embedders, each its own Go module (./... of the main module does not reach them).
@@ -30,8 +34,9 @@ kubectl-plugin: build ## bin/kubectl-gpuhealth, so that `kubectl gpuhealth statu
 	ln -sf gpuhealth $(BIN)/kubectl-gpuhealth
 
 .PHONY: demo
-demo: build ## The main job on a local cluster: 3 simulated GPU nodes, agents, scheduler, extender, faults, a drain, pods.
-	$(GO) run ./hack/demo --gpuhealth $(BIN)/gpuhealth --scenario examples/demo-scenario.yaml
+demo: build ## The main job on a local cluster: 3 simulated GPU nodes, agents, scheduler, extender, faults, a drain, pods. CHART=1: the Helm chart on containerd nodes instead.
+	if [[ "$(CHART)" == 1 ]]; then hack/demo/chart.sh; \
+	else $(GO) run ./hack/demo --gpuhealth $(BIN)/gpuhealth --scenario examples/demo-scenario.yaml; fi
 
 .PHONY: simulate
 simulate: build ## Replay examples/scenario.yaml (an hour of faults on 8 GPUs) on virtual time.
@@ -48,18 +53,28 @@ unit: ## Unit tests with the race detector, plus a short run of every fuzz targe
 	hack/fuzz.sh 10s
 
 .PHONY: e2e
-e2e: controlplane ## e2e tests against a real etcd + kube-apiserver + scheduler + controller-manager.
+e2e: controlplane $(BIN)/gpuhealth-image.tar ## e2e tests against a real etcd + kube-apiserver + scheduler + controller-manager (and containerd nodes).
 	hack/tools.sh install helm
-	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
+	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" GPUHEALTH_CONTAINERD_BIN="$$(hack/controlplane/containerd.sh)" \
+	GPUHEALTH_IMAGE_ARCHIVE=$(abspath $(BIN)/gpuhealth-image.tar) $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
 
 .PHONY: controlplane
-controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet; install the tools real nodes need.
+controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet, containerd; install the tools real nodes need.
 	hack/controlplane/deps.sh
 	hack/controlplane/build.sh >/dev/null
+	hack/controlplane/containerd.sh >/dev/null
 
 .PHONY: cluster-up
-cluster-up: controlplane ## Start a local cluster with NODES real kubelet nodes (default 1) in the background; kubeconfig in .cluster/kubeconfig.
-	NODES=$(NODES) hack/controlplane/cluster.sh up
+cluster-up: controlplane ## Start a local cluster with NODES real kubelet nodes (default 1; CONTAINERS=1: with containerd) in the background; kubeconfig in .cluster/kubeconfig.
+	NODES=$(NODES) CONTAINERS=$(CONTAINERS) hack/controlplane/cluster.sh up
+
+.PHONY: image-load
+image-load: $(BIN)/gpuhealth-image.tar ## Import the image (built for this machine if missing or older than the sources) into every node of cluster-up's cluster (CONTAINERS=1).
+	hack/controlplane/cluster.sh image-load $(BIN)/gpuhealth-image.tar $(IMAGE)
+
+# The image for this machine's architecture when `make image` has not built both (image-load, e2e).
+$(BIN)/gpuhealth-image.tar: $(shell find cmd internal pkg -name '*.go') go.mod go.sum Dockerfile
+	hack/image.sh "$$($(GO) env GOARCH)"
 
 .PHONY: cluster-down
 cluster-down: ## Stop everything cluster-up started.

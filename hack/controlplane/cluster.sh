@@ -6,6 +6,11 @@
 # Usage: hack/controlplane/cluster.sh up       # build if needed, start, wait until ready
 #        hack/controlplane/cluster.sh down     # stop everything `up` started (idempotent)
 #        hack/controlplane/cluster.sh status   # which recorded processes run, and /readyz
+#        hack/controlplane/cluster.sh image-load ARCHIVE NAME  # import an image into every node
+#
+# CONTAINERS=1 gives the nodes containerd + runc + CNI (test/controlplane/containerd.go) instead
+# of the fake CRI; image-load needs that. `down` then first stops the kubelets, removes every pod
+# through each node's containerd (containers, CNI, mounts, cgroups), and kills leftover shims.
 #
 # `up` writes .cluster/kubeconfig (admin), links .cluster/bin/kubectl, records PIDs in
 # .cluster/pids, logs under .cluster/run/logs, and each node's directories (kubeconfig,
@@ -44,12 +49,16 @@ up() {
 	log "building or finding the control-plane binaries (a cold build takes 12-15 min on 2 cores)"
 	local bin_dir
 	bin_dir=$("$here/build.sh")
+	local containers=()
+	if [[ ${CONTAINERS:-0} == 1 ]]; then
+		containers=(--containers --containerd-bin "$("$here/containerd.sh")")
+	fi
 	log "compiling the launcher (test/controlplane/cmd/localcluster)"
 	mkdir -p "$cluster_dir/bin"
 	(cd "$root" && go build -o "$cluster_dir/bin/localcluster" ./test/controlplane/cmd/localcluster)
 	log "starting the control plane"
 	"$cluster_dir/bin/localcluster" up --dir "$cluster_dir" --bin "$bin_dir" \
-		--feature-gates "${GPUHEALTH_FEATURE_GATES:-}" --nodes "${NODES:-1}"
+		--feature-gates "${GPUHEALTH_FEATURE_GATES:-}" --nodes "${NODES:-1}" "${containers[@]}"
 }
 
 down() {
@@ -61,19 +70,50 @@ down() {
 		return 0
 	fi
 	local name pid deadline
+	# Nodes with real containers: kubelets first (so they start nothing new), then every pod
+	# through its containerd, which still runs.
+	stop_group() {
+		log "stopping $1 (pid $2)"
+		kill -TERM -- "-$2" 2>/dev/null || true
+		deadline=$((SECONDS + 15))
+		while alive "$2" && ((SECONDS < deadline)); do sleep 0.1; done
+		if alive "$2"; then
+			log "$1 (pid $2) ignored SIGTERM for 15s: SIGKILL"
+			kill -KILL -- "-$2" 2>/dev/null || true
+		fi
+	}
+	local sockets=() node
+	if grep -q '^containerd-' <<<"$live"; then
+		local crihelper
+		crihelper="$(dirname "$(awk '/^containerd-/ {print $3; exit}' "$pids_file")")/crihelper"
+		while read -r name pid; do
+			[[ $name == kubelet-* ]] && stop_group "$name" "$pid"
+		done <<<"$live"
+		while read -r name pid; do
+			[[ $name == containerd-* ]] || continue
+			node=${name#containerd-}
+			sockets+=("$cluster_dir/nodes/$node/cri.sock")
+			log "removing the pods of $node"
+			"$crihelper" clean --endpoint "$cluster_dir/nodes/$node/cri.sock" || log "removing the pods of $node failed"
+		done <<<"$live"
+		live=$(live_pids)
+	fi
 	# Newest first, one at a time: controller-manager and scheduler, then the apiserver (whose
 	# graceful shutdown is slow if etcd has already gone), then etcd. Each leads its own session
 	# and process group, so signal the group.
 	while read -r name pid; do
-		log "stopping $name (pid $pid)"
-		kill -TERM -- "-$pid" 2>/dev/null || true
-		deadline=$((SECONDS + 15))
-		while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
-		if alive "$pid"; then
-			log "$name (pid $pid) ignored SIGTERM for 15s: SIGKILL"
-			kill -KILL -- "-$pid" 2>/dev/null || true
-		fi
+		[[ -n $name ]] && stop_group "$name" "$pid"
 	done < <(tac <<<"$live")
+	# Shims have left containerd's process group; their command line names its socket.
+	local socket shim
+	for socket in "${sockets[@]}"; do
+		for shim in $(pgrep -f -- "-address $socket( |\$)" || true); do
+			log "killing leftover shim $shim"
+			kill -KILL "$shim" 2>/dev/null || true
+		done
+	done
+	# runc removed each container's cgroup; the parent the CRI puts them under goes once empty.
+	((${#sockets[@]} == 0)) || rmdir /sys/fs/cgroup/*/k8s.io 2>/dev/null || true
 	rm -f "$pids_file"
 	log "cluster stopped (logs kept in $cluster_dir/run/logs)"
 }
@@ -90,12 +130,36 @@ status() {
 	echo
 }
 
+# image_load ARCHIVE NAME: import the archive into every node's containerd, NAME tagged as the CRI
+# resolves it (see crihelper image-ref).
+image_load() {
+	local archive=${1:?usage: cluster.sh image-load ARCHIVE NAME} name=${2:?usage: cluster.sh image-load ARCHIVE NAME}
+	local bin ref socket n=0
+	bin=$("$here/containerd.sh")
+	ref=$("$bin/crihelper" image-ref "$name")
+	for socket in "$cluster_dir"/nodes/*/cri.sock; do
+		[[ -S $socket && -d $(dirname "$socket")/containerd ]] || continue
+		# ctr warns on every call that cgroup v1 is deprecated: true, and not news here.
+		"$bin/ctr" --address "$socket" --namespace k8s.io images import --platform "linux/$(go env GOARCH)" "$archive" \
+			2> >(grep -v DEPRECATION >&2) >/dev/null
+		[[ $ref == "$name" ]] || "$bin/ctr" --address "$socket" --namespace k8s.io images tag --force "$name" "$ref" \
+			2> >(grep -v DEPRECATION >&2) >/dev/null
+		log "loaded $name into $(basename "$(dirname "$socket")")"
+		n=$((n + 1))
+	done
+	if ((n == 0)); then
+		log "no node with containerd runs: start one with make cluster-up CONTAINERS=1"
+		return 1
+	fi
+}
+
 case ${1:-} in
 up) up ;;
+image-load) image_load "${@:2}" ;;
 down) down ;;
 status) status ;;
 *)
-	echo "usage: $0 up|down|status" >&2
+	echo "usage: $0 up|down|status|image-load ARCHIVE NAME" >&2
 	exit 2
 	;;
 esac

@@ -55,7 +55,7 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			if checkpoint != "" {
 				agentCfg.CheckpointPath = checkpoint
 			}
-			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, cfg.SampleEvery())
+			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, nodeName, cfg.SampleEvery())
 			if err != nil {
 				return err
 			}
@@ -104,7 +104,9 @@ func (n nvmlAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
 	return n.b.Run(ctx, sink)
 }
 
-func openBackend(ctx context.Context, backend, scenarioPath string, sampleEvery time.Duration) (agent.Backend, string, func(), error) {
+// openBackend opens the GPU backend. With the simulator, node (when set) wins over the scenario's
+// own node: every agent of a DaemonSet replays the same scenario on its own node's GPUs.
+func openBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration) (agent.Backend, string, func(), error) {
 	switch backend {
 	case "sim":
 		if scenarioPath == "" {
@@ -113,6 +115,10 @@ func openBackend(ctx context.Context, backend, scenarioPath string, sampleEvery 
 		sc, err := sim.LoadScenario(scenarioPath)
 		if err != nil {
 			return nil, "", nil, badInput(err)
+		}
+		if node != "" && node != sc.Node {
+			klog.FromContext(ctx).Info("Replaying the scenario on this node", "scenarioNode", sc.Node, "node", node)
+			sc = sc.OnNode(node)
 		}
 		b := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: sampleEvery, Forever: true})
 		return simAgentBackend{b}, b.BootID(), func() {}, nil

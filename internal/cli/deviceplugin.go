@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -64,7 +65,8 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 			if err != nil {
 				return err
 			}
-			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, cfg.SampleEvery())
+			// In a DaemonSet, $NODE_NAME (the pod's node) names the simulated GPUs, as for the agent.
+			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, os.Getenv("NODE_NAME"), cfg.SampleEvery())
 			if err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -99,6 +100,13 @@ type Options struct {
 	KubeletNodes int
 	// NodeNetwork prepares the node network without starting nodes, for StartKubeletNode.
 	NodeNetwork bool
+	// Containers gives real nodes containerd v2 + runc + CNI instead of the fake CRI, so their
+	// pods run (containerd.go; CheckContainers says whether this machine can). Needs KubeletNodes
+	// or NodeNetwork.
+	Containers bool
+	// ContainerdBinDir holds containerd, its shim, ctr, crihelper and the pause image; empty
+	// means FindContainerdBinDir.
+	ContainerdBinDir string
 	// NodesDir holds one directory per real node (its kubelet's --root-dir); empty means
 	// Dir/nodes. Unix socket paths live there, so keep it short (108-byte limit).
 	NodesDir string
@@ -125,6 +133,9 @@ type Cluster struct {
 
 	admin       *rest.Config
 	adminClient *kubernetes.Clientset
+
+	// containerdBin is the containerd bin directory when nodes run real containers.
+	containerdBin string
 
 	mu    sync.Mutex
 	procs []*process // in start order; stopped in reverse
@@ -173,6 +184,14 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			return nil, errors.New("real nodes need kube-controller-manager (its node-lifecycle controller makes them schedulable)")
 		}
 	}
+	if opts.Containers {
+		if !withNodes {
+			return nil, errors.New("Options.Containers needs real nodes (KubeletNodes or NodeNetwork)")
+		}
+		if err := CheckContainers(); err != nil {
+			return nil, err
+		}
+	}
 	c := &Cluster{opts: opts}
 	defer func() {
 		if err != nil {
@@ -189,6 +208,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if opts.Containers {
+		if c.containerdBin, err = FindContainerdBinDir(ctx, opts.ContainerdBinDir); err != nil {
+			return nil, err
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
@@ -271,8 +295,17 @@ func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
 		c.mu.Lock()
 		procs := slices.Clone(c.procs)
+		nodes := slices.Collect(maps.Values(c.nodes))
 		c.mu.Unlock()
 		var errs []error
+		// Nodes with real containers first: their pods go through the CRI while containerd runs.
+		for _, n := range nodes {
+			if n.containerd != nil {
+				if err := n.stopContainers(); err != nil {
+					errs = append(errs, fmt.Errorf("stop node %s: %w", n.Name, err))
+				}
+			}
+		}
 		for _, p := range slices.Backward(procs) {
 			if err := p.stop(10 * time.Second); err != nil {
 				errs = append(errs, fmt.Errorf("stop %s: %w", p.name, err))

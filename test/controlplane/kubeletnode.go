@@ -30,7 +30,8 @@ type KubeletNodeOptions struct {
 	Labels map[string]string
 }
 
-// KubeletNode is one real kubelet v1.37.2 with its fake CRI runtime. Its directory holds what
+// KubeletNode is one real kubelet v1.37.2 with its fake CRI runtime, or with containerd, runc and
+// CNI when the cluster has Options.Containers (containerd.go). Its directory holds what
 // other processes on "the node" use: the device-plugin directory, the DRA plugin directories and
 // the pod-resources socket.
 type KubeletNode struct {
@@ -41,10 +42,11 @@ type KubeletNode struct {
 	// Dir is the kubelet's --root-dir, also holding its kubeconfig, config, PKI and pod logs.
 	Dir string
 
-	cluster *Cluster
-	args    []string // the full command line, for restarts
-	kubelet *process
-	cri     *process
+	cluster     *Cluster
+	kubeletArgs []string // the kubelet's own flags, for restarts
+	kubelet     *process
+	cri         *process // the fake CRI, or nil
+	containerd  *process // containerd, or nil
 }
 
 // DevicePluginDir is where device plugins register: the kubelet sees it as
@@ -139,9 +141,10 @@ func (c *Cluster) StartKubeletNode(ctx context.Context, name string, opts Kubele
 	defer cancel()
 	defer func() {
 		if err != nil {
-			n.stopProcesses()
+			_ = n.stopProcesses()
 			c.forget(n.kubelet)
 			c.forget(n.cri)
+			c.forget(n.containerd)
 		}
 	}()
 	if err := c.addNodeAddress(ctx, ip); err != nil {
@@ -150,7 +153,11 @@ func (c *Cluster) StartKubeletNode(ctx context.Context, name string, opts Kubele
 	if err := n.writeFiles(opts); err != nil {
 		return nil, err
 	}
-	if err := n.startCRI(ctx); err != nil {
+	if c.containerdBin != "" {
+		if err := n.startContainerd(ctx); err != nil {
+			return nil, err
+		}
+	} else if err := n.startCRI(ctx); err != nil {
 		return nil, err
 	}
 	if err := n.startKubelet(ctx); err != nil {
@@ -212,15 +219,22 @@ func (n *KubeletNode) writeFiles(opts KubeletNodeOptions) error {
 		}
 		kubeletArgs = append(kubeletArgs, "--node-labels="+strings.Join(labels, ","))
 	}
-	// nsenter (node network) → unshare (own mount namespace) → sh (mounts) → kubelet: each execs
-	// the next, so the PID we hold is the kubelet's and Pdeathsig reaches it.
-	argv, err := c.inNodeNetwork(append([]string{"unshare", "--mount", "--propagation", "private", "--",
-		"sh", "-c", nodeMountScript, "gpuhealth-node", n.Dir, c.bin(BinKubelet)}, kubeletArgs...)...)
-	if err != nil {
-		return err
-	}
-	n.args = argv
+	n.kubeletArgs = kubeletArgs
 	return nil
+}
+
+// kubeletCommand is the kubelet's full command line. nsenter (node network) → unshare (own mount
+// namespace) → sh (mounts) → kubelet: each execs the next, so the PID we hold is the kubelet's
+// and Pdeathsig reaches it. With containerd, the kubelet joins containerd's mount namespace
+// instead (containerd set up the mounts), so both see the same volumes and hostPaths.
+func (n *KubeletNode) kubeletCommand() ([]string, error) {
+	c := n.cluster
+	if n.containerd != nil {
+		return c.inNodeNetwork(append([]string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.containerd.pid()), "--",
+			"sh", "-c", `cd "$1/cwd" && shift && exec "$@"`, "gpuhealth-node", n.Dir, c.bin(BinKubelet)}, n.kubeletArgs...)...)
+	}
+	return c.inNodeNetwork(append([]string{"unshare", "--mount", "--propagation", "private", "--",
+		"sh", "-c", nodeMountScript, "gpuhealth-node", n.Dir, c.bin(BinKubelet)}, n.kubeletArgs...)...)
 }
 
 // kubeletConfig is the KubeletConfiguration; docs/controlplane.md explains each setting.
@@ -236,7 +250,7 @@ func (n *KubeletNode) kubeletConfig(certPath, keyPath string) string {
 	if gates.Len() > 0 {
 		featureGates = gates.String()
 	}
-	endpoint := "unix://" + filepath.Join(n.Dir, "cri.sock")
+	endpoint := "unix://" + n.CRISocket()
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: %[1]s
@@ -276,7 +290,7 @@ featureGates: %[8]s
 
 func (n *KubeletNode) startCRI(ctx context.Context) error {
 	c := n.cluster
-	socket := filepath.Join(n.Dir, "cri.sock")
+	socket := n.CRISocket()
 	_ = os.Remove(socket)
 	p, err := startProcess("fakecri-"+n.Name, c.bin(BinFakeCRI), []string{
 		"--endpoint=unix://" + socket,
@@ -299,7 +313,11 @@ func (n *KubeletNode) startCRI(ctx context.Context) error {
 
 func (n *KubeletNode) startKubelet(ctx context.Context) error {
 	c := n.cluster
-	p, err := startProcessWith("kubelet-"+n.Name, n.args[0], n.args[1:], c.path("logs", "kubelet-"+n.Name+".log"), c.opts.Detach, nil)
+	argv, err := n.kubeletCommand()
+	if err != nil {
+		return err
+	}
+	p, err := startProcessWith("kubelet-"+n.Name, argv[0], argv[1:], c.path("logs", "kubelet-"+n.Name+".log"), c.opts.Detach, nil)
 	if err != nil {
 		return err
 	}
@@ -355,13 +373,19 @@ func (c *Cluster) RestartKubelet(ctx context.Context, name string) error {
 	return nil
 }
 
-// stopProcesses stops the kubelet, then its runtime. Their mount namespace goes with the kubelet.
-func (n *KubeletNode) stopProcesses() {
+// stopProcesses stops the kubelet, then its runtime (for containerd with everything it runs).
+// Their mount namespace goes with the last of them.
+func (n *KubeletNode) stopProcesses() error {
+	if n.containerd != nil {
+		return n.stopContainers()
+	}
+	var errs []error
 	for _, p := range []*process{n.kubelet, n.cri} {
 		if p != nil {
-			_ = p.stop(10 * time.Second)
+			errs = append(errs, p.stop(10*time.Second))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // startKubeletNodes starts Options.KubeletNodes nodes, one after another (the kubelets' start-up

@@ -26,6 +26,11 @@ import (
 // NodeNetworkCIDR is the documentation range (TEST-NET-2) node addresses come from.
 const NodeNetworkCIDR = "198.51.100.0/24"
 
+// KubernetesServiceAddress is the `kubernetes` Service's ClusterIP (the first address of
+// --service-cluster-ip-range) and port. nodenet serves it inside the node network, forwarded to
+// kube-apiserver, so pods on nodes with real containers use the in-cluster configuration as is.
+const KubernetesServiceAddress = "10.96.0.1:443"
+
 const compNodeNet = "nodenet"
 
 // nodeNetworkTools are the util-linux and iproute2 commands the node network needs;
@@ -104,6 +109,7 @@ func (c *Cluster) startNodeNetwork(ctx context.Context) error {
 		"--apiserver=" + apiserver,
 		"--egress-socket=" + c.egressSocket(),
 		"--node-cidr=" + NodeNetworkCIDR,
+		"--service-address=" + KubernetesServiceAddress,
 	}, c.path("logs", compNodeNet+".log"), c.opts.Detach, func(cmd *exec.Cmd) {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 		cmd.ExtraFiles = []*os.File{hostNS} // fd 3

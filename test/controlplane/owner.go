@@ -11,7 +11,7 @@ import (
 
 // A test binary killed with SIGKILL (go test's -timeout, the CI runner, a person) takes its
 // components with it (Pdeathsig) and their mounts (private mount namespaces), but cannot remove its
-// temporary cluster directory. Each such directory records its owner, and every Start removes the
+// temporary cluster directory, nor stop the shims and containers of nodes with real containers. Each such directory records its owner, and every Start removes the
 // directories whose owner no longer runs.
 
 // tempDirPattern names the temporary cluster directories Start creates.
@@ -77,6 +77,8 @@ func sweepStaleDirs(root string) []string {
 		if ownerAlive(dir) {
 			continue
 		}
+		// Containers of a killed test's nodes outlive it (their shims left its process tree).
+		_ = killShims(dir + "/")
 		if err := os.RemoveAll(dir); err == nil {
 			removed = append(removed, dir)
 		}

@@ -3,6 +3,8 @@ package helm
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -305,6 +307,78 @@ func TestAgentDaemonSet(t *testing.T) {
 	}
 	if got, want := cfg.Agent.WithDefaults().Reporters, config.AllReporters(); !slices.Equal(got, want) {
 		t.Errorf("reporters %v, want all %v", got, want)
+	}
+}
+
+func TestAgentSimScenario(t *testing.T) {
+	requireHelm(t)
+	scenario := filepath.Join(t.TempDir(), "scenario.yaml")
+	const want = "apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\ngpus: {count: 2}\n"
+	if err := os.WriteFile(scenario, []byte(want), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := Template(t.Context(), Options{Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"}, SetFile: []string{"agent.sim.scenario=" + scenario}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Decode(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rendered{}
+	for _, o := range objs {
+		r[o.GetKind()+"/"+o.GetName()] = o
+	}
+	var cm corev1.ConfigMap
+	r.get(t, "ConfigMap", "gpuhealth-agent-scenario", &cm)
+	if got := cm.Data["scenario.yaml"]; got != want {
+		t.Errorf("scenario ConfigMap holds %q, want %q", got, want)
+	}
+	var ds appsv1.DaemonSet
+	r.get(t, "DaemonSet", "gpuhealth-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	c := pod.Containers[0]
+	if !slices.Contains(c.Args, "--backend=sim") || !slices.Contains(c.Args, "--scenario=/etc/gpuhealth-sim/scenario.yaml") {
+		t.Errorf("agent args %v, want the sim backend replaying the mounted scenario", c.Args)
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "scenario" && m.MountPath == "/etc/gpuhealth-sim" }) ||
+		!slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+			return v.Name == "scenario" && v.ConfigMap != nil && v.ConfigMap.Name == "gpuhealth-agent-scenario"
+		}) {
+		t.Errorf("scenario ConfigMap not mounted at /etc/gpuhealth-sim: mounts %+v volumes %+v", c.VolumeMounts, pod.Volumes)
+	}
+	if len(pod.NodeSelector) != 0 || pod.RuntimeClassName != nil || c.ImagePullPolicy != corev1.PullNever {
+		t.Errorf("local values: nodeSelector %v, runtimeClassName %v, pull policy %s; want none, none, Never", pod.NodeSelector, pod.RuntimeClassName, c.ImagePullPolicy)
+	}
+
+	if _, err := Template(t.Context(), Options{Set: []string{"agent.backend=sim"}}); err == nil || !strings.Contains(err.Error(), "agent.sim.scenario") {
+		t.Errorf("backend sim without a scenario rendered (err %v), want an error naming agent.sim.scenario", err)
+	}
+}
+
+func TestAgentDevicePlugin(t *testing.T) {
+	requireHelm(t)
+	var ds appsv1.DaemonSet
+	render(t, "agent.devicePlugin.enabled=true").get(t, "DaemonSet", "gpuhealth-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	if len(pod.Containers) != 2 || pod.Containers[1].Name != "device-plugin" {
+		t.Fatalf("containers %d, want the agent and a device-plugin container", len(pod.Containers))
+	}
+	c := pod.Containers[1]
+	for _, want := range []string{"device-plugin", "--kubelet-socket-dir=/var/lib/kubelet/device-plugins", "--resource-name=nvidia.com/gpu", "--checkpoint=/var/lib/gpuhealth/device-plugin.json"} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("device-plugin args %v lack %s", c.Args, want)
+		}
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == "device-plugins" && m.MountPath == "/var/lib/kubelet/device-plugins" && !m.ReadOnly
+	}) || !slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+		return v.Name == "device-plugins" && v.HostPath != nil && v.HostPath.Path == "/var/lib/kubelet/device-plugins"
+	}) {
+		t.Errorf("the kubelet's device-plugin directory is not mounted: mounts %+v", c.VolumeMounts)
+	}
+	if !equality.Semantic.DeepEqual(c.SecurityContext, pod.Containers[0].SecurityContext) || !equality.Semantic.DeepEqual(c.Env, pod.Containers[0].Env) {
+		t.Error("the device plugin runs with another security context or environment than the agent")
 	}
 }
 

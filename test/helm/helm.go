@@ -109,6 +109,10 @@ type Options struct {
 	Release, Namespace string
 	// Set are helm --set arguments, "key=value".
 	Set []string
+	// Values are helm -f files, relative to the repository root unless absolute.
+	Values []string
+	// SetFile are helm --set-file arguments, "key=path".
+	SetFile []string
 }
 
 func (o Options) args() []string {
@@ -120,10 +124,38 @@ func (o Options) args() []string {
 		ns = "gpuhealth-system"
 	}
 	args := []string{release, "--namespace", ns}
+	root, _ := RepoRoot()
+	for _, f := range o.Values {
+		if !filepath.IsAbs(f) {
+			f = filepath.Join(root, f)
+		}
+		args = append(args, "--values", f)
+	}
 	for _, s := range o.Set {
 		args = append(args, "--set", s)
 	}
+	for _, s := range o.SetFile {
+		args = append(args, "--set-file", s)
+	}
 	return args
+}
+
+// Install runs `helm install --create-namespace --wait` of the chart into the cluster of
+// kubeconfig and returns helm's output. wait is helm's --timeout.
+func Install(ctx context.Context, kubeconfig string, o Options, wait string) (string, error) {
+	chart, err := Chart()
+	if err != nil {
+		return "", err
+	}
+	a := o.args()
+	args := append([]string{"install", a[0], chart, "--kubeconfig", kubeconfig, "--create-namespace", "--wait", "--timeout", wait}, a[1:]...)
+	return run(ctx, args...)
+}
+
+// Uninstall runs `helm uninstall --wait` of the release o names.
+func Uninstall(ctx context.Context, kubeconfig string, o Options, wait string) (string, error) {
+	a := o.args()
+	return run(ctx, "uninstall", a[0], "--kubeconfig", kubeconfig, "--namespace", a[2], "--wait", "--timeout", wait)
 }
 
 // Lint runs `helm lint --strict` on the chart with the options' values.

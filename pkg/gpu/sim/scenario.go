@@ -72,6 +72,16 @@ type Scenario struct {
 	Events []Event
 }
 
+// OnNode returns a copy of the scenario replayed on node instead of sc.Node: the GPUs' (and MIG
+// instances') UUIDs and the boot IDs derive from node. Events keep their meaning, as the GPUs
+// they name were resolved to indexes when the scenario was parsed. A DaemonSet whose pods all
+// replay one scenario gives each node its own devices this way.
+func (sc *Scenario) OnNode(node string) *Scenario {
+	c := *sc
+	c.Node = node
+	return &c
+}
+
 // Event is one step of a scenario. Only the fields of its Kind are meaningful.
 type Event struct {
 	At   time.Duration

@@ -410,3 +410,25 @@ func TestScenarioEnd(t *testing.T) {
 		})
 	}
 }
+
+func TestOnNodeRenamesDevicesAndKeepsEvents(t *testing.T) {
+	sc, err := sim.ParseScenario([]byte(scenario("", "{at: 1s, gpu: "+sim.MIGUUID("n1", 1, 2)+", xid: 48}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := sc.OnNode("n2")
+	if sc.Node != "n1" {
+		t.Errorf("OnNode changed the original scenario's node to %q", sc.Node)
+	}
+	if got := moved.Events[0]; got.GPU != 1 || got.MIG != 2 {
+		t.Errorf("event on GPU %d MIG %d after OnNode, want GPU 1 MIG 2", got.GPU, got.MIG)
+	}
+	devs := moved.Devices()
+	if got, want := devs[0].UUID, sim.GPUUUID("n2", 0); got != want {
+		t.Errorf("first device UUID %q, want %q", got, want)
+	}
+	b := sim.New(moved, sim.Options{Virtual: true})
+	if got := b.BootID(); !strings.HasPrefix(got, "n2-") {
+		t.Errorf("boot ID %q, want one of node n2", got)
+	}
+}

@@ -64,3 +64,69 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpuhealth.breaker.name" -}}
 {{- printf "%s-breaker-controller" (include "gpuhealth.fullname" .) -}}
 {{- end -}}
+
+{{/* Environment of the agent's containers (agent, device plugin). */}}
+{{- define "gpuhealth.agent.env" -}}
+{{- $hostMounts := eq .Values.agent.nvml.mode "hostMounts" -}}
+# --node-name defaults to $NODE_NAME: the node this pod runs on.
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+# The circuit breaker's ConfigMap lives in the release namespace.
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+# The Go runtime collects harder near the container's memory limit instead of being
+# killed by it.
+- name: GOMEMLIMIT
+  valueFrom:
+    resourceFieldRef:
+      resource: limits.memory
+{{- if $hostMounts }}
+- name: LD_LIBRARY_PATH
+  value: {{ range $i, $p := .Values.agent.nvml.libraryPaths }}{{ if $i }}:{{ end }}/driver-root{{ $p }}{{ end }}
+{{- else }}
+# Ask the NVIDIA container runtime for every GPU's device node and the management
+# library (utility), nothing for compute.
+- name: NVIDIA_VISIBLE_DEVICES
+  value: all
+- name: NVIDIA_DRIVER_CAPABILITIES
+  value: utility
+{{- end }}
+{{- end -}}
+
+{{/* Volume mounts the agent's containers share. */}}
+{{- define "gpuhealth.agent.mounts" -}}
+- name: config
+  mountPath: /etc/gpuhealth
+  readOnly: true
+- name: checkpoint
+  mountPath: /var/lib/gpuhealth
+{{- if eq .Values.agent.backend "sim" }}
+- name: scenario
+  mountPath: /etc/gpuhealth-sim
+  readOnly: true
+{{- end }}
+{{- if and (include "gpuhealth.agent.kernelLog" . | eq "true") (ne .Values.agent.nvml.mode "hostMounts") }}
+- name: kmsg
+  mountPath: /dev/kmsg
+  readOnly: true
+{{- end }}
+{{- if eq .Values.agent.nvml.mode "hostMounts" }}
+- name: dev
+  mountPath: /dev
+- name: driver-root
+  mountPath: /driver-root
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/*
+"true" when the agent reads the kernel log: config.kernelLog.enabled, on unless set to false.
+*/}}
+{{- define "gpuhealth.agent.kernelLog" -}}
+{{- $kernelLog := .Values.config.kernelLog | default dict -}}
+{{- or (not (hasKey $kernelLog "enabled")) $kernelLog.enabled -}}
+{{- end -}}

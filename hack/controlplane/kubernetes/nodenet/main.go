@@ -17,6 +17,11 @@
 //     Targets inside the node range are dialled in this namespace; loopback targets in the
 //     machine's namespace (webhooks of tests); anything else is refused.
 //
+// With --service-address (the `kubernetes` Service's ClusterIP:port) it also puts that address on
+// this namespace's loopback device and forwards it like the kubelets' listener, so pods (whose CNI
+// gateway is this namespace) reach kube-apiserver through the in-cluster configuration the kubelet
+// gives them (KUBERNETES_SERVICE_HOST/PORT), with no kube-proxy; see docs/controlplane.md.
+//
 // It stops on SIGTERM/SIGINT; when it and every kubelet have exited, the namespace is gone.
 package main
 
@@ -45,15 +50,16 @@ func main() {
 	apiserver := flag.String("apiserver", "", "host:port of kube-apiserver in the machine's namespace, also listened on in this one")
 	egressSocket := flag.String("egress-socket", "", "unix socket path for kube-apiserver's HTTP CONNECT egress")
 	nodeCIDR := flag.String("node-cidr", "198.51.100.0/24", "node addresses that are dialled inside this namespace")
+	serviceAddress := flag.String("service-address", "", "ip:port of the kubernetes Service, served in this namespace and forwarded to --apiserver (empty: none)")
 	flag.Parse()
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
-	if err := run(*apiserver, *egressSocket, *nodeCIDR); err != nil {
+	if err := run(*apiserver, *egressSocket, *nodeCIDR, *serviceAddress); err != nil {
 		log.Printf("nodenet: %v", err)
 		os.Exit(1)
 	}
 }
 
-func run(apiserver, egressSocket, nodeCIDR string) error {
+func run(apiserver, egressSocket, nodeCIDR, serviceAddress string) error {
 	if apiserver == "" || egressSocket == "" {
 		return errors.New("--apiserver and --egress-socket are required")
 	}
@@ -95,6 +101,22 @@ func run(apiserver, egressSocket, nodeCIDR string) error {
 	if err != nil {
 		return fmt.Errorf("listen for kubelets on %s: %w", apiAddr, err)
 	}
+	listeners := []net.Listener{forward}
+	if serviceAddress != "" {
+		svc, err := netip.ParseAddrPort(serviceAddress)
+		if err != nil {
+			return fmt.Errorf("--service-address: %w", err)
+		}
+		if out, err := exec.Command("ip", "addr", "replace", svc.Addr().String()+"/32", "dev", "lo").CombinedOutput(); err != nil {
+			return fmt.Errorf("add the service address %s: %w: %s", svc.Addr(), err, out)
+		}
+		l, err := net.Listen("tcp", svc.String())
+		if err != nil {
+			return fmt.Errorf("listen for pods on %s: %w", svc, err)
+		}
+		listeners = append(listeners, l)
+		log.Printf("forwarding pods' %s to the machine's %s", svc, apiAddr)
+	}
 	_ = os.Remove(egressSocket)
 	egress, err := net.Listen("unix", egressSocket)
 	if err != nil {
@@ -110,29 +132,33 @@ func run(apiserver, egressSocket, nodeCIDR string) error {
 			stop()
 		}
 	})
-	wg.Go(func() {
-		for {
-			conn, err := forward.Accept()
-			if err != nil {
-				if ctx.Err() == nil {
-					log.Printf("forwarder: %v", err)
-					stop()
-				}
-				return
-			}
-			go func() {
-				upstream, err := d.dialHost(ctx, apiAddr.String())
+	for _, l := range listeners {
+		wg.Go(func() {
+			for {
+				conn, err := l.Accept()
 				if err != nil {
-					log.Printf("forward %s: %v", conn.RemoteAddr(), err)
-					_ = conn.Close()
+					if ctx.Err() == nil {
+						log.Printf("forwarder %s: %v", l.Addr(), err)
+						stop()
+					}
 					return
 				}
-				splice(conn, upstream)
-			}()
-		}
-	})
+				go func() {
+					upstream, err := d.dialHost(ctx, apiAddr.String())
+					if err != nil {
+						log.Printf("forward %s: %v", conn.RemoteAddr(), err)
+						_ = conn.Close()
+						return
+					}
+					splice(conn, upstream)
+				}()
+			}
+		})
+	}
 	<-ctx.Done()
-	_ = forward.Close()
+	for _, l := range listeners {
+		_ = l.Close()
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = server.Shutdown(shutdownCtx)

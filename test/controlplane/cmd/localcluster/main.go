@@ -5,7 +5,8 @@
 // hack/controlplane/cluster.sh down stops them by the recorded PIDs.
 //
 // With --nodes N (default 1) it also starts N real kubelet nodes, gpuhealth-node-0..N-1, in the
-// harness's node network (see test/controlplane/nodenet.go).
+// harness's node network (see test/controlplane/nodenet.go); with --containers they run
+// containerd, runc and CNI instead of the fake CRI (test/controlplane/containerd.go).
 //
 // Layout under --dir (default .cluster):
 //
@@ -50,6 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	binDir := fs.String("bin", "", "directory with the control-plane binaries (default: $"+controlplane.BinDirEnv+" or hack/controlplane/build.sh)")
 	featureGates := fs.String("feature-gates", "", "--feature-gates for kube-apiserver, kube-scheduler, kube-controller-manager and the kubelets")
 	nodes := fs.Int("nodes", 1, "real kubelet nodes to start, named gpuhealth-node-0..N-1 (0: control plane only)")
+	containers := fs.Bool("containers", false, "give the nodes containerd + runc + CNI instead of the fake CRI, so pods really run")
+	containerdBin := fs.String("containerd-bin", "", "directory with containerd, its shim, ctr, crihelper and the pause image (default: $"+controlplane.ContainerdBinDirEnv+" or hack/controlplane/containerd.sh)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: localcluster up [flags]")
 		fs.PrintDefaults()
@@ -90,15 +93,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	started := time.Now()
 	c, err := controlplane.Start(ctx, controlplane.Options{
-		BinDir:       *binDir,
-		Dir:          runDir,
-		KeepDir:      true,
-		FeatureGates: *featureGates,
-		KubeletNodes: *nodes,
-		NodesDir:     nodesDir,
-		Detach:       true,
-		StartTimeout: 3 * time.Minute,
-		Progress:     func(msg string) { fmt.Fprintf(stderr, "[cluster-up] %s\n", msg) },
+		BinDir:           *binDir,
+		Dir:              runDir,
+		KeepDir:          true,
+		FeatureGates:     *featureGates,
+		KubeletNodes:     *nodes,
+		Containers:       *containers,
+		ContainerdBinDir: *containerdBin,
+		NodesDir:         nodesDir,
+		Detach:           true,
+		StartTimeout:     3 * time.Minute,
+		Progress:         func(msg string) { fmt.Fprintf(stderr, "[cluster-up] %s\n", msg) },
 	})
 	if err != nil {
 		return err
@@ -113,6 +118,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 `, time.Since(started).Round(100*time.Millisecond), c.Host(), controlplane.KubernetesVersion, kubeconfig, kubectl)
 	for _, n := range c.KubeletNodes() {
 		fmt.Fprintf(stdout, "node %s (%s): device plugins register in %s\n", n.Name, n.IP, n.DevicePluginDir())
+		if *containers {
+			fmt.Fprintf(stdout, "  containerd: %s (pods in %s); load images with make image-load\n", filepath.Join(n.Dir, "cri.sock"), n.PodCIDR())
+		}
 	}
 	fmt.Fprintf(stdout, "logs: %s\nstop: make cluster-down\n", filepath.Join(runDir, "logs"))
 	return nil
