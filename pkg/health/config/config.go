@@ -44,6 +44,8 @@ type HealthConfig struct {
 	Checks      Checks    `yaml:"checks,omitempty" json:"checks,omitempty"`
 	// Agent configures `gpuhealth agent`; other commands ignore it.
 	Agent AgentConfig `yaml:"agent,omitempty" json:"agent,omitempty"`
+	// Remediation resets sick GPUs automatically (off by default); see RemediationConfig.
+	Remediation RemediationConfig `yaml:"remediation,omitempty" json:"remediation,omitempty"`
 }
 
 // AgentSection returns the agent section with defaults filled in.
@@ -294,6 +296,7 @@ func (c *HealthConfig) Validate() error {
 		validateSamples("checks.nvlink.recoverySamples", n.RecoverySamples, bad)
 	}
 	c.Agent.validate(bad)
+	c.Remediation.validate(c.Agent.NoExecute, bad)
 	if len(errs) == 0 {
 		return nil
 	}

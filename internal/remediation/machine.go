@@ -1,0 +1,467 @@
+// Package remediation repairs a GPU whose faults a GPU reset clears, one GPU at a time and never
+// under a running pod:
+//
+//	(fault) ─▶ WaitingForPods ─▶ WaitingForSlot ─▶ Resetting ─▶ Probation ─▶ (back in service)
+//	               ▲   │ drained          │                │           │
+//	               │   ▼                  │ failed/timeout │ fault back│
+//	               │ BlockedByDrain       ▼                ▼           ▼
+//	               └──────────── attempt failed: retry, or RemediationFailed after maxAttempts
+//
+// The Machine is the state machine of every GPU of one node. It reads time from an injected
+// clock and does its I/O through Env (who holds the GPU, the cluster-wide slots, the reset), so
+// tests drive it with fakes and a fake clock. The agent's Controller runs it (controller.go).
+package remediation
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Phase is where a GPU is in its repair. The empty phase means no repair is under way.
+type Phase string
+
+// Phases.
+const (
+	PhaseIdle           Phase = ""
+	PhaseWaitingForPods Phase = "WaitingForPods"
+	PhaseWaitingForSlot Phase = "WaitingForSlot"
+	PhaseResetting      Phase = "Resetting"
+	PhaseProbation      Phase = "Probation"
+	PhaseBlocked        Phase = "BlockedByDrain"
+	PhaseFailed         Phase = "RemediationFailed"
+)
+
+// State is one GPU's repair, as persisted in the state file.
+type State struct {
+	Phase Phase     `json:"phase"`
+	Since time.Time `json:"since"`
+	// FaultSince is when this repair began; Fault describes the faults it repairs.
+	FaultSince time.Time `json:"faultSince,omitzero"`
+	Fault      string    `json:"fault,omitempty"`
+	// Attempts are the start times of the resets still within the window.
+	Attempts []time.Time `json:"attempts,omitempty"`
+	// Message says what the GPU waits for, or why the last attempt failed.
+	Message string `json:"message,omitempty"`
+	// Evict is set once the grace period for the pods holding the GPU has run out.
+	Evict bool `json:"evict,omitempty"`
+	// ResetDone: the reset command succeeded; ResetObserved: the backend reported the reset.
+	// Interrupted: the agent restarted while the reset was in flight.
+	ResetDone     bool `json:"resetDone,omitempty"`
+	ResetObserved bool `json:"resetObserved,omitempty"`
+	Interrupted   bool `json:"interrupted,omitempty"`
+}
+
+// Active reports whether the state is worth keeping: a repair under way, or attempts that still
+// count.
+func (s State) Active() bool { return s.Phase != PhaseIdle || len(s.Attempts) > 0 }
+
+// HoldsSlot reports whether the GPU holds a cluster-wide remediation slot in this phase.
+func (s State) HoldsSlot() bool { return s.Phase == PhaseResetting || s.Phase == PhaseProbation }
+
+// Config is the machine's configuration (see config.RemediationConfig).
+type Config struct {
+	MaxAttempts  int
+	Probation    time.Duration
+	Window       time.Duration
+	ResetTimeout time.Duration
+	// EvictAfter is the grace period before eviction of the pods holding a GPU; zero or less
+	// never evicts.
+	EvictAfter time.Duration
+}
+
+// Env is what the machine needs from the world.
+type Env interface {
+	// Holders names the pods that hold the GPU (or one of its MIG instances) now.
+	Holders(ctx context.Context, dev health.Device, migs []health.Device) ([]string, error)
+	// TakeSlot takes (or confirms) a cluster-wide remediation slot for the GPU.
+	TakeSlot(ctx context.Context, uuid string) (bool, error)
+	// ReleaseSlot gives the GPU's slot back.
+	ReleaseSlot(ctx context.Context, uuid string) error
+	// StartReset starts resetting the GPU and returns at once; the result comes back through
+	// Machine.ResetFinished.
+	StartReset(dev health.Device)
+}
+
+// EventKind classifies what happened, for metrics.
+type EventKind string
+
+// Event kinds.
+const (
+	KindStarted       EventKind = "Started"
+	KindWaiting       EventKind = "Waiting"
+	KindEvicting      EventKind = "Evicting"
+	KindBlocked       EventKind = "Blocked"
+	KindResetStarted  EventKind = "ResetStarted"
+	KindResetObserved EventKind = "ResetObserved"
+	KindRepaired      EventKind = "Repaired"
+	KindAttemptFailed EventKind = "AttemptFailed"
+	KindGaveUp        EventKind = "GaveUp"
+	KindCancelled     EventKind = "Cancelled"
+)
+
+// Event is one step of a repair, for a Kubernetes Event, a log line and the metrics.
+type Event struct {
+	Device  health.Device
+	Kind    EventKind
+	Warning bool
+	Message string
+	// Duration is, for KindRepaired, the time from the start of the repair to the GPU's return
+	// to service.
+	Duration time.Duration
+}
+
+// Reason is the Kubernetes Event reason.
+func (e Event) Reason() string { return "GPURemediation" + string(e.Kind) }
+
+// Machine holds the repair state of one node's GPUs. Step must be called from one goroutine;
+// the other methods may be called from any.
+type Machine struct {
+	cfg   Config
+	clock clock.PassiveClock
+	env   Env
+
+	gpus map[string]State // owned by the goroutine calling Step
+
+	mu        sync.Mutex
+	published map[string]State
+	results   map[string]error     // reset command results not yet seen by Step
+	observed  map[string]time.Time // resets the backend reported, not yet seen by Step
+}
+
+// NewMachine returns a machine with no repair under way.
+func NewMachine(cfg Config, clk clock.PassiveClock, env Env) *Machine {
+	return &Machine{cfg: cfg, clock: clk, env: env, gpus: map[string]State{}, published: map[string]State{},
+		results: map[string]error{}, observed: map[string]time.Time{}}
+}
+
+// Restore starts from persisted states. A reset in flight when the agent stopped is marked
+// interrupted: the next Step resumes it (the fault is gone: probation) or rolls it back (the
+// fault is still there: the attempt failed).
+func (m *Machine) Restore(states map[string]State) {
+	for uuid, s := range states {
+		if s.Phase == PhaseResetting {
+			s.Interrupted = true
+		}
+		m.gpus[uuid] = s
+	}
+	m.publish()
+}
+
+// ResetFinished hands the result of a reset started by Env.StartReset to the machine.
+func (m *Machine) ResetFinished(uuid string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.results[uuid] = err
+}
+
+// ResetObserved records that the backend reported a reset of the GPU at the given time (the
+// library's reset signal).
+func (m *Machine) ResetObserved(uuid string, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if prev, ok := m.observed[uuid]; !ok || at.After(prev) {
+		m.observed[uuid] = at
+	}
+}
+
+// States returns every GPU's repair state that is worth keeping, by UUID.
+func (m *Machine) States() map[string]State {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]State, len(m.published))
+	for k, v := range m.published {
+		out[k] = v
+	}
+	return out
+}
+
+func (m *Machine) publish() {
+	out := make(map[string]State, len(m.gpus))
+	for k, v := range m.gpus {
+		if v.Active() {
+			out[k] = v
+		}
+	}
+	m.mu.Lock()
+	m.published = out
+	m.mu.Unlock()
+}
+
+// Facts are what a snapshot says about one GPU.
+type Facts struct {
+	// NeedsReset: the GPU is Unhealthy and a GPU reset clears every Unhealthy condition.
+	NeedsReset bool
+	// Fault names those conditions.
+	Fault string
+	// Drained: an administrator drained the GPU.
+	Drained bool
+}
+
+// FactsOf reads the facts from a whole GPU's status. Conditions the machine adds itself
+// (Decorate) do not count.
+func FactsOf(d health.DeviceStatus) Facts {
+	var f Facts
+	var faults []string
+	resettable := true
+	for _, c := range d.Conditions {
+		if c.Type == ConditionRemediation {
+			continue
+		}
+		if c.Type == health.ConditionAdmin {
+			f.Drained = true
+			continue
+		}
+		if c.Severity != health.Unhealthy {
+			continue
+		}
+		if c.ClearsOn != health.ClearsOnGPUReset {
+			resettable = false
+		}
+		faults = append(faults, c.Reason)
+	}
+	f.NeedsReset = resettable && len(faults) > 0
+	if f.NeedsReset {
+		f.Fault = strings.Join(faults, ", ")
+	}
+	return f
+}
+
+// Step advances every GPU of snap by what the snapshot, the clock and Env say, and returns what
+// happened. It is the only method that calls Env.
+func (m *Machine) Step(ctx context.Context, snap health.Snapshot) []Event {
+	now := m.clock.Now()
+	m.mu.Lock()
+	results, observed := m.results, m.observed
+	m.results, m.observed = map[string]error{}, map[string]time.Time{}
+	m.mu.Unlock()
+
+	var events []Event
+	seen := map[string]bool{}
+	migs := map[string][]health.Device{}
+	for _, d := range snap.Devices {
+		if d.Device.MIG != nil {
+			migs[d.Device.MIG.ParentUUID] = append(migs[d.Device.MIG.ParentUUID], d.Device)
+		}
+	}
+	for _, d := range snap.Devices {
+		if d.Device.MIG != nil {
+			continue
+		}
+		uuid := d.Device.UUID
+		seen[uuid] = true
+		st := m.gpus[uuid]
+		in := input{facts: FactsOf(d), migs: migs[uuid]}
+		if err, ok := results[uuid]; ok {
+			in.result, in.finished = err, true
+		}
+		if at, ok := observed[uuid]; ok {
+			in.observedAt, in.observed = at, true
+		}
+		events = m.step(ctx, d.Device, &st, in, now, events)
+		if st.Active() {
+			m.gpus[uuid] = st
+		} else {
+			delete(m.gpus, uuid)
+		}
+	}
+	for uuid, st := range m.gpus {
+		if !seen[uuid] {
+			// The GPU is gone from the node's inventory: nothing left to repair.
+			if st.HoldsSlot() {
+				m.release(ctx, uuid)
+			}
+			delete(m.gpus, uuid)
+		}
+	}
+	m.publish()
+	return events
+}
+
+type input struct {
+	facts      Facts
+	migs       []health.Device
+	result     error
+	finished   bool
+	observedAt time.Time
+	observed   bool
+}
+
+func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in input, now time.Time, events []Event) []Event {
+	emit := func(kind EventKind, warning bool, format string, args ...any) {
+		events = append(events, Event{Device: dev, Kind: kind, Warning: warning, Message: fmt.Sprintf(format, args...)})
+	}
+	enter := func(p Phase, msg string) {
+		st.Phase, st.Since, st.Message = p, now, msg
+	}
+	st.Attempts = slices.DeleteFunc(st.Attempts, func(a time.Time) bool { return now.Sub(a) >= m.cfg.Window })
+	f := in.facts
+	fail := func(why string) {
+		if st.HoldsSlot() {
+			m.release(ctx, dev.UUID)
+		}
+		st.ResetDone, st.ResetObserved, st.Interrupted, st.Evict = false, false, false, false
+		emit(KindAttemptFailed, true, "reset attempt %d of %d failed: %s", len(st.Attempts), m.cfg.MaxAttempts, why)
+		if len(st.Attempts) >= m.cfg.MaxAttempts {
+			enter(PhaseFailed, fmt.Sprintf("gave up after %d resets within %v; last: %s", len(st.Attempts), m.cfg.Window, why))
+			emit(KindGaveUp, true, "%s: the GPU stays out of service; reboot or power-cycle the node, or replace the GPU", st.Message)
+			return
+		}
+		enter(PhaseWaitingForPods, why)
+	}
+
+	// A few transitions can follow one another at one instant (a fault on an idle GPU with a
+	// free slot goes straight to the reset); each pass either returns or changes the phase.
+	for range 4 {
+		switch st.Phase {
+		case PhaseIdle:
+			if !f.NeedsReset {
+				return events
+			}
+			if len(st.Attempts) >= m.cfg.MaxAttempts {
+				enter(PhaseFailed, fmt.Sprintf("%s again after %d resets within %v", f.Fault, len(st.Attempts), m.cfg.Window))
+				st.Fault = f.Fault
+				emit(KindGaveUp, true, "%s: the GPU stays out of service; reboot or power-cycle the node, or replace the GPU", st.Message)
+				return events
+			}
+			st.FaultSince, st.Fault = now, f.Fault
+			enter(PhaseWaitingForPods, "")
+			emit(KindStarted, false, "%s needs a GPU reset (%s); it is reset once no pod holds it", describe(dev), f.Fault)
+
+		case PhaseWaitingForPods, PhaseWaitingForSlot, PhaseBlocked:
+			if !f.NeedsReset {
+				emit(KindCancelled, false, "the fault cleared before the reset (someone reset the GPU, or the node rebooted)")
+				*st = State{Attempts: st.Attempts}
+				return events
+			}
+			if f.Drained {
+				if st.Phase != PhaseBlocked {
+					enter(PhaseBlocked, "an administrator drained the GPU")
+					st.Evict = false
+					emit(KindBlocked, false, "remediation paused: an administrator drained the GPU; `gpuhealth undrain` resumes it")
+				}
+				return events
+			}
+			if st.Phase == PhaseBlocked {
+				enter(PhaseWaitingForPods, "")
+				continue
+			}
+			holders, err := m.env.Holders(ctx, dev, in.migs)
+			if err != nil {
+				// Not knowing who holds the GPU is never a reason to reset it.
+				st.Message = "cannot tell whether a pod holds the GPU: " + err.Error()
+				return events
+			}
+			if len(holders) > 0 {
+				if st.Phase != PhaseWaitingForPods {
+					enter(PhaseWaitingForPods, "")
+				}
+				msg := "held by " + strings.Join(holders, ", ")
+				if msg != st.Message {
+					st.Message = msg
+					emit(KindWaiting, false, "waiting for the pods holding the GPU to end: %s", strings.Join(holders, ", "))
+				}
+				if m.cfg.EvictAfter > 0 && !st.Evict && now.Sub(st.Since) >= m.cfg.EvictAfter {
+					st.Evict = true
+					emit(KindEvicting, true, "the pods holding the GPU did not end within %v: asking for their eviction (NoExecute)", m.cfg.EvictAfter)
+				}
+				return events
+			}
+			st.Evict = false
+			if st.Phase == PhaseWaitingForPods {
+				enter(PhaseWaitingForSlot, "")
+			}
+			ok, err := m.env.TakeSlot(ctx, dev.UUID)
+			if err != nil {
+				st.Message = "cannot take a remediation slot: " + err.Error()
+				return events
+			}
+			if !ok {
+				st.Message = "waiting for a cluster-wide remediation slot"
+				return events
+			}
+			st.Attempts = append(st.Attempts, now)
+			enter(PhaseResetting, "")
+			st.ResetDone, st.ResetObserved, st.Interrupted = false, false, false
+			emit(KindResetStarted, false, "resetting the GPU (attempt %d of %d)", len(st.Attempts), m.cfg.MaxAttempts)
+			m.env.StartReset(dev)
+			return events
+
+		case PhaseResetting:
+			if st.Interrupted {
+				// The agent restarted during the reset: its outcome is unknown. A GPU without the
+				// fault was reset (and the checkpoint saw it); one with the fault was not.
+				st.Interrupted = false
+				if f.NeedsReset {
+					fail("the agent restarted during the reset and the fault is still there")
+					return events
+				}
+				st.ResetDone, st.ResetObserved = true, true
+			}
+			if in.finished {
+				if in.result != nil {
+					fail("the reset failed: " + in.result.Error())
+					return events
+				}
+				st.ResetDone = true
+			}
+			if in.observed && !in.observedAt.Before(st.Since) {
+				st.ResetObserved = true
+			}
+			if st.ResetDone && st.ResetObserved {
+				enter(PhaseProbation, "")
+				emit(KindResetObserved, false, "the GPU was reset; it must stay healthy for %v before it goes back into service", m.cfg.Probation)
+				continue
+			}
+			if now.Sub(st.Since) >= m.cfg.ResetTimeout {
+				why := "the reset command did not finish"
+				if st.ResetDone {
+					why = "the backend did not report the reset"
+				}
+				fail(fmt.Sprintf("%s within %v", why, m.cfg.ResetTimeout))
+			}
+			return events
+
+		case PhaseProbation:
+			if f.NeedsReset {
+				fail(fmt.Sprintf("the fault came back %v after the reset: %s", now.Sub(st.Since).Round(time.Second), f.Fault))
+				return events
+			}
+			if now.Sub(st.Since) < m.cfg.Probation {
+				return events
+			}
+			m.release(ctx, dev.UUID)
+			d := now.Sub(st.FaultSince)
+			events = append(events, Event{Device: dev, Kind: KindRepaired, Duration: d,
+				Message: fmt.Sprintf("the GPU stayed healthy for %v after its reset and is back in service, %v after the repair began", m.cfg.Probation, d.Round(time.Second))})
+			*st = State{Attempts: st.Attempts}
+			return events
+
+		case PhaseFailed:
+			if !f.NeedsReset {
+				emit(KindCancelled, false, "the GPU recovered without remediation (reset or reboot by someone else)")
+				*st = State{}
+			}
+			return events
+
+		default:
+			// A state file from a newer version: start over.
+			*st = State{Attempts: st.Attempts}
+		}
+	}
+	return events
+}
+
+func (m *Machine) release(ctx context.Context, uuid string) {
+	// A slot that cannot be released expires by itself (see Budget).
+	_ = m.env.ReleaseSlot(ctx, uuid)
+}
+
+func describe(d health.Device) string { return fmt.Sprintf("GPU %d (%s)", d.Index, d.UUID) }
