@@ -79,6 +79,8 @@ type Options struct {
 	Clock clock.WithTicker
 	// Registry receives the metrics (default: a new registry).
 	Registry *prometheus.Registry
+	// Remediation, when its Config is enabled, resets GPUs that need it.
+	Remediation RemediationOptions
 }
 
 // Run runs the agent until ctx is done or a loop fails.
@@ -151,6 +153,25 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	remChanged := make(chan struct{}, 1) // the repair states changed: report again
+	rem, remWriter, err := newRemediation(ctx, opts, agentCfg, caches, opts.Registry, recorder, nodeRef,
+		report.WriterOptions{Resync: time.Duration(*agentCfg.Resync), Clock: opts.Clock, Observer: m},
+		func() {
+			select {
+			case remChanged <- struct{}{}:
+			default:
+			}
+		})
+	if err != nil {
+		return err
+	}
+	if remWriter != nil {
+		writers = append(writers, remWriter)
+	}
+	sink := &meteredSink{metrics: m, clock: opts.Clock}
+	if rem != nil {
+		sink.onReset = rem.ResetObserved
+	}
 
 	g, ctx := errgroup.WithContext(ctx)
 	sub := monitor.Subscribe()
@@ -159,7 +180,8 @@ func Run(ctx context.Context, opts Options) error {
 		// The runtime ticks the monitor, saves the checkpoint on every sticky change and runs
 		// the backend; a backend that fails stops the agent.
 		err := rt.Run(ctx, func(ctx context.Context, mon *health.Monitor) error {
-			return opts.Backend.Run(ctx, &meteredSink{monitor: mon, metrics: m, clock: opts.Clock})
+			sink.monitor = mon
+			return opts.Backend.Run(ctx, sink)
 		})
 		if err != nil {
 			return fmt.Errorf("backend: %w", err)
@@ -169,11 +191,34 @@ func Run(ctx context.Context, opts Options) error {
 	for _, w := range writers {
 		g.Go(func() error { return w.Run(ctx) })
 	}
+	// The fan-out alone reports to the writers, so that they always get the latest snapshot with
+	// the latest repair states.
+	var (
+		latest     health.Snapshot
+		haveLatest bool
+	)
 	g.Go(func() error {
 		for {
-			u, ok := sub.Wait(ctx)
-			if !ok {
+			select {
+			case <-ctx.Done():
 				return nil
+			case <-remChanged:
+				if rem != nil && haveLatest {
+					for _, w := range writers {
+						_ = w.Report(ctx, rem.Decorate(latest))
+					}
+				}
+				continue
+			case <-sub.C():
+			}
+			u, ok := sub.Next()
+			if !ok {
+				continue
+			}
+			latest, haveLatest = u.Snapshot, true
+			if rem != nil {
+				rem.Update(u.Snapshot)
+				u.Snapshot = rem.Decorate(u.Snapshot)
 			}
 			if u.Dropped > 0 {
 				logger.Info("Fell behind; some transitions were not recorded as events", "dropped", u.Dropped)
@@ -188,6 +233,15 @@ func Run(ctx context.Context, opts Options) error {
 			}
 		}
 	})
+	if rem != nil {
+		g.Go(func() error {
+			// Claims are matched to GPUs through the DRA devices: the cache must be filled first.
+			if err := caches.devices.Start(ctx); err != nil {
+				return fmt.Errorf("remediation: %w", err)
+			}
+			return rem.Run(ctx)
+		})
+	}
 	drains := &drainWatcher{nodes: caches.nodes, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
 	g.Go(func() error { return drains.run(ctx) })
 	if opts.MetricsAddress != "" {
@@ -257,7 +311,7 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 				Clock:       opts.Clock,
 			})
 		case config.ReporterCondition:
-			o := nodecondition.Options{Nodes: caches.nodes, Clock: opts.Clock}
+			o := nodecondition.Options{Nodes: caches.nodes, Clock: opts.Clock, RebootRequired: opts.Remediation.Config.Enabled}
 			if cb != nil { // a nil *Breaker must not become a non-nil interface
 				o.Breaker = cb
 			}
@@ -297,11 +351,17 @@ type meteredSink struct {
 	monitor *health.Monitor
 	metrics *metrics.Metrics
 	clock   clock.PassiveClock
+	// onReset, when set, hears of every GPU reset the backend reports (remediation verifies its
+	// resets by them).
+	onReset func(uuid string, at time.Time)
 }
 
 func (s *meteredSink) Signal(sig health.Signal) {
 	s.monitor.Signal(sig)
 	s.metrics.ObserveSignal(sig.Time, s.clock.Now())
+	if sig.Kind == health.SignalReset && s.onReset != nil {
+		s.onReset(sig.Device, sig.Time)
+	}
 }
 
 func (s *meteredSink) Reboot(bootID string, at time.Time) { s.monitor.Reboot(bootID, at) }

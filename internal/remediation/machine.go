@@ -56,7 +56,10 @@ type State struct {
 	// Interrupted: the agent restarted while the reset was in flight.
 	ResetDone     bool `json:"resetDone,omitempty"`
 	ResetObserved bool `json:"resetObserved,omitempty"`
-	Interrupted   bool `json:"interrupted,omitempty"`
+	// ResetSeenAt is when the backend reported the reset: snapshots older than it predate the
+	// reset and say nothing about the GPU after it.
+	ResetSeenAt time.Time `json:"resetSeenAt,omitzero"`
+	Interrupted bool      `json:"interrupted,omitempty"`
 }
 
 // Active reports whether the state is worth keeping: a repair under way, or attempts that still
@@ -258,7 +261,7 @@ func (m *Machine) Step(ctx context.Context, snap health.Snapshot) []Event {
 		uuid := d.Device.UUID
 		seen[uuid] = true
 		st := m.gpus[uuid]
-		in := input{facts: FactsOf(d), migs: migs[uuid]}
+		in := input{facts: FactsOf(d), migs: migs[uuid], snapTime: snap.Time}
 		if err, ok := results[uuid]; ok {
 			in.result, in.finished = err, true
 		}
@@ -292,6 +295,7 @@ type input struct {
 	finished   bool
 	observedAt time.Time
 	observed   bool
+	snapTime   time.Time
 }
 
 func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in input, now time.Time, events []Event) []Event {
@@ -307,7 +311,7 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 		if st.HoldsSlot() {
 			m.release(ctx, dev.UUID)
 		}
-		st.ResetDone, st.ResetObserved, st.Interrupted, st.Evict = false, false, false, false
+		st.ResetDone, st.ResetObserved, st.Interrupted, st.Evict, st.ResetSeenAt = false, false, false, false, time.Time{}
 		emit(KindAttemptFailed, true, "reset attempt %d of %d failed: %s", len(st.Attempts), m.cfg.MaxAttempts, why)
 		if len(st.Attempts) >= m.cfg.MaxAttempts {
 			enter(PhaseFailed, fmt.Sprintf("gave up after %d resets within %v; last: %s", len(st.Attempts), m.cfg.Window, why))
@@ -389,7 +393,7 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			}
 			st.Attempts = append(st.Attempts, now)
 			enter(PhaseResetting, "")
-			st.ResetDone, st.ResetObserved, st.Interrupted = false, false, false
+			st.ResetDone, st.ResetObserved, st.Interrupted, st.ResetSeenAt = false, false, false, time.Time{}
 			emit(KindResetStarted, false, "resetting the GPU (attempt %d of %d)", len(st.Attempts), m.cfg.MaxAttempts)
 			m.env.StartReset(dev)
 			return events
@@ -413,7 +417,7 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 				st.ResetDone = true
 			}
 			if in.observed && !in.observedAt.Before(st.Since) {
-				st.ResetObserved = true
+				st.ResetObserved, st.ResetSeenAt = true, in.observedAt
 			}
 			if st.ResetDone && st.ResetObserved {
 				enter(PhaseProbation, "")
@@ -430,7 +434,7 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			return events
 
 		case PhaseProbation:
-			if f.NeedsReset {
+			if f.NeedsReset && in.snapTime.After(st.ResetSeenAt) {
 				fail(fmt.Sprintf("the fault came back %v after the reset: %s", now.Sub(st.Since).Round(time.Second), f.Fault))
 				return events
 			}

@@ -73,7 +73,11 @@ func status(dev health.Device, conds ...health.Condition) health.DeviceStatus {
 	return d
 }
 
-func snap(ds ...health.DeviceStatus) health.Snapshot { return health.Snapshot{Devices: ds} }
+// snap is a snapshot taken now (the rig's clock is set by newRig; snapshots in these tests are
+// always current unless a test says otherwise).
+func snap(ds ...health.DeviceStatus) health.Snapshot {
+	return health.Snapshot{Time: time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC), Devices: ds}
+}
 
 type rig struct {
 	t     *testing.T
@@ -511,4 +515,20 @@ func TestGPUGoneFromTheInventoryIsForgotten(t *testing.T) {
 	if len(r.m.States()) != 0 || len(r.env.slots) != 0 {
 		t.Fatalf("states %v, slots %v", r.m.States(), r.env.slots)
 	}
+}
+
+func TestSnapshotOlderThanTheResetIsNotAReturningFault(t *testing.T) {
+	r := newRig(t, Config{})
+	sick := snap(status(gpu(0), xid48))
+	r.step(sick)
+	r.clock.Step(time.Second)
+	r.reset(0)
+	// The snapshot from before the reset still shows the fault.
+	stale := health.Snapshot{Time: r.clock.Now().Add(-time.Millisecond), Devices: sick.Devices}
+	r.step(stale)
+	r.step(stale)
+	r.wantPhase(0, PhaseProbation)
+	fresh := health.Snapshot{Time: r.clock.Now().Add(time.Second), Devices: sick.Devices}
+	r.step(fresh)
+	r.wantPhase(0, PhaseWaitingForPods)
 }
