@@ -336,3 +336,42 @@ func TestRemediationGivesUpWhenTheFaultReturns(t *testing.T) {
 		t.Errorf("healthy GPU 1: %+v", r[uuids[1]])
 	}
 }
+
+// TestRemediationResumesAfterARestart kills the agent (SIGKILL) while a reset GPU is on
+// probation: the new agent resumes the probation from the state file instead of starting over,
+// then gives the GPU back and frees the slot.
+func TestRemediationResumesAfterARestart(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{})
+	ctx := t.Context()
+	const node = "remed-restart"
+	uuids := gpuNode(t, c, node, 2)
+	kubeconfig := agentKubeconfigOnNode(t, c, node)
+	remediationRBAC(t, c)
+	checkpoint := filepath.Join(t.TempDir(), "ckpt.json")
+	setup := agentSetup{node: node, gpus: 2, kubeconfig: kubeconfig, checkpoint: checkpoint,
+		topConfig: remediationConfig(3, 1, "-"), scenario: "events:\n  - {at: 1s, gpu: 0, xid: 48}\n"}
+	first := startAgent(t, setup)
+	before := waitPhase(t, c, node, uuids[0], string(remediation.PhaseProbation))
+	first.kill()
+	killed := time.Now()
+
+	// The same boot, no new fault: what the new agent knows of the repair comes from the state
+	// file next to the checkpoint.
+	setup.scenario = ""
+	startAgent(t, setup)
+	st := waitPhase(t, c, node, uuids[0], "")
+	if st.Attempts != 1 {
+		t.Errorf("repaired after %d attempts, want the one before the restart", st.Attempts)
+	}
+	waitRuleGone(t, c, uuids[0])
+	if ev, err := remediationEvents(ctx, c, node, remediation.KindResetStarted); err != nil || len(ev) != 1 {
+		t.Errorf("reset events %v (%v), want the one before the restart", ev, err)
+	}
+	leases, err := c.Admin().CoordinationV1().Leases(agentNamespace).List(ctx, metav1.ListOptions{LabelSelector: remediation.SlotLabel})
+	if err != nil || len(leases.Items) != 0 {
+		t.Errorf("slots left: %d (%v)", len(leases.Items), err)
+	}
+	t.Logf("killed %s into the probation; the new agent finished it %s after the kill",
+		killed.Sub(before.Since).Round(100*time.Millisecond), time.Since(killed).Round(100*time.Millisecond))
+}
