@@ -23,6 +23,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
+	"github.com/gpuhealth/gpuhealth/test/helm"
 )
 
 // remediationRBAC gives the agents exactly agent.RemediationRoleRules in their namespace.
@@ -374,4 +375,69 @@ func TestRemediationResumesAfterARestart(t *testing.T) {
 	}
 	t.Logf("killed %s into the probation; the new agent finished it %s after the kill",
 		killed.Sub(before.Since).Round(100*time.Millisecond), time.Since(killed).Round(100*time.Millisecond))
+}
+
+// TestHelmChartRemediation applies the chart with remediation on to a real API server: the
+// admission policy still confines the agent, but lets it write its remediation annotation and
+// the GPURebootRequired condition, and a real agent with a node-bound token repairs a GPU under
+// exactly the chart's RBAC (its slot Role) and policy.
+func TestHelmChartRemediation(t *testing.T) {
+	t.Parallel()
+	manifest := renderChart(t, helm.Options{Release: helmRelease, Namespace: helmNamespace, Set: []string{"config.remediation.enabled=true"}})
+	c := controlplane.StartT(t, controlplane.Options{
+		DisableScheduler: true,
+		Controllers:      []string{"serviceaccount", "validatingadmissionpolicy-status-controller"},
+	})
+	ctx := t.Context()
+	const nodeA = "helm-remed-a"
+	uuids := gpuNode(t, c, nodeA, 2)
+	if _, err := c.CreateNamespace(ctx, helmNamespace); err != nil {
+		t.Fatal(err)
+	}
+	applyManifest(t, c, manifest)
+	waitPolicyTypeChecked(t, c, helmPolicy)
+	cfgA := boundAgentConfig(t, c, nodeA)
+	asA := clientFor(t, cfgA)
+	// A new value each time: a patch that changes nothing is not a change the policy denies.
+	waitDenied(t, "the policy to be enforced", func(ctx context.Context) error {
+		return patchAnnotations(ctx, asA, nodeA, map[string]any{"example.com/x": fmt.Sprint(time.Now().UnixNano())})
+	})
+	for _, tc := range []struct {
+		name, denied string
+		request      func(ctx context.Context) error
+	}{
+		{"remediation annotation", "", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{gpuhealthv1.RemediationKey: "{}"})
+		}},
+		{"GPURebootRequired condition", "", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, conditionPatch(gpuhealthv1.ConditionGPURebootRequired, "False"), "status")
+		}},
+		{"Ready condition", "GPURebootRequired", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, conditionPatch("Ready", "False"), "status")
+		}},
+	} {
+		err := tc.request(ctx)
+		switch {
+		case tc.denied == "" && err != nil:
+			t.Errorf("%s: want success, got %v", tc.name, err)
+		case tc.denied != "" && (err == nil || !deniedByPolicy(err) || !strings.Contains(err.Error(), tc.denied)):
+			t.Errorf("%s: want denied by the policy mentioning %q, got %v", tc.name, tc.denied, err)
+		}
+	}
+
+	kubeconfig := filepath.Join(t.TempDir(), "agent-a.kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig, cfgA); err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, agentSetup{node: nodeA, gpus: 2, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+		topConfig: strings.Replace(remediationConfig(3, 1, "-"), "namespace: "+agentNamespace, "namespace: "+helmNamespace, 1),
+		scenario:  "events:\n  - {at: 1s, gpu: 1, xid: 48}\n"})
+	waitPhase(t, c, nodeA, uuids[1], string(remediation.PhaseProbation))
+	if st := waitPhase(t, c, nodeA, uuids[1], ""); st.Attempts != 1 {
+		t.Errorf("repaired with %d attempts, want 1", st.Attempts)
+	}
+	eventually(t, "GPURebootRequired=False written by the agent", func(ctx context.Context) (bool, string, error) {
+		cond, err := nodeCondition(ctx, c, nodeA, corev1.NodeConditionType(gpuhealthv1.ConditionGPURebootRequired))
+		return cond.Status == corev1.ConditionFalse && cond.Reason == gpuhealthv1.ReasonNoRebootRequired, fmt.Sprintf("%+v", cond), err
+	})
 }
