@@ -337,7 +337,7 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			}
 			st.FaultSince, st.Fault = now, f.Fault
 			enter(PhaseWaitingForPods, "")
-			emit(KindStarted, false, "%s needs a GPU reset (%s); it is reset once no pod holds it", describe(dev), f.Fault)
+			emit(KindStarted, false, "needs a GPU reset (%s); it is reset once no pod holds it", f.Fault)
 
 		case PhaseWaitingForPods, PhaseWaitingForSlot, PhaseBlocked:
 			if !f.NeedsReset {
@@ -467,5 +467,3 @@ func (m *Machine) release(ctx context.Context, uuid string) {
 	// A slot that cannot be released expires by itself (see Budget).
 	_ = m.env.ReleaseSlot(ctx, uuid)
 }
-
-func describe(d health.Device) string { return fmt.Sprintf("GPU %d (%s)", d.Index, d.UUID) }
