@@ -198,9 +198,11 @@ func (m *Machine) publish() {
 
 // Facts are what a snapshot says about one GPU.
 type Facts struct {
+	// Unhealthy: the GPU has an Unhealthy condition of its own (not a drain, not remediation's).
+	Unhealthy bool
 	// NeedsReset: the GPU is Unhealthy and a GPU reset clears every Unhealthy condition.
 	NeedsReset bool
-	// Fault names those conditions.
+	// Fault names the Unhealthy conditions.
 	Fault string
 	// Drained: an administrator drained the GPU.
 	Drained bool
@@ -228,10 +230,9 @@ func FactsOf(d health.DeviceStatus) Facts {
 		}
 		faults = append(faults, c.Reason)
 	}
-	f.NeedsReset = resettable && len(faults) > 0
-	if f.NeedsReset {
-		f.Fault = strings.Join(faults, ", ")
-	}
+	f.Unhealthy = len(faults) > 0
+	f.NeedsReset = resettable && f.Unhealthy
+	f.Fault = strings.Join(faults, ", ")
 	return f
 }
 

@@ -532,3 +532,37 @@ func TestSnapshotOlderThanTheResetIsNotAReturningFault(t *testing.T) {
 	r.step(fresh)
 	r.wantPhase(0, PhaseWaitingForPods)
 }
+
+func TestFaultNoResetClearsDuringProbationEndsTheRepair(t *testing.T) {
+	r := newRig(t, Config{})
+	r.step(snap(status(gpu(0), xid48)))
+	r.reset(0)
+	r.step(snap(status(gpu(0))))
+	r.wantPhase(0, PhaseProbation)
+	r.clock.Step(10 * time.Second)
+	ev := r.step(snap(status(gpu(0), xid79)))
+	ev = append(ev, r.step(snap(status(gpu(0), xid79)))...)
+	if got := kinds(ev); !slices.Equal(got, []EventKind{KindAttemptFailed, KindCancelled}) || !strings.Contains(ev[1].Message, "does not clear") {
+		t.Fatalf("events %v (%+v)", got, ev)
+	}
+	if st := r.m.States()[gpu(0).UUID]; st.Phase != PhaseIdle || len(st.Attempts) != 1 || len(r.env.slots) != 0 {
+		t.Fatalf("state %+v, slots %v", st, r.env.slots)
+	}
+	r.clock.Step(time.Hour)
+	r.step(snap(status(gpu(0), xid79)))
+	if len(r.env.resets) != 1 {
+		t.Fatalf("resets %v: a GPU with a reboot-class fault was reset again", r.env.resets)
+	}
+}
+
+func TestGivenUpGPUStaysGivenUpWhileUnhealthy(t *testing.T) {
+	r := newRig(t, Config{MaxAttempts: 1, Probation: time.Minute, Window: time.Hour, ResetTimeout: time.Minute})
+	r.step(snap(status(gpu(0), xid48)))
+	r.m.ResetFinished(gpu(0).UUID, errors.New("boom"))
+	r.step(snap(status(gpu(0), xid48)))
+	r.wantPhase(0, PhaseFailed)
+	r.step(snap(status(gpu(0), xid79)))
+	r.wantPhase(0, PhaseFailed)
+	r.step(snap(status(gpu(0))))
+	r.wantPhase(0, PhaseIdle)
+}

@@ -65,7 +65,11 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 
 		case PhaseWaitingForPods, PhaseWaitingForSlot, PhaseBlocked:
 			if !f.NeedsReset {
-				emit(KindCancelled, false, "the fault cleared before the reset (someone reset the GPU, or the node rebooted)")
+				if f.Unhealthy {
+					emit(KindCancelled, true, "the GPU now has a fault a GPU reset does not clear (%s); remediation leaves it", f.Fault)
+				} else {
+					emit(KindCancelled, false, "the fault cleared before the reset (someone reset the GPU, or the node rebooted)")
+				}
 				*st = State{Attempts: st.Attempts}
 				return events
 			}
@@ -127,7 +131,7 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 				// The agent restarted during the reset: its outcome is unknown. A GPU without the
 				// fault was reset (and the checkpoint saw it); one with the fault was not.
 				st.Interrupted = false
-				if f.NeedsReset {
+				if f.Unhealthy {
 					fail("the agent restarted during the reset and the fault is still there")
 					return events
 				}
@@ -158,7 +162,9 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			return events
 
 		case PhaseProbation:
-			if f.NeedsReset && in.snapTime.After(st.ResetSeenAt) {
+			// Any fault fails the probation, also one a reset would not clear (that one then
+			// ends the repair: the GPU is left to what its condition recommends).
+			if f.Unhealthy && in.snapTime.After(st.ResetSeenAt) {
 				fail(fmt.Sprintf("the fault came back %v after the reset: %s", now.Sub(st.Since).Round(time.Second), f.Fault))
 				return events
 			}
@@ -173,7 +179,7 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			return events
 
 		case PhaseFailed:
-			if !f.NeedsReset {
+			if !f.Unhealthy {
 				emit(KindCancelled, false, "the GPU recovered without remediation (reset or reboot by someone else)")
 				*st = State{}
 			}
