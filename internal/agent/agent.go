@@ -35,6 +35,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
+	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/claimstatus"
@@ -133,7 +134,15 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 
-	m := metrics.New(opts.NodeName, tracker.Snapshot)
+	// Metrics show GPUs under repair as the reporters do (rem is set below, before the server
+	// that scrapes them starts).
+	var rem *remediation.Controller
+	m := metrics.New(opts.NodeName, func() health.Snapshot {
+		if rem != nil {
+			return rem.Decorate(tracker.Snapshot())
+		}
+		return tracker.Snapshot()
+	})
 	if err := m.Register(opts.Registry); err != nil {
 		return fmt.Errorf("agent: register metrics: %w", err)
 	}
@@ -154,7 +163,8 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	remChanged := make(chan struct{}, 1) // the repair states changed: report again
-	rem, remWriter, err := newRemediation(ctx, opts, agentCfg, caches, opts.Registry, recorder, nodeRef,
+	var remWriter *report.Writer
+	rem, remWriter, err = newRemediation(ctx, opts, agentCfg, caches, opts.Registry, recorder, nodeRef,
 		report.WriterOptions{Resync: time.Duration(*agentCfg.Resync), Clock: opts.Clock, Observer: m},
 		func() {
 			select {

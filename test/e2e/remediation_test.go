@@ -301,7 +301,7 @@ func TestRemediationGivesUpWhenTheFaultReturns(t *testing.T) {
 	uuids := gpuNode(t, c, node, 2)
 	kubeconfig := agentKubeconfigOnNode(t, c, node)
 	remediationRBAC(t, c)
-	startAgent(t, agentSetup{node: node, gpus: 2, kubeconfig: kubeconfig,
+	a := startAgent(t, agentSetup{node: node, gpus: 2, kubeconfig: kubeconfig,
 		checkpoint: filepath.Join(t.TempDir(), "ckpt.json"), topConfig: remediationConfig(2, 1, "-"),
 		scenario: "events:\n  - {at: 1s, gpu: 0, xid: 48}\n  - {afterReset: 2s, gpu: 0, xid: 48}\n"})
 
@@ -335,6 +335,21 @@ func TestRemediationGivesUpWhenTheFaultReturns(t *testing.T) {
 	}
 	if r, _ := repairs(ctx, c, node); r[uuids[1]].Phase != "" {
 		t.Errorf("healthy GPU 1: %+v", r[uuids[1]])
+	}
+	body, err := httpGet(a.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`gpuhealth_remediation_events_total{event="ResetStarted",node="` + node + `"} 2`,
+		`gpuhealth_remediation_events_total{event="AttemptFailed",node="` + node + `"} 2`,
+		`gpuhealth_remediation_events_total{event="GaveUp",node="` + node + `"} 1`,
+		`gpuhealth_remediation_gpus{node="` + node + `",phase="RemediationFailed"} 1`,
+		`reason="RemediationFailed"`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }
 
