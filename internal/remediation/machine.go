@@ -14,6 +14,7 @@ package remediation
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -200,13 +201,17 @@ func (m *Machine) publish() {
 type Facts struct {
 	// Unhealthy: the GPU has an Unhealthy condition of its own (not a drain, not remediation's).
 	Unhealthy bool
-	// NeedsReset: the GPU is Unhealthy and a GPU reset clears every Unhealthy condition.
+	// NeedsReset: the GPU is Unhealthy, and every Unhealthy condition clears on a GPU reset and
+	// recommends one (resetGPU, drainAndResetGPU, resetBus): its effective action is a reset.
 	NeedsReset bool
 	// Fault names the Unhealthy conditions.
 	Fault string
 	// Drained: an administrator drained the GPU.
 	Drained bool
 }
+
+// resetActions are the recommended actions a GPU reset carries out.
+var resetActions = []health.Action{health.ActionResetGPU, health.ActionDrainAndResetGPU, health.ActionResetBus}
 
 // FactsOf reads the facts from a whole GPU's status. Conditions the machine adds itself
 // (Decorate) do not count.
@@ -225,7 +230,7 @@ func FactsOf(d health.DeviceStatus) Facts {
 		if c.Severity != health.Unhealthy {
 			continue
 		}
-		if c.ClearsOn != health.ClearsOnGPUReset {
+		if c.ClearsOn != health.ClearsOnGPUReset || !slices.Contains(resetActions, c.RecommendedAction) {
 			resettable = false
 		}
 		faults = append(faults, c.Reason)

@@ -136,6 +136,8 @@ func TestHealthyAndNonResettableGPUsAreLeftAlone(t *testing.T) {
 		{"reset and reboot faults together", status(gpu(0), xid48, xid79)},
 		{"degraded only", status(gpu(0), health.Condition{Type: health.ConditionRowRemapPending, Severity: health.Degraded, Reason: "RowRemapPending", ClearsOn: health.ClearsOnGPUReset})},
 		{"drained only", status(gpu(0), drain)},
+		{"clears on reset but asks for a hardware check", status(gpu(0), health.Condition{Type: health.ConditionXID, Code: 54, Severity: health.Unhealthy,
+			Reason: "XID54", ClearsOn: health.ClearsOnGPUReset, RecommendedAction: health.ActionCheckHardware})},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
