@@ -456,3 +456,53 @@ func TestHelmChartRemediation(t *testing.T) {
 		return cond.Status == corev1.ConditionFalse && cond.Reason == gpuhealthv1.ReasonNoRebootRequired, fmt.Sprintf("%+v", cond), err
 	})
 }
+
+// TestRemediationEvictsAfterTheGracePeriod: with evictAfter (and agent.noExecute), a pod that
+// still holds a GPU waiting for a reset when the grace period ends is evicted through the GPU's
+// DeviceTaintRule turning NoExecute (kube-controller-manager's device-taint eviction); then the
+// GPU is reset and given back.
+func TestRemediationEvictsAfterTheGracePeriod(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{})
+	ctx := t.Context()
+	const node, ns = "remed-evict", "remed-evict"
+	uuids := gpuNode(t, c, node, 2)
+	if _, err := c.Admin().ResourceV1().DeviceClasses().Create(ctx, controlplane.GPUDeviceClass(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	c.StartKubeletT(t, node)
+	holder := podWithClaim(t, c, pinnedClaim(ns, "holder", uuids[0], ""), node)
+	waitAllocated(t, c, ns, holder.Name, "gpu-0")
+	kubeconfig := agentKubeconfigOnNode(t, c, node)
+	remediationRBAC(t, c)
+	startAgent(t, agentSetup{node: node, gpus: 2, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+		noExecute: true, topConfig: remediationConfig(3, 1, "-") + "  evictAfter: 3s\n",
+		scenario: "events:\n  - {at: 1s, gpu: 0, xid: 48}\n"})
+
+	waiting := waitPhase(t, c, node, uuids[0], string(remediation.PhaseWaitingForPods))
+	if e, err := ruleEffect(ctx, c, uuids[0]); err != nil || e != "NoSchedule" {
+		t.Errorf("before the grace period: effect %q (%v), want NoSchedule", e, err)
+	}
+	eventually(t, "the holder evicted", func(ctx context.Context) (bool, string, error) {
+		p, err := c.Admin().CoreV1().Pods(ns).Get(ctx, holder.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, "gone", nil
+		}
+		if err != nil {
+			return false, "", err
+		}
+		return p.UID != holder.UID, fmt.Sprintf("deletionTimestamp %v", p.DeletionTimestamp), nil
+	})
+	evicted := time.Now()
+	if ev, err := remediationEvents(ctx, c, node, remediation.KindEvicting); err != nil || len(ev) != 1 {
+		t.Errorf("Evicting events %v (%v), want 1", ev, err)
+	}
+	if st := waitPhase(t, c, node, uuids[0], ""); st.Attempts != 1 {
+		t.Errorf("repaired after %d attempts, want 1", st.Attempts)
+	}
+	waitRuleGone(t, c, uuids[0])
+	t.Logf("waiting since %s; holder evicted %s later", waiting.Since.Format(time.RFC3339), evicted.Sub(waiting.Since).Round(100*time.Millisecond))
+}
