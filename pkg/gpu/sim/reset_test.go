@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -112,10 +113,22 @@ func TestAfterResetValidation(t *testing.T) {
 		{"{at: 1s, afterReset: 1s, gpu: 0, xid: 48}", "at and afterReset"},
 		{"{afterReset: 1s, gpu: 0, reset: true}", "only faults"},
 		{"{afterReset: -1s, gpu: 0, xid: 48}", "afterReset: must not be negative"},
+		{"{afterReset: 200h, gpu: 0, xid: 48}", "past the longest scenario"},
 	} {
 		_, err := sim.ParseScenario([]byte(scenario("gpus: {count: 1}\n", tc.event)))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want %q", tc.event, err, tc.want)
 		}
+	}
+	// An afterReset storm counts against the scenario's limit on signals.
+	events := []string{"{afterReset: 1s, gpu: 0, xid: 48, repeat: 10000000}"}
+	for i := range 10 {
+		events = append(events, fmt.Sprintf("{at: %ds, gpu: 0, xid: 48, repeat: 10000000}", i))
+	}
+	if _, err := sim.ParseScenario([]byte(scenario("gpus: {count: 1}\n", events...))); err == nil || !strings.Contains(err.Error(), "signals in all") {
+		t.Errorf("110M signals with the afterReset storm: error %v", err)
+	}
+	if _, err := sim.ParseScenario([]byte(scenario("gpus: {count: 1}\n", events[1:]...))); err != nil {
+		t.Errorf("100M signals without it: %v", err)
 	}
 }

@@ -283,6 +283,13 @@ func ParseScenario(data []byte) (*Scenario, error) {
 		}
 		total += ev.Repeat
 	}
+	// An afterReset event recurs at every reset: its storm counts against the limit once.
+	for _, ev := range sc.AfterReset {
+		if ev.At > MaxDuration {
+			return nil, fmt.Errorf("events (line %d): afterReset %v is past the longest scenario, %v", ev.Line, ev.At, MaxDuration)
+		}
+		total += ev.Repeat
+	}
 	if total > MaxTotalRepeat {
 		return nil, fmt.Errorf("events: %d signals in all (repeat included) is more than %d", total, MaxTotalRepeat)
 	}
