@@ -136,12 +136,13 @@ type Machine struct {
 	published map[string]State
 	results   map[string]error     // reset command results not yet seen by Step
 	observed  map[string]time.Time // resets the backend reported, not yet seen by Step
+	inFlight  map[string]bool      // resets started and not returned: never two at once
 }
 
 // NewMachine returns a machine with no repair under way.
 func NewMachine(cfg Config, clk clock.PassiveClock, env Env) *Machine {
 	return &Machine{cfg: cfg, clock: clk, env: env, gpus: map[string]State{}, published: map[string]State{},
-		results: map[string]error{}, observed: map[string]time.Time{}}
+		results: map[string]error{}, observed: map[string]time.Time{}, inFlight: map[string]bool{}}
 }
 
 // Restore starts from persisted states. A reset in flight when the agent stopped is marked
@@ -162,6 +163,22 @@ func (m *Machine) ResetFinished(uuid string, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.results[uuid] = err
+	delete(m.inFlight, uuid)
+}
+
+// resetInFlight reports whether a reset of the GPU has started and not returned (one that timed
+// out is still running until its command ends).
+func (m *Machine) resetInFlight(uuid string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.inFlight[uuid]
+}
+
+func (m *Machine) startReset(dev health.Device) {
+	m.mu.Lock()
+	m.inFlight[dev.UUID] = true
+	m.mu.Unlock()
+	m.env.StartReset(dev)
 }
 
 // ResetObserved records that the backend reported a reset of the GPU at the given time (the

@@ -568,3 +568,26 @@ func TestGivenUpGPUStaysGivenUpWhileUnhealthy(t *testing.T) {
 	r.step(snap(status(gpu(0))))
 	r.wantPhase(0, PhaseIdle)
 }
+
+func TestNoSecondResetWhileTheFirstIsStillRunning(t *testing.T) {
+	r := newRig(t, Config{})
+	sick := snap(status(gpu(0), xid48))
+	r.step(sick)
+	r.clock.Step(30 * time.Second) // the reset times out; its command has not returned
+	r.step(sick)
+	r.wantPhase(0, PhaseWaitingForPods)
+	r.step(sick)
+	r.wantPhase(0, PhaseWaitingForSlot)
+	if len(r.env.resets) != 1 || !strings.Contains(r.m.States()[gpu(0).UUID].Message, "not returned") {
+		t.Fatalf("resets %v, state %+v", r.env.resets, r.m.States()[gpu(0).UUID])
+	}
+	// The late result of the first reset is not taken for the second one's.
+	r.m.ResetFinished(gpu(0).UUID, nil)
+	r.step(sick)
+	r.wantPhase(0, PhaseResetting)
+	r.step(sick)
+	r.wantPhase(0, PhaseResetting)
+	if st := r.m.States()[gpu(0).UUID]; st.ResetDone || len(r.env.resets) != 2 {
+		t.Fatalf("state %+v, resets %v", st, r.env.resets)
+	}
+}

@@ -110,6 +110,10 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			if st.Phase == PhaseWaitingForPods {
 				enter(PhaseWaitingForSlot, "")
 			}
+			if m.resetInFlight(dev.UUID) {
+				st.Message = "the previous reset has not returned yet"
+				return events
+			}
 			ok, err := m.env.TakeSlot(ctx, dev.UUID)
 			if err != nil {
 				st.Message = "cannot take a remediation slot: " + err.Error()
@@ -123,7 +127,7 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			enter(PhaseResetting, "")
 			st.ResetDone, st.ResetObserved, st.Interrupted, st.ResetSeenAt = false, false, false, time.Time{}
 			emit(KindResetStarted, false, "resetting the GPU (attempt %d of %d)", len(st.Attempts), m.cfg.MaxAttempts)
-			m.env.StartReset(dev)
+			m.startReset(dev)
 			return events
 
 		case PhaseResetting:
