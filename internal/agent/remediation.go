@@ -42,7 +42,7 @@ func newRemediation(ctx context.Context, opts Options, agentCfg config.AgentConf
 	cfg := r.Config.WithDefaults()
 	mc := remediation.Config{
 		MaxAttempts: *cfg.MaxAttempts, Probation: time.Duration(*cfg.Probation), Window: time.Duration(*cfg.Window),
-		ResetTimeout: time.Duration(*cfg.ResetTimeout),
+		ResetTimeout: time.Duration(*cfg.ResetTimeout), Recheck: r.Poll,
 	}
 	if cfg.EvictAfter != nil {
 		mc.EvictAfter = time.Duration(*cfg.EvictAfter)

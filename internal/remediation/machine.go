@@ -77,6 +77,9 @@ type Config struct {
 	// EvictAfter is the grace period before eviction of the pods holding a GPU; zero or less
 	// never evicts.
 	EvictAfter time.Duration
+	// Recheck is how long a waiting GPU waits before its holders or a slot are asked again
+	// (zero: at every Step). Steps come with every snapshot; this bounds the API calls.
+	Recheck time.Duration
 }
 
 // Env is what the machine needs from the world.
@@ -131,6 +134,8 @@ type Machine struct {
 	env   Env
 
 	gpus map[string]State // owned by the goroutine calling Step
+	// notBefore is when a waiting GPU is asked about again (owned by Step's goroutine).
+	notBefore map[string]time.Time
 
 	mu        sync.Mutex
 	published map[string]State
@@ -141,7 +146,7 @@ type Machine struct {
 
 // NewMachine returns a machine with no repair under way.
 func NewMachine(cfg Config, clk clock.PassiveClock, env Env) *Machine {
-	return &Machine{cfg: cfg, clock: clk, env: env, gpus: map[string]State{}, published: map[string]State{},
+	return &Machine{cfg: cfg, clock: clk, env: env, gpus: map[string]State{}, notBefore: map[string]time.Time{}, published: map[string]State{},
 		results: map[string]error{}, observed: map[string]time.Time{}, inFlight: map[string]bool{}}
 }
 
@@ -298,6 +303,7 @@ func (m *Machine) Step(ctx context.Context, snap health.Snapshot) []Event {
 	}
 	for uuid, st := range m.gpus {
 		if !seen[uuid] {
+			delete(m.notBefore, uuid)
 			// The GPU is gone from the node's inventory: nothing left to repair.
 			if st.HoldsSlot() {
 				m.release(ctx, uuid)

@@ -16,6 +16,7 @@ import (
 var t0 = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
 type fakeEnv struct {
+	asked      int
 	holders    map[string][]string
 	holdersErr error
 	budget     int
@@ -31,6 +32,7 @@ func newEnv() *fakeEnv {
 
 func (e *fakeEnv) Holders(_ context.Context, dev health.Device, migs []health.Device) ([]string, error) {
 	e.migsSeen[dev.UUID] = migs
+	e.asked++
 	return e.holders[dev.UUID], e.holdersErr
 }
 
@@ -589,5 +591,28 @@ func TestNoSecondResetWhileTheFirstIsStillRunning(t *testing.T) {
 	r.wantPhase(0, PhaseResetting)
 	if st := r.m.States()[gpu(0).UUID]; st.ResetDone || len(r.env.resets) != 2 {
 		t.Fatalf("state %+v, resets %v", st, r.env.resets)
+	}
+}
+
+func TestWaitingGPUsAreAskedAboutOncePerRecheck(t *testing.T) {
+	r := newRig(t, Config{})
+	r.m.cfg.Recheck = 10 * time.Second
+	sick := snap(status(gpu(0), xid48))
+	r.env.holders[gpu(0).UUID] = []string{"a/b"}
+	for range 5 {
+		r.step(sick) // snapshots come faster than the recheck period
+	}
+	if r.env.asked != 1 {
+		t.Fatalf("holders asked %d times within one recheck period, want 1", r.env.asked)
+	}
+	delete(r.env.holders, gpu(0).UUID)
+	r.clock.Step(9 * time.Second)
+	r.step(sick)
+	r.wantPhase(0, PhaseWaitingForPods)
+	r.clock.Step(time.Second)
+	r.step(sick)
+	r.wantPhase(0, PhaseResetting)
+	if r.env.asked != 2 {
+		t.Fatalf("holders asked %d times, want 2", r.env.asked)
 	}
 }

@@ -85,13 +85,20 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 				enter(PhaseWaitingForPods, "")
 				continue
 			}
+			if now.Before(m.notBefore[dev.UUID]) {
+				return events
+			}
+			delete(m.notBefore, dev.UUID)
+			later := func() { m.notBefore[dev.UUID] = now.Add(m.cfg.Recheck) }
 			holders, err := m.env.Holders(ctx, dev, in.migs)
 			if err != nil {
 				// Not knowing who holds the GPU is never a reason to reset it.
 				st.Message = "cannot tell whether a pod holds the GPU: " + err.Error()
+				later()
 				return events
 			}
 			if len(holders) > 0 {
+				later()
 				if st.Phase != PhaseWaitingForPods {
 					enter(PhaseWaitingForPods, "")
 				}
@@ -112,15 +119,18 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			}
 			if m.resetInFlight(dev.UUID) {
 				st.Message = "the previous reset has not returned yet"
+				later()
 				return events
 			}
 			ok, err := m.env.TakeSlot(ctx, dev.UUID)
 			if err != nil {
 				st.Message = "cannot take a remediation slot: " + err.Error()
+				later()
 				return events
 			}
 			if !ok {
 				st.Message = "waiting for a cluster-wide remediation slot"
+				later()
 				return events
 			}
 			st.Attempts = append(st.Attempts, now)
