@@ -34,7 +34,7 @@ kubectl-plugin: build ## bin/kubectl-gpuhealth, so that `kubectl gpuhealth statu
 	ln -sf gpuhealth $(BIN)/kubectl-gpuhealth
 
 .PHONY: demo
-demo: build ## The main job on a local cluster: 3 simulated GPU nodes, agents, scheduler, extender, faults, a drain, pods. CHART=1: the Helm chart on containerd nodes instead.
+demo: build ## The main job on a local cluster: 3 simulated GPU nodes, agents, scheduler, extender, faults, a GPU reset, a drain, pods. CHART=1: the Helm chart on containerd nodes instead.
 	if [[ "$(CHART)" == 1 ]]; then hack/demo/chart.sh; \
 	else $(GO) run ./hack/demo --gpuhealth $(BIN)/gpuhealth --scenario examples/demo-scenario.yaml; fi
 

@@ -49,6 +49,12 @@ const (
 
 var nodes = []string{"demo-node-0", "demo-node-1", "demo-node-2"}
 
+// The GPU the demo repairs.
+const (
+	repairNode = "demo-node-2"
+	repairGPU  = 7
+)
+
 func main() {
 	bin := flag.String("gpuhealth", "bin/gpuhealth", "the gpuhealth binary")
 	scenario := flag.String("scenario", "examples/demo-scenario.yaml", "scenario replayed on "+nodes[0])
@@ -188,8 +194,24 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 				return err
 			}
 		}
-		if err := start("agent-"+node, "agent", "--backend", "sim", "--scenario", scenario, "--node-name", node,
-			"--kubeconfig", kubeconfig, "--config", config, "--checkpoint", filepath.Join(logDir, node+".checkpoint"),
+		// The agents repair GPUs (docs/remediation.md), asking their kubelet which pods hold a GPU.
+		agentConfig := filepath.Join(logDir, node+".config.yaml")
+		if err := os.WriteFile(agentConfig, []byte(fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"+
+			"remediation: {enabled: true, probation: 10s, namespace: default, podResourcesSocket: %q}\n", kubeletNodes[i].PodResourcesSocket())), 0o644); err != nil {
+			return err
+		}
+		agentScenario := scenario
+		if node == repairNode {
+			// The agent's GPU 7 needs a reset; the device plugin's simulation stays clean, as a
+			// real device plugin would see the GPU healthy again after the reset.
+			agentScenario = filepath.Join(logDir, node+".agent.yaml")
+			body := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d}\nevents:\n  - {at: 3s, gpu: %d, xid: 48}\n", node, gpusPerNode, repairGPU)
+			if err := os.WriteFile(agentScenario, []byte(body), 0o644); err != nil {
+				return err
+			}
+		}
+		if err := start("agent-"+node, "agent", "--backend", "sim", "--scenario", agentScenario, "--node-name", node,
+			"--kubeconfig", kubeconfig, "--config", agentConfig, "--checkpoint", filepath.Join(logDir, node+".checkpoint"),
 			"--metrics-address", ""); err != nil {
 			return err
 		}
@@ -265,6 +287,34 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 		return err
 	}
 	if err := sayAllocatable(ctx, st, admin); err != nil {
+		return err
+	}
+
+	st.heading(fmt.Sprintf("A GPU reset repairs GPU %d of %s", repairGPU, repairNode))
+	st.say("the agent of %s sees a double-bit ECC error (XID 48) on GPU %d: a GPU reset clears it", repairNode, repairGPU)
+	if err := waitFor(ctx, "the repair of GPU 7", func() (bool, error) {
+		n, err := admin.CoreV1().Nodes().Get(ctx, repairNode, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		r, err := gpuhealthv1.ParseRemediation(n.Annotations[gpuhealthv1.RemediationKey])
+		uuid := sim.GPUUUID(repairNode, repairGPU)
+		return err == nil && r[uuid].Phase == "" && r[uuid].Attempts == 1, err
+	}); err != nil {
+		return err
+	}
+	events, err := admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + repairNode})
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(events.Items, func(a, b corev1.Event) int { return a.LastTimestamp.Compare(b.LastTimestamp.Time) })
+	for _, e := range events.Items {
+		if strings.HasPrefix(e.Reason, "GPURemediation") {
+			st.say("event %-28s %s", e.Reason, e.Message)
+		}
+	}
+	st.say("$ gpuhealth status --node %s", repairNode)
+	if err := status("--node", repairNode); err != nil {
 		return err
 	}
 

@@ -36,6 +36,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
+	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	"github.com/gpuhealth/gpuhealth/internal/report/claimstatus"
@@ -83,6 +84,8 @@ type Options struct {
 	Registry *prometheus.Registry
 	// KernelLog is read beside the backend (OpenKernelLog); nil means none.
 	KernelLog *KernelLog
+	// Remediation, when its Config is enabled, resets GPUs that need it.
+	Remediation RemediationOptions
 }
 
 // Run runs the agent until ctx is done or a loop fails.
@@ -138,7 +141,15 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 
-	m := metrics.New(opts.NodeName, tracker.Snapshot)
+	// Metrics show GPUs under repair as the reporters do (rem is set below, before the server
+	// that scrapes them starts).
+	var rem *remediation.Controller
+	m := metrics.New(opts.NodeName, func() health.Snapshot {
+		if rem != nil {
+			return rem.Decorate(tracker.Snapshot())
+		}
+		return tracker.Snapshot()
+	})
 	if err := m.Register(opts.Registry); err != nil {
 		return fmt.Errorf("agent: register metrics: %w", err)
 	}
@@ -161,6 +172,26 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	remChanged := make(chan struct{}, 1) // the repair states changed: report again
+	var remWriter *report.Writer
+	rem, remWriter, err = newRemediation(ctx, opts, agentCfg, caches, opts.Registry, recorder, nodeRef,
+		report.WriterOptions{Resync: time.Duration(*agentCfg.Resync), Clock: opts.Clock, Observer: m},
+		func() {
+			select {
+			case remChanged <- struct{}{}:
+			default:
+			}
+		})
+	if err != nil {
+		return err
+	}
+	if remWriter != nil {
+		writers = append(writers, remWriter)
+	}
+	sink := &meteredSink{metrics: m, clock: opts.Clock, kernelLog: opts.KernelLog}
+	if rem != nil {
+		sink.onReset = rem.ResetObserved
+	}
 
 	g, ctx := errgroup.WithContext(ctx)
 	sub := monitor.Subscribe()
@@ -169,7 +200,7 @@ func Run(ctx context.Context, opts Options) error {
 		// The runtime ticks the monitor, saves the checkpoint on every sticky change and runs
 		// the backend and the kernel log; a backend that fails stops the agent.
 		err := rt.Run(ctx, func(ctx context.Context, mon *health.Monitor) error {
-			sink := &meteredSink{monitor: mon, metrics: m, clock: opts.Clock, kernelLog: opts.KernelLog}
+			sink.monitor = mon
 			return opts.KernelLog.Run(ctx, mon, func(ctx context.Context) error { return opts.Backend.Run(ctx, sink) })
 		})
 		if err != nil {
@@ -185,11 +216,36 @@ func Run(ctx context.Context, opts Options) error {
 	scheduling, following := splitBySchedulerPath(writers)
 	after := newFollowers(following, events)
 	g.Go(func() error { return after.run(ctx, scheduling) })
+	// The fan-out alone reports to the writers, so that they always get the latest snapshot with
+	// the latest repair states.
+	var (
+		latest     health.Snapshot
+		haveLatest bool
+	)
 	g.Go(func() error {
 		for {
-			u, ok := sub.Wait(ctx)
-			if !ok {
+			select {
+			case <-ctx.Done():
 				return nil
+			case <-remChanged:
+				if rem != nil && haveLatest {
+					snap := rem.Decorate(latest)
+					for _, w := range scheduling {
+						_ = w.Report(ctx, snap)
+					}
+					after.add(health.Update{Snapshot: snap}, scheduling)
+				}
+				continue
+			case <-sub.C():
+			}
+			u, ok := sub.Next()
+			if !ok {
+				continue
+			}
+			latest, haveLatest = u.Snapshot, true
+			if rem != nil {
+				rem.Update(u.Snapshot)
+				u.Snapshot = rem.Decorate(u.Snapshot)
 			}
 			for _, w := range scheduling {
 				_ = w.Report(ctx, u.Snapshot)
@@ -204,6 +260,15 @@ func Run(ctx context.Context, opts Options) error {
 			}
 		}
 	})
+	if rem != nil {
+		g.Go(func() error {
+			// Claims are matched to GPUs through the DRA devices: the cache must be filled first.
+			if err := caches.devices.Start(ctx); err != nil {
+				return fmt.Errorf("remediation: %w", err)
+			}
+			return rem.Run(ctx)
+		})
+	}
 	drains := &drainWatcher{nodes: caches.nodes, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
 	g.Go(func() error { return drains.run(ctx) })
 	if opts.MetricsAddress != "" {
@@ -274,7 +339,7 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 				Clock:       opts.Clock,
 			})
 		case config.ReporterCondition:
-			o := nodecondition.Options{Nodes: caches.nodes, Clock: opts.Clock}
+			o := nodecondition.Options{Nodes: caches.nodes, Clock: opts.Clock, RebootRequired: opts.Remediation.Config.Enabled}
 			if cb != nil { // a nil *Breaker must not become a non-nil interface
 				o.Breaker = cb
 			}
@@ -317,6 +382,9 @@ type meteredSink struct {
 	metrics   *metrics.Metrics
 	clock     clock.PassiveClock
 	kernelLog *KernelLog
+	// onReset, when set, hears of every GPU reset the backend reports (remediation verifies its
+	// resets by them).
+	onReset func(uuid string, at time.Time)
 }
 
 func (s *meteredSink) Signal(sig health.Signal) {
@@ -325,6 +393,9 @@ func (s *meteredSink) Signal(sig health.Signal) {
 	}
 	s.monitor.Signal(sig)
 	s.metrics.ObserveSignal(sig.Time, s.clock.Now())
+	if sig.Kind == health.SignalReset && s.onReset != nil {
+		s.onReset(sig.Device, sig.Time)
+	}
 }
 
 func (s *meteredSink) Reboot(bootID string, at time.Time) { s.monitor.Reboot(bootID, at) }

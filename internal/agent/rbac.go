@@ -44,3 +44,11 @@ func BreakerRoleRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create", "update"}},
 	}
 }
+
+// RemediationRoleRules are the permissions remediation needs in its namespace (a Role): its
+// slots (Leases), which it also deletes when a repair ends.
+func RemediationRoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
+	}
+}

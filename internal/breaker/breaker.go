@@ -32,7 +32,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -47,7 +46,6 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
-	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 )
@@ -166,7 +164,9 @@ type Slot struct {
 	Node  string
 	UUID  string
 	At    time.Time
-	lease *coordinationv1.Lease
+	// Expires is when a slot taken with a duration stops counting (zero: never by itself).
+	Expires time.Time
+	lease   *coordinationv1.Lease
 }
 
 // Holder is what a slot's holderIdentity says: node/uuid.
@@ -174,26 +174,7 @@ func Holder(node, uuid string) string { return node + "/" + uuid }
 
 // ListSlots returns every slot Lease in the namespace, live or not, by index.
 func ListSlots(ctx context.Context, client kubernetes.Interface, namespace string) ([]Slot, error) {
-	list, err := client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: SlotLabel})
-	if err != nil {
-		return nil, fmt.Errorf("list the breaker's slots: %w", err)
-	}
-	var slots []Slot
-	for i := range list.Items {
-		l := &list.Items[i]
-		idx, err := strconv.Atoi(strings.TrimPrefix(l.Name, SlotPrefix))
-		if err != nil || !strings.HasPrefix(l.Name, SlotPrefix) {
-			continue
-		}
-		s := Slot{Index: idx, lease: l}
-		s.Node, s.UUID, _ = strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "/")
-		if l.Spec.AcquireTime != nil {
-			s.At = l.Spec.AcquireTime.Time
-		}
-		slots = append(slots, s)
-	}
-	slices.SortFunc(slots, func(a, b Slot) int { return a.Index - b.Index })
-	return slots, nil
+	return breakerSlots(client, namespace).List(ctx)
 }
 
 // Live reports whether a slot still counts: taken after cutoff (the window's start or the last
@@ -273,29 +254,11 @@ func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
 // version read, so that only one agent can) when it left the window. It reports whether it got
 // the slot; losing a race is not an error.
 func (b *Breaker) take(ctx context.Context, k int, taken map[int]Slot, holder string, now time.Time) (bool, error) {
-	leases := b.client.CoordinationV1().Leases(b.opts.Namespace)
-	spec := coordinationv1.LeaseSpec{HolderIdentity: &holder, AcquireTime: ptr.To(metav1.NewMicroTime(now))}
-	var err error
-	if s, ok := taken[k]; ok {
-		l := s.lease.DeepCopy()
-		l.Spec = spec
-		_, err = leases.Update(ctx, l, metav1.UpdateOptions{FieldManager: "gpuhealth-agent"})
-	} else {
-		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: SlotPrefix + strconv.Itoa(k), Namespace: b.opts.Namespace,
-				Labels: map[string]string{SlotLabel: "true", "app.kubernetes.io/managed-by": "gpuhealth"}},
-			Spec: spec,
-		}
-		_, err = leases.Create(ctx, l, metav1.CreateOptions{FieldManager: "gpuhealth-agent"})
+	ok, err := breakerSlots(b.client, b.opts.Namespace).Take(ctx, k, taken, holder, now, 0)
+	if err != nil {
+		return false, fmt.Errorf("circuit breaker: %w", err)
 	}
-	switch {
-	case err == nil:
-		return true, nil
-	case apierrors.IsAlreadyExists(err), apierrors.IsConflict(err), apierrors.IsNotFound(err):
-		return false, nil // another agent got there first
-	default:
-		return false, fmt.Errorf("circuit breaker: take slot %d: %w", k, err)
-	}
+	return ok, nil
 }
 
 // scheduleRecheck asks for another look when the oldest live slot leaves the window, unless an

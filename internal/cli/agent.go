@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -62,6 +63,12 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			defer cleanup()
 			kernelLog := openKernelLog(ctx, cfg, backend, be.Devices(), bootID)
 			defer kernelLog.Close()
+			rem := agent.RemediationOptions{Config: cfg.Remediation, Poll: cfg.SampleEvery()}
+			if rem.Config.Enabled {
+				if rem.Resetter, err = be.Resetter(rem.Config.WithDefaults().ResetCommand); err != nil {
+					return badInput(fmt.Errorf("remediation.resetCommand: %w", err))
+				}
+			}
 			client, err := newClient(kubeconfig)
 			if err != nil {
 				return badInput(err)
@@ -72,7 +79,7 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			}
 			return agent.Run(ctx, agent.Options{
 				NodeName: nodeName, Client: client, Backend: be, Policy: policy, BootID: bootID, BootTime: bootTime,
-				Agent: agentCfg, MetricsAddress: metricsAddress, KernelLog: kernelLog,
+				Agent: agentCfg, MetricsAddress: metricsAddress, KernelLog: kernelLog, Remediation: rem,
 			})
 		},
 	}
@@ -97,6 +104,9 @@ func (s simAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
 	return s.b.Run(ctx, sink)
 }
 
+// Resetter: the simulator resets its GPUs itself; the command is for real GPUs.
+func (s simAgentBackend) Resetter([]string) (gpu.Resetter, error) { return s.b, nil }
+
 type nvmlAgentBackend struct{ b *gpunvml.Backend }
 
 func (n nvmlAgentBackend) Devices() []health.Device { return n.b.Devices() }
@@ -104,9 +114,19 @@ func (n nvmlAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
 	return n.b.Run(ctx, sink)
 }
 
+func (n nvmlAgentBackend) Resetter(command []string) (gpu.Resetter, error) {
+	return n.b.CommandResetter(command)
+}
+
+// resettingBackend is an agent backend that can reset its GPUs.
+type resettingBackend interface {
+	agent.Backend
+	Resetter(command []string) (gpu.Resetter, error)
+}
+
 // openBackend opens the GPU backend. With the simulator, node (when set) wins over the scenario's
 // own node: every agent of a DaemonSet replays the same scenario on its own node's GPUs.
-func openBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration) (agent.Backend, string, func(), error) {
+func openBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration) (resettingBackend, string, func(), error) {
 	switch backend {
 	case "sim":
 		if scenarioPath == "" {

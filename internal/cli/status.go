@@ -46,6 +46,8 @@ type GPUStatus struct {
 	// ExternalTaints are taints other writers put on the GPU's DRA devices (the driver's own, other
 	// DeviceTaintRules); each key also shows in Reasons as "external:<key>".
 	ExternalTaints []ExternalTaint `json:"externalTaints,omitempty"`
+	// Remediation is where the GPU's automatic repair stands (absent: none under way).
+	Remediation *gpuhealthv1.GPURemediation `json:"remediation,omitempty"`
 }
 
 func newStatusCommand() *cobra.Command {
@@ -136,11 +138,18 @@ func collectStatus(nodes []corev1.Node, logger klog.Logger) []GPUStatus {
 			logger.Error(err, "Ignoring a malformed drains annotation", "node", n.Name)
 			drains = map[string]gpuhealthv1.Drain{}
 		}
+		repairs, err := gpuhealthv1.ParseRemediation(n.Annotations[gpuhealthv1.RemediationKey])
+		if err != nil {
+			logger.Error(err, "Ignoring a malformed remediation annotation", "node", n.Name)
+		}
 		for uuid, s := range summaries {
 			row := GPUStatus{Node: n.Name, Index: s.Index, UUID: uuid, Model: s.Model, Health: s.Health,
 				Reasons: s.Reasons, Since: s.Since, PCIBusID: s.PCIBusID, Evict: s.Evict, ParentUUID: s.ParentUUID}
 			if d, ok := drains[uuid]; ok {
 				markDrained(&row, d)
+			}
+			if r, ok := repairs[uuid]; ok {
+				row.Remediation = &r
 			}
 			gpus = append(gpus, row)
 		}
@@ -177,7 +186,7 @@ func markDrained(row *GPUStatus, d gpuhealthv1.Drain) {
 
 func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
-	header := "NODE\tINDEX\tUUID\tMODEL\tHEALTH\tREASONS\tSINCE\tDRAINED"
+	header := "NODE\tINDEX\tUUID\tMODEL\tHEALTH\tREASONS\tSINCE\tDRAINED\tREMEDIATION"
 	if wide {
 		header += "\tPCI BUS ID\tEVICT\tDRAINED BY\tDRAIN REASON"
 	}
@@ -201,7 +210,11 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 			since = duration.HumanDuration(now.Sub(*g.Since))
 		}
 		model := cmp.Or(g.Model, "<unknown>")
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%t", g.Node, index, g.UUID, model, g.Health, reasons, since, g.Drained)
+		repair := "-"
+		if g.Remediation != nil {
+			repair = g.Remediation.Short()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%t\t%s", g.Node, index, g.UUID, model, g.Health, reasons, since, g.Drained, repair)
 		if wide {
 			fmt.Fprintf(tw, "\t%s\t%t\t%s\t%s", cmp.Or(g.PCIBusID, "<none>"), g.Evict, cmp.Or(g.DrainedBy, "<none>"), cmp.Or(g.DrainReason, "<none>"))
 		}

@@ -148,6 +148,8 @@ type agentSetup struct {
 	noExecute bool
 	// breakerFraction, when set, turns the circuit breaker on with that share.
 	breakerFraction float64
+	// topConfig is appended to the HealthConfig at the top level (a remediation section).
+	topConfig string
 }
 
 // startAgent writes the scenario and config and starts an agent, stopped when the test ends.
@@ -167,6 +169,7 @@ func startAgent(t *testing.T, s agentSetup) *agentProcess {
 	if s.breakerFraction > 0 {
 		cfg += fmt.Sprintf("  circuitBreaker: {enabled: true, maxFraction: %v, window: 10m, namespace: %s}\n", s.breakerFraction, agentNamespace)
 	}
+	cfg += s.topConfig
 	if err := os.WriteFile(configPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -49,6 +49,9 @@ const (
 // BreakerType is the condition saying the circuit breaker holds back this node's GPUs.
 const BreakerType = corev1.NodeConditionType(gpuhealthv1.ConditionCircuitBreakerOpen)
 
+// RebootType is the condition saying a GPU needs the node rebooted (see RebootDesired).
+const RebootType = corev1.NodeConditionType(gpuhealthv1.ConditionGPURebootRequired)
+
 // Options configure a Syncer. The zero value is ready to use.
 type Options struct {
 	// Nodes, when set, is the agent's shared cache of this Node; nil gives the syncer one of its
@@ -59,6 +62,8 @@ type Options struct {
 	// Breaker, when set, is the circuit breaker whose held-back GPUs the syncer reports in a
 	// second condition, GPUCircuitBreakerOpen.
 	Breaker Breaker
+	// RebootRequired adds the GPURebootRequired condition (with remediation on).
+	RebootRequired bool
 }
 
 // Breaker is what the syncer asks the circuit breaker (see internal/breaker): the GPUs of this
@@ -74,6 +79,7 @@ type Syncer struct {
 	nodes    *nodecache.Cache
 	clock    clock.PassiveClock
 	breaker  Breaker // nil: no GPUCircuitBreakerOpen condition
+	reboot   bool
 
 	// written is what the last patch wrote, so that the informer event of our own patch does
 	// not cost another Sync.
@@ -94,7 +100,7 @@ func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Nodes == nil {
 		opts.Nodes = nodecache.New(client, nodeName)
 	}
-	return &Syncer{client: client, nodeName: nodeName, nodes: opts.Nodes, clock: opts.Clock, breaker: opts.Breaker}
+	return &Syncer{client: client, nodeName: nodeName, nodes: opts.Nodes, clock: opts.Clock, breaker: opts.Breaker, reboot: opts.RebootRequired}
 }
 
 // Name implements report.Syncer.
@@ -125,7 +131,7 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 func ours(n *corev1.Node) []corev1.NodeCondition {
 	var out []corev1.NodeCondition
 	for _, c := range n.Status.Conditions {
-		if c.Type == Type || c.Type == BreakerType {
+		if c.Type == Type || c.Type == BreakerType || c.Type == RebootType {
 			out = append(out, c)
 		}
 	}
@@ -209,6 +215,10 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if s.breaker != nil {
 		want = append(want, breakerCondition(s.breaker.Held()))
 	}
+	if s.reboot {
+		status, reason, message := RebootDesired(snap)
+		want = append(want, corev1.NodeCondition{Type: RebootType, Status: status, Reason: reason, Message: message})
+	}
 	node, err := s.nodes.Get(ctx)
 	if err != nil {
 		return 0, err
@@ -249,6 +259,37 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	s.written = want
 	s.mu.Unlock()
 	return 1, nil
+}
+
+// RebootDesired returns the GPURebootRequired condition for snap: True with reason
+// RemediationFailed when remediation gave up on a GPU (its condition has that reason), else True
+// with reason RebootRecommended when an Unhealthy condition of a GPU recommends a reboot, else
+// False.
+func RebootDesired(snap health.Snapshot) (corev1.ConditionStatus, string, string) {
+	var failed, recommended []string
+	for _, d := range snap.Devices {
+		if d.Device.MIG != nil {
+			continue
+		}
+		for _, c := range d.Conditions {
+			desc := fmt.Sprintf("%d (%s): %s", d.Device.Index, d.Device.UUID, c.Message)
+			switch {
+			case c.Reason == gpuhealthv1.ReasonRemediationFailed:
+				failed = append(failed, desc)
+			case c.Severity == health.Unhealthy && c.RecommendedAction == health.ActionRebootNode:
+				recommended = append(recommended, desc)
+			}
+		}
+	}
+	switch {
+	case len(failed) > 0:
+		return corev1.ConditionTrue, gpuhealthv1.ReasonRemediationFailed,
+			"GPU resets did not repair GPU " + strings.Join(failed, "; GPU ") + "; reboot or power-cycle the node"
+	case len(recommended) > 0:
+		return corev1.ConditionTrue, gpuhealthv1.ReasonRebootRecommended, "a reboot is recommended for GPU " + strings.Join(recommended, "; GPU ")
+	default:
+		return corev1.ConditionFalse, gpuhealthv1.ReasonNoRebootRequired, "no GPU needs a node reboot"
+	}
 }
 
 func breakerCondition(held []string) corev1.NodeCondition {

@@ -116,6 +116,8 @@ type gpu struct {
 	// lost is set once the backend has reported the GPU lost: it is not registered on a new
 	// event set again.
 	lost atomic.Bool
+	// resetDone is set by CommandResetter after a reset, until the sampler reports it.
+	resetDone atomic.Bool
 
 	// off names the readings not taken on this GPU and why: the driver lacks their functions,
 	// or ECC is off. fault is SignalLost or SignalResetRequired when NVML said so while Open

@@ -35,6 +35,7 @@ func (b *Backend) sampleAll(sink Sink) {
 // nothing else; readings without data produce no signal.
 func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 	base := health.Signal{Device: g.dev.UUID, Time: r.Time}
+	b.emitCommandReset(g, base, sink)
 	if kind, ok := r.fault(); ok {
 		b.log.Info("GPU is broken", "gpu", g.dev.UUID, "signal", kind, "errors", strings.Join(r.Errors, "; "))
 		b.reportBroken(g, kind, r.Time, sink)

@@ -27,7 +27,8 @@ type Stats struct {
 	// anything but NOT_SUPPORTED or GPU_IS_LOST.
 	Rounds       uint64 `json:"rounds"`
 	SampleErrors uint64 `json:"sampleErrors"`
-	// Resets counts GPU resets detected from volatile ECC totals going down.
+	// Resets counts GPU resets detected from volatile ECC totals going down or made by
+	// CommandResetter.
 	Resets uint64 `json:"resets"`
 }
 

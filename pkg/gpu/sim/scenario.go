@@ -70,6 +70,9 @@ type Scenario struct {
 	Duration time.Duration
 	// Events are sorted by At, ties in file order.
 	Events []Event
+	// AfterReset are the events that happen again each time their GPU is reset (by a reset
+	// event or through Backend.Reset), their At after the reset: a fault a reset does not cure.
+	AfterReset []Event
 }
 
 // OnNode returns a copy of the scenario replayed on node instead of sc.Node: the GPUs' (and MIG
@@ -132,6 +135,7 @@ type gpusSpec struct {
 
 type eventSpec struct {
 	At              *duration `yaml:"at"`
+	AfterReset      *duration `yaml:"afterReset"`
 	GPU             *gpuRef   `yaml:"gpu"`
 	Repeat          *int      `yaml:"repeat"`
 	GPUInstance     *uint32   `yaml:"gpuInstance"`
@@ -280,6 +284,10 @@ func ParseScenario(data []byte) (*Scenario, error) {
 		if err != nil {
 			return nil, fmt.Errorf("events[%d] (line %d): %w", i, line, err)
 		}
+		if spec.AfterReset != nil {
+			sc.AfterReset = append(sc.AfterReset, ev)
+			continue
+		}
 		sc.Events = append(sc.Events, ev)
 	}
 	slices.SortStableFunc(sc.Events, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
@@ -290,6 +298,13 @@ func ParseScenario(data []byte) (*Scenario, error) {
 	for _, ev := range sc.Events {
 		if ev.At > MaxDuration {
 			return nil, fmt.Errorf("events (line %d): at %v is past the longest scenario, %v", ev.Line, ev.At, MaxDuration)
+		}
+		total += ev.Repeat
+	}
+	// An afterReset event recurs at every reset: its storm counts against the limit once.
+	for _, ev := range sc.AfterReset {
+		if ev.At > MaxDuration {
+			return nil, fmt.Errorf("events (line %d): afterReset %v is past the longest scenario, %v", ev.Line, ev.At, MaxDuration)
 		}
 		total += ev.Repeat
 	}
@@ -304,13 +319,22 @@ func ParseScenario(data []byte) (*Scenario, error) {
 
 func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 	ev := Event{Line: line, GPU: -1, Repeat: 1}
-	if spec.At == nil {
+	at, field := spec.At, "at"
+	switch {
+	case spec.At != nil && spec.AfterReset != nil:
+		return ev, errors.New("at and afterReset: give one (afterReset repeats the event after every reset of its GPU)")
+	case spec.AfterReset != nil:
+		at, field = spec.AfterReset, "afterReset"
+		if spec.Reset != nil || spec.Reboot != nil {
+			return ev, errors.New("afterReset: only faults can follow a reset")
+		}
+	case spec.At == nil:
 		return ev, errors.New("at: required (a duration from the scenario start, such as 5s)")
 	}
-	if *spec.At < 0 {
-		return ev, errors.New("at: must not be negative")
+	if *at < 0 {
+		return ev, errors.New(field + ": must not be negative")
 	}
-	ev.At = time.Duration(*spec.At)
+	ev.At = time.Duration(*at)
 	if spec.Repeat != nil {
 		if *spec.Repeat < 1 || *spec.Repeat > MaxRepeat {
 			return ev, fmt.Errorf("repeat: must be between 1 and %d, got %d", MaxRepeat, *spec.Repeat)

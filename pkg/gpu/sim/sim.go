@@ -18,11 +18,14 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -73,6 +76,16 @@ type Backend struct {
 	mapper      *kmsg.Mapper
 	kmsgSignals []health.Signal
 	spoofed     int
+	// resets carries Reset's requests to the Run loop, which owns the GPUs' state.
+	resets chan resetRequest
+}
+
+var _ gpu.Resetter = (*Backend)(nil)
+
+// resetRequest asks the Run loop to reset a GPU; done (buffered) gets the result.
+type resetRequest struct {
+	uuid string
+	done chan error
 }
 
 // gpuState is what NVML would report for one simulated GPU.
@@ -108,7 +121,7 @@ func New(sc *Scenario, opts Options) *Backend {
 	if opts.Start.IsZero() {
 		opts.Start = time.Unix(0, 0).UTC()
 	}
-	b := &Backend{sc: sc, opts: opts, devices: sc.Devices()}
+	b := &Backend{sc: sc, opts: opts, devices: sc.Devices(), resets: make(chan resetRequest)}
 	b.mapper = kmsg.NewMapper(b.devices)
 	for i := range sc.GPUCount {
 		g := &gpuState{uuid: GPUUUID(sc.Node, i), temperature: IdleTemperatureC}
@@ -155,7 +168,8 @@ func (b *Backend) Run(ctx context.Context, sink Sink) error {
 		g.sample(start, sink)
 	}
 	nextSample := interval
-	events := b.sc.Events
+	// A copy: resets add the scenario's afterReset events to it.
+	events := slices.Clone(b.sc.Events)
 	for {
 		sample := len(events) == 0 || nextSample < events[0].At
 		at := nextSample
@@ -167,14 +181,26 @@ func (b *Backend) Run(ctx context.Context, sink Sink) error {
 		}
 		now := start.Add(at)
 		if !b.opts.Virtual {
-			if err := b.waitUntil(ctx, now); err != nil {
+			req, err := b.waitUntil(ctx, now)
+			if err != nil {
 				if b.opts.Forever {
 					return nil
 				}
 				return err
 			}
+			if req != nil {
+				events = b.serveReset(*req, start, events, sink)
+				continue
+			}
 		} else if err := ctx.Err(); err != nil {
 			return err
+		} else {
+			select {
+			case req := <-b.resets:
+				events = b.serveReset(req, start, events, sink)
+				continue
+			default:
+			}
 		}
 		if sample {
 			for _, g := range b.gpus {
@@ -183,24 +209,93 @@ func (b *Backend) Run(ctx context.Context, sink Sink) error {
 			nextSample += interval
 			continue
 		}
-		b.apply(events[0], now, sink)
+		ev := events[0]
 		events = events[1:]
+		b.apply(ev, now, sink)
+		if ev.Kind == EventReset {
+			events = b.afterReset(events, ev.GPU, at)
+		}
 	}
 }
 
-func (b *Backend) waitUntil(ctx context.Context, t time.Time) error {
+// waitUntil waits for t, or for a reset request, which it returns.
+func (b *Backend) waitUntil(ctx context.Context, t time.Time) (*resetRequest, error) {
 	d := t.Sub(b.opts.Clock.Now())
 	if d <= 0 {
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 	timer := b.opts.Clock.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
+	case req := <-b.resets:
+		return &req, nil
 	case <-timer.C():
-		return nil
+		return nil, nil
 	}
+}
+
+// Reset resets a simulated GPU now, as nvidia-smi --gpu-reset would: the GPU's readings return
+// to those of a freshly reset GPU and the backend reports health.SignalReset. A lost GPU cannot
+// be reset, nor can a MIG instance on its own. The scenario's afterReset events for the GPU
+// follow. Reset needs Run to be running.
+func (b *Backend) Reset(ctx context.Context, uuid string) error {
+	req := resetRequest{uuid: uuid, done: make(chan error, 1)}
+	select {
+	case b.resets <- req:
+	case <-ctx.Done():
+		return fmt.Errorf("reset %s: %w", uuid, ctx.Err())
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("reset %s: %w", uuid, ctx.Err())
+	}
+}
+
+// serveReset applies a reset request at the current time and returns the events to come.
+func (b *Backend) serveReset(req resetRequest, start time.Time, events []Event, sink Sink) []Event {
+	now := b.opts.Clock.Now()
+	if b.opts.Virtual {
+		now = start
+		if len(events) > 0 {
+			now = start.Add(events[0].At)
+		}
+	}
+	i := slices.IndexFunc(b.gpus, func(g *gpuState) bool { return g.uuid == req.uuid })
+	switch {
+	case i < 0:
+		req.done <- fmt.Errorf("reset %s: no such GPU on simulated node %s", req.uuid, b.sc.Node)
+		return events
+	case b.gpus[i].lost:
+		req.done <- fmt.Errorf("reset %s: %w", req.uuid, errLost)
+		return events
+	}
+	b.gpus[i].apply(Event{Kind: EventReset, GPU: i, Repeat: 1}, now, sink)
+	req.done <- nil
+	return b.afterReset(events, i, now.Sub(start))
+}
+
+var errLost = errors.New("the GPU is lost and does not respond to a reset; reboot the node")
+
+// afterReset adds the scenario's afterReset events of GPU i to events, after a reset at offset at.
+func (b *Backend) afterReset(events []Event, i int, at time.Duration) []Event {
+	for _, ev := range b.sc.AfterReset {
+		if ev.GPU != i {
+			continue
+		}
+		ev.At += at
+		pos, _ := slices.BinarySearchFunc(events, ev.At, func(e Event, t time.Duration) int {
+			if e.At <= t {
+				return -1
+			}
+			return 1
+		})
+		events = slices.Insert(events, pos, ev)
+	}
+	return events
 }
 
 func (b *Backend) apply(ev Event, now time.Time, sink Sink) {

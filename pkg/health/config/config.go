@@ -46,6 +46,8 @@ type HealthConfig struct {
 	Agent AgentConfig `yaml:"agent,omitempty" json:"agent,omitempty"`
 	// KernelLog configures the kernel log as a second source of signals (agent, device plugin).
 	KernelLog KernelLogConfig `yaml:"kernelLog,omitempty" json:"kernelLog,omitempty"`
+	// Remediation resets sick GPUs automatically (off by default); see RemediationConfig.
+	Remediation RemediationConfig `yaml:"remediation,omitempty" json:"remediation,omitempty"`
 }
 
 // AgentSection returns the agent section with defaults filled in.
@@ -297,6 +299,7 @@ func (c *HealthConfig) Validate() error {
 	}
 	c.Agent.validate(bad)
 	c.KernelLog.validate(bad)
+	c.Remediation.validate(c.Agent.NoExecute, bad)
 	if len(errs) == 0 {
 		return nil
 	}

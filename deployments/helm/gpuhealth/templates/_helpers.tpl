@@ -73,7 +73,7 @@ app.kubernetes.io/component: {{ .component }}
   valueFrom:
     fieldRef:
       fieldPath: spec.nodeName
-# The circuit breaker's ConfigMap lives in the release namespace.
+# The circuit breaker's ConfigMap and the remediation slots live in the release namespace.
 - name: POD_NAMESPACE
   valueFrom:
     fieldRef:

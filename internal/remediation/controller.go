@@ -1,0 +1,232 @@
+package remediation
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"reflect"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Slots is the cluster-wide budget (Budget).
+type Slots interface {
+	TakeSlot(ctx context.Context, uuid string) (bool, error)
+	ReleaseSlot(ctx context.Context, uuid string) error
+}
+
+// Observer receives what remediation does, for metrics (metrics.Remediation).
+type Observer interface {
+	Event(kind string, d time.Duration)
+	Phases(counts map[string]int)
+}
+
+// Options configure a Controller. Every field but StatePath, Observer and Changed is required.
+type Options struct {
+	NodeName string
+	Config   Config
+	// Poll is how often a waiting GPU's holders and slot are asked again, and the clock checked
+	// (the agent passes its sampling interval).
+	Poll     time.Duration
+	Clock    clock.WithTicker
+	Holders  HolderFinder
+	Slots    Slots
+	Resetter gpuapi.Resetter
+	// StatePath is the state file (empty: the state lives in memory only); BootID is this boot's.
+	StatePath string
+	BootID    string
+	Recorder  record.EventRecorder
+	NodeRef   *corev1.ObjectReference
+	Observer  Observer
+	// Changed is called (from Run's goroutine) when the repair states changed, so the reporters
+	// get the snapshot decorated anew.
+	Changed func()
+}
+
+// Controller runs the Machine for the agent: it feeds it the latest snapshot and the backend's
+// reset signals, runs resets in goroutines it owns, records Events and metrics, and keeps the
+// state file.
+type Controller struct {
+	opts    Options
+	machine *Machine
+
+	mu       sync.Mutex
+	snap     health.Snapshot
+	haveSnap bool
+	runCtx   context.Context
+
+	wake   chan struct{}
+	resets sync.WaitGroup
+	last   map[string]State
+}
+
+// New returns a Controller, restored from the state file when it belongs to this boot.
+func New(ctx context.Context, opts Options) (*Controller, error) {
+	if opts.NodeName == "" || opts.Clock == nil || opts.Holders == nil || opts.Slots == nil || opts.Resetter == nil ||
+		opts.Recorder == nil || opts.NodeRef == nil || opts.Poll <= 0 {
+		return nil, errors.New("remediation: node name, clock, holders, slots, resetter, recorder, node reference and poll period are required")
+	}
+	c := &Controller{opts: opts, wake: make(chan struct{}, 1)}
+	c.machine = NewMachine(opts.Config, opts.Clock, c)
+	if opts.StatePath != "" {
+		states, err := LoadState(opts.StatePath, opts.BootID)
+		switch {
+		case err != nil:
+			klog.FromContext(ctx).Error(err, "Ignoring the remediation state file; repairs start afresh", "path", opts.StatePath)
+		case len(states) > 0:
+			klog.FromContext(ctx).Info("Resuming remediation", "gpus", len(states), "path", opts.StatePath)
+		}
+		c.machine.Restore(states)
+	}
+	c.last = c.machine.States()
+	return c, nil
+}
+
+// Update hands the controller the latest snapshot (undecorated).
+func (c *Controller) Update(snap health.Snapshot) {
+	c.mu.Lock()
+	c.snap, c.haveSnap = snap, true
+	c.mu.Unlock()
+	c.nudge()
+}
+
+// ResetObserved records a reset the backend reported (health.SignalReset).
+func (c *Controller) ResetObserved(uuid string, at time.Time) {
+	c.machine.ResetObserved(uuid, at)
+	c.nudge()
+}
+
+// Decorate returns snap as the reporters must see it (see Decorate).
+func (c *Controller) Decorate(snap health.Snapshot) health.Snapshot {
+	return Decorate(snap, c.machine.States())
+}
+
+// States returns the repair states, by GPU UUID.
+func (c *Controller) States() map[string]State { return c.machine.States() }
+
+// MaxAttempts is the configured limit.
+func (c *Controller) MaxAttempts() int { return c.opts.Config.MaxAttempts }
+
+func (c *Controller) nudge() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run steps the machine on every snapshot, reset result and poll tick until ctx is done; it
+// returns once the resets it started have returned.
+func (c *Controller) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithValues("component", "remediation")
+	ctx = klog.NewContext(ctx, logger)
+	c.mu.Lock()
+	c.runCtx = ctx
+	c.mu.Unlock()
+	defer c.resets.Wait()
+	c.observePhases(c.last)
+	ticker := c.opts.Clock.NewTicker(c.opts.Poll)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.wake:
+		case <-ticker.C():
+		}
+		c.mu.Lock()
+		snap, ok := c.snap, c.haveSnap
+		c.mu.Unlock()
+		if !ok {
+			continue
+		}
+		for _, e := range c.machine.Step(ctx, snap) {
+			c.record(ctx, e)
+		}
+		states := c.machine.States()
+		if maps.EqualFunc(states, c.last, func(a, b State) bool { return reflect.DeepEqual(a, b) }) {
+			continue
+		}
+		c.last = states
+		if c.opts.StatePath != "" {
+			if err := SaveState(c.opts.StatePath, c.opts.BootID, states); err != nil {
+				logger.Error(err, "Could not save the remediation state; a restart now would start repairs afresh", "path", c.opts.StatePath)
+			}
+		}
+		c.observePhases(states)
+		if c.opts.Changed != nil {
+			c.opts.Changed()
+		}
+	}
+}
+
+func (c *Controller) observePhases(states map[string]State) {
+	if c.opts.Observer == nil {
+		return
+	}
+	counts := map[string]int{}
+	for _, p := range []Phase{PhaseWaitingForPods, PhaseWaitingForSlot, PhaseResetting, PhaseProbation, PhaseBlocked, PhaseFailed} {
+		counts[string(p)] = 0
+	}
+	for _, s := range states {
+		if s.Phase != PhaseIdle {
+			counts[string(s.Phase)]++
+		}
+	}
+	c.opts.Observer.Phases(counts)
+}
+
+func (c *Controller) record(ctx context.Context, e Event) {
+	klog.FromContext(ctx).Info("GPU remediation", "gpu", e.Device.UUID, "index", e.Device.Index, "step", e.Kind, "message", e.Message)
+	typ := corev1.EventTypeNormal
+	if e.Warning {
+		typ = corev1.EventTypeWarning
+	}
+	c.opts.Recorder.Eventf(c.opts.NodeRef, typ, e.Reason(), "GPU %d (%s): %s", e.Device.Index, e.Device.UUID, e.Message)
+	if c.opts.Observer != nil {
+		c.opts.Observer.Event(string(e.Kind), e.Duration)
+	}
+}
+
+// Holders implements Env.
+func (c *Controller) Holders(ctx context.Context, dev health.Device, migs []health.Device) ([]string, error) {
+	return c.opts.Holders.Holders(ctx, dev, migs)
+}
+
+// TakeSlot implements Env.
+func (c *Controller) TakeSlot(ctx context.Context, uuid string) (bool, error) {
+	return c.opts.Slots.TakeSlot(ctx, uuid)
+}
+
+// ReleaseSlot implements Env; a slot that cannot be released expires by itself.
+func (c *Controller) ReleaseSlot(ctx context.Context, uuid string) error {
+	err := c.opts.Slots.ReleaseSlot(ctx, uuid)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Could not release the remediation slot; it expires by itself", "gpu", uuid)
+	}
+	return err
+}
+
+// StartReset implements Env: the reset runs in a goroutine Run waits for, bounded by the reset
+// timeout, and its result wakes Run.
+func (c *Controller) StartReset(dev health.Device) {
+	c.mu.Lock()
+	ctx := c.runCtx
+	c.mu.Unlock()
+	c.resets.Add(1)
+	go func() {
+		defer c.resets.Done()
+		rctx, cancel := context.WithTimeout(ctx, c.opts.Config.ResetTimeout)
+		err := c.opts.Resetter.Reset(rctx, dev.UUID)
+		cancel()
+		c.machine.ResetFinished(dev.UUID, err)
+		c.nudge()
+	}()
+}

@@ -1,0 +1,316 @@
+// Package remediation repairs a GPU whose faults a GPU reset clears, one GPU at a time and never
+// under a running pod:
+//
+//	(fault) ─▶ WaitingForPods ─▶ WaitingForSlot ─▶ Resetting ─▶ Probation ─▶ (back in service)
+//	               ▲   │ drained          │                │           │
+//	               │   ▼                  │ failed/timeout │ fault back│
+//	               │ BlockedByDrain       ▼                ▼           ▼
+//	               └──────────── attempt failed: retry, or RemediationFailed after maxAttempts
+//
+// The Machine is the state machine of every GPU of one node. It reads time from an injected
+// clock and does its I/O through Env (who holds the GPU, the cluster-wide slots, the reset), so
+// tests drive it with fakes and a fake clock. The agent's Controller runs it (controller.go).
+package remediation
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// Phase is where a GPU is in its repair. The empty phase means no repair is under way.
+type Phase string
+
+// Phases.
+const (
+	PhaseIdle           Phase = ""
+	PhaseWaitingForPods Phase = "WaitingForPods"
+	PhaseWaitingForSlot Phase = "WaitingForSlot"
+	PhaseResetting      Phase = "Resetting"
+	PhaseProbation      Phase = "Probation"
+	PhaseBlocked        Phase = "BlockedByDrain"
+	PhaseFailed         Phase = "RemediationFailed"
+)
+
+// State is one GPU's repair, as persisted in the state file.
+type State struct {
+	Phase Phase     `json:"phase"`
+	Since time.Time `json:"since"`
+	// FaultSince is when this repair began; Fault describes the faults it repairs.
+	FaultSince time.Time `json:"faultSince,omitzero"`
+	Fault      string    `json:"fault,omitempty"`
+	// Attempts are the start times of the resets still within the window.
+	Attempts []time.Time `json:"attempts,omitempty"`
+	// Message says what the GPU waits for, or why the last attempt failed.
+	Message string `json:"message,omitempty"`
+	// Evict is set once the grace period for the pods holding the GPU has run out.
+	Evict bool `json:"evict,omitempty"`
+	// ResetDone: the reset command succeeded; ResetObserved: the backend reported the reset.
+	// Interrupted: the agent restarted while the reset was in flight.
+	ResetDone     bool `json:"resetDone,omitempty"`
+	ResetObserved bool `json:"resetObserved,omitempty"`
+	// ResetSeenAt is when the backend reported the reset: snapshots older than it predate the
+	// reset and say nothing about the GPU after it.
+	ResetSeenAt time.Time `json:"resetSeenAt,omitzero"`
+	Interrupted bool      `json:"interrupted,omitempty"`
+}
+
+// Active reports whether the state is worth keeping: a repair under way, or attempts that still
+// count.
+func (s State) Active() bool { return s.Phase != PhaseIdle || len(s.Attempts) > 0 }
+
+// HoldsSlot reports whether the GPU holds a cluster-wide remediation slot in this phase.
+func (s State) HoldsSlot() bool { return s.Phase == PhaseResetting || s.Phase == PhaseProbation }
+
+// Config is the machine's configuration (see config.RemediationConfig).
+type Config struct {
+	MaxAttempts  int
+	Probation    time.Duration
+	Window       time.Duration
+	ResetTimeout time.Duration
+	// EvictAfter is the grace period before eviction of the pods holding a GPU; zero or less
+	// never evicts.
+	EvictAfter time.Duration
+	// Recheck is how long a waiting GPU waits before its holders or a slot are asked again
+	// (zero: at every Step). Steps come with every snapshot; this bounds the API calls.
+	Recheck time.Duration
+}
+
+// Env is what the machine needs from the world.
+type Env interface {
+	// Holders names the pods that hold the GPU (or one of its MIG instances) now.
+	Holders(ctx context.Context, dev health.Device, migs []health.Device) ([]string, error)
+	// TakeSlot takes (or confirms) a cluster-wide remediation slot for the GPU.
+	TakeSlot(ctx context.Context, uuid string) (bool, error)
+	// ReleaseSlot gives the GPU's slot back.
+	ReleaseSlot(ctx context.Context, uuid string) error
+	// StartReset starts resetting the GPU and returns at once; the result comes back through
+	// Machine.ResetFinished.
+	StartReset(dev health.Device)
+}
+
+// EventKind classifies what happened, for metrics.
+type EventKind string
+
+// Event kinds.
+const (
+	KindStarted       EventKind = "Started"
+	KindWaiting       EventKind = "Waiting"
+	KindEvicting      EventKind = "Evicting"
+	KindBlocked       EventKind = "Blocked"
+	KindResetStarted  EventKind = "ResetStarted"
+	KindResetObserved EventKind = "ResetObserved"
+	KindRepaired      EventKind = "Repaired"
+	KindAttemptFailed EventKind = "AttemptFailed"
+	KindGaveUp        EventKind = "GaveUp"
+	KindCancelled     EventKind = "Cancelled"
+)
+
+// Event is one step of a repair, for a Kubernetes Event, a log line and the metrics.
+type Event struct {
+	Device  health.Device
+	Kind    EventKind
+	Warning bool
+	Message string
+	// Duration is, for KindRepaired, the time from the start of the repair to the GPU's return
+	// to service.
+	Duration time.Duration
+}
+
+// Reason is the Kubernetes Event reason.
+func (e Event) Reason() string { return "GPURemediation" + string(e.Kind) }
+
+// Machine holds the repair state of one node's GPUs. Step must be called from one goroutine;
+// the other methods may be called from any.
+type Machine struct {
+	cfg   Config
+	clock clock.PassiveClock
+	env   Env
+
+	gpus map[string]State // owned by the goroutine calling Step
+	// notBefore is when a waiting GPU is asked about again (owned by Step's goroutine).
+	notBefore map[string]time.Time
+
+	mu        sync.Mutex
+	published map[string]State
+	results   map[string]error     // reset command results not yet seen by Step
+	observed  map[string]time.Time // resets the backend reported, not yet seen by Step
+	inFlight  map[string]bool      // resets started and not returned: never two at once
+}
+
+// NewMachine returns a machine with no repair under way.
+func NewMachine(cfg Config, clk clock.PassiveClock, env Env) *Machine {
+	return &Machine{cfg: cfg, clock: clk, env: env, gpus: map[string]State{}, notBefore: map[string]time.Time{}, published: map[string]State{},
+		results: map[string]error{}, observed: map[string]time.Time{}, inFlight: map[string]bool{}}
+}
+
+// Restore starts from persisted states. A reset in flight when the agent stopped is marked
+// interrupted: the next Step resumes it (the fault is gone: probation) or rolls it back (the
+// fault is still there: the attempt failed).
+func (m *Machine) Restore(states map[string]State) {
+	for uuid, s := range states {
+		if s.Phase == PhaseResetting {
+			s.Interrupted = true
+		}
+		m.gpus[uuid] = s
+	}
+	m.publish()
+}
+
+// ResetFinished hands the result of a reset started by Env.StartReset to the machine.
+func (m *Machine) ResetFinished(uuid string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.results[uuid] = err
+	delete(m.inFlight, uuid)
+}
+
+// resetInFlight reports whether a reset of the GPU has started and not returned (one that timed
+// out is still running until its command ends).
+func (m *Machine) resetInFlight(uuid string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.inFlight[uuid]
+}
+
+func (m *Machine) startReset(dev health.Device) {
+	m.mu.Lock()
+	m.inFlight[dev.UUID] = true
+	m.mu.Unlock()
+	m.env.StartReset(dev)
+}
+
+// ResetObserved records that the backend reported a reset of the GPU at the given time (the
+// library's reset signal).
+func (m *Machine) ResetObserved(uuid string, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if prev, ok := m.observed[uuid]; !ok || at.After(prev) {
+		m.observed[uuid] = at
+	}
+}
+
+// States returns every GPU's repair state that is worth keeping, by UUID.
+func (m *Machine) States() map[string]State {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]State, len(m.published))
+	for k, v := range m.published {
+		out[k] = v
+	}
+	return out
+}
+
+func (m *Machine) publish() {
+	out := make(map[string]State, len(m.gpus))
+	for k, v := range m.gpus {
+		if v.Active() {
+			out[k] = v
+		}
+	}
+	m.mu.Lock()
+	m.published = out
+	m.mu.Unlock()
+}
+
+// Facts are what a snapshot says about one GPU.
+type Facts struct {
+	// Unhealthy: the GPU has an Unhealthy condition of its own (not a drain, not remediation's).
+	Unhealthy bool
+	// NeedsReset: the GPU is Unhealthy, and every Unhealthy condition clears on a GPU reset and
+	// recommends one (resetGPU, drainAndResetGPU, resetBus): its effective action is a reset.
+	NeedsReset bool
+	// Fault names the Unhealthy conditions.
+	Fault string
+	// Drained: an administrator drained the GPU.
+	Drained bool
+}
+
+// resetActions are the recommended actions a GPU reset carries out.
+var resetActions = []health.Action{health.ActionResetGPU, health.ActionDrainAndResetGPU, health.ActionResetBus}
+
+// FactsOf reads the facts from a whole GPU's status. Conditions the machine adds itself
+// (Decorate) do not count.
+func FactsOf(d health.DeviceStatus) Facts {
+	var f Facts
+	var faults []string
+	resettable := true
+	for _, c := range d.Conditions {
+		if c.Type == ConditionRemediation {
+			continue
+		}
+		if c.Type == health.ConditionAdmin {
+			f.Drained = true
+			continue
+		}
+		if c.Severity != health.Unhealthy {
+			continue
+		}
+		if c.ClearsOn != health.ClearsOnGPUReset || !slices.Contains(resetActions, c.RecommendedAction) {
+			resettable = false
+		}
+		faults = append(faults, c.Reason)
+	}
+	f.Unhealthy = len(faults) > 0
+	f.NeedsReset = resettable && f.Unhealthy
+	f.Fault = strings.Join(faults, ", ")
+	return f
+}
+
+// Step advances every GPU of snap by what the snapshot, the clock and Env say, and returns what
+// happened. It is the only method that calls Env.
+func (m *Machine) Step(ctx context.Context, snap health.Snapshot) []Event {
+	now := m.clock.Now()
+	m.mu.Lock()
+	results, observed := m.results, m.observed
+	m.results, m.observed = map[string]error{}, map[string]time.Time{}
+	m.mu.Unlock()
+
+	var events []Event
+	seen := map[string]bool{}
+	migs := map[string][]health.Device{}
+	for _, d := range snap.Devices {
+		if d.Device.MIG != nil {
+			migs[d.Device.MIG.ParentUUID] = append(migs[d.Device.MIG.ParentUUID], d.Device)
+		}
+	}
+	for _, d := range snap.Devices {
+		if d.Device.MIG != nil {
+			continue
+		}
+		uuid := d.Device.UUID
+		seen[uuid] = true
+		st := m.gpus[uuid]
+		in := input{facts: FactsOf(d), migs: migs[uuid], snapTime: snap.Time}
+		if err, ok := results[uuid]; ok {
+			in.result, in.finished = err, true
+		}
+		if at, ok := observed[uuid]; ok {
+			in.observedAt, in.observed = at, true
+		}
+		events = m.step(ctx, d.Device, &st, in, now, events)
+		if st.Active() {
+			m.gpus[uuid] = st
+		} else {
+			delete(m.gpus, uuid)
+		}
+	}
+	for uuid, st := range m.gpus {
+		if !seen[uuid] {
+			delete(m.notBefore, uuid)
+			// The GPU is gone from the node's inventory: nothing left to repair.
+			if st.HoldsSlot() {
+				m.release(ctx, uuid)
+			}
+			delete(m.gpus, uuid)
+		}
+	}
+	m.publish()
+	return events
+}

@@ -1,0 +1,65 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Remediation holds the remediation metrics of one agent:
+//
+//	gpuhealth_remediation_events_total{node,event}        repair steps: Started, ResetStarted (an attempt),
+//	                                                      Repaired, AttemptFailed, GaveUp, ...
+//	gpuhealth_remediation_repair_seconds{node}            from the start of a repair to the GPU's return to service
+//	gpuhealth_remediation_gpus{node,phase}                GPUs in each phase now
+type Remediation struct {
+	node   string
+	events *prometheus.CounterVec
+	repair *prometheus.HistogramVec
+	gpus   *prometheus.GaugeVec
+}
+
+// NewRemediation returns the remediation metrics of the agent on node.
+func NewRemediation(node string) *Remediation {
+	return &Remediation{
+		node: node,
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpuhealth_remediation_events_total",
+			Help: "Remediation steps by kind: ResetStarted counts attempts, Repaired successes, AttemptFailed failed attempts, GaveUp GPUs left for a node reboot.",
+		}, []string{"node", "event"}),
+		repair: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gpuhealth_remediation_repair_seconds",
+			Help:    "Time from the start of a GPU's repair (fault seen) to its return to service after probation.",
+			Buckets: prometheus.ExponentialBuckets(5, 2, 12),
+		}, []string{"node"}),
+		gpus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpuhealth_remediation_gpus", Help: "GPUs of this node in each remediation phase.",
+		}, []string{"node", "phase"}),
+	}
+}
+
+// Register registers the collectors with reg.
+func (r *Remediation) Register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{r.events, r.repair, r.gpus} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Event counts one repair step; d is the repair time of a Repaired step.
+func (r *Remediation) Event(kind string, d time.Duration) {
+	r.events.WithLabelValues(r.node, kind).Inc()
+	if kind == "Repaired" {
+		r.repair.WithLabelValues(r.node).Observe(d.Seconds())
+	}
+}
+
+// Phases sets how many GPUs are in each of phases (every phase named, zeros included, so a
+// phase left empty drops to 0).
+func (r *Remediation) Phases(counts map[string]int) {
+	for phase, n := range counts {
+		r.gpus.WithLabelValues(r.node, phase).Set(float64(n))
+	}
+}
