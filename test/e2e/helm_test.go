@@ -129,6 +129,9 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		{"own node: GPUUnhealthy condition", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, conditionPatch(string(nodecondition.Type), "True"), "status")
 		}, ""},
+		{"own node: the circuit breaker's condition (the breaker is on)", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, conditionPatch(gpuhealthv1.ConditionCircuitBreakerOpen, "True"), "status")
+		}, ""},
 		{"own node: Ready condition", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, conditionPatch("Ready", "False"), "status")
 		}, "GPUUnhealthy"},
