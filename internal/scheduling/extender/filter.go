@@ -43,25 +43,20 @@ func (s *Server) filter(logger klog.Logger, v view, args *extenderv1.ExtenderArg
 	switch {
 	case args.NodeNames != nil:
 		names := make([]string, 0, len(*args.NodeNames))
-		var scratch []scheduling.GPU
+		var j judging
 		for _, name := range *args.NodeNames {
-			node, _ := v.node(name, nil)
-			if node == nil {
-				failed[name] = "node is not in the gpuhealth extender's cache yet"
-				if s.requeue != nil {
-					retryOn = append(retryOn, name)
-				}
+			node, used := v.cached(name)
+			fits, reason, retry := s.judge(&j, req, node, used)
+			switch {
+			case fits:
+				names = append(names, name)
 				continue
+			case retry && node != nil:
+				retryOn = append(retryOn, node.Name) // the cache's string, shared by all pods
+			case retry:
+				retryOn = append(retryOn, name)
 			}
-			used := v.usage(name)
-			if fits, reason := scheduling.Filter(req, node, used); !fits {
-				failed[name] = reason
-				if s.requeue != nil && healthBlocks(req, node, used, &scratch) {
-					retryOn = append(retryOn, node.Name) // the cache's string, shared by all pods
-				}
-				continue
-			}
-			names = append(names, name)
+			failed[name] = reason
 		}
 		result.NodeNames = &names
 	case args.Nodes != nil:
@@ -83,6 +78,77 @@ func (s *Server) filter(logger klog.Logger, v view, args *extenderv1.ExtenderArg
 		return &extenderv1.ExtenderFilterResult{Error: "request has neither Nodes nor NodeNames"}, nil
 	}
 	return result, retryOn
+}
+
+// filterNamed is Filter for a request that names the nodes (nodeCacheCapable: true), as
+// parseNamesArgs read it, with a pod. It returns the reply, the ExtenderFilterResult as JSON,
+// built in b: the same reply as Filter's through encoding/json, except that FailedNodes lists the
+// nodes in the request's order (encoding/json sorts a map's keys; a JSON object has no order).
+func (s *Server) filterNamed(ctx context.Context, pod *corev1.Pod, names [][]byte, b *filterBuffers) []byte {
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod))
+	req := scheduling.PodRequest(pod)
+	const head = `{"Nodes":null,"NodeNames":[`
+	fit, failed := append(b.fit[:0], head...), b.failed[:0]
+	var retryOn []string
+	nfailed := 0
+	j := &b.judging
+	s.state.read(func(v view) {
+		for _, name := range names {
+			node, used := v.cachedBytes(name)
+			fits, reason, retry := s.judge(j, req, node, used)
+			switch {
+			case fits:
+				if len(fit) > len(head) {
+					fit = append(fit, ',')
+				}
+				fit = appendJSONString(fit, name)
+				continue
+			case retry && node != nil:
+				retryOn = append(retryOn, node.Name) // the cache's string, shared by all pods
+			case retry:
+				retryOn = append(retryOn, string(name))
+			}
+			if nfailed > 0 {
+				failed = append(failed, ',')
+			}
+			nfailed++
+			failed = appendJSONString(failed, name)
+			failed = append(failed, ':')
+			failed = append(failed, b.quoted(reason)...)
+		}
+	})
+	if s.requeue != nil && pod.UID != "" && pod.Spec.NodeName == "" {
+		s.requeue.remember(pod.UID, pod.Namespace, pod.Name, retryOn)
+	}
+	logger.V(4).Info("Filtered", "request", req, "failed", nfailed)
+	out := append(fit, `],"FailedNodes":{`...)
+	out = append(out, failed...)
+	out = append(out, "},\"FailedAndUnresolvableNodes\":null,\"Error\":\"\"}\n"...)
+	b.fit, b.failed = out, failed
+	return out
+}
+
+// notCached is the reason given for a node the extender has not seen (yet).
+const notCached = "node is not in the gpuhealth extender's cache yet"
+
+// judge is the verdict on one node named in a request, from the cache (node is nil when the cache
+// does not have it): whether the pod fits, and if not why, and whether the pod is to be retried
+// when the node gets better (Options.Requeue, and GPU health or the cache's lag is to blame).
+// j is shared by the calls of one request.
+func (s *Server) judge(j *judging, req scheduling.Request, node *scheduling.NodeGPUs, used scheduling.Usage) (fits bool, reason string, retry bool) {
+	if node == nil {
+		return false, notCached, s.requeue != nil
+	}
+	if fits, reason = scheduling.FilterWith(&j.reasons, req, node, used); fits {
+		return true, "", false
+	}
+	return false, reason, s.requeue != nil && healthBlocks(req, node, used, &j.scratch)
+}
+
+// judging is what the judge calls of one request share.
+type judging struct {
+	reasons scheduling.Reasons
+	scratch []scheduling.GPU
 }
 
 // Prioritize scores each candidate node 0..10 (extenderv1.MaxExtenderPriority).

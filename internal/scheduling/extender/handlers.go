@@ -1,10 +1,12 @@
 package extender
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
@@ -52,14 +54,74 @@ type errorReply struct {
 	Error string
 }
 
+// filterBuffers are the buffers of one /filter call, kept in Server.buffers for the next.
+type filterBuffers struct {
+	body, fit, failed []byte
+	names             [][]byte
+	judging           judging
+	// quotedReasons holds the reasons as JSON strings: thousands of nodes share a few. Like
+	// judging.reasons it is kept between calls, up to maxQuotedReasons.
+	quotedReasons map[string][]byte
+}
+
+const maxQuotedReasons = 1024
+
+// quoted returns reason as a JSON string.
+func (b *filterBuffers) quoted(reason string) []byte {
+	if q, ok := b.quotedReasons[reason]; ok {
+		return q
+	}
+	if b.quotedReasons == nil || len(b.quotedReasons) >= maxQuotedReasons {
+		b.quotedReasons = map[string][]byte{}
+	}
+	q := appendJSONString(nil, reason)
+	b.quotedReasons[reason] = q
+	return q
+}
+
+// maxPooledBytes bounds the buffers kept between calls: a request with Node objects in it may be
+// a hundred MiB, and that is not worth keeping.
+const maxPooledBytes = 8 << 20
+
 func (s *Server) serveFilter(w http.ResponseWriter, r *http.Request) {
-	var args extenderv1.ExtenderArgs
-	if err := s.decode(w, r, &args); err != nil {
+	b, _ := s.buffers.Get().(*filterBuffers)
+	if b == nil {
+		b = &filterBuffers{}
+	}
+	defer func() {
+		clear(b.names)
+		if cap(b.body) <= maxPooledBytes && cap(b.fit) <= maxPooledBytes && cap(b.failed) <= maxPooledBytes {
+			s.buffers.Put(b)
+		}
+	}()
+	body, err := readBody(b.body, http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes), min(r.ContentLength, s.opts.MaxRequestBytes))
+	b.body = body
+	if err != nil {
 		s.reply(w, http.StatusBadRequest, extenderv1.ExtenderFilterResult{Error: err.Error()})
 		return
 	}
-	result := s.Filter(r.Context(), &args)
-	s.reply(w, http.StatusOK, result)
+	pod, names, hasNames, ok := parseNamesArgs(body, b.names[:0])
+	b.names = names
+	switch {
+	case ok && pod != nil && hasNames:
+		out := s.filterNamed(r.Context(), pod, names, b)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+		w.WriteHeader(http.StatusOK)
+		if _, err := w.Write(out); err != nil {
+			s.logger.V(2).Info("Writing a reply failed", "err", err)
+		}
+	case ok:
+		// No pod or no names: Filter says what is missing.
+		s.reply(w, http.StatusOK, s.Filter(r.Context(), &extenderv1.ExtenderArgs{Pod: pod}))
+	default:
+		var args extenderv1.ExtenderArgs
+		if err := json.NewDecoder(bytes.NewReader(body)).Decode(&args); err != nil {
+			s.reply(w, http.StatusBadRequest, extenderv1.ExtenderFilterResult{Error: fmt.Sprintf("decode request: %v", err)})
+			return
+		}
+		s.reply(w, http.StatusOK, s.Filter(r.Context(), &args))
+	}
 }
 
 func (s *Server) servePrioritize(w http.ResponseWriter, r *http.Request) {
