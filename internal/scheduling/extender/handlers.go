@@ -94,7 +94,9 @@ func (s *Server) serveFilter(w http.ResponseWriter, r *http.Request) {
 			s.buffers.Put(b)
 		}
 	}()
-	body, err := readBody(b.body, http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes), min(r.ContentLength, s.opts.MaxRequestBytes))
+	// The Content-Length only sizes the first allocation, up to maxPooledBytes: a client that
+	// announces 100 MiB and sends nothing gets no 100 MiB buffer.
+	body, err := readBody(b.body, http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes), min(r.ContentLength, maxPooledBytes))
 	b.body = body
 	if err != nil {
 		s.reply(w, http.StatusBadRequest, extenderv1.ExtenderFilterResult{Error: err.Error()})

@@ -17,7 +17,7 @@ import (
 // body to encoding/json, so that what the extender accepts and answers does not change.
 
 // readBody reads r (the request body, already bounded by http.MaxBytesReader) into buf, which it
-// grows as needed, and returns the filled buffer.
+// grows as needed (at first to sizeHint bytes, when that is more), and returns the filled buffer.
 func readBody(buf []byte, r io.Reader, sizeHint int64) ([]byte, error) {
 	buf = buf[:0]
 	if sizeHint > 0 && int64(cap(buf)) < sizeHint+1 {

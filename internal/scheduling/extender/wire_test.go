@@ -3,11 +3,15 @@ package extender
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
+	"testing/iotest"
 
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -188,4 +192,38 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+func TestReadBody(t *testing.T) {
+	body := strings.Repeat("x", 5000)
+	tests := []struct {
+		name    string
+		r       io.Reader
+		hint    int64
+		limit   int64
+		want    string
+		wantErr string
+	}{
+		{"in one byte reads", iotest.OneByteReader(strings.NewReader(body)), -1, 1 << 20, body, ""},
+		{"a hint that is right", strings.NewReader(body), int64(len(body)), 1 << 20, body, ""},
+		{"a hint that is too large", strings.NewReader("ab"), 1 << 20, 1 << 20, "ab", ""},
+		{"a hint that is too small", strings.NewReader(body), 10, 1 << 20, body, ""},
+		{"too large", strings.NewReader(body), -1, 100, "", "request body is larger than 100 bytes"},
+		{"a failing reader", iotest.ErrReader(errors.New("reset")), -1, 1 << 20, "", "read request: reset"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := http.MaxBytesReader(httptest.NewRecorder(), io.NopCloser(tc.r), tc.limit)
+			got, err := readBody(make([]byte, 3, 8), r, tc.hint)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || string(got) != tc.want {
+				t.Fatalf("readBody = %d bytes, %v; want %d bytes", len(got), err, len(tc.want))
+			}
+		})
+	}
 }
