@@ -214,11 +214,12 @@ func renderDocument(l *lookup, res results, table string) string {
   (RssAnon and RssFile: anonymous memory and the binary's mapped pages; VmHWM as the peak) from
   ` + "`/proc/PID/status`" + ` at its end, and the Go heap in use from the agent's own ` + "`go_memstats_heap_inuse_bytes`" + `. *Idle* is 8 GPUs and no events; the *storm* sends
   XID 13 (counted, the GPU stays Healthy) to all 8 GPUs in bursts every 100 ms. The goals (idle RSS ≤ 30 MiB,
-  anonymous ≤ 10 MiB) are issue 18's; the ratio is the median over the goal. File-backed pages are the binary's:
-  on this kernel a binary whose pages are in the page cache (as right after ` + "`make build`" + `) is mapped nearly
-  whole (RssFile ≈ its text and read-only data), so RssFile follows the binary's size, not the code the agent
-  runs. What is left of it is client-go: its scheme registers every Kubernetes API group, and a program with
-  nothing but one typed client maps 25 MiB.
+  anonymous ≤ 10 MiB) are issue 18's; the ratio is the median over the goal. File-backed pages are the binary's.
+  Before each run the binary is dropped from the page cache (fsync, then POSIX_FADV_DONTNEED), so RssFile
+  is what the agent faulted in itself, with the kernel's readahead; a binary whose pages are all cached (as
+  right after ` + "`make build`" + `) is mapped nearly whole on this kernel, and RssFile is then about the size of
+  its text and read-only data (33 MiB for gpuhealth-agent). Most of that is client-go: its scheme registers
+  every Kubernetes API group, and a program with nothing but one typed client is 25 MiB of them.
 - **signal → object**: ` + "`TestBenchSignalToObject`" + ` (test/e2e, ` + "`make bench-e2e`" + `): an in-process agent with the
   CLI's client rate limits; each fault and recovery is timed from the signal until the object is seen through a
   watch. The p50 and p99 quoted are the medians of the runs' p50s and p99s. Writes per change count the

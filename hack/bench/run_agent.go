@@ -150,6 +150,9 @@ func measureAgentRun(ctx context.Context, o options, dir, node, scenario, kubeco
 		return m, err
 	}
 	defer logFile.Close()
+	if err := evictFromPageCache(o.agent); err != nil {
+		return m, err
+	}
 	cmd := exec.CommandContext(ctx, o.agent, "agent", "--backend", "sim", "--scenario", scenario, "--node-name", node,
 		"--kubeconfig", kubeconfig, "--checkpoint", filepath.Join(dir, node+".checkpoint"), "--metrics-address", addr)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -232,6 +235,26 @@ func measureAgentRun(ctx context.Context, o options, dir, node, scenario, kubeco
 		*into = float64(v)
 	}
 	return m, nil
+}
+
+// evictFromPageCache drops the file's pages from the page cache, so that every run starts from the
+// same state: the agent's RssFile is then the pages it faulted in itself (with the kernel's
+// readahead). A binary whose pages are all cached, as right after it was written, is mapped
+// nearly whole instead: how much of it is cached would decide the figure.
+func evictFromPageCache(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil { // dirty pages are not dropped
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	const fadvDontNeed = 4 // POSIX_FADV_DONTNEED
+	if _, _, errno := syscall.Syscall6(syscall.SYS_FADVISE64, f.Fd(), 0, 0, fadvDontNeed, 0, 0); errno != 0 {
+		return fmt.Errorf("fadvise %s: %w", path, errno)
+	}
+	return nil
 }
 
 // xidTotal sums the agent's gpuhealth_xid_total: the XIDs it has evaluated.
