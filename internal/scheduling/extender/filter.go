@@ -134,7 +134,7 @@ const notCached = "node is not in the gpuhealth extender's cache yet"
 // judge is the verdict on one node named in a request, from the cache (node is nil when the cache
 // does not have it): whether the pod fits, and if not why, and whether the pod is to be retried
 // when the node gets better (Options.Requeue, and GPU health or the cache's lag is to blame).
-// j is shared by the calls of one request.
+// The calls of one request share j.
 func (s *Server) judge(j *judging, req scheduling.Request, node *scheduling.NodeGPUs, used scheduling.Usage) (fits bool, reason string, retry bool) {
 	if node == nil {
 		return false, notCached, s.requeue != nil
@@ -145,7 +145,8 @@ func (s *Server) judge(j *judging, req scheduling.Request, node *scheduling.Node
 	return false, reason, s.requeue != nil && healthBlocks(req, node, used, &j.scratch)
 }
 
-// judging is what the judge calls of one request share.
+// judging is what judge calls share: the reasons already built, and scratch space. A request's
+// calls share one; a pooled one (filterBuffers) serves one request after another.
 type judging struct {
 	reasons scheduling.Reasons
 	scratch []scheduling.GPU
