@@ -193,6 +193,11 @@ func (r *Reasons) get(key reasonKey, build func(reasonKey) string) string {
 	return s
 }
 
+// ScoreWith is Score with the reasons of the nodes that do not fit taken from r.
+func ScoreWith(r *Reasons, req Request, node *NodeGPUs, used Usage) int64 {
+	return place(req, node, used, r).Score
+}
+
 // FilterWith is Filter with the reasons taken from r.
 func FilterWith(r *Reasons, req Request, node *NodeGPUs, used Usage) (fits bool, reason string) {
 	p := place(req, node, used, r)

@@ -190,6 +190,9 @@ func TestPlaceWholeGPUs(t *testing.T) {
 				if fits, reason := FilterWith(reasons, Request{GPUs: tc.want}, &n, Usage{GPUs: tc.used}); fits != p.Fits || reason != p.Reason {
 					t.Errorf("FilterWith = %v, %q; Place says %v, %q", fits, reason, p.Fits, p.Reason)
 				}
+				if score := ScoreWith(reasons, Request{GPUs: tc.want}, &n, Usage{GPUs: tc.used}); score != p.Score {
+					t.Errorf("ScoreWith = %d, Place says %d", score, p.Score)
+				}
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package extender
 import (
 	"context"
 	"errors"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -125,6 +126,34 @@ func (s *Server) filterNamed(ctx context.Context, pod *corev1.Pod, names [][]byt
 	out = append(out, failed...)
 	out = append(out, "},\"FailedAndUnresolvableNodes\":null,\"Error\":\"\"}\n"...)
 	b.fit, b.failed = out, failed
+	return out
+}
+
+// prioritizeNamed is Prioritize for a request that names the nodes, as parseNamesArgs read it,
+// with a pod. It returns the reply, the HostPriorityList as JSON, built in b: the same reply as
+// Prioritize's through encoding/json.
+func (s *Server) prioritizeNamed(ctx context.Context, pod *corev1.Pod, names [][]byte, b *filterBuffers) []byte {
+	req := scheduling.PodRequest(pod)
+	out := append(b.fit[:0], '[')
+	s.state.read(func(v view) {
+		for i, name := range names {
+			var score int64
+			if node, used := v.cachedBytes(name); node != nil {
+				score = scheduling.ScoreWith(&b.judging.reasons, req, node, used)
+			}
+			if i > 0 {
+				out = append(out, ',')
+			}
+			out = append(out, `{"Host":`...)
+			out = appendJSONString(out, name)
+			out = append(out, `,"Score":`...)
+			out = strconv.AppendInt(out, score, 10)
+			out = append(out, '}')
+		}
+	})
+	out = append(out, "]\n"...)
+	b.fit = out
+	klog.FromContext(ctx).V(4).Info("Prioritized", "pod", klog.KObj(pod), "request", req, "nodes", len(names))
 	return out
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 
+	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
@@ -83,56 +84,98 @@ func (b *filterBuffers) quoted(reason string) []byte {
 // a hundred MiB, and that is not worth keeping.
 const maxPooledBytes = 8 << 20
 
-func (s *Server) serveFilter(w http.ResponseWriter, r *http.Request) {
-	b, _ := s.buffers.Get().(*filterBuffers)
-	if b == nil {
-		b = &filterBuffers{}
+// getBuffers takes a filterBuffers from the pool; putBuffers gives it back.
+func (s *Server) getBuffers() *filterBuffers {
+	if b, _ := s.buffers.Get().(*filterBuffers); b != nil {
+		return b
 	}
-	defer func() {
-		clear(b.names)
-		if cap(b.body) <= maxPooledBytes && cap(b.fit) <= maxPooledBytes && cap(b.failed) <= maxPooledBytes {
-			s.buffers.Put(b)
-		}
-	}()
+	return &filterBuffers{}
+}
+
+func (s *Server) putBuffers(b *filterBuffers) {
+	clear(b.names)
+	if cap(b.body) <= maxPooledBytes && cap(b.fit) <= maxPooledBytes && cap(b.failed) <= maxPooledBytes {
+		s.buffers.Put(b)
+	}
+}
+
+// readArgs reads the body of a /filter or /prioritize call into b.body and, when it has the
+// shape parseNamesArgs reads, the pod and the node names (ok). Otherwise the caller decodes
+// b.body with encoding/json.
+func (s *Server) readArgs(w http.ResponseWriter, r *http.Request, b *filterBuffers) (pod *corev1.Pod, hasNames, ok bool, err error) {
 	// The Content-Length only sizes the first allocation, up to maxPooledBytes: a client that
 	// announces 100 MiB and sends nothing gets no 100 MiB buffer.
-	body, err := readBody(b.body, http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes), min(r.ContentLength, maxPooledBytes))
-	b.body = body
+	b.body, err = readBody(b.body, http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes), min(r.ContentLength, maxPooledBytes))
+	if err != nil {
+		return nil, false, false, err
+	}
+	pod, b.names, hasNames, ok = parseNamesArgs(b.body, b.names[:0])
+	return pod, hasNames, ok, nil
+}
+
+// decodeArgs decodes a body readArgs could not, as encoding/json does.
+func decodeArgs(body []byte) (*extenderv1.ExtenderArgs, error) {
+	var args extenderv1.ExtenderArgs
+	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&args); err != nil {
+		return nil, fmt.Errorf("decode request: %w", err)
+	}
+	return &args, nil
+}
+
+// replyJSON writes a reply already encoded.
+func (s *Server) replyJSON(w http.ResponseWriter, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	if _, err := w.Write(body); err != nil {
+		s.logger.V(2).Info("Writing a reply failed", "err", err)
+	}
+}
+
+func (s *Server) serveFilter(w http.ResponseWriter, r *http.Request) {
+	b := s.getBuffers()
+	defer s.putBuffers(b)
+	pod, hasNames, ok, err := s.readArgs(w, r, b)
 	if err != nil {
 		s.reply(w, http.StatusBadRequest, extenderv1.ExtenderFilterResult{Error: err.Error()})
 		return
 	}
-	pod, names, hasNames, ok := parseNamesArgs(body, b.names[:0])
-	b.names = names
 	switch {
 	case ok && pod != nil && hasNames:
-		out := s.filterNamed(r.Context(), pod, names, b)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
-		w.WriteHeader(http.StatusOK)
-		if _, err := w.Write(out); err != nil {
-			s.logger.V(2).Info("Writing a reply failed", "err", err)
-		}
+		s.replyJSON(w, s.filterNamed(r.Context(), pod, b.names, b))
 	case ok:
 		// No pod or no names: Filter says what is missing.
 		s.reply(w, http.StatusOK, s.Filter(r.Context(), &extenderv1.ExtenderArgs{Pod: pod}))
 	default:
-		var args extenderv1.ExtenderArgs
-		if err := json.NewDecoder(bytes.NewReader(body)).Decode(&args); err != nil {
-			s.reply(w, http.StatusBadRequest, extenderv1.ExtenderFilterResult{Error: fmt.Sprintf("decode request: %v", err)})
+		args, err := decodeArgs(b.body)
+		if err != nil {
+			s.reply(w, http.StatusBadRequest, extenderv1.ExtenderFilterResult{Error: err.Error()})
 			return
 		}
-		s.reply(w, http.StatusOK, s.Filter(r.Context(), &args))
+		s.reply(w, http.StatusOK, s.Filter(r.Context(), args))
 	}
 }
 
 func (s *Server) servePrioritize(w http.ResponseWriter, r *http.Request) {
-	var args extenderv1.ExtenderArgs
-	if err := s.decode(w, r, &args); err != nil {
+	b := s.getBuffers()
+	defer s.putBuffers(b)
+	pod, hasNames, ok, err := s.readArgs(w, r, b)
+	if err != nil {
 		s.reply(w, http.StatusBadRequest, errorReply{Error: err.Error()})
 		return
 	}
-	list, err := s.Prioritize(r.Context(), &args)
+	if ok && pod != nil && hasNames {
+		s.replyJSON(w, s.prioritizeNamed(r.Context(), pod, b.names, b))
+		return
+	}
+	args := &extenderv1.ExtenderArgs{Pod: pod}
+	if !ok {
+		if args, err = decodeArgs(b.body); err != nil {
+			s.reply(w, http.StatusBadRequest, errorReply{Error: err.Error()})
+			return
+		}
+	}
+	list, err := s.Prioritize(r.Context(), args)
 	if err != nil {
 		s.reply(w, http.StatusBadRequest, errorReply{Error: err.Error()})
 		return

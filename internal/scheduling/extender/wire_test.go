@@ -113,9 +113,10 @@ func TestAppendJSONStringIsEncodingJSON(t *testing.T) {
 	}
 }
 
-// TestFilterRepliesMatchFilter sends /filter bodies that take the hand-written path and bodies
-// that take encoding/json's, twice each (the second call reuses the first one's buffers), and
-// checks each reply against Filter's own result for the same arguments.
+// TestFilterRepliesMatchFilter sends /filter and /prioritize bodies that take the hand-written
+// path and bodies that take encoding/json's, twice each (the second call reuses the first one's
+// buffers), and checks each reply against Filter's or Prioritize's own result for the same
+// arguments.
 func TestFilterRepliesMatchFilter(t *testing.T) {
 	s, _ := started(t, Options{}, cluster(t)...)
 	h := s.Handler()
@@ -146,6 +147,7 @@ func TestFilterRepliesMatchFilter(t *testing.T) {
 			if err := json.Unmarshal([]byte(mustJSON(t, s.Filter(t.Context(), &args))), &want); err != nil {
 				t.Fatal(err)
 			}
+			wantScores, prioErr := s.Prioritize(t.Context(), &args)
 			for range 2 {
 				rec := httptest.NewRecorder()
 				h.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/filter", bytes.NewReader([]byte(tc.body))))
@@ -154,6 +156,23 @@ func TestFilterRepliesMatchFilter(t *testing.T) {
 				decodeInto(t, rec, &got)
 				if rec.Code != http.StatusOK || !reflect.DeepEqual(got, want) {
 					t.Fatalf("reply %d %+v\nFilter says %+v", rec.Code, got, want)
+				}
+
+				rec = httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/prioritize", bytes.NewReader([]byte(tc.body))))
+				checkReply(t, "/prioritize", rec)
+				if prioErr != nil {
+					var e errorReply
+					decodeInto(t, rec, &e)
+					if rec.Code != http.StatusBadRequest || e.Error != prioErr.Error() {
+						t.Fatalf("/prioritize reply %d %q, Prioritize says %v", rec.Code, e.Error, prioErr)
+					}
+					continue
+				}
+				var scores extenderv1.HostPriorityList
+				decodeInto(t, rec, &scores)
+				if rec.Code != http.StatusOK || !slices.Equal(scores, wantScores) {
+					t.Fatalf("/prioritize reply %d %+v\nPrioritize says %+v", rec.Code, scores, wantScores)
 				}
 			}
 		})
