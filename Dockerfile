@@ -1,5 +1,6 @@
-# The gpuhealth image: one binary (agent, device plugin, extender, breaker controller, CLI) on a
-# minimal glibc runtime: the binary plus exactly the glibc files it links, nothing else.
+# The gpuhealth image: /gpuhealth (agent, device plugin, extender, breaker controller, CLI) and
+# /gpuhealth-agent (the agent alone, smaller in memory, which the chart's DaemonSet runs) on a
+# minimal glibc runtime: the binaries plus exactly the glibc files they link, nothing else.
 #
 # Anywhere with docker or podman and network:
 #   docker build -t gpuhealth/gpuhealth:0.1.0 --build-arg VERSION=0.1.0 .

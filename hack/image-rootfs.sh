@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Stages the image's root filesystem for one architecture: the gpuhealth binary (cgo, stripped,
-# trimmed) plus exactly the glibc files it needs (the ELF's interpreter and its NEEDED libraries,
-# read with readelf), nothing else. Used by the Dockerfile's source stage and, offline, by
-# hack/image.sh.
+# Stages the image's root filesystem for one architecture: the gpuhealth and gpuhealth-agent
+# binaries (cgo, stripped, trimmed) plus exactly the glibc files they need (the ELF interpreter and
+# their NEEDED libraries, read with readelf), nothing else. Used by the Dockerfile's source stage
+# and, offline, by hack/image.sh.
 #
 #   hack/image-rootfs.sh ARCH DIR [VERSION]     ARCH: amd64 or arm64
 #
@@ -34,14 +34,19 @@ esac
 
 rm -rf "$dir"
 mkdir -p "$dir"
-CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$cc go build -trimpath \
+# gpuhealth-agent is the agent alone, which the DaemonSet runs (cmd/gpuhealth-agent); grpcnotrace:
+# see the Makefile's build.
+CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$cc go build -trimpath -tags grpcnotrace \
 	-ldflags "-s -w -X github.com/gpuhealth/gpuhealth/internal/cli.version=$version" \
 	-o "$dir/gpuhealth" ./cmd/gpuhealth
+CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$cc go build -trimpath -tags grpcnotrace \
+	-ldflags "-s -w -X main.version=$version" \
+	-o "$dir/gpuhealth-agent" ./cmd/gpuhealth-agent
 
 # The files the dynamic loader will look for: the interpreter at its absolute path, and each
 # NEEDED library in the directory the loader searches first on Debian for that architecture.
 interp=$(readelf -l "$dir/gpuhealth" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
-mapfile -t needed < <(readelf -d "$dir/gpuhealth" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p')
+mapfile -t needed < <(readelf -d "$dir/gpuhealth" "$dir/gpuhealth-agent" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | sort -u)
 [[ -n $interp ]] || {
 	echo "image-rootfs.sh: $dir/gpuhealth has no interpreter" >&2
 	exit 1
@@ -66,4 +71,4 @@ mkdir -p "$dir/lib/$triplet"
 for lib in "${needed[@]}"; do
 	cp -L "$(find_lib "$lib")" "$dir/lib/$triplet/$lib"
 done
-echo "image-rootfs.sh: $dir: gpuhealth ($arch) + $(basename "$interp") ${needed[*]}" >&2
+echo "image-rootfs.sh: $dir: gpuhealth, gpuhealth-agent ($arch) + $(basename "$interp") ${needed[*]}" >&2

@@ -28,19 +28,22 @@ for arch in "${archs[@]}"; do
 	say "staging $rootfs"
 	hack/image-rootfs.sh "$arch" "$rootfs" "$version"
 	# Natively in a chroot; a foreign architecture under qemu-user with the rootfs's own loader.
-	smoke=(chroot "$rootfs" /gpuhealth version)
-	if [[ $(go env GOARCH) != "$arch" ]]; then
-		qemu=$([[ $arch == arm64 ]] && echo qemu-aarch64 || echo qemu-x86_64)
-		smoke=("$qemu" -L "$rootfs" "$rootfs/gpuhealth" version)
-	fi
-	if ! command -v "${smoke[0]}" >/dev/null 2>&1; then
-		say "cannot smoke-test $arch here (${smoke[0]} missing)"
-	elif ! got=$("${smoke[@]}" 2>&1); then
-		say "the $arch root filesystem does not run: $got"
-		exit 1
-	else
-		say "$arch smoke test: $got"
-	fi
+	for run in "gpuhealth version" "gpuhealth-agent --version"; do
+		read -r bin arg <<<"$run"
+		smoke=(chroot "$rootfs" "/$bin" "$arg")
+		if [[ $(go env GOARCH) != "$arch" ]]; then
+			qemu=$([[ $arch == arm64 ]] && echo qemu-aarch64 || echo qemu-x86_64)
+			smoke=("$qemu" -L "$rootfs" "$rootfs/$bin" "$arg")
+		fi
+		if ! command -v "${smoke[0]}" >/dev/null 2>&1; then
+			say "cannot smoke-test $arch here (${smoke[0]} missing)"
+		elif ! got=$("${smoke[@]}" 2>&1); then
+			say "the $arch root filesystem does not run $bin: $got"
+			exit 1
+		else
+			say "$arch smoke test: $got"
+		fi
+	done
 	"${podman[@]}" build --quiet --network=none --pull=never --platform "linux/$arch" \
 		--build-arg BUILD=prebuilt --build-arg VERSION="$version" \
 		-t "$image-$arch" -f Dockerfile . >/dev/null
@@ -56,5 +59,5 @@ rm -f "$out"
 "${podman[@]}" manifest push --all --quiet "$image" "oci-archive:$out:$image" >/dev/null
 say "$out: $(du -h "$out" | cut -f1) ($image for ${archs[*]})"
 for arch in "${archs[@]}"; do
-	say "  $arch: binary $(du -h "bin/image/rootfs-$arch/gpuhealth" | cut -f1), root filesystem $(du -sh "bin/image/rootfs-$arch" | cut -f1)"
+	say "  $arch: gpuhealth $(du -h "bin/image/rootfs-$arch/gpuhealth" | cut -f1), gpuhealth-agent $(du -h "bin/image/rootfs-$arch/gpuhealth-agent" | cut -f1), root filesystem $(du -sh "bin/image/rootfs-$arch" | cut -f1)"
 done

@@ -35,6 +35,7 @@ import (
 type options struct {
 	settings
 	gpuhealth string
+	agent     string
 	out       string
 	skip      string
 	render    string
@@ -43,6 +44,7 @@ type options struct {
 func main() {
 	var o options
 	flag.StringVar(&o.gpuhealth, "gpuhealth", "bin/gpuhealth", "the gpuhealth binary (make build)")
+	flag.StringVar(&o.agent, "agent", "bin/gpuhealth-agent", "the agent binary the DaemonSet runs, whose memory the agent part measures (make build)")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "the document to write (empty: print the table only)")
 	flag.StringVar(&o.Raw, "raw", "bin/bench", "directory for the raw outputs, logs and results.json")
 	flag.StringVar(&o.render, "render", "", "render the document from this results.json of an earlier run instead of measuring")

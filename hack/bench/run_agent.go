@@ -35,8 +35,9 @@ const (
 // measureAgent runs the real agent binary, idle and under an XID storm, o.Runs times each, and
 // returns each run's figures.
 func measureAgent(ctx context.Context, o options) ([]figure.Figure, error) {
-	progress("agent binary: %d runs × (idle, storm of %d XIDs/s) × %s, 8 simulated GPUs", o.Runs, o.StormRate, o.AgentWindow)
-	if _, err := os.Stat(o.gpuhealth); err != nil {
+	progress("agent binary %s: %d runs × (idle, storm of %d XIDs/s) × %s, 8 simulated GPUs", o.agent, o.Runs, o.StormRate, o.AgentWindow)
+	bin, err := os.Stat(o.agent)
+	if err != nil {
 		return nil, fmt.Errorf("%w (make build)", err)
 	}
 	c, err := controlplane.Start(ctx, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
@@ -76,6 +77,7 @@ func measureAgent(ctx context.Context, o options) ([]figure.Figure, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", node, err)
 			}
+			m.binaryKiB = float64(bin.Size()) / 1024
 			progress("  %s: RSS %.1f MiB (anonymous %.1f, file-backed %.1f; peak %.1f), Go heap %.1f MiB, CPU %.1f%%, %.0f XIDs/s evaluated",
 				node, m.rssKiB/1024, m.anonKiB/1024, m.fileKiB/1024, m.hwmKiB/1024, m.heapKiB/1024, m.cpuPct, m.xidRate)
 			figs = append(figs, m.figures(kind, strconv.Itoa(r+1))...)
@@ -104,9 +106,10 @@ func agentScenario(node, kind string, o options) string {
 	return b.String()
 }
 
-// agentSample is one agent run's figures: resident memory (all, anonymous, file-backed, peak) and
-// the Go heap in use, in KiB; CPU in percent of a core; XIDs evaluated per second.
-type agentSample struct{ rssKiB, anonKiB, fileKiB, hwmKiB, heapKiB, cpuPct, xidRate float64 }
+// agentSample is one agent run's figures: resident memory (all, anonymous, file-backed, peak),
+// the Go heap in use and the binary's size, in KiB; CPU in percent of a core; XIDs evaluated per
+// second.
+type agentSample struct{ rssKiB, anonKiB, fileKiB, hwmKiB, heapKiB, cpuPct, xidRate, binaryKiB float64 }
 
 // Names and units of the agent's figures.
 const (
@@ -117,6 +120,7 @@ const (
 	agentGoHeap  = "go_heap"
 	agentCPU     = "cpu"
 	agentXIDRate = "xid_rate"
+	agentBinary  = "binary_size"
 
 	unitXIDRate = "XIDs/s"
 )
@@ -128,7 +132,7 @@ func (m agentSample) figures(scenario, run string) []figure.Figure {
 	return []figure.Figure{
 		fig(agentRSS, figure.UnitKiB, m.rssKiB), fig(agentRSSAnon, figure.UnitKiB, m.anonKiB), fig(agentRSSFile, figure.UnitKiB, m.fileKiB),
 		fig(agentRSSPeak, figure.UnitKiB, m.hwmKiB), fig(agentGoHeap, figure.UnitKiB, m.heapKiB),
-		fig(agentCPU, figure.UnitCPU, m.cpuPct), fig(agentXIDRate, unitXIDRate, m.xidRate),
+		fig(agentCPU, figure.UnitCPU, m.cpuPct), fig(agentXIDRate, unitXIDRate, m.xidRate), fig(agentBinary, figure.UnitKiB, m.binaryKiB),
 	}
 }
 
@@ -146,7 +150,10 @@ func measureAgentRun(ctx context.Context, o options, dir, node, scenario, kubeco
 		return m, err
 	}
 	defer logFile.Close()
-	cmd := exec.CommandContext(ctx, o.gpuhealth, "agent", "--backend", "sim", "--scenario", scenario, "--node-name", node,
+	if err := evictFromPageCache(o.agent); err != nil {
+		return m, err
+	}
+	cmd := exec.CommandContext(ctx, o.agent, "agent", "--backend", "sim", "--scenario", scenario, "--node-name", node,
 		"--kubeconfig", kubeconfig, "--checkpoint", filepath.Join(dir, node+".checkpoint"), "--metrics-address", addr)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -228,6 +235,26 @@ func measureAgentRun(ctx context.Context, o options, dir, node, scenario, kubeco
 		*into = float64(v)
 	}
 	return m, nil
+}
+
+// evictFromPageCache drops the file's pages from the page cache, so that every run starts from the
+// same state: the agent's RssFile is then the pages it faulted in itself (with the kernel's
+// readahead). A binary whose pages are all cached, as right after it was written, is mapped
+// nearly whole instead: how much of it is cached would decide the figure.
+func evictFromPageCache(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil { // dirty pages are not dropped
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	const fadvDontNeed = 4 // POSIX_FADV_DONTNEED
+	if _, _, errno := syscall.Syscall6(syscall.SYS_FADVISE64, f.Fd(), 0, 0, fadvDontNeed, 0, 0); errno != 0 {
+		return fmt.Errorf("fadvise %s: %w", path, errno)
+	}
+	return nil
 }
 
 // xidTotal sums the agent's gpuhealth_xid_total: the XIDs it has evaluated.

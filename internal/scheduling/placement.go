@@ -146,7 +146,61 @@ type Placement struct {
 // failed; the device plugin's own accounting then has the final word). GPU sharing: some healthy
 // or Degraded, undrained card must have the memory free.
 func Filter(req Request, node *NodeGPUs, used Usage) (fits bool, reason string) {
-	p := Place(req, node, used)
+	p := place(req, node, used, nil)
+	return p.Fits, p.Reason
+}
+
+// Reasons remembers the reasons Filter gives, so that a request judged against thousands of
+// nodes builds each distinct reason once: on a large cluster most nodes fail for one of a few
+// reasons ("4 requested, 0 free (0 unhealthy or drained, 8 in use)"), and building them was a
+// large part of a /filter call. The zero value is ready to use; it is not safe for concurrent
+// use. It keeps at most maxReasons reasons (and starts over when full), so it may serve one
+// request after another.
+type Reasons struct {
+	m map[reasonKey]string
+}
+
+// maxReasons bounds a Reasons: a busy cluster has a few dozen distinct reasons.
+const maxReasons = 1024
+
+// reasonKey is what a reason says: its kind and its numbers.
+type reasonKey struct {
+	kind       uint8
+	a, b, c, d int64
+}
+
+const (
+	reasonWholeShort uint8 = iota
+	reasonSharedFull
+)
+
+// get returns the reason of key, built by build the first time. A nil Reasons builds each time.
+func (r *Reasons) get(key reasonKey, build func(reasonKey) string) string {
+	if r == nil {
+		return build(key)
+	}
+	if s, ok := r.m[key]; ok {
+		return s
+	}
+	if r.m == nil {
+		r.m = map[reasonKey]string{}
+	}
+	if len(r.m) >= maxReasons {
+		clear(r.m)
+	}
+	s := build(key)
+	r.m[key] = s
+	return s
+}
+
+// ScoreWith is Score with the reasons of the nodes that do not fit taken from r.
+func ScoreWith(r *Reasons, req Request, node *NodeGPUs, used Usage) int64 {
+	return place(req, node, used, r).Score
+}
+
+// FilterWith is Filter with the reasons taken from r.
+func FilterWith(r *Reasons, req Request, node *NodeGPUs, used Usage) (fits bool, reason string) {
+	p := place(req, node, used, r)
 	return p.Fits, p.Reason
 }
 
@@ -164,20 +218,24 @@ func ChooseCard(req Request, node *NodeGPUs, used Usage) int {
 
 // Place is Filter, Score and ChooseCard in one pass.
 func Place(req Request, node *NodeGPUs, used Usage) Placement {
+	return place(req, node, used, nil)
+}
+
+func place(req Request, node *NodeGPUs, used Usage, reasons *Reasons) Placement {
 	p := Placement{Fits: true, Card: NoCard, Score: MaxScore}
 	if req.IsZero() {
 		p.Score = 0
 		return p
 	}
 	if req.GPUs > 0 {
-		score, reason := placeWhole(req.GPUs, node, used)
+		score, reason := placeWhole(req.GPUs, node, used, reasons)
 		if reason != "" {
 			return Placement{Reason: reason, Card: NoCard}
 		}
 		p.Score = min(p.Score, score)
 	}
 	if req.MemoryMiB > 0 {
-		card, score, reason := placeShared(req.MemoryMiB, node, used)
+		card, score, reason := placeShared(req.MemoryMiB, node, used, reasons)
 		if reason != "" {
 			return Placement{Reason: reason, Card: NoCard}
 		}
@@ -195,7 +253,7 @@ func packScore(held, capacity int64) int64 {
 	return 2 + (MaxScore-2)*min(held, capacity)/capacity
 }
 
-func placeWhole(want int64, node *NodeGPUs, used Usage) (int64, string) {
+func placeWhole(want int64, node *NodeGPUs, used Usage, reasons *Reasons) (int64, string) {
 	if node.WholeGPUs == 0 {
 		return 0, "node has no " + string(ResourceGPU)
 	}
@@ -211,11 +269,8 @@ func placeWhole(want int64, node *NodeGPUs, used Usage) (int64, string) {
 	usable := int64(node.WholeGPUs) - unhealthy
 	free := usable - max(used.GPUs, 0)
 	if free < want {
-		// Built without fmt: on a large cluster most nodes fail and this runs thousands of times
-		// per filter call.
-		return 0, "not enough healthy GPUs: " + strconv.FormatInt(want, 10) + " requested, " +
-			strconv.FormatInt(max(free, 0), 10) + " free (" + strconv.FormatInt(unhealthy, 10) +
-			" unhealthy or drained, " + strconv.FormatInt(max(used.GPUs, 0), 10) + " in use)"
+		// On a large cluster most nodes fail here, thousands per filter call.
+		return 0, reasons.get(reasonKey{reasonWholeShort, want, max(free, 0), unhealthy, max(used.GPUs, 0)}, wholeShort)
 	}
 	score := packScore(used.GPUs+want, usable)
 	if degraded > 0 {
@@ -228,7 +283,7 @@ func placeWhole(want int64, node *NodeGPUs, used Usage) (int64, string) {
 	return score, ""
 }
 
-func placeShared(want int64, node *NodeGPUs, used Usage) (card int, score int64, reason string) {
+func placeShared(want int64, node *NodeGPUs, used Usage, reasons *Reasons) (card int, score int64, reason string) {
 	if node.Cards == 0 {
 		return NoCard, 0, "node does not share GPUs (no " + string(ResourceGPUNumber) + ")"
 	}
@@ -257,7 +312,7 @@ func placeShared(want int64, node *NodeGPUs, used Usage) (card int, score int64,
 		}
 	}
 	if card == NoCard {
-		return NoCard, 0, fmt.Sprintf("no healthy GPU has %d MiB free (%d of %d cards unhealthy or drained)", want, unhealthy, node.Cards)
+		return NoCard, 0, reasons.get(reasonKey{reasonSharedFull, want, int64(unhealthy), int64(node.Cards), 0}, sharedFull)
 	}
 	switch {
 	case best.Health == Degraded:
@@ -268,4 +323,18 @@ func placeShared(want int64, node *NodeGPUs, used Usage) (card int, score int64,
 		score = packScore(bestHeld+want, node.MemoryPerCard)
 	}
 	return card, score, ""
+}
+
+// wholeShort is the reason of a node without enough free whole GPUs; k holds want, free,
+// unhealthy and used.
+func wholeShort(k reasonKey) string {
+	return "not enough healthy GPUs: " + strconv.FormatInt(k.a, 10) + " requested, " +
+		strconv.FormatInt(k.b, 10) + " free (" + strconv.FormatInt(k.c, 10) +
+		" unhealthy or drained, " + strconv.FormatInt(k.d, 10) + " in use)"
+}
+
+// sharedFull is the reason of a node where no card has the memory free; k holds want, the
+// unhealthy cards and all cards.
+func sharedFull(k reasonKey) string {
+	return fmt.Sprintf("no healthy GPU has %d MiB free (%d of %d cards unhealthy or drained)", k.a, k.b, k.c)
 }

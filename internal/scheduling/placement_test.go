@@ -165,6 +165,7 @@ func TestPlaceWholeGPUs(t *testing.T) {
 			want: 3, fits: true, wantScore: 0,
 		},
 	}
+	reasons := &Reasons{} // shared by the cases, as by the nodes of one request
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			n, _ := ParseNode(tc.node)
@@ -184,6 +185,14 @@ func TestPlaceWholeGPUs(t *testing.T) {
 			fits, reason := Filter(Request{GPUs: tc.want}, &n, Usage{GPUs: tc.used})
 			if fits != p.Fits || reason != p.Reason || Score(Request{GPUs: tc.want}, &n, Usage{GPUs: tc.used}) != p.Score {
 				t.Errorf("Filter/Score disagree with Place")
+			}
+			for range 2 { // built, then remembered
+				if fits, reason := FilterWith(reasons, Request{GPUs: tc.want}, &n, Usage{GPUs: tc.used}); fits != p.Fits || reason != p.Reason {
+					t.Errorf("FilterWith = %v, %q; Place says %v, %q", fits, reason, p.Fits, p.Reason)
+				}
+				if score := ScoreWith(reasons, Request{GPUs: tc.want}, &n, Usage{GPUs: tc.used}); score != p.Score {
+					t.Errorf("ScoreWith = %d, Place says %d", score, p.Score)
+				}
 			}
 		})
 	}
@@ -225,6 +234,7 @@ func TestPlaceShared(t *testing.T) {
 			want: 4000, wantCard: 0, wantScore: 0,
 		},
 	}
+	reasons := &Reasons{}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			n, _ := ParseNode(tc.node)
@@ -240,7 +250,29 @@ func TestPlaceShared(t *testing.T) {
 			if p.Score != tc.wantScore {
 				t.Errorf("score = %d, want %d", p.Score, tc.wantScore)
 			}
+			for range 2 { // built, then remembered
+				if fits, reason := FilterWith(reasons, req, &n, used); fits != p.Fits || reason != p.Reason {
+					t.Errorf("FilterWith = %v, %q; Place says %v, %q", fits, reason, p.Fits, p.Reason)
+				}
+			}
 		})
+	}
+}
+
+// TestReasonsStayBounded fills a Reasons with more distinct reasons than it keeps: it starts
+// over instead of growing, and every answer is still the one Filter gives.
+func TestReasonsStayBounded(t *testing.T) {
+	n, _ := ParseNode(gpuNode("n", 8, nil))
+	var reasons Reasons
+	for want := int64(9); want < 9+2*maxReasons+5; want++ {
+		fits, reason := FilterWith(&reasons, Request{GPUs: want}, &n, Usage{})
+		wantFits, wantReason := Filter(Request{GPUs: want}, &n, Usage{})
+		if fits != wantFits || reason != wantReason {
+			t.Fatalf("%d GPUs: FilterWith = %v, %q; Filter = %v, %q", want, fits, reason, wantFits, wantReason)
+		}
+		if len(reasons.m) > maxReasons {
+			t.Fatalf("%d reasons kept, want at most %d", len(reasons.m), maxReasons)
+		}
 	}
 }
 

@@ -274,6 +274,10 @@ func TestAgentDaemonSet(t *testing.T) {
 		t.Errorf("checkpoint not mounted writable where --checkpoint points: mounts %+v args %v", c.VolumeMounts, c.Args)
 	}
 
+	// The image's agent-only binary (cmd/gpuhealth-agent), which takes the same arguments.
+	if !slices.Equal(c.Command, []string{"/gpuhealth-agent"}) || len(c.Args) == 0 || c.Args[0] != "agent" {
+		t.Errorf("agent runs %v %v, want /gpuhealth-agent agent ...", c.Command, c.Args)
+	}
 	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" && p.ContainerPort == 9402 }) {
 		t.Errorf("no metrics port 9402: %+v", c.Ports)
 	}

@@ -3,6 +3,7 @@ package extender
 import (
 	"context"
 	"errors"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -27,8 +28,8 @@ func (s *Server) Filter(ctx context.Context, args *extenderv1.ExtenderArgs) *ext
 		s.requeue.remember(args.Pod.UID, args.Pod.Namespace, args.Pod.Name, retryOn)
 	}
 	if result.Error == "" {
-		s.metrics.filtered.WithLabelValues("failed").Add(float64(len(result.FailedNodes)))
-		s.metrics.filtered.WithLabelValues("passed").Add(float64(passed(result)))
+		s.metrics.filteredFailed.Add(float64(len(result.FailedNodes)))
+		s.metrics.filteredPassed.Add(float64(passed(result)))
 		logger.V(4).Info("Filtered", "request", req, "failed", len(result.FailedNodes))
 	}
 	return result
@@ -56,25 +57,20 @@ func (s *Server) filter(logger klog.Logger, v view, args *extenderv1.ExtenderArg
 	switch {
 	case args.NodeNames != nil:
 		names := make([]string, 0, len(*args.NodeNames))
-		var scratch []scheduling.GPU
+		var j judging
 		for _, name := range *args.NodeNames {
-			node, _ := v.node(name, nil)
-			if node == nil {
-				failed[name] = "node is not in the gpuhealth extender's cache yet"
-				if s.requeue != nil {
-					retryOn = append(retryOn, name)
-				}
+			node, used := v.cached(name)
+			fits, reason, retry := s.judge(&j, req, node, used)
+			switch {
+			case fits:
+				names = append(names, name)
 				continue
+			case retry && node != nil:
+				retryOn = append(retryOn, node.Name) // the cache's string, shared by all pods
+			case retry:
+				retryOn = append(retryOn, name)
 			}
-			used := v.usage(name)
-			if fits, reason := scheduling.Filter(req, node, used); !fits {
-				failed[name] = reason
-				if s.requeue != nil && healthBlocks(req, node, used, &scratch) {
-					retryOn = append(retryOn, node.Name) // the cache's string, shared by all pods
-				}
-				continue
-			}
-			names = append(names, name)
+			failed[name] = reason
 		}
 		result.NodeNames = &names
 	case args.Nodes != nil:
@@ -96,6 +92,108 @@ func (s *Server) filter(logger klog.Logger, v view, args *extenderv1.ExtenderArg
 		return &extenderv1.ExtenderFilterResult{Error: "request has neither Nodes nor NodeNames"}, nil
 	}
 	return result, retryOn
+}
+
+// filterNamed is Filter for a request that names the nodes (nodeCacheCapable: true), as
+// parseNamesArgs read it, with a pod. It returns the reply, the ExtenderFilterResult as JSON,
+// built in b: the same reply as Filter's through encoding/json, except that FailedNodes lists the
+// nodes in the request's order (encoding/json sorts a map's keys; a JSON object has no order).
+func (s *Server) filterNamed(ctx context.Context, pod *corev1.Pod, names [][]byte, b *filterBuffers) []byte {
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod))
+	req := scheduling.PodRequest(pod)
+	const head = `{"Nodes":null,"NodeNames":[`
+	fit, failed := append(b.fit[:0], head...), b.failed[:0]
+	var retryOn []string
+	nfailed := 0
+	j := &b.judging
+	s.state.read(func(v view) {
+		for _, name := range names {
+			node, used := v.cachedBytes(name)
+			fits, reason, retry := s.judge(j, req, node, used)
+			switch {
+			case fits:
+				if len(fit) > len(head) {
+					fit = append(fit, ',')
+				}
+				fit = appendJSONString(fit, name)
+				continue
+			case retry && node != nil:
+				retryOn = append(retryOn, node.Name) // the cache's string, shared by all pods
+			case retry:
+				retryOn = append(retryOn, string(name))
+			}
+			if nfailed > 0 {
+				failed = append(failed, ',')
+			}
+			nfailed++
+			failed = appendJSONString(failed, name)
+			failed = append(failed, ':')
+			failed = append(failed, b.quoted(reason)...)
+		}
+	})
+	if s.requeue != nil && pod.UID != "" && pod.Spec.NodeName == "" {
+		s.requeue.remember(pod.UID, pod.Namespace, pod.Name, retryOn)
+	}
+	s.metrics.filteredFailed.Add(float64(nfailed))
+	s.metrics.filteredPassed.Add(float64(len(names) - nfailed))
+	logger.V(4).Info("Filtered", "request", req, "failed", nfailed)
+	out := append(fit, `],"FailedNodes":{`...)
+	out = append(out, failed...)
+	out = append(out, "},\"FailedAndUnresolvableNodes\":null,\"Error\":\"\"}\n"...)
+	b.fit, b.failed = out, failed
+	return out
+}
+
+// prioritizeNamed is Prioritize for a request that names the nodes, as parseNamesArgs read it,
+// with a pod. It returns the reply, the HostPriorityList as JSON, built in b: the same reply as
+// Prioritize's through encoding/json.
+func (s *Server) prioritizeNamed(ctx context.Context, pod *corev1.Pod, names [][]byte, b *filterBuffers) []byte {
+	req := scheduling.PodRequest(pod)
+	out := append(b.fit[:0], '[')
+	s.state.read(func(v view) {
+		for i, name := range names {
+			var score int64
+			if node, used := v.cachedBytes(name); node != nil {
+				score = scheduling.ScoreWith(&b.judging.reasons, req, node, used)
+			}
+			if i > 0 {
+				out = append(out, ',')
+			}
+			out = append(out, `{"Host":`...)
+			out = appendJSONString(out, name)
+			out = append(out, `,"Score":`...)
+			out = strconv.AppendInt(out, score, 10)
+			out = append(out, '}')
+		}
+	})
+	out = append(out, "]\n"...)
+	b.fit = out
+	klog.FromContext(ctx).V(4).Info("Prioritized", "pod", klog.KObj(pod), "request", req, "nodes", len(names))
+	return out
+}
+
+// notCached is the reason given for a node the extender has not seen (yet).
+const notCached = "node is not in the gpuhealth extender's cache yet"
+
+// judge is the verdict on one node named in a request, from the cache (node is nil when the cache
+// does not have it): whether the pod fits, and if not why, and whether the pod is to be retried
+// when the node gets better (Options.Requeue, and GPU health or the cache's lag is to blame).
+// The calls of one request share j.
+func (s *Server) judge(j *judging, req scheduling.Request, node *scheduling.NodeGPUs, used scheduling.Usage) (fits bool, reason string, retry bool) {
+	if node == nil {
+		return false, notCached, s.requeue != nil
+	}
+	if fits, reason = scheduling.FilterWith(&j.reasons, req, node, used); fits {
+		return true, "", false
+	}
+	return false, reason, s.requeue != nil && healthBlocks(req, node, used, &j.scratch)
+}
+
+// judging is what judge calls share: the reasons already built, and scratch space. A request's
+// calls share one; a pooled one (filterBuffers) serves one request after another.
+type judging struct {
+	reasons scheduling.Reasons
+	scratch []scheduling.GPU
 }
 
 // Prioritize scores each candidate node 0..10 (extenderv1.MaxExtenderPriority).

@@ -1,11 +1,14 @@
 package extender
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
+	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
@@ -65,24 +68,131 @@ type errorReply struct {
 	Error string
 }
 
-func (s *Server) serveFilter(w http.ResponseWriter, r *http.Request) (failed bool) {
+// filterBuffers are the buffers of one /filter call, kept in Server.buffers for the next.
+type filterBuffers struct {
+	body, fit, failed []byte
+	names             [][]byte
+	judging           judging
+	// quotedReasons holds the reasons as JSON strings: thousands of nodes share a few. Like
+	// judging.reasons it is kept between calls, up to maxQuotedReasons.
+	quotedReasons map[string][]byte
+}
+
+const maxQuotedReasons = 1024
+
+// quoted returns reason as a JSON string.
+func (b *filterBuffers) quoted(reason string) []byte {
+	if q, ok := b.quotedReasons[reason]; ok {
+		return q
+	}
+	if b.quotedReasons == nil || len(b.quotedReasons) >= maxQuotedReasons {
+		b.quotedReasons = map[string][]byte{}
+	}
+	q := appendJSONString(nil, reason)
+	b.quotedReasons[reason] = q
+	return q
+}
+
+// maxPooledBytes bounds the buffers kept between calls: a request with Node objects in it may be
+// a hundred MiB, and that is not worth keeping.
+const maxPooledBytes = 8 << 20
+
+// getBuffers takes a filterBuffers from the pool; putBuffers gives it back.
+func (s *Server) getBuffers() *filterBuffers {
+	if b, _ := s.buffers.Get().(*filterBuffers); b != nil {
+		return b
+	}
+	return &filterBuffers{}
+}
+
+func (s *Server) putBuffers(b *filterBuffers) {
+	clear(b.names)
+	if cap(b.body) <= maxPooledBytes && cap(b.fit) <= maxPooledBytes && cap(b.failed) <= maxPooledBytes {
+		s.buffers.Put(b)
+	}
+}
+
+// readArgs reads the body of a /filter or /prioritize call into b.body and, when it has the
+// shape parseNamesArgs reads, the pod and the node names (ok). Otherwise the caller decodes
+// b.body with encoding/json.
+func (s *Server) readArgs(w http.ResponseWriter, r *http.Request, b *filterBuffers) (pod *corev1.Pod, hasNames, ok bool, err error) {
+	// The Content-Length only sizes the first allocation, up to maxPooledBytes: a client that
+	// announces 100 MiB and sends nothing gets no 100 MiB buffer.
+	b.body, err = readBody(b.body, http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes), min(r.ContentLength, maxPooledBytes))
+	if err != nil {
+		return nil, false, false, err
+	}
+	pod, b.names, hasNames, ok = parseNamesArgs(b.body, b.names[:0])
+	return pod, hasNames, ok, nil
+}
+
+// decodeArgs decodes a body readArgs could not, as encoding/json does.
+func decodeArgs(body []byte) (*extenderv1.ExtenderArgs, error) {
 	var args extenderv1.ExtenderArgs
-	if err := s.decode(w, r, &args); err != nil {
+	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&args); err != nil {
+		return nil, fmt.Errorf("decode request: %w", err)
+	}
+	return &args, nil
+}
+
+// replyJSON writes a reply already encoded.
+func (s *Server) replyJSON(w http.ResponseWriter, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	if _, err := w.Write(body); err != nil {
+		s.logger.V(2).Info("Writing a reply failed", "err", err)
+	}
+}
+
+func (s *Server) serveFilter(w http.ResponseWriter, r *http.Request) (failed bool) {
+	b := s.getBuffers()
+	defer s.putBuffers(b)
+	pod, hasNames, ok, err := s.readArgs(w, r, b)
+	if err != nil {
 		s.reply(w, http.StatusBadRequest, extenderv1.ExtenderFilterResult{Error: err.Error()})
 		return true
 	}
-	result := s.Filter(r.Context(), &args)
+	switch {
+	case ok && pod != nil && hasNames:
+		s.replyJSON(w, s.filterNamed(r.Context(), pod, b.names, b))
+		return false
+	case ok:
+		// No pod or no names: Filter says what is missing.
+		result := s.Filter(r.Context(), &extenderv1.ExtenderArgs{Pod: pod})
+		s.reply(w, http.StatusOK, result)
+		return result.Error != ""
+	}
+	args, err := decodeArgs(b.body)
+	if err != nil {
+		s.reply(w, http.StatusBadRequest, extenderv1.ExtenderFilterResult{Error: err.Error()})
+		return true
+	}
+	result := s.Filter(r.Context(), args)
 	s.reply(w, http.StatusOK, result)
 	return result.Error != ""
 }
 
 func (s *Server) servePrioritize(w http.ResponseWriter, r *http.Request) (failed bool) {
-	var args extenderv1.ExtenderArgs
-	if err := s.decode(w, r, &args); err != nil {
+	b := s.getBuffers()
+	defer s.putBuffers(b)
+	pod, hasNames, ok, err := s.readArgs(w, r, b)
+	if err != nil {
 		s.reply(w, http.StatusBadRequest, errorReply{Error: err.Error()})
 		return true
 	}
-	list, err := s.Prioritize(r.Context(), &args)
+	if ok && pod != nil && hasNames {
+		s.replyJSON(w, s.prioritizeNamed(r.Context(), pod, b.names, b))
+		return false
+	}
+	args := &extenderv1.ExtenderArgs{Pod: pod}
+	if !ok {
+		if args, err = decodeArgs(b.body); err != nil {
+			s.reply(w, http.StatusBadRequest, errorReply{Error: err.Error()})
+			return true
+		}
+	}
+	list, err := s.Prioritize(r.Context(), args)
 	if err != nil {
 		s.reply(w, http.StatusBadRequest, errorReply{Error: err.Error()})
 		return true

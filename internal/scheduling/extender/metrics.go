@@ -27,6 +27,8 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 	errors   *prometheus.CounterVec
 	filtered *prometheus.CounterVec
+	// filteredPassed and filteredFailed are filtered's two series, looked up once.
+	filteredPassed, filteredFailed prometheus.Counter
 }
 
 // newMetrics returns the metrics in a registry of their own, with the Go and process collectors
@@ -53,8 +55,8 @@ func newMetrics() *metrics {
 		m.duration.WithLabelValues(verb)
 		m.errors.WithLabelValues(verb)
 	}
-	m.filtered.WithLabelValues("passed")
-	m.filtered.WithLabelValues("failed")
+	m.filteredPassed = m.filtered.WithLabelValues("passed")
+	m.filteredFailed = m.filtered.WithLabelValues("failed")
 	return m
 }
 

@@ -8,8 +8,9 @@
 // because of GPU health once a node they were rejected on recovers (see requeuer).
 //
 // The files follow the jobs: server.go the Server's life (New, Start, Run), handlers.go the HTTP
-// glue, filter.go /filter and /prioritize, bind.go /bind, state.go what the informers
-// (informers.go) learn, requeue.go the requeuer, metrics.go what /metrics exports.
+// glue, wire.go the hand-written JSON of the nodeCacheCapable /filter call, filter.go /filter and
+// /prioritize, bind.go /bind, state.go what the informers (informers.go) learn, requeue.go the
+// requeuer, metrics.go what /metrics exports.
 package extender
 
 import (
@@ -69,7 +70,9 @@ type Server struct {
 	// bindMu makes choosing a card, recording it and charging it one step, so two binds in
 	// flight never pick the same last free memory. Only reserve takes it.
 	bindMu sync.Mutex
-	logger klog.Logger
+	// buffers holds *filterBuffers between /filter calls.
+	buffers sync.Pool
+	logger  klog.Logger
 }
 
 // New returns a Server that reads the cluster through client.

@@ -23,16 +23,38 @@ type nodeEntry struct {
 // costs no API call and no scan of all pods.
 type state struct {
 	mu    sync.RWMutex
-	nodes map[string]*nodeEntry
+	nodes map[string]*nodeSlot
 	holds map[types.UID]holdEntry
-	usage map[string]*scheduling.Usage
+}
+
+// nodeSlot is all the state knows about one node name, so that a request looks each node up once.
+// It exists while the node is in the cache or pods on it hold something.
+type nodeSlot struct {
+	entry *nodeEntry // nil before the node informer has seen the node, and after it is deleted
+	usage scheduling.Usage
 }
 
 func newState() *state {
 	return &state{
-		nodes: map[string]*nodeEntry{},
+		nodes: map[string]*nodeSlot{},
 		holds: map[types.UID]holdEntry{},
-		usage: map[string]*scheduling.Usage{},
+	}
+}
+
+// slotLocked returns the slot of name, creating it.
+func (s *state) slotLocked(name string) *nodeSlot {
+	sl := s.nodes[name]
+	if sl == nil {
+		sl = &nodeSlot{}
+		s.nodes[name] = sl
+	}
+	return sl
+}
+
+// tidyLocked drops the slot of name once it holds nothing.
+func (s *state) tidyLocked(name string, sl *nodeSlot) {
+	if sl.entry == nil && sl.usage.GPUs == 0 && len(sl.usage.CardMemory) == 0 {
+		delete(s.nodes, name)
 	}
 }
 
@@ -44,8 +66,9 @@ func (s *state) setNode(node *corev1.Node) (newWarnings []string, better bool) {
 	e := &nodeEntry{gpus: gpus, resourceVersion: node.ResourceVersion, warnings: warnings}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	prev := s.nodes[node.Name]
-	s.nodes[node.Name] = e
+	sl := s.slotLocked(node.Name)
+	prev := sl.entry
+	sl.entry = e
 	if prev == nil {
 		return warnings, true
 	}
@@ -59,7 +82,10 @@ func (s *state) setNode(node *corev1.Node) (newWarnings []string, better bool) {
 func (s *state) deleteNode(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.nodes, name)
+	if sl := s.nodes[name]; sl != nil {
+		sl.entry = nil
+		s.tidyLocked(name, sl)
+	}
 }
 
 // holdEntry is what one pod holds; assumed entries come from our own /bind, before the pod
@@ -97,10 +123,9 @@ func (s *state) assume(uid types.UID, h scheduling.Hold) {
 
 func (s *state) setLocked(uid types.UID, e holdEntry, ok bool) {
 	if old, had := s.holds[uid]; had {
-		u := s.usage[old.hold.Node]
-		u.Remove(old.hold)
-		if u.GPUs == 0 && len(u.CardMemory) == 0 {
-			delete(s.usage, old.hold.Node)
+		if sl := s.nodes[old.hold.Node]; sl != nil {
+			sl.usage.Remove(old.hold)
+			s.tidyLocked(old.hold.Node, sl)
 		}
 		delete(s.holds, uid)
 	}
@@ -108,12 +133,7 @@ func (s *state) setLocked(uid types.UID, e holdEntry, ok bool) {
 		return
 	}
 	s.holds[uid] = e
-	u := s.usage[e.hold.Node]
-	if u == nil {
-		u = &scheduling.Usage{}
-		s.usage[e.hold.Node] = u
-	}
-	u.Add(e.hold)
+	s.slotLocked(e.hold.Node).usage.Add(e.hold)
 }
 
 // view is the state as one request sees it, at one point in time: state.read hands it out with
@@ -131,16 +151,40 @@ func (s *state) read(f func(view)) {
 
 // usage returns what the pods on node hold.
 func (v view) usage(node string) scheduling.Usage {
-	if u := v.s.usage[node]; u != nil {
-		return *u
+	if sl := v.s.nodes[node]; sl != nil {
+		return sl.usage
 	}
 	return scheduling.Usage{}
+}
+
+// cached returns the parsed node called name from the cache (nil when it has none) and what the
+// pods on it hold.
+func (v view) cached(name string) (*scheduling.NodeGPUs, scheduling.Usage) {
+	return v.s.nodes[name].cached()
+}
+
+// cachedBytes is cached for a name read from a request body; the lookups do not copy name.
+func (v view) cachedBytes(name []byte) (*scheduling.NodeGPUs, scheduling.Usage) {
+	return v.s.nodes[string(name)].cached()
+}
+
+func (sl *nodeSlot) cached() (*scheduling.NodeGPUs, scheduling.Usage) {
+	switch {
+	case sl == nil:
+		return nil, scheduling.Usage{}
+	case sl.entry == nil:
+		return nil, sl.usage
+	}
+	return &sl.entry.gpus, sl.usage
 }
 
 // node returns the parsed node from the cache; when the request carries the node object too,
 // the cached parse is used only if it is of the same resourceVersion.
 func (v view) node(name string, fromRequest *corev1.Node) (*scheduling.NodeGPUs, []string) {
-	e := v.s.nodes[name]
+	var e *nodeEntry
+	if sl := v.s.nodes[name]; sl != nil {
+		e = sl.entry
+	}
 	if fromRequest == nil {
 		if e == nil {
 			return nil, nil

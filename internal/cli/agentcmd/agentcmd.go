@@ -1,0 +1,176 @@
+// Package agentcmd is the agent command, `gpuhealth agent`, in a package of its own so that the
+// lean agent binary (cmd/gpuhealth-agent) links the agent and nothing of the other commands.
+package agentcmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+// NewCommand returns the agent command, `gpuhealth agent`.
+func NewCommand() *cobra.Command {
+	var (
+		backend, scenarioPath, nodeName, kubeconfig, configPath, metricsAddress, checkpoint string
+		logs                                                                                cmdutil.LogOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "agent [--backend nvml|sim] [--scenario FILE] [--node-name NAME] [--kubeconfig FILE] [--config FILE]",
+		Short: "Watch this node's GPUs and report their health to Kubernetes (the DaemonSet's job)",
+		Long: `agent watches this node's GPUs and makes each GPU's health visible to every scheduler path:
+the Volcano-compatible volcano.sh/gpu-unhealthy-ids and gpuhealth.dev/gpu-health Node
+annotations, one DRA DeviceTaintRule per sick GPU, the GPUUnhealthy Node condition, Node Events
+and Prometheus metrics. Sticky faults survive restarts through a checkpoint file.
+
+With --backend sim it replays a scenario on the real clock (and keeps running after its end).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, err := logs.Context(cmd)
+			if err != nil {
+				return err
+			}
+			if nodeName == "" {
+				nodeName = os.Getenv("NODE_NAME")
+			}
+			if nodeName == "" {
+				return cmdutil.BadInput(errors.New("--node-name: required (or set NODE_NAME)"))
+			}
+			cfg, policy, err := cmdutil.LoadConfig(configPath)
+			if err != nil {
+				return err
+			}
+			agentCfg := cfg.AgentSection()
+			if checkpoint != "" {
+				agentCfg.CheckpointPath = checkpoint
+			}
+			be, bootID, cleanup, err := OpenBackend(ctx, backend, scenarioPath, nodeName, cfg.SampleEvery())
+			if err != nil {
+				return err
+			}
+			defer cleanup()
+			kernelLog := OpenKernelLog(ctx, cfg, backend, be.Devices(), bootID)
+			defer kernelLog.Close()
+			rem := agent.RemediationOptions{Config: cfg.Remediation, Poll: cfg.SampleEvery()}
+			if rem.Config.Enabled {
+				if rem.Resetter, err = be.Resetter(rem.Config.WithDefaults().ResetCommand); err != nil {
+					return cmdutil.BadInput(fmt.Errorf("remediation.resetCommand: %w", err))
+				}
+			}
+			client, err := cmdutil.NewComponentClient(kubeconfig, "gpuhealth", agent.ClientQPS, agent.ClientBurst)
+			if err != nil {
+				return cmdutil.BadInput(err)
+			}
+			bootTime, err := agent.ReadBootTime()
+			if err != nil {
+				klog.FromContext(ctx).Error(err, "No boot time: faults will not be restored from the node if the checkpoint is lost")
+			}
+			return agent.Run(ctx, agent.Options{
+				NodeName: nodeName, Client: client, Backend: be, Policy: policy, BootID: bootID, BootTime: bootTime,
+				Agent: agentCfg, MetricsAddress: metricsAddress, KernelLog: kernelLog, Remediation: rem,
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&backend, "backend", "nvml", "GPU backend: nvml or sim")
+	f.StringVar(&scenarioPath, "scenario", "", "scenario file (with --backend sim)")
+	f.StringVar(&nodeName, "node-name", "", "this node's name (default $NODE_NAME)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	f.StringVar(&configPath, "config", "", "HealthConfig file, with its optional agent section")
+	f.StringVar(&metricsAddress, "metrics-address", ":9402", "address for /metrics, /healthz and /readyz (empty: off)")
+	f.StringVar(&checkpoint, "checkpoint", "", "checkpoint file (default from the config, else "+config.DefaultCheckpointPath+"; - turns it off)")
+	logs.AddFlags(f)
+	return cmd
+}
+
+// simAgentBackend adapts the simulator to the agent: it replays on the real clock and keeps
+// sampling after the scenario's end.
+type simAgentBackend struct{ b *sim.Backend }
+
+func (s simAgentBackend) Devices() []health.Device { return s.b.Devices() }
+func (s simAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
+	return s.b.Run(ctx, sink)
+}
+
+// Resetter: the simulator resets its GPUs itself; the command is for real GPUs.
+func (s simAgentBackend) Resetter([]string) (gpu.Resetter, error) { return s.b, nil }
+
+type nvmlAgentBackend struct{ b *gpunvml.Backend }
+
+func (n nvmlAgentBackend) Devices() []health.Device { return n.b.Devices() }
+func (n nvmlAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
+	return n.b.Run(ctx, sink)
+}
+
+func (n nvmlAgentBackend) Resetter(command []string) (gpu.Resetter, error) {
+	return n.b.CommandResetter(command)
+}
+
+// ResettingBackend is an agent backend that can reset its GPUs.
+type ResettingBackend interface {
+	agent.Backend
+	Resetter(command []string) (gpu.Resetter, error)
+}
+
+// OpenBackend opens the GPU backend named by backend (nvml or sim, with its scenario) and
+// returns it with the boot ID the agent keys its checkpoint with and a function that closes it.
+// With the simulator, node (when set) wins over the scenario's own node: every agent of a
+// DaemonSet replays the same scenario on its own node's GPUs.
+func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration) (ResettingBackend, string, func(), error) {
+	switch backend {
+	case "sim":
+		if scenarioPath == "" {
+			return nil, "", nil, cmdutil.BadInput(errors.New("--scenario: required with --backend sim"))
+		}
+		sc, err := sim.LoadScenario(scenarioPath)
+		if err != nil {
+			return nil, "", nil, cmdutil.BadInput(err)
+		}
+		if node != "" && node != sc.Node {
+			klog.FromContext(ctx).Info("Replaying the scenario on this node", "scenarioNode", sc.Node, "node", node)
+			sc = sc.OnNode(node)
+		}
+		b := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: sampleEvery, Forever: true})
+		return simAgentBackend{b}, b.BootID(), func() {}, nil
+	case "nvml":
+		if scenarioPath != "" {
+			return nil, "", nil, cmdutil.BadInput(errors.New("--scenario: only with --backend sim"))
+		}
+		b, err := gpunvml.OpenSystem(gpunvml.WithSamplePeriod(sampleEvery), gpunvml.WithLogger(klog.FromContext(ctx)))
+		if err != nil {
+			return nil, "", nil, err
+		}
+		bootID, err := health.ReadBootID()
+		if err != nil {
+			_ = b.Close()
+			return nil, "", nil, err
+		}
+		return nvmlAgentBackend{b}, bootID, func() { _ = b.Close() }, nil
+	}
+	return nil, "", nil, cmdutil.BadInput(fmt.Errorf("--backend: must be nvml or sim, got %q", backend))
+}
+
+// OpenKernelLog opens the node's kernel log beside the NVML backend, as the config's kernelLog
+// section says. The simulator reads no kernel log of the machine it runs on: its scenarios
+// carry kernel-log lines of their own (kmsg events), which it parses itself.
+func OpenKernelLog(ctx context.Context, cfg *config.HealthConfig, backend string, devices []health.Device, bootID string) *agent.KernelLog {
+	k := cfg.KernelLogSection()
+	if backend != "nvml" {
+		off := false
+		k.Enabled = &off
+	}
+	return agent.OpenKernelLog(ctx, k, devices, bootID)
+}
