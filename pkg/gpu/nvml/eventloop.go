@@ -65,10 +65,8 @@ func (w *watcher) enter(ctx context.Context) bool {
 		epoch, wake, ok := w.b.gate.tryEnter()
 		if !ok {
 			w.free()
-			select {
-			case <-ctx.Done():
+			if !w.b.gate.park(ctx, wake) {
 				return false
-			case <-wake:
 			}
 			continue
 		}

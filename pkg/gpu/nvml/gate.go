@@ -31,7 +31,9 @@ type gate struct {
 	state   gateState
 	users   int
 	sets    int
-	epoch   uint64
+	// parked counts the loops waiting in park for the gate to open.
+	parked int
+	epoch  uint64
 	// downErr is why Init failed, while the state is gateDown.
 	downErr error
 }
@@ -63,12 +65,36 @@ func (g *gate) enter(ctx context.Context) (epoch uint64, ok bool) {
 		if ok {
 			return epoch, true
 		}
-		select {
-		case <-ctx.Done():
+		if !g.park(ctx, wake) {
 			return 0, false
-		case <-wake:
 		}
 	}
+}
+
+// park waits for wake (from tryEnter) and counts the loop as parked meanwhile. It returns false
+// when ctx ended first.
+func (g *gate) park(ctx context.Context, wake <-chan struct{}) bool {
+	g.mu.Lock()
+	g.parked++
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.parked--
+		g.mu.Unlock()
+	}()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-wake:
+		return true
+	}
+}
+
+// parkedLoops returns how many loops wait for the gate to open.
+func (g *gate) parkedLoops() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.parked
 }
 
 // leave ends a user's calls.

@@ -20,6 +20,9 @@ var errClosed = errors.New("the NVML backend is closed")
 
 // lockSession takes the session lock; it returns ctx's error when ctx ends first.
 func (b *Backend) lockSession(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	select {
 	case b.session <- struct{}{}:
 		return nil
