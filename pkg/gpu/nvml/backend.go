@@ -92,12 +92,20 @@ type Backend struct {
 
 	stats stats
 
+	// gate coordinates Run's loops with resets (see session.go); session serialises resets, the
+	// re-initialisations after them and Close. closed is set by Close, under session.
+	gate    *gate
+	session chan struct{}
+	closed  bool
+
 	closeOnce sync.Once
 	closeErr  error
 }
 
 // gpu is one physical GPU of the inventory and the sampler's memory of it.
 type gpu struct {
+	// handle is replaced after every reset (see reacquire), while the loops of Run are parked;
+	// nil when the GPU did not come back (it is then lost).
 	handle nvml.Device
 	dev    health.Device
 	migs   []health.Device
@@ -144,7 +152,7 @@ func Open(lib nvml.Interface, opts ...Option) (*Backend, error) {
 	if err := initError(lib.Init()); err != nil {
 		return nil, err
 	}
-	b := &Backend{lib: lib, opts: o, log: o.logger, sym: lookupSymbols(lib)}
+	b := &Backend{lib: lib, opts: o, log: o.logger, sym: lookupSymbols(lib), gate: newGate(), session: make(chan struct{}, 1)}
 	b.eventsOff = b.sym.eventsMissing()
 	if err := b.inventory(); err != nil {
 		if serr := nvmlError("shutting NVML down", lib.Shutdown()); serr != nil {
@@ -192,9 +200,19 @@ func newOptions(opts []Option) options {
 	return o
 }
 
-// Close shuts NVML down. It is safe to call more than once; Run must have returned.
+// Close shuts NVML down. It is safe to call more than once; Run must have returned. It waits for
+// a reset in progress; resets after it fail. When NVML is down after a reset (Init failed)
+// there is nothing to shut down.
 func (b *Backend) Close() error {
-	b.closeOnce.Do(func() { b.closeErr = nvmlError("shutting NVML down", b.lib.Shutdown()) })
+	b.closeOnce.Do(func() {
+		b.session <- struct{}{}
+		defer b.unlockSession()
+		b.closed = true
+		if _, down := b.gate.downState(); down != nil {
+			return
+		}
+		b.closeErr = nvmlError("shutting NVML down", b.lib.Shutdown())
+	})
 	return b.closeErr
 }
 

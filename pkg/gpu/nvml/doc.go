@@ -3,7 +3,7 @@
 // github.com/NVIDIA/go-nvml (a depguard rule in .golangci.yml enforces it), and so the one place
 // that turns an nvml.Return into a Go error.
 //
-// A Backend has two loops, both owned by Run and stopped when its context ends:
+// A Backend has two loops that call NVML, both owned by Run and stopped when its context ends:
 //
 //   - the event loop waits on one NVML event set for XID critical errors, single- and double-bit
 //     ECC errors, single-bit ECC storms, DRAM retirement events and failures, "GPU unavailable" and
@@ -17,6 +17,11 @@
 //     error counters (of the links active when first scanned, or when Fabric Manager has
 //     registered the GPU), and NVML's GPU recovery action, and ends each GPU's round with a
 //     sample signal.
+//
+// A GPU reset needs the GPU free of every NVML client, this backend included: CommandResetter
+// parks both loops, frees the event set and shuts NVML down around the reset command, then
+// initialises NVML again, takes fresh handles by UUID and has the event loop make its set anew
+// (session.go, gate.go). When Init fails then, a third goroutine of Run retries it with backoff.
 //
 // ERROR_NOT_SUPPORTED always means "no data": a reading a GPU does not support produces no signal,
 // and a GPU whose events cannot be registered is reported as unmonitored (visible, not unhealthy).

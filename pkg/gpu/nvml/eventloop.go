@@ -16,35 +16,74 @@ import (
 func (w *watcher) loop(ctx context.Context) error {
 	timeoutMs := uint32(min(w.b.opts.eventWait.Milliseconds(), int64(^uint32(0))))
 	for ctx.Err() == nil {
-		if w.set == nil && !w.rebuild() {
-			if !w.sleep(ctx, w.backoff) {
-				return nil
-			}
-			continue
-		}
-		data, ret := w.set.Wait(timeoutMs)
-		switch ret {
-		case nvml.SUCCESS:
-			w.resetBackoff()
-			w.b.stats.add(func(s *Stats) { s.Events++ })
-			w.b.handleEvent(data, w.sink)
-			continue
-		case nvml.ERROR_TIMEOUT:
-			w.resetBackoff()
-			continue
-		}
-		if ctx.Err() != nil {
+		if !w.enter(ctx) {
 			return nil
 		}
-		w.failed(nvmlError("waiting for NVML events", ret))
-		if w.dropAfter(ret) {
-			w.free()
-		}
-		if !w.sleep(ctx, w.backoff) {
+		retry := w.step(ctx, timeoutMs)
+		w.b.gate.leave()
+		if retry && !w.sleep(ctx, w.backoff) {
 			return nil
 		}
 	}
 	return nil
+}
+
+// step waits once for an event, or makes a set when there is none, and handles the answer. It
+// reports whether to back off before the next step. The caller has entered the gate.
+func (w *watcher) step(ctx context.Context, timeoutMs uint32) bool {
+	if w.set == nil {
+		return !w.rebuild()
+	}
+	data, ret := w.set.Wait(timeoutMs)
+	switch ret {
+	case nvml.SUCCESS:
+		w.resetBackoff()
+		w.b.stats.add(func(s *Stats) { s.Events++ })
+		w.b.handleEvent(data, w.sink)
+		return false
+	case nvml.ERROR_TIMEOUT:
+		w.resetBackoff()
+		return false
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	w.failed(nvmlError("waiting for NVML events", ret))
+	if w.dropAfter(ret) {
+		w.free()
+	}
+	return true
+}
+
+// enter waits until the event loop may call NVML and enters the gate. While a reset wants NVML
+// it frees the event set (the reset waits for that) and waits; once NVML was initialised again
+// it makes the set anew through start, with its retries, since the old set and handles died
+// with the old session. It returns false when ctx ended, or when events turned out not to be
+// supported after a reset (start then marked every GPU unmonitored for events).
+func (w *watcher) enter(ctx context.Context) bool {
+	for ctx.Err() == nil {
+		epoch, wake, ok := w.b.gate.tryEnter()
+		if !ok {
+			w.free()
+			if !w.b.gate.park(ctx, wake) {
+				return false
+			}
+			continue
+		}
+		if epoch == w.epoch {
+			return true
+		}
+		w.b.gate.leave()
+		w.b.log.Info("NVML initialised again after a GPU reset: making the event set anew")
+		if err := w.start(ctx); err != nil {
+			// The loop keeps trying (rebuild) with backoff: Run does not end after a reset.
+			w.b.log.Error(err, "making the event set anew after a GPU reset failed: retrying")
+		}
+		if w.unsupported {
+			return false
+		}
+	}
+	return false
 }
 
 // dropAfter reports whether the set is to be replaced after Wait answered ret.

@@ -48,15 +48,18 @@ func EventNames(mask uint64) []string {
 	return names
 }
 
-// Run watches the GPUs until ctx ends: the event loop and the sampler, each in a goroutine that
-// Run owns and waits for. It returns nil when ctx ends and an error only when watching cannot
-// start (no event set can be created, after the tries WithStartRetries sets). Every event set
-// is freed before Run returns. Run may be called once at a time.
+// Run watches the GPUs until ctx ends: the event loop, the sampler, and the keeper that
+// initialises NVML again when that failed after a reset, each in a goroutine that Run owns and
+// waits for. It returns nil when ctx ends and an error only when watching cannot start (no event
+// set can be created, after the tries WithStartRetries sets). Every event set is freed before
+// Run returns. Run may be called once at a time. A reset through CommandResetter parks the
+// event loop and the sampler while it runs (see session.go).
 func (b *Backend) Run(ctx context.Context, sink Sink) error {
 	b.announce(sink)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return b.watchEvents(ctx, sink) })
 	g.Go(func() error { return b.sampleLoop(ctx, sink) })
+	g.Go(func() error { return b.keepNVML(ctx, sink) })
 	return g.Wait()
 }
 
@@ -65,6 +68,9 @@ func (b *Backend) Run(ctx context.Context, sink Sink) error {
 func (b *Backend) supportedEvents(g *gpu) (uint64, nvml.Return) {
 	if b.eventsOff != "" {
 		return 0, nvml.ERROR_FUNCTION_NOT_FOUND
+	}
+	if g.handle == nil {
+		return 0, nvml.ERROR_GPU_IS_LOST // not found after a reset
 	}
 	mask, ret := g.handle.GetSupportedEventTypes()
 	mask &= WatchedEvents
@@ -105,6 +111,9 @@ func (b *Backend) attribute(h nvml.Device) (target, bool) {
 		return target{}, false
 	}
 	for _, g := range b.gpus {
+		if g.handle == nil {
+			continue // not found after a reset: nothing of it can be read
+		}
 		if g.dev.UUID == uuid {
 			return target{gpu: g}, true
 		}

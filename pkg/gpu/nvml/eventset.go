@@ -18,6 +18,10 @@ type watcher struct {
 	set        nvml.EventSet
 	registered []*gpu
 	backoff    time.Duration
+	// epoch is the gate's epoch when the set was made: the NVML session it belongs to.
+	// unsupported is set when start found events not supported: nothing is watched.
+	epoch       uint64
+	unsupported bool
 }
 
 // watchEvents runs the event loop until ctx ends and frees the event set before it returns. It
@@ -49,20 +53,30 @@ func (w *watcher) start(ctx context.Context) error {
 	delay := w.b.opts.startBackoff
 	for attempt := 1; ; attempt++ {
 		last := attempt >= w.b.opts.startAttempts
+		epoch, ok := w.b.gate.enter(ctx)
+		if !ok {
+			return nil
+		}
+		w.epoch = epoch
 		ret, failed := w.open(last)
 		switch {
 		case notSupported(ret):
+			w.b.gate.leave()
 			w.b.log.Info("NVML events are not supported: every GPU is unmonitored for events", "error", ret.Error())
 			for _, g := range w.b.gpus {
 				w.b.setUnmonitored(g, w.sink, true)
 			}
+			w.unsupported = true
 			return nil
 		case ret == nvml.SUCCESS && (failed == 0 || last):
+			w.b.gate.leave()
 			return nil
 		case ret != nvml.SUCCESS && last:
+			w.b.gate.leave()
 			return nvmlError("creating the NVML event set", ret)
 		}
 		w.free()
+		w.b.gate.leave()
 		log := w.b.log.WithValues("attempt", attempt, "of", w.b.opts.startAttempts, "backoff", delay)
 		if ret != nvml.SUCCESS {
 			log.Info("creating the NVML event set failed: trying again", "error", ret.Error())
@@ -89,6 +103,7 @@ func (w *watcher) open(final bool) (nvml.Return, int) {
 		if ret != nvml.SUCCESS {
 			return ret, failed
 		}
+		w.b.gate.setMade()
 		w.set, w.registered = set, nil
 		broke, n := w.registerAll(skip, final)
 		failed += n
@@ -194,16 +209,26 @@ func (w *watcher) free() {
 		w.b.log.Error(nvmlError("freeing the event set", ret), "leaking the NVML event set")
 	}
 	w.set, w.registered = nil, nil
+	w.b.gate.setFreed()
 }
 
-// sleep waits d on the backend's clock; it returns false when ctx ended first.
+// sleep waits d on the backend's clock; it returns false when ctx ended first. It ends early
+// when a reset wants NVML, so that the event set it may hold is freed without delay (the
+// caller then enters the gate, which frees it and waits).
 func (w *watcher) sleep(ctx context.Context, d time.Duration) bool {
 	timer := w.b.opts.clock.NewTimer(d)
 	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C():
-		return true
+	for {
+		wake, wanted := w.b.gate.wake()
+		if wanted {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C():
+			return true
+		case <-wake:
+		}
 	}
 }

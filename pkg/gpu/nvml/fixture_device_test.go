@@ -20,6 +20,7 @@ func (f *fixture) wireDevice(i int, st *gpuState) {
 	d.GetUUIDFunc = func() (string, nvml.Return) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		f.checkLive("GetUUID")
 		if st.lost && !st.uuidCached {
 			return "", nvml.ERROR_GPU_IS_LOST
 		}

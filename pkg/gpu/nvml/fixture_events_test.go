@@ -22,6 +22,7 @@ type fakeSet struct {
 func (f *fixture) createEventSet() (nvml.EventSet, nvml.Return) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.checkLive("EventSetCreate")
 	ret := f.eventSetRet
 	if len(f.createRets) > 0 {
 		ret, f.createRets = f.createRets[0], f.createRets[1:]
@@ -33,6 +34,7 @@ func (f *fixture) createEventSet() (nvml.EventSet, nvml.Return) {
 	fs.set = &mock.EventSet{
 		WaitFunc: func(timeoutMs uint32) (nvml.EventData, nvml.Return) {
 			f.waitCalls.Add(1)
+			f.checkLive("EventSet.Wait")
 			f.mu.Lock()
 			if fs.freed {
 				f.t.Error("Wait on a freed event set")
@@ -50,16 +52,19 @@ func (f *fixture) createEventSet() (nvml.EventSet, nvml.Return) {
 		FreeFunc: func() nvml.Return {
 			f.mu.Lock()
 			defer f.mu.Unlock()
+			f.checkLive("EventSet.Free")
 			if fs.freed {
 				f.t.Error("event set freed twice")
 			}
 			fs.freed = true
+			f.record("free")
 			f.frees.Add(1)
 			return nvml.SUCCESS
 		},
 	}
 	f.sets = append(f.sets, fs)
 	f.creates.Add(1)
+	f.record("create")
 	return fs.set, nvml.SUCCESS
 }
 
@@ -104,6 +109,7 @@ func (f *fixture) wireEvents(i int, d *server.Device, st *gpuState) {
 	d.RegisterEventsFunc = func(mask uint64, set nvml.EventSet) nvml.Return {
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		f.checkLive("RegisterEvents")
 		ret := st.registerRet
 		if len(st.registerRets) > 0 {
 			ret, st.registerRets = st.registerRets[0], st.registerRets[1:]

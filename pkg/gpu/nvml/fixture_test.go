@@ -3,6 +3,7 @@ package nvml_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -76,6 +77,9 @@ type gpuState struct {
 	failing map[string]bool
 	// rets names readings that answer the given code.
 	rets map[string]nvml.Return
+	// gone, when not SUCCESS, answers DeviceGetHandleByUUID: the GPU did not come back after a
+	// reset.
+	gone nvml.Return
 }
 
 type waitResult struct {
@@ -104,6 +108,16 @@ type fixture struct {
 	sets        []*fakeSet
 	// missing names the C symbols the fake libnvidia-ml lacks (LookupSymbol fails for them).
 	missing map[string]bool
+	// live is set between a successful Init and Shutdown: every device and event set call
+	// made while it is not fails the test. initRets answer the next Init calls (SUCCESS after
+	// them); inits counts the calls. Both guarded by mu.
+	live     atomic.Bool
+	initRets []nvml.Return
+	inits    int
+	// calls records, in order, the calls around a reset: "init", "init failed", "shutdown",
+	// "create", "free", "handle <index>", and what tests add ("command"). Guarded by callsMu.
+	callsMu sync.Mutex
+	calls   []string
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -122,9 +136,43 @@ func newFixture(t *testing.T) *fixture {
 		}
 		return nil
 	}
+	f.srv.InitFunc = func() nvml.Return {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.inits++
+		ret := nvml.SUCCESS
+		if len(f.initRets) > 0 {
+			ret, f.initRets = f.initRets[0], f.initRets[1:]
+		}
+		if ret != nvml.SUCCESS {
+			f.record("init failed")
+			return ret
+		}
+		f.record("init")
+		f.live.Store(true)
+		return nvml.SUCCESS
+	}
 	f.srv.ShutdownFunc = func() nvml.Return {
 		f.shutdowns.Add(1)
+		f.record("shutdown")
+		f.live.Store(false)
 		return nvml.SUCCESS
+	}
+	byUUID := f.srv.DeviceGetHandleByUUIDFunc
+	f.srv.DeviceGetHandleByUUIDFunc = func(uuid string) (nvml.Device, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.checkLive("DeviceGetHandleByUUID")
+		for i, st := range f.gpus {
+			if f.uuid(i) != uuid {
+				continue
+			}
+			f.record(fmt.Sprintf("handle %d", i))
+			if st.gone != nvml.SUCCESS {
+				return nil, st.gone
+			}
+		}
+		return byUUID(uuid)
 	}
 	f.srv.EventSetCreateFunc = f.createEventSet
 	for i := range f.srv.Devices {
@@ -162,8 +210,38 @@ func (f *fixture) update(i int, change func(*gpuState)) {
 	change(f.gpus[i])
 }
 
+// record appends to the call log.
+func (f *fixture) record(call string) {
+	f.callsMu.Lock()
+	defer f.callsMu.Unlock()
+	f.calls = append(f.calls, call)
+}
+
+// callLog returns the call log so far.
+func (f *fixture) callLog() []string {
+	f.callsMu.Lock()
+	defer f.callsMu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+// checkLive fails the test when NVML is called while it is shut down: a handle or an event
+// set of the old session is used, or a loop did not wait for the reset.
+func (f *fixture) checkLive(call string) {
+	if !f.live.Load() {
+		f.t.Errorf("%s called while NVML is shut down", call)
+	}
+}
+
+// initCalls returns how often Init was called.
+func (f *fixture) initCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.inits
+}
+
 // answer is the return code of a reading: lost, unsupported, failing or fine.
 func (f *fixture) answer(st *gpuState, reading string) nvml.Return {
+	f.checkLive(reading)
 	switch {
 	case st.lost:
 		return nvml.ERROR_GPU_IS_LOST

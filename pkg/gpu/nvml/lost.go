@@ -23,6 +23,9 @@ func (b *Backend) reportBroken(g *gpu, kind health.SignalKind, at time.Time, sin
 // temperature cannot tell (the driver lacks the call, the GPU has no sensor, the reading failed
 // otherwise) the UUID is all there is to ask.
 func (b *Backend) alive(g *gpu) nvml.Return {
+	if g.handle == nil {
+		return nvml.ERROR_GPU_IS_LOST // not found after a reset
+	}
 	if b.sym.has(symTemperature) {
 		_, ret := g.handle.GetTemperature(nvml.TEMPERATURE_GPU)
 		if ret == nvml.SUCCESS || isFault(ret) {

@@ -157,6 +157,11 @@ func (r Readings) fault() (health.SignalKind, bool) {
 // detection; emit does.
 func (b *Backend) read(g *gpu) Readings {
 	r := Readings{Time: b.opts.clock.Now()}
+	if g.handle == nil {
+		// Not found after a reset: nothing to ask.
+		r.Lost = true
+		return r
+	}
 	if err := b.readInto(g, reader{&r}); err != nil {
 		// What was read before NVML said so is meaningless.
 		out := Readings{Time: r.Time, Lost: r.Lost, ResetRequired: r.ResetRequired}

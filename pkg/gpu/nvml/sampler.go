@@ -11,9 +11,14 @@ import (
 // sample period until ctx ends.
 func (b *Backend) sampleLoop(ctx context.Context, sink Sink) error {
 	for {
+		// While a reset has NVML the round waits; it then reads the GPUs afresh.
+		if _, ok := b.gate.enter(ctx); !ok {
+			return nil
+		}
 		// The period runs from the start of a round, so slow reads do not stretch it.
 		timer := b.opts.clock.NewTimer(b.opts.samplePeriod)
 		b.sampleAll(sink)
+		b.gate.leave()
 		select {
 		case <-ctx.Done():
 			timer.Stop()
