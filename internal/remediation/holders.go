@@ -131,7 +131,7 @@ func (c Claims) Holders(ctx context.Context, dev health.Device, migs []health.De
 		if pod.Spec.NodeName != c.NodeName || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			continue // its containers are gone
 		}
-		for _, name := range claimNames(pod) {
+		for _, name := range dradevices.PodClaimNames(pod) {
 			claim, err := c.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				// A claim the pod names but that cannot be read may hold the GPU.
@@ -146,27 +146,6 @@ func (c Claims) Holders(ctx context.Context, dev health.Device, migs []health.De
 	}
 	slices.Sort(out)
 	return slices.Compact(out), nil
-}
-
-// claimNames returns the names of the ResourceClaims a pod uses: those it names, those generated
-// for it from templates, and the one backing its DRA extended resources.
-func claimNames(pod *corev1.Pod) []string {
-	var names []string
-	for _, rc := range pod.Spec.ResourceClaims {
-		if rc.ResourceClaimName != nil {
-			names = append(names, *rc.ResourceClaimName)
-		}
-	}
-	for _, st := range pod.Status.ResourceClaimStatuses {
-		if st.ResourceClaimName != nil {
-			names = append(names, *st.ResourceClaimName)
-		}
-	}
-	if ext := pod.Status.ExtendedResourceClaimStatus; ext != nil && ext.ResourceClaimName != "" {
-		names = append(names, ext.ResourceClaimName)
-	}
-	slices.Sort(names)
-	return slices.Compact(names)
 }
 
 // AllHolders asks every finder and returns the union; any finder's error is an error, since a

@@ -23,10 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/restmapper"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	apiv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -471,20 +468,7 @@ func containerStarted(p *corev1.Pod) time.Time {
 // API server still has.
 func existingObjects(t *testing.T, c *controlplane.Cluster, manifest string) []string {
 	t.Helper()
-	objs, err := helm.Decode(manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := c.AdminConfig()
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
+	objs, dyn, mapper := manifestClients(t, c, manifest)
 	var left []string
 	for _, obj := range objs {
 		gvk := obj.GroupVersionKind()

@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
@@ -270,20 +271,7 @@ func renderChart(t *testing.T, o helm.Options) string {
 func applyManifest(t *testing.T, c *controlplane.Cluster, manifest string) {
 	t.Helper()
 	ctx := t.Context()
-	objs, err := helm.Decode(manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := c.AdminConfig()
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
+	objs, dyn, mapper := manifestClients(t, c, manifest)
 	for _, obj := range objs {
 		gvk := obj.GroupVersionKind()
 		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
@@ -450,4 +438,24 @@ func updateRule(ctx context.Context, cs kubernetes.Interface, name string, chang
 	change(r)
 	_, err = cs.ResourceV1().DeviceTaintRules().Update(ctx, r, metav1.UpdateOptions{})
 	return err
+}
+
+// manifestClients decodes a rendered manifest and returns its objects with what reaches any of
+// them: a dynamic client and a REST mapper from the API server's discovery.
+func manifestClients(t *testing.T, c *controlplane.Cluster, manifest string) ([]*unstructured.Unstructured, dynamic.Interface, meta.RESTMapper) {
+	t.Helper()
+	objs, err := helm.Decode(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.AdminConfig()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs, dyn, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
 }

@@ -119,14 +119,14 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	}
 	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if pod, ok := obj.(*corev1.Pod); !ok || len(podClaims(pod)) > 0 {
+			if pod, ok := obj.(*corev1.Pod); !ok || len(dradevices.PodClaimNames(pod)) > 0 {
 				trigger()
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Pod)
 			n, ok2 := newObj.(*corev1.Pod)
-			if !ok1 || !ok2 || !slices.Equal(podClaims(o), podClaims(n)) {
+			if !ok1 || !ok2 || !slices.Equal(dradevices.PodClaimNames(o), dradevices.PodClaimNames(n)) {
 				trigger()
 			}
 		},
@@ -164,27 +164,6 @@ func claimsOnly(obj any) (any, error) {
 	}, nil
 }
 
-// podClaims returns the names of the ResourceClaims a pod uses, sorted: those it names, those
-// generated for it from templates, and the one backing its DRA extended resources.
-func podClaims(pod *corev1.Pod) []string {
-	var names []string
-	for _, rc := range pod.Spec.ResourceClaims {
-		if rc.ResourceClaimName != nil {
-			names = append(names, *rc.ResourceClaimName)
-		}
-	}
-	for _, st := range pod.Status.ResourceClaimStatuses {
-		if st.ResourceClaimName != nil {
-			names = append(names, *st.ResourceClaimName)
-		}
-	}
-	if ext := pod.Status.ExtendedResourceClaimStatus; ext != nil && ext.ResourceClaimName != "" {
-		names = append(names, ext.ResourceClaimName)
-	}
-	slices.Sort(names)
-	return slices.Compact(names)
-}
-
 // claimsOnNode returns the claims of the pods bound to this node.
 func (s *Syncer) claimsOnNode() (map[types.NamespacedName]bool, error) {
 	pods, err := s.pods.List(labels.Everything())
@@ -196,7 +175,7 @@ func (s *Syncer) claimsOnNode() (map[types.NamespacedName]bool, error) {
 		if pod.Spec.NodeName != s.nodeName {
 			continue
 		}
-		for _, name := range podClaims(pod) {
+		for _, name := range dradevices.PodClaimNames(pod) {
 			out[types.NamespacedName{Namespace: pod.Namespace, Name: name}] = true
 		}
 	}

@@ -1,7 +1,6 @@
 package claimstatus
 
 import (
-	"slices"
 	"strings"
 	"testing"
 
@@ -136,24 +135,5 @@ func TestClaimsAreReadOnlyWhenThereIsSomethingToCheck(t *testing.T) {
 		if len(gets) != step.wantGets {
 			t.Errorf("%s: read claims %v, want %d reads", step.name, gets, step.wantGets)
 		}
-	}
-}
-
-func TestPodClaims(t *testing.T) {
-	pod := &corev1.Pod{
-		Spec: corev1.PodSpec{ResourceClaims: []corev1.PodResourceClaim{
-			{Name: "direct", ResourceClaimName: ptr.To("shared")},
-			{Name: "templated", ResourceClaimTemplateName: ptr.To("tmpl")},
-		}},
-		Status: corev1.PodStatus{
-			ResourceClaimStatuses: []corev1.PodResourceClaimStatus{
-				{Name: "templated", ResourceClaimName: ptr.To("p-templated-x1")},
-				{Name: "not-needed"},
-			},
-			ExtendedResourceClaimStatus: &corev1.PodExtendedResourceClaimStatus{ResourceClaimName: "p-extended-x2"},
-		},
-	}
-	if got, want := podClaims(pod), []string{"p-extended-x2", "p-templated-x1", "shared"}; !slices.Equal(got, want) {
-		t.Errorf("podClaims = %v, want %v", got, want)
 	}
 }
