@@ -98,7 +98,7 @@ verify: lint ## gofmt, go vet, go mod tidy, generated docs, and lint.
 	@$(GO) run ./hack/xiddoc | diff -u docs/xid-policy.md - || { echo "docs/xid-policy.md is stale: go run ./hack/xiddoc > docs/xid-policy.md"; exit 1; }
 
 .PHONY: bench
-bench: build controlplane ## Every figure of docs/benchmarks.md as one table (library, agent idle/storm, signal->object latency, extender, 500-node fleet), medians of several runs; ~11-15 min. Raw output in bin/bench/.
+bench: build controlplane ## Every figure of docs/benchmarks.md as one table (library, agent idle/storm, signal->object latency, extender, 500-node fleet, 5,000-node fleet, each limit beside its figure), medians of several runs; ~20 min. Raw output in bin/bench/.
 	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) run ./hack/bench --gpuhealth $(BIN)/gpuhealth --agent $(BIN)/gpuhealth-agent --out docs/benchmarks.md --raw $(BIN)/bench
 
 .PHONY: bench-lib

@@ -55,7 +55,7 @@ func main() {
 	flag.IntVar(&o.FleetNodes, "fleet-nodes", 500, "simulated nodes in the fleet")
 	flag.IntVar(&o.FleetRuns, "fleet-runs", 3, "fleet runs")
 	flag.DurationVar((*time.Duration)(&o.FleetSteady), "fleet-steady", 30*time.Second, "the fleet's steady-state window")
-	flag.IntVar(&o.FleetLarge, "fleet-large", 2000, "nodes of one more fleet run, to show how the figures grow (0: none)")
+	flag.IntVar(&o.FleetLarge, "fleet-large", 5000, "nodes of one more fleet run, 5,000 × 8 GPUs by default: the size of the largest published GPU-health deployments (0: none)")
 	flag.BoolVar(&o.FleetBreaker, "fleet-breaker", true, "one more fleet run with the circuit breaker on")
 	flag.StringVar(&o.skip, "skip", "", "comma-separated parts to leave out: "+strings.Join(partNames(), ","))
 	flag.Parse()

@@ -316,9 +316,10 @@ why). The agents' ServiceAccount gets the chart's FlowSchema and priority level
 (` + "`internal/agent.FlowControl`" + `): without them the default FlowSchemas put every agent into one flow
 of workload-low with short queues, and most of a wave's burst came back as HTTP 429 (15.3 s for the
 500-node wave, 468 rejections; ` + "`GPUHEALTH_FLEET_FLOWCONTROL=0`" + ` reproduces it). With them no request is
-rejected up to 1,000 nodes; at 2,000 nodes the wave's 6,400 simultaneous requests overflow the default
-queue of 5,000 and the excess is retried (` + "`agent.flowControl.queueLengthLimit`" + ` sizes the queue: four
-requests per node that changes at once). The agents, the test and the API server share the same 2 cores, so the wave's time is mostly
+rejected up to 1,000 nodes. The queue, ` + "`agent.flowControl.queueLengthLimit`" + `, holds 20,000 requests, four per node
+that changes at once: at 5,000 nodes × 8 GPUs (a wave on 4,000 nodes) the old default of 5,000 turned
+8,883 of the wave's requests into 429s and retries (34.7 s); with 20,000, 714 (21.6 s, 1.31× the bare
+wave). The agents, the test and the API server share the same 2 cores, so the wave's time is mostly
 CPU; it varies between runs on a shared machine, and the per-run table below shows the spread.
 
 The fleet test is too heavy for every CI run: it is skipped unless ` + "`GPUHEALTH_FLEET=1`" + `. Run it alone with
