@@ -10,6 +10,8 @@ GOFLAGS_TEST ?= -race -count=1
 # containerd + runc + CNI instead of the fake CRI, so pods really run.
 NODES     ?= 1
 CONTAINERS ?= 0
+# Simulated GPUs each cluster-up node publishes in a ResourceSlice (driver gpu.nvidia.com).
+GPUS      ?= 8
 # The image the chart runs by default (make image tags it so).
 IMAGE     := gpuhealth/gpuhealth:$(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' deployments/helm/gpuhealth/Chart.yaml)
 # Tools are installed by hack/tools.sh into $(TOOLS_BIN), keyed by version.
@@ -68,8 +70,8 @@ controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, ku
 	hack/controlplane/containerd.sh >/dev/null
 
 .PHONY: cluster-up
-cluster-up: controlplane ## Start a local cluster with NODES real kubelet nodes (default 1; CONTAINERS=1: with containerd) in the background; kubeconfig in .cluster/kubeconfig.
-	NODES=$(NODES) CONTAINERS=$(CONTAINERS) hack/controlplane/cluster.sh up
+cluster-up: controlplane ## Start a local cluster with NODES real kubelet nodes (default 1; CONTAINERS=1: with containerd), each publishing GPUS simulated GPUs (default 8) for DRA, in the background; kubeconfig in .cluster/kubeconfig.
+	NODES=$(NODES) CONTAINERS=$(CONTAINERS) GPUS=$(GPUS) hack/controlplane/cluster.sh up
 
 .PHONY: image-load
 image-load: $(BIN)/gpuhealth-image.tar ## Import the image (built for this machine if missing or older than the sources) into every node of cluster-up's cluster (CONTAINERS=1).

@@ -8,6 +8,9 @@
 #        hack/controlplane/cluster.sh status   # which recorded processes run, and /readyz
 #        hack/controlplane/cluster.sh image-load ARCHIVE NAME  # import an image into every node
 #
+# Each node publishes GPUS (default 8) simulated GPUs in a ResourceSlice of driver gpu.nvidia.com,
+# with the UUIDs the sim backend gives them, so an agent replaying a scenario finds devices to taint.
+#
 # CONTAINERS=1 gives the nodes containerd + runc + CNI (test/controlplane/containerd.go) instead
 # of the fake CRI; image-load needs that. `down` then first stops the kubelets, removes every pod
 # through each node's containerd (containers, CNI, mounts, cgroups), and kills leftover shims.
@@ -58,7 +61,7 @@ up() {
 	(cd "$root" && go build -o "$cluster_dir/bin/localcluster" ./test/controlplane/cmd/localcluster)
 	log "starting the control plane"
 	"$cluster_dir/bin/localcluster" up --dir "$cluster_dir" --bin "$bin_dir" \
-		--feature-gates "${GPUHEALTH_FEATURE_GATES:-}" --nodes "${NODES:-1}" "${containers[@]}"
+		--feature-gates "${GPUHEALTH_FEATURE_GATES:-}" --nodes "${NODES:-1}" --gpus "${GPUS:-8}" "${containers[@]}"
 }
 
 down() {

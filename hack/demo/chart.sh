@@ -27,6 +27,7 @@ wait_for() {
 unhealthy_ids() { [[ $($kubectl get node "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/gpu-unhealthy-ids}') == "$2" ]]; }
 allocatable() { [[ $($kubectl get node "$1" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}') == "$2" ]]; }
 gpus() { $kubectl get nodes -o custom-columns='NODE:.metadata.name,GPUS:.status.capacity.nvidia\.com/gpu,ALLOCATABLE:.status.allocatable.nvidia\.com/gpu,UNHEALTHY:.metadata.annotations.volcano\.sh/gpu-unhealthy-ids'; }
+rules() { [[ $($kubectl get devicetaintrules -l gpuhealth.dev/node="$1" -o name | wc -l) == "$2" ]]; }
 
 say "a local cluster with containerd nodes, and the image on them"
 hack/controlplane/cluster.sh down
@@ -44,6 +45,9 @@ node=gpuhealth-node-0
 say "every agent replays $scenario on its own node: GPU 3 falls off the bus, GPU 5 overheats"
 wait_for "GPUs 3 and 5 of $node to be reported" unhealthy_ids "$node" 3,5
 bin/gpuhealth status --kubeconfig "$KUBECONFIG" --problems
+say "\$ kubectl get devicetaintrules: one per sick GPU, selecting its device in the node's ResourceSlice"
+wait_for "a DeviceTaintRule for each of them" rules "$node" 2
+$kubectl get devicetaintrules -l gpuhealth.dev/node="$node"
 wait_for "the kubelet of $node to count 6 healthy GPUs" allocatable "$node" 6
 gpus
 

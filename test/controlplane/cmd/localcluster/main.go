@@ -6,7 +6,8 @@
 //
 // With --nodes N (default 1) it also starts N real kubelet nodes, gpuhealth-node-0..N-1, in the
 // harness's node network (see test/controlplane/nodenet.go); with --containers they run
-// containerd, runc and CNI instead of the fake CRI (test/controlplane/containerd.go).
+// containerd, runc and CNI instead of the fake CRI (test/controlplane/containerd.go). Each node
+// publishes --gpus (default 8) simulated GPUs in a ResourceSlice, as a DRA driver would.
 //
 // Layout under --dir (default .cluster):
 //
@@ -31,6 +32,9 @@ import (
 	"syscall"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
 
@@ -52,6 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	featureGates := fs.String("feature-gates", "", "--feature-gates for kube-apiserver, kube-scheduler, kube-controller-manager and the kubelets")
 	nodes := fs.Int("nodes", 1, "real kubelet nodes to start, named gpuhealth-node-0..N-1 (0: control plane only)")
 	containers := fs.Bool("containers", false, "give the nodes containerd + runc + CNI instead of the fake CRI, so pods really run")
+	gpus := fs.Int("gpus", 8, "simulated GPUs each node publishes in a ResourceSlice of driver gpu.nvidia.com, as NVIDIA's DRA driver would, with the UUIDs the sim backend gives them: the devices the agents' DeviceTaintRules select (0: none)")
 	containerdBin := fs.String("containerd-bin", "", "directory with containerd, its shim, ctr, crihelper and the pause image (default: $"+controlplane.ContainerdBinDirEnv+" or hack/controlplane/containerd.sh)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: localcluster up [flags]")
@@ -81,6 +86,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	if *nodes < 0 {
 		return fmt.Errorf("--nodes %d: want 0 or more", *nodes)
+	}
+	if *gpus < 0 {
+		return fmt.Errorf("--gpus %d: want 0 or more", *gpus)
 	}
 	// A fresh cluster every time: old etcd data would leak objects into the new one, and old
 	// kubelet state would confuse the new nodes.
@@ -112,6 +120,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		_ = c.Stop()
 		return err
 	}
+	// After the kubelets started: a starting kubelet deletes its node's slices of DRA drivers
+	// that have not registered with it.
+	if err := publishGPUs(ctx, c, *gpus); err != nil {
+		_ = c.Stop()
+		return err
+	}
 	fmt.Fprintf(stdout, `cluster up in %s: %s (Kubernetes %s)
   export KUBECONFIG=%s
   %s get nodes -o wide
@@ -123,6 +137,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	fmt.Fprintf(stdout, "logs: %s\nstop: make cluster-down\n", filepath.Join(runDir, "logs"))
+	return nil
+}
+
+// publishGPUs publishes, for every node, a ResourceSlice of gpus simulated GPUs named by the
+// UUIDs the sim backend gives that node's GPUs, so that an agent replaying a scenario there (the
+// chart's agent.sim.scenario) finds the DRA devices to taint.
+func publishGPUs(ctx context.Context, c *controlplane.Cluster, gpus int) error {
+	if gpus == 0 {
+		return nil
+	}
+	for _, n := range c.KubeletNodes() {
+		uuids := make([]string, gpus)
+		for i := range uuids {
+			uuids[i] = sim.GPUUUID(n.Name, i)
+		}
+		if _, err := c.Admin().ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(n.Name, uuids...), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("publish the GPUs of %s: %w", n.Name, err)
+		}
+	}
 	return nil
 }
 
