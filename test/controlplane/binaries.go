@@ -45,19 +45,30 @@ func FindBinDir(ctx context.Context) (string, error) {
 	if dir := os.Getenv(BinDirEnv); dir != "" {
 		return checkBinDir(dir)
 	}
+	dir, err := buildScriptDir(ctx, "build.sh", BinDirEnv)
+	if err != nil {
+		return "", err
+	}
+	return checkBinDir(dir)
+}
+
+// buildScriptDir runs hack/controlplane/<script>, which builds (or finds cached) binaries and
+// prints their directory, and returns that directory. env names the variable that would have
+// spared the build, for the error when the repository cannot be found.
+func buildScriptDir(ctx context.Context, script, env string) (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
-		return "", fmt.Errorf("%s is unset and %w", BinDirEnv, err)
+		return "", fmt.Errorf("%s is unset and %w", env, err)
 	}
 	var stdout bytes.Buffer
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "controlplane", "build.sh"))
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "controlplane", script))
 	cmd.Dir = root
 	cmd.Stdout = &stdout
 	cmd.Stderr = os.Stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("hack/controlplane/build.sh: %w", err)
+		return "", fmt.Errorf("hack/controlplane/%s: %w", script, err)
 	}
-	return checkBinDir(strings.TrimSpace(stdout.String()))
+	return strings.TrimSpace(stdout.String()), nil
 }
 
 // RepoRoot walks up from the working directory to the directory holding both go.mod and

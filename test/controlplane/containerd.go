@@ -63,19 +63,10 @@ func FindContainerdBinDir(ctx context.Context, dir string) (string, error) {
 		dir = os.Getenv(ContainerdBinDirEnv)
 	}
 	if dir == "" {
-		root, err := RepoRoot()
-		if err != nil {
-			return "", fmt.Errorf("%s is unset and %w", ContainerdBinDirEnv, err)
+		var err error
+		if dir, err = buildScriptDir(ctx, "containerd.sh", ContainerdBinDirEnv); err != nil {
+			return "", err
 		}
-		var stdout bytes.Buffer
-		cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "controlplane", "containerd.sh"))
-		cmd.Dir = root
-		cmd.Stdout = &stdout
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
-			return "", fmt.Errorf("hack/controlplane/containerd.sh: %w", err)
-		}
-		dir = strings.TrimSpace(stdout.String())
 	}
 	for _, f := range []string{BinContainerd, BinShim, BinCtr, BinCRIHelper, pauseArchive} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
