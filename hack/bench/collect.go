@@ -18,6 +18,7 @@ import (
 const (
 	partLibrary      = "library"
 	partAgent        = "agent"
+	partContainer    = "container"
 	partLatency      = "latency"
 	partFleet        = "fleet"
 	partFleetLarge   = "fleet-large"

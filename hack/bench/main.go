@@ -81,6 +81,7 @@ func parts() []part {
 	return []part{
 		{partLibrary, "library benchmarks", measureLibrary},
 		{partAgent, "agent", measureAgent},
+		{partContainer, "agent container", measureContainer},
 		{partLatency, "signal -> object latency", measureLatency},
 		{partFleet, "fleet", measureFleet},
 	}

@@ -11,7 +11,8 @@ import (
 )
 
 // testdata/results.json holds figures that reproduce the docs/benchmarks.md of 2026-11-30 (with
-// several runs around each median), and testdata/benchmarks.golden.md that document: the
+// several runs around each median) plus one run of the agent container part (2026-12-01), and
+// testdata/benchmarks.golden.md that document: the
 // renderer keeps the page's shape. After changing the page's text on purpose, write the new
 // golden with `go run ./hack/bench -render hack/bench/testdata/results.json -out
 // hack/bench/testdata/benchmarks.golden.md`.
@@ -55,6 +56,7 @@ func TestRenderParts(t *testing.T) {
 			"signal → object: recovery -> annotation", "signal → object: recovery -> DeviceTaintRule", "API writes"}, 0},
 		{"agent and the breaker run", []string{partAgent, partFleetBreaker}, []string{"agent: idle", "agent: XID storm, 8 simulated GPUs, 99,973 XIDs/s",
 			"fleet: 500 nodes, circuit breaker on"}, 1},
+		{"agent container only", []string{partContainer}, []string{"agent in a container: idle", "agent in a container: XID storm"}, 0},
 		{"nothing", nil, nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -103,6 +105,9 @@ func TestRenderMissing(t *testing.T) {
 			"no figure BenchmarkExtenderFilter in p99-ms (part library)"},
 		{"a scenario of the agent", without(func(f figure.Figure) bool { return f.Part == partAgent && f.Labels[labelScenario] == scenarioStorm }),
 			"no figure xid_rate{scenario=storm} in XIDs/s (part agent)"},
+		{"the kubelet's view of the idle container", without(func(f figure.Figure) bool {
+			return f.Part == partContainer && f.Name == figure.ContainerWorkingSet && f.Labels[figure.LabelScenario] == figure.ScenarioIdle
+		}), "no figure container_working_set{scenario=idle} in KiB (part container)"},
 		{"a percentile", results{Settings: res.Settings, Figures: []figure.Figure{
 			{Part: partLatency, Run: "1", Name: figure.SignalToObject, Labels: map[string]string{figure.LabelPath: "p"}, Unit: figure.UnitMilliseconds, Value: 8,
 				Percentiles: map[string]float64{figure.P50: 8}},

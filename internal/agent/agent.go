@@ -25,9 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -36,6 +33,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
@@ -65,7 +63,7 @@ type Backend interface {
 // Options configure an agent. NodeName, Client, Backend and Policy are required.
 type Options struct {
 	NodeName string
-	Client   kubernetes.Interface
+	Client   kube.Interface
 	Backend  Backend
 	Policy   *health.Policy
 	// BootID identifies the current boot, for the checkpoint.
@@ -108,9 +106,9 @@ func Run(ctx context.Context, opts Options) error {
 	ctx = klog.NewContext(ctx, logger)
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: opts.Client.CoreV1().Events("")})
+	broadcaster.StartRecordingToSink(kube.EventSink{Client: opts.Client})
 	defer broadcaster.Shutdown()
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "gpuhealth-agent", Host: opts.NodeName})
+	recorder := broadcaster.NewRecorder(kube.Scheme, corev1.EventSource{Component: "gpuhealth-agent", Host: opts.NodeName})
 	nodeRef := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: opts.NodeName}
 
 	checkpointPath := agentCfg.CheckpointPath

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -21,7 +21,7 @@ import (
 // bootTime) are rebuilt from their reasons under the policy: XIDs and lost GPUs, the faults no
 // later reading brings back. Everything else (polled readings, recovery actions, drains) is read
 // again by the agent anyway. It returns how many devices got a fault back.
-func restoreFromNode(ctx context.Context, client kubernetes.Interface, nodeName string, m *health.Monitor, bootID string, bootTime, now time.Time) (int, error) {
+func restoreFromNode(ctx context.Context, client kube.Interface, nodeName string, m *health.Monitor, bootID string, bootTime, now time.Time) (int, error) {
 	node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 	if err != nil {
 		return 0, fmt.Errorf("read node %s: %w", nodeName, err)

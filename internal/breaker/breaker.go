@@ -40,14 +40,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 )
 
 // The ConfigMap, its keys, and the slots.
@@ -73,7 +72,7 @@ type Options struct {
 
 // Breaker decides, for one agent, whether a GPU may get a disruptive effect.
 type Breaker struct {
-	client   kubernetes.Interface
+	client   kube.Interface
 	nodeName string
 	opts     Options
 	config   corelisters.ConfigMapLister
@@ -87,7 +86,7 @@ type Breaker struct {
 }
 
 // New returns a Breaker for the agent on nodeName.
-func New(client kubernetes.Interface, nodeName string, opts Options) *Breaker {
+func New(client kube.Interface, nodeName string, opts Options) *Breaker {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
@@ -98,24 +97,21 @@ func New(client kubernetes.Interface, nodeName string, opts Options) *Breaker {
 // onChange when it changes or a slot leaves the window: an acknowledgement, a new count or an
 // expiry may let held GPUs through.
 func (b *Breaker) Start(ctx context.Context, onChange func()) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(b.client, 0, informers.WithNamespace(b.opts.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigMapName).String()
-		}))
-	inf := factory.Core().V1().ConfigMaps()
-	if _, err := inf.Informer().AddEventHandler(dradevices.OnAnyChange(onChange)); err != nil {
+	var informers kube.Informers
+	inf := informers.Add(kube.NewInformer(b.client, b.client.CoreV1().ConfigMaps(b.opts.Namespace), &corev1.ConfigMap{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigMapName).String()
+	}))
+	if _, err := inf.AddEventHandler(dradevices.OnAnyChange(onChange)); err != nil {
 		return err
 	}
-	b.config, b.onChange = inf.Lister(), onChange
-	factory.Start(ctx.Done())
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("breaker: cache of %v did not sync", typ)
-		}
+	b.config, b.onChange = corelisters.NewConfigMapLister(inf.GetIndexer()), onChange
+	informers.Start(ctx)
+	if err := informers.WaitForCacheSync(ctx); err != nil {
+		return fmt.Errorf("breaker: %w", err)
 	}
 	go func() {
 		<-ctx.Done()
-		factory.Shutdown()
+		informers.Shutdown()
 		b.mu.Lock()
 		b.stopped = true
 		b.mu.Unlock()
@@ -173,7 +169,7 @@ type Slot struct {
 func Holder(node, uuid string) string { return node + "/" + uuid }
 
 // ListSlots returns every slot Lease in the namespace, live or not, by index.
-func ListSlots(ctx context.Context, client kubernetes.Interface, namespace string) ([]Slot, error) {
+func ListSlots(ctx context.Context, client kube.Interface, namespace string) ([]Slot, error) {
 	return breakerSlots(client, namespace).List(ctx)
 }
 
@@ -317,7 +313,7 @@ func (b *Breaker) Held() []string {
 }
 
 // Acknowledge lets the held GPUs through: slots taken before now no longer count.
-func Acknowledge(ctx context.Context, client kubernetes.Interface, namespace string, now time.Time) error {
+func Acknowledge(ctx context.Context, client kube.Interface, namespace string, now time.Time) error {
 	return updateConfigMap(ctx, client, namespace, "gpuhealth-breaker", func(data map[string]string) bool {
 		data[AcknowledgedAtKey] = now.UTC().Format(time.RFC3339Nano)
 		return true
@@ -326,7 +322,7 @@ func Acknowledge(ctx context.Context, client kubernetes.Interface, namespace str
 
 // updateConfigMap applies change to the breaker's ConfigMap, creating it if needed; change
 // reports whether it changed anything. Conflicts re-read.
-func updateConfigMap(ctx context.Context, client kubernetes.Interface, namespace, fieldManager string, change func(map[string]string) bool) error {
+func updateConfigMap(ctx context.Context, client kube.Interface, namespace, fieldManager string, change func(map[string]string) bool) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cms := client.CoreV1().ConfigMaps(namespace)
 		cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})

@@ -15,6 +15,7 @@ import (
 	metadatafake "k8s.io/client-go/metadata/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
@@ -29,7 +30,7 @@ func started(t *testing.T, client *fake.Clientset, node string, fraction float64
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	b := New(client, node, Options{Namespace: ns, MaxFraction: fraction, Window: window, Clock: clk})
+	b := New(adapt.Clientset(client), node, Options{Namespace: ns, MaxFraction: fraction, Window: window, Clock: clk})
 	var changes atomic.Int32
 	if err := b.Start(ctx, func() { changes.Add(1) }); err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func TestBudgetIsSharedAndExpires(t *testing.T) {
 	if admit(t, a, "GPU-a-99") {
 		t.Error("a fifth GPU was admitted")
 	}
-	slots, err := ListSlots(context.Background(), client, ns)
+	slots, err := ListSlots(context.Background(), adapt.Clientset(client), ns)
 	if err != nil || len(slots) != 4 {
 		t.Fatalf("ListSlots = %v, %v; want 4 slots", slots, err)
 	}
@@ -95,7 +96,7 @@ func TestBudgetIsSharedAndExpires(t *testing.T) {
 	if !admit(t, b, "GPU-b-99") {
 		t.Error("after the window: not admitted")
 	}
-	if slots, _ := ListSlots(context.Background(), client, ns); len(slots) != 4 {
+	if slots, _ := ListSlots(context.Background(), adapt.Clientset(client), ns); len(slots) != 4 {
 		t.Errorf("%d slots after a take-over, want the same 4", len(slots))
 	}
 }
@@ -111,7 +112,7 @@ func TestAcknowledgeFreesTheBudget(t *testing.T) {
 		t.Fatal("a second GPU was admitted past a budget of 1")
 	}
 	clk.Step(time.Second)
-	if err := Acknowledge(context.Background(), client, ns, clk.Now()); err != nil {
+	if err := Acknowledge(context.Background(), adapt.Clientset(client), ns, clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	clk.Step(time.Second)
@@ -132,7 +133,7 @@ func TestWithoutACountEveryEscalationIsAdmitted(t *testing.T) {
 			t.Fatal("held back without a cluster count: a missing count must not keep sick GPUs schedulable")
 		}
 	}
-	if slots, _ := ListSlots(context.Background(), client, ns); len(slots) != 0 {
+	if slots, _ := ListSlots(context.Background(), adapt.Clientset(client), ns); len(slots) != 0 {
 		t.Errorf("slots taken without a budget: %v", slots)
 	}
 }
@@ -190,7 +191,7 @@ func TestCounterWritesTheClusterGPUCount(t *testing.T) {
 	done := make(chan error, 1)
 	var counted atomic.Int32
 	go func() {
-		done <- (&Counter{Client: client, Metadata: meta, Namespace: ns, Counted: func(n int) { counted.Store(int32(n)) }}).Run(ctx)
+		done <- (&Counter{Client: adapt.Clientset(client), Metadata: meta, Namespace: ns, Counted: func(n int) { counted.Store(int32(n)) }}).Run(ctx)
 	}()
 	waitCount := func(want int) {
 		t.Helper()
@@ -220,7 +221,7 @@ func TestCounterWritesTheClusterGPUCount(t *testing.T) {
 		}
 	}
 	// An acknowledgement written meanwhile is kept.
-	if err := Acknowledge(ctx, client, ns, time.Now()); err != nil {
+	if err := Acknowledge(ctx, adapt.Clientset(client), ns, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	cancel()

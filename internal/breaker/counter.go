@@ -8,16 +8,14 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
@@ -26,7 +24,7 @@ import (
 // the Nodes' metadata only, once for the whole cluster, and writes when the count changes. Run it
 // in one place (`gpuhealth breaker controller` elects a leader among its replicas).
 type Counter struct {
-	Client    kubernetes.Interface
+	Client    kube.Interface
 	Metadata  metadata.Interface
 	Namespace string
 	Clock     clock.PassiveClock
@@ -43,20 +41,18 @@ func (c *Counter) Run(ctx context.Context) error {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	factory := metadatainformer.NewSharedInformerFactory(c.Metadata, 0)
-	inf := factory.ForResource(nodesResource)
+	var informers kube.Informers
+	inf := informers.Add(kube.NewInformer(c.Metadata, c.Metadata.Resource(nodesResource), &metav1.PartialObjectMetadata{}, nil))
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "breaker-counter"})
 	defer queue.ShutDown()
-	if _, err := inf.Informer().AddEventHandler(dradevices.OnAnyChange(func() { queue.Add("count") })); err != nil {
+	if _, err := inf.AddEventHandler(dradevices.OnAnyChange(func() { queue.Add("count") })); err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("breaker counter: cache of %v did not sync", typ)
-		}
+	informers.Start(ctx)
+	defer informers.Shutdown()
+	if err := informers.WaitForCacheSync(ctx); err != nil {
+		return fmt.Errorf("breaker counter: %w", err)
 	}
 	go func() {
 		<-ctx.Done()
@@ -69,14 +65,15 @@ func (c *Counter) Run(ctx context.Context) error {
 		if quit {
 			return nil
 		}
-		objs, err := inf.Lister().List(labels.Everything())
+		objs := inf.GetStore().List()
+		var err error
 		total := 0
 		for _, obj := range objs {
 			if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
 				total += PhysicalGPUs(m.Annotations[gpuhealthv1.HealthKey])
 			}
 		}
-		if err == nil && total != last {
+		if total != last {
 			err = updateConfigMap(ctx, c.Client, c.Namespace, "gpuhealth-breaker-counter", func(data map[string]string) bool {
 				if data[ClusterGPUsKey] == strconv.Itoa(total) {
 					return false

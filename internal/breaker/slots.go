@@ -11,8 +11,9 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 )
 
 // SlotPool is a budget made of Lease slots, <Prefix><k>, labelled Label: taking slot k is
@@ -21,7 +22,7 @@ import (
 // racing for different slots do not conflict. The circuit breaker counts its slots by age
 // (Slot.Live); remediation gives its slots a duration (Slot.Expires) and releases them.
 type SlotPool struct {
-	Client       kubernetes.Interface
+	Client       kube.Interface
 	Namespace    string
 	Prefix       string
 	Label        string
@@ -29,7 +30,7 @@ type SlotPool struct {
 }
 
 // breakerSlots is the circuit breaker's pool in namespace.
-func breakerSlots(client kubernetes.Interface, namespace string) SlotPool {
+func breakerSlots(client kube.Interface, namespace string) SlotPool {
 	return SlotPool{Client: client, Namespace: namespace, Prefix: SlotPrefix, Label: SlotLabel, FieldManager: "gpuhealth-agent"}
 }
 

@@ -29,7 +29,11 @@ func openKernelLog(ctx context.Context, cfg *config.HealthConfig, backend string
 // newComponentClient builds the client of a long-running component (agent, extender): from a
 // kubeconfig file, or from the in-cluster configuration, with its user agent and rate limits.
 func newComponentClient(kubeconfig, userAgent string, qps float32, burst int) (kubernetes.Interface, error) {
-	return cmdutil.NewComponentClient(kubeconfig, userAgent, qps, burst)
+	cfg, err := cmdutil.ComponentConfig(kubeconfig, userAgent, qps, burst)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
 }
 
 // componentConfig is the rest.Config behind newComponentClient, for components that need other

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
@@ -67,7 +68,7 @@ chart runs it when the breaker is on).`,
 			if err != nil {
 				return badInput(err)
 			}
-			if err := breaker.Acknowledge(cmd.Context(), client, namespace, time.Now()); err != nil {
+			if err := breaker.Acknowledge(cmd.Context(), adapt.Clientset(client), namespace, time.Now()); err != nil {
 				return err
 			}
 			_, err = fmt.Fprintln(cmd.OutOrStdout(), "acknowledged: the agents let held GPUs through")
@@ -93,7 +94,7 @@ func breakerStatus(ctx context.Context, client kubernetes.Interface, namespace s
 	default:
 		total, acknowledged = breaker.ParseState(cm)
 	}
-	slots, err := breaker.ListSlots(ctx, client, namespace)
+	slots, err := breaker.ListSlots(ctx, adapt.Clientset(client), namespace)
 	if err != nil {
 		return err
 	}
@@ -161,7 +162,7 @@ ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker
 				return badInput(err)
 			}
 			m := breaker.NewControllerMetrics()
-			counter := &breaker.Counter{Client: client, Metadata: meta, Namespace: namespace, Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }}
+			counter := &breaker.Counter{Client: adapt.Clientset(client), Metadata: meta, Namespace: namespace, Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }}
 			watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 			g, ctx := errgroup.WithContext(ctx)
 			if metricsAddress != "" {

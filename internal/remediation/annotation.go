@@ -4,9 +4,8 @@ import (
 	"context"
 	"encoding/json"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -27,7 +26,7 @@ var (
 )
 
 // NewAnnotationSyncer returns the syncer of the node in nodes; states gives the repair states.
-func NewAnnotationSyncer(client kubernetes.Interface, nodes *nodecache.Cache, states func() map[string]State, maxAttempts int) *AnnotationSyncer {
+func NewAnnotationSyncer(client kube.Interface, nodes *nodecache.Cache, states func() map[string]State, maxAttempts int) *AnnotationSyncer {
 	return &AnnotationSyncer{nodes: nodes, writer: nodes.AnnotationWriter(client, gpuhealthv1.RemediationKey), states: states, maxAttempts: maxAttempts}
 }
 

@@ -6,10 +6,10 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 )
 
 // The remediation slots: the circuit breaker's kind of Lease slot, under their own name and
@@ -32,7 +32,7 @@ type Budget struct {
 }
 
 // NewBudget returns the budget of the agent on node.
-func NewBudget(client kubernetes.Interface, namespace, node string, maxConcurrent int, hold time.Duration, clk clock.PassiveClock) *Budget {
+func NewBudget(client kube.Interface, namespace, node string, maxConcurrent int, hold time.Duration, clk clock.PassiveClock) *Budget {
 	return &Budget{
 		pool: breaker.SlotPool{Client: client, Namespace: namespace, Prefix: SlotPrefix, Label: SlotLabel, FieldManager: "gpuhealth-agent"},
 		node: node, max: maxConcurrent, hold: hold, clock: clk,

@@ -9,14 +9,15 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 )
 
 func TestBudgetAdmitsAtMostMaxAndReleases(t *testing.T) {
 	ctx := t.Context()
 	client := fake.NewClientset()
 	clk := testingclock.NewFakeClock(t0)
-	a := NewBudget(client, "ops", "n1", 2, 10*time.Minute, clk)
-	b := NewBudget(client, "ops", "n2", 2, 10*time.Minute, clk)
+	a := NewBudget(adapt.Clientset(client), "ops", "n1", 2, 10*time.Minute, clk)
+	b := NewBudget(adapt.Clientset(client), "ops", "n2", 2, 10*time.Minute, clk)
 	take := func(bud *Budget, uuid string, want bool) {
 		t.Helper()
 		got, err := bud.TakeSlot(ctx, uuid)
@@ -34,7 +35,7 @@ func TestBudgetAdmitsAtMostMaxAndReleases(t *testing.T) {
 		t.Fatalf("%d leases (%v), want 2", len(leases.Items), err)
 	}
 	// The breaker's slots are another budget.
-	if slots, err := breaker.ListSlots(ctx, client, "ops"); err != nil || len(slots) != 0 {
+	if slots, err := breaker.ListSlots(ctx, adapt.Clientset(client), "ops"); err != nil || len(slots) != 0 {
 		t.Fatalf("remediation slots count as the breaker's: %v %v", slots, err)
 	}
 	if err := a.ReleaseSlot(ctx, "GPU-a"); err != nil {
@@ -50,8 +51,8 @@ func TestBudgetSlotOfADeadAgentExpires(t *testing.T) {
 	ctx := t.Context()
 	client := fake.NewClientset()
 	clk := testingclock.NewFakeClock(t0)
-	dead := NewBudget(client, "ops", "n1", 1, 5*time.Minute, clk)
-	other := NewBudget(client, "ops", "n2", 1, 5*time.Minute, clk)
+	dead := NewBudget(adapt.Clientset(client), "ops", "n1", 1, 5*time.Minute, clk)
+	other := NewBudget(adapt.Clientset(client), "ops", "n2", 1, 5*time.Minute, clk)
 	if ok, err := dead.TakeSlot(ctx, "GPU-a"); !ok || err != nil {
 		t.Fatal(ok, err)
 	}

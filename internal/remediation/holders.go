@@ -14,10 +14,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -91,7 +91,7 @@ func (p PodResources) Holders(ctx context.Context, dev health.Device, migs []hea
 // devices (its own, its MIG partitions', its passthrough device's: dradevices.Catalog.Targets).
 // It lists the node's pods and reads each of their claims, only while a GPU waits for a reset.
 type Claims struct {
-	Client   kubernetes.Interface
+	Client   kube.Interface
 	NodeName string
 	Driver   string
 	Devices  Catalogs

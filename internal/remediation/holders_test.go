@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -138,7 +139,7 @@ func TestClaimHolders(t *testing.T) {
 		allocated("c-a-old", "n1", "gpu-0"),
 		allocated("c-unallocated", "", ""),
 	)
-	c := Claims{Client: client, NodeName: "n1", Driver: "gpu.nvidia.com", Devices: staticCatalog{catalog}}
+	c := Claims{Client: adapt.Clientset(client), NodeName: "n1", Driver: "gpu.nvidia.com", Devices: staticCatalog{catalog}}
 	got, err := c.Holders(t.Context(), health.Device{UUID: "GPU-a"}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
@@ -125,7 +126,7 @@ func TestBenchSignalToObject(t *testing.T) {
 	}
 	trace := &requestTrace{}
 	cfg.Wrap(trace.wrap)
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kube.NewForConfig(cfg) // the agent's own client
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,8 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -221,7 +223,7 @@ func TestFleet(t *testing.T) {
 		counterCtx, stopCounter := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
 		counterDone := make(chan error, 1)
 		go func() {
-			counterDone <- (&breaker.Counter{Client: admin, Metadata: meta, Namespace: agentNamespace}).Run(counterCtx)
+			counterDone <- (&breaker.Counter{Client: adapt.Clientset(admin), Metadata: meta, Namespace: agentNamespace}).Run(counterCtx)
 		}()
 		t.Cleanup(func() {
 			stopCounter()
@@ -245,7 +247,7 @@ func TestFleet(t *testing.T) {
 		// shares one transport among identical configs). It returns no proxy.
 		cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
 		cfg.WrapTransport = counter.wrap
-		client, err := kubernetes.NewForConfig(cfg)
+		client, err := kube.NewForConfig(cfg) // the agent's own client
 		if err != nil {
 			t.Fatal(err)
 		}

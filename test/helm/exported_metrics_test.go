@@ -31,6 +31,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
@@ -347,7 +348,7 @@ func scrapeAgent(t *testing.T) string {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		return agent.Run(gctx, agent.Options{
-			NodeName: "n1", Client: client, Policy: health.DefaultPolicy(), BootID: "boot-1",
+			NodeName: "n1", Client: adapt.Clientset(client), Policy: health.DefaultPolicy(), BootID: "boot-1",
 			Backend:        faultyGPU{health.Device{UUID: "GPU-a", Index: 0, Model: "H100"}},
 			Agent:          config.AgentConfig{CheckpointPath: "-", CircuitBreaker: config.CircuitBreakerConfig{Enabled: true}},
 			MetricsAddress: "127.0.0.1:0",

@@ -85,3 +85,24 @@ const (
 	FleetBreakerSettleTime    = "breaker_settle_time"    // UnitSeconds
 	FleetBreakerMaxDisruptive = "breaker_max_disruptive" // UnitGPUs
 )
+
+// The figures of TestBenchAgentContainerMemory: the agent as the chart runs it, in a container on
+// a real kubelet node, as the kubelet (stats summary), the container's cgroup and /proc see it.
+// Each carries LabelScenario.
+const (
+	ContainerWorkingSet = "container_working_set" // kubelet: workingSetBytes (what eviction and `kubectl top` use)
+	ContainerRSS        = "container_rss"         // kubelet: rssBytes (anonymous)
+	ContainerUsage      = "container_usage"       // kubelet: usageBytes
+	CgroupUsage         = "cgroup_usage"          // memory.usage_in_bytes (v1) or memory.current (v2)
+	CgroupAnon          = "cgroup_anon"           // memory.stat rss (v1) or anon (v2)
+	CgroupFile          = "cgroup_file"           // memory.stat cache (v1) or file (v2): page cache charged to the container
+	CgroupPeak          = "cgroup_peak"           // memory.max_usage_in_bytes (v1) or memory.peak (v2)
+	ContainerProcRSS    = "container_proc_rss"    // /proc/PID/status of the agent in the container: VmRSS
+	ContainerProcAnon   = "container_proc_anon"   // RssAnon
+	ContainerProcFile   = "container_proc_file"   // RssFile
+	ContainerCPU        = "container_cpu"         // the cgroup's CPU time over the window, in percent of a core
+
+	LabelScenario = "scenario"
+	ScenarioIdle  = "idle"
+	ScenarioStorm = "storm"
+)

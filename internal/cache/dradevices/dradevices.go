@@ -16,11 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 )
 
 // Device names a DRA device.
@@ -30,7 +30,7 @@ type Device struct{ Pool, Name string }
 type Index struct {
 	nodeName, driver string
 	attrs            Attributes
-	factory          informers.SharedInformerFactory
+	informers        kube.Informers
 	informer         cache.SharedIndexInformer
 	slices           resourcelisters.ResourceSliceLister
 
@@ -43,25 +43,22 @@ type Index struct {
 
 // New returns the Index of nodeName's devices of driver, with uuidAttribute carrying the GPU
 // UUID and the default names for the other attributes. Nothing runs until Start.
-func New(client kubernetes.Interface, nodeName, driver, uuidAttribute string) *Index {
+func New(client kube.Interface, nodeName, driver, uuidAttribute string) *Index {
 	return NewWithAttributes(client, nodeName, driver, Attributes{UUID: uuidAttribute})
 }
 
 // NewWithAttributes returns the Index of nodeName's devices of driver, tied to GPUs by attrs
 // (empty names take the defaults; see Attributes.Validate). Nothing runs until Start.
-func NewWithAttributes(client kubernetes.Interface, nodeName, driver string, attrs Attributes) *Index {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.AndSelectors(
-				fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, nodeName),
-				fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, driver),
-			).String()
-		}))
-	inf := factory.Resource().V1().ResourceSlices()
-	return &Index{
-		nodeName: nodeName, driver: driver, attrs: attrs.WithDefaults(),
-		factory: factory, informer: inf.Informer(), slices: inf.Lister(), reported: map[string]bool{},
-	}
+func NewWithAttributes(client kube.Interface, nodeName, driver string, attrs Attributes) *Index {
+	ix := &Index{nodeName: nodeName, driver: driver, attrs: attrs.WithDefaults(), reported: map[string]bool{}}
+	ix.informer = ix.informers.Add(kube.NewInformer(client, client.ResourceV1().ResourceSlices(), &resourceapi.ResourceSlice{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.AndSelectors(
+			fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, nodeName),
+			fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, driver),
+		).String()
+	}))
+	ix.slices = resourcelisters.NewResourceSliceLister(ix.informer.GetIndexer())
+	return ix
 }
 
 // Attributes returns the attribute names the index matches by.
@@ -78,12 +75,8 @@ func (ix *Index) OnChange(f func()) error {
 // the informer starts once.
 func (ix *Index) Start(ctx context.Context) error {
 	ix.startOnce.Do(func() {
-		ix.factory.Start(ctx.Done())
-		for typ, ok := range ix.factory.WaitForCacheSync(ctx.Done()) {
-			if !ok {
-				ix.startErr = fmt.Errorf("cache of %v did not sync", typ)
-			}
-		}
+		ix.informers.Start(ctx)
+		ix.startErr = ix.informers.WaitForCacheSync(ctx)
 	})
 	return ix.startErr
 }
@@ -91,7 +84,7 @@ func (ix *Index) Start(ctx context.Context) error {
 // Attach is how a reporter gets its devices: the agent's shared Index ix, or a new one of its own
 // when ix is nil, with onChange registered and the cache filled. attrs (empty names take the
 // defaults) must be valid and, for a shared index, the ones it matches by.
-func Attach(ctx context.Context, ix *Index, client kubernetes.Interface, nodeName, driver string, attrs Attributes, onChange func()) (*Index, error) {
+func Attach(ctx context.Context, ix *Index, client kube.Interface, nodeName, driver string, attrs Attributes, onChange func()) (*Index, error) {
 	attrs = attrs.WithDefaults()
 	if err := attrs.Validate(); err != nil {
 		return nil, fmt.Errorf("DRA device attributes: %w", err)
@@ -112,7 +105,7 @@ func Attach(ctx context.Context, ix *Index, client kubernetes.Interface, nodeNam
 }
 
 // Shutdown waits for the informer's goroutines after the context given to Start is done.
-func (ix *Index) Shutdown() { ix.factory.Shutdown() }
+func (ix *Index) Shutdown() { ix.informers.Shutdown() }
 
 // OnAnyChange is an event handler that calls f on every add, update and delete.
 func OnAnyChange(f func()) cache.ResourceEventHandlerFuncs {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -44,7 +45,7 @@ func TestIndexFindsGPUsByBareAndQualifiedUUIDs(t *testing.T) {
 		slice("b", "n2", "gpu.nvidia.com", dev("gpu-0", attrs{"uuid": str("GPU-C")})),
 		slice("c", "n1", "other.driver", dev("gpu-0", attrs{"uuid": str("GPU-D")})),
 	)
-	ix := dradevices.New(client, "n1", "gpu.nvidia.com", "uuid")
+	ix := dradevices.New(adapt.Clientset(client), "n1", "gpu.nvidia.com", "uuid")
 	if err := ix.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func TestEachProblemIsLoggedOnceWhileItLasts(t *testing.T) {
 	ctx := klog.NewContext(context.Background(), funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{}))
 	broken := slice("a", "n1", "gpu.nvidia.com", dev("gpu-0", attrs{"uuid": {IntValue: ptr.To[int64](3)}}))
 	client := fake.NewClientset(broken)
-	ix := dradevices.New(client, "n1", "gpu.nvidia.com", "uuid")
+	ix := dradevices.New(adapt.Clientset(client), "n1", "gpu.nvidia.com", "uuid")
 	if err := ix.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func pollCatalog(ctx context.Context, t *testing.T, ix *dradevices.Index, matche
 
 func TestAttachChecksTheAttributes(t *testing.T) {
 	client := fake.NewClientset()
-	shared := dradevices.New(client, "n1", "gpu.nvidia.com", "uuid")
+	shared := dradevices.New(adapt.Clientset(client), "n1", "gpu.nvidia.com", "uuid")
 	for _, tc := range []struct {
 		name  string
 		ix    *dradevices.Index
@@ -133,7 +134,7 @@ func TestAttachChecksTheAttributes(t *testing.T) {
 		{"the shared index matches by other names", shared, dradevices.Attributes{PCIBusID: "example.com/bus"}, "shared device index"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := dradevices.Attach(t.Context(), tc.ix, client, "n1", "gpu.nvidia.com", tc.attrs, func() {})
+			_, err := dradevices.Attach(t.Context(), tc.ix, adapt.Clientset(client), "n1", "gpu.nvidia.com", tc.attrs, func() {})
 			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
 				t.Errorf("Attach = %v, want error containing %q", err, tc.err)
 			}

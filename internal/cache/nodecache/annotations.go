@@ -10,8 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 )
 
 // AnnotationWriter writes a fixed set of the Node's annotations for one reporter: it patches only
@@ -20,7 +21,7 @@ import (
 // patch causes does not cost another sync.
 type AnnotationWriter struct {
 	cache  *Cache
-	client kubernetes.Interface
+	client kube.Interface
 	keys   []string
 
 	mu      sync.Mutex
@@ -28,7 +29,7 @@ type AnnotationWriter struct {
 }
 
 // AnnotationWriter returns a writer of keys on the cache's Node.
-func (c *Cache) AnnotationWriter(client kubernetes.Interface, keys ...string) *AnnotationWriter {
+func (c *Cache) AnnotationWriter(client kube.Interface, keys ...string) *AnnotationWriter {
 	return &AnnotationWriter{cache: c, client: client, keys: keys}
 }
 

@@ -20,17 +20,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 )
 
 // Cache follows one Node. Its methods are safe for concurrent use.
 type Cache struct {
-	client   kubernetes.Interface
-	nodeName string
-	factory  informers.SharedInformerFactory
-	informer cache.SharedIndexInformer
+	client    kube.Interface
+	nodeName  string
+	informers kube.Informers
+	informer  cache.SharedIndexInformer
 
 	startOnce sync.Once
 	startErr  error
@@ -41,12 +41,12 @@ type Cache struct {
 }
 
 // New returns a Cache of nodeName; nothing runs until Start.
-func New(client kubernetes.Interface, nodeName string) *Cache {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		}))
-	return &Cache{client: client, nodeName: nodeName, factory: factory, informer: factory.Core().V1().Nodes().Informer()}
+func New(client kube.Interface, nodeName string) *Cache {
+	c := &Cache{client: client, nodeName: nodeName}
+	c.informer = c.informers.Add(kube.NewInformer(client, client.CoreV1().Nodes(), &corev1.Node{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+	}))
+	return c
 }
 
 // NodeName is the Node the cache follows.
@@ -63,12 +63,10 @@ func (c *Cache) AddEventHandler(h cache.ResourceEventHandler) error {
 // LIST of one Node). Every caller may call it; the informer starts once.
 func (c *Cache) Start(ctx context.Context) error {
 	c.startOnce.Do(func() {
-		c.factory.Start(ctx.Done())
-		for typ, ok := range c.factory.WaitForCacheSync(ctx.Done()) {
-			if !ok {
-				c.startErr = fmt.Errorf("nodecache: cache of %v did not sync", typ)
-				return
-			}
+		c.informers.Start(ctx)
+		if err := c.informers.WaitForCacheSync(ctx); err != nil {
+			c.startErr = fmt.Errorf("nodecache: %w", err)
+			return
 		}
 		c.mu.Lock()
 		c.started = true
@@ -78,7 +76,7 @@ func (c *Cache) Start(ctx context.Context) error {
 }
 
 // Shutdown waits for the informer's goroutines after the context given to Start is done.
-func (c *Cache) Shutdown() { c.factory.Shutdown() }
+func (c *Cache) Shutdown() { c.informers.Shutdown() }
 
 // Wrote records the Node a write of ours returned, so that Get never returns an older one.
 func (c *Cache) Wrote(n *corev1.Node) {

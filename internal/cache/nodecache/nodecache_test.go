@@ -12,6 +12,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 )
 
 func node(rv, value string) *corev1.Node {
@@ -46,7 +47,7 @@ func waitFor(t *testing.T, c *nodecache.Cache, value string) {
 func TestGetReturnsTheNewerOfTheCacheAndOurWrite(t *testing.T) {
 	client := fake.NewClientset(node("10", "start"))
 	gets := countGets(client)
-	c := nodecache.New(client, "n1")
+	c := nodecache.New(adapt.Clientset(client), "n1")
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -81,14 +82,14 @@ func TestGetAsksTheAPIServerWhenItCannotTell(t *testing.T) {
 	t.Run("not started", func(t *testing.T) {
 		client := fake.NewClientset(node("10", "live"))
 		gets := countGets(client)
-		n, err := nodecache.New(client, "n1").Get(ctx)
+		n, err := nodecache.New(adapt.Clientset(client), "n1").Get(ctx)
 		if err != nil || n.Annotations["k"] != "live" || *gets != 1 {
 			t.Errorf("Get = %v, %v after %d GETs; want the live node after one", n, err, *gets)
 		}
 	})
 	t.Run("resource versions that do not compare", func(t *testing.T) {
 		client := fake.NewClientset(node("10", "live"))
-		c := nodecache.New(client, "n1")
+		c := nodecache.New(adapt.Clientset(client), "n1")
 		if err := c.Start(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +102,7 @@ func TestGetAsksTheAPIServerWhenItCannotTell(t *testing.T) {
 	})
 	t.Run("node not in the cache", func(t *testing.T) {
 		client := fake.NewClientset()
-		c := nodecache.New(client, "n1")
+		c := nodecache.New(adapt.Clientset(client), "n1")
 		if err := c.Start(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +112,7 @@ func TestGetAsksTheAPIServerWhenItCannotTell(t *testing.T) {
 	})
 	t.Run("a write for another node is ignored", func(t *testing.T) {
 		client := fake.NewClientset(node("10", "start"))
-		c := nodecache.New(client, "n1")
+		c := nodecache.New(adapt.Clientset(client), "n1")
 		if err := c.Start(t.Context()); err != nil {
 			t.Fatal(err)
 		}

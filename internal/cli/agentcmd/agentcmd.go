@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
@@ -70,7 +71,11 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 					return cmdutil.BadInput(fmt.Errorf("remediation.resetCommand: %w", err))
 				}
 			}
-			client, err := cmdutil.NewComponentClient(kubeconfig, "gpuhealth", agent.ClientQPS, agent.ClientBurst)
+			restConfig, err := cmdutil.ComponentConfig(kubeconfig, "gpuhealth", agent.ClientQPS, agent.ClientBurst)
+			if err != nil {
+				return cmdutil.BadInput(err)
+			}
+			client, err := kube.NewForConfig(restConfig)
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}

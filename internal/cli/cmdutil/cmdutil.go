@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -113,18 +112,9 @@ func LoadConfig(path string) (*config.HealthConfig, *health.Policy, error) {
 	return cfg, policy, nil
 }
 
-// NewComponentClient builds the client of a long-running component (agent, extender): from a
-// kubeconfig file, or from the in-cluster configuration, with its user agent and rate limits.
-func NewComponentClient(kubeconfig, userAgent string, qps float32, burst int) (kubernetes.Interface, error) {
-	cfg, err := ComponentConfig(kubeconfig, userAgent, qps, burst)
-	if err != nil {
-		return nil, err
-	}
-	return kubernetes.NewForConfig(cfg)
-}
-
-// ComponentConfig is the rest.Config behind NewComponentClient, for components that need other
-// clients (metadata) too.
+// ComponentConfig is the rest.Config of a long-running component (agent, extender, breaker
+// controller): from a kubeconfig file, or from the in-cluster configuration, with its user agent
+// and rate limits.
 func ComponentConfig(kubeconfig, userAgent string, qps float32, burst int) (*rest.Config, error) {
 	var (
 		cfg *rest.Config

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -66,7 +67,7 @@ func TestSyncWritesOnlyOnChangeAndKeepsForeignAnnotations(t *testing.T) {
 	ctx := context.Background()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{"other.io/keep": "yes"}}}
 	client := fake.NewClientset(node)
-	s := annotation.New(client, "n1", annotation.Options{})
+	s := annotation.New(adapt.Clientset(client), "n1", annotation.Options{})
 
 	steps := []struct {
 		name       string
@@ -106,7 +107,7 @@ func TestSyncWritesOnlyOnChangeAndKeepsForeignAnnotations(t *testing.T) {
 }
 
 func TestSyncFailsCleanlyWithoutTheNode(t *testing.T) {
-	s := annotation.New(fake.NewClientset(), "missing", annotation.Options{})
+	s := annotation.New(adapt.Clientset(fake.NewClientset()), "missing", annotation.Options{})
 	if _, err := s.Sync(context.Background(), snap(health.Unhealthy, health.Healthy)); err == nil {
 		t.Fatal("Sync succeeded for a node that does not exist")
 	}

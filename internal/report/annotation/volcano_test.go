@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
-	corev1 "k8s.io/api/core/v1"
-
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -60,7 +60,7 @@ func TestVolcanoAnnotationBesideVolcanoDevicePlugin(t *testing.T) {
 	ctx := context.Background()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{"other.io/keep": "yes"}}}
 	client := fake.NewClientset(node)
-	s := annotation.New(client, "n1", annotation.Options{})
+	s := annotation.New(adapt.Clientset(client), "n1", annotation.Options{})
 	volcano := &volcanoPlugin{client: client, node: "n1"}
 
 	steps := []struct {
@@ -136,7 +136,7 @@ func TestVolcanoAnnotationWithoutState(t *testing.T) {
 				ann[gpuhealthv1.HealthKey] = "{}"
 			}
 			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: ann}})
-			if _, err := annotation.New(client, "n1", annotation.Options{}).Sync(ctx, gpus()); err != nil {
+			if _, err := annotation.New(adapt.Clientset(client), "n1", annotation.Options{}).Sync(ctx, gpus()); err != nil {
 				t.Fatal(err)
 			}
 			got, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
@@ -156,7 +156,7 @@ func TestVolcanoAnnotationGarbledStateKeepsEverything(t *testing.T) {
 		gpuhealthv1.UnhealthyIDsKey: "1,2",
 		gpuhealthv1.VolcanoStateKey: "][",
 	}}})
-	s := annotation.New(client, "n1", annotation.Options{})
+	s := annotation.New(adapt.Clientset(client), "n1", annotation.Options{})
 	for range 3 {
 		if _, err := s.Sync(ctx, gpus(3)); err != nil {
 			t.Fatal(err)

@@ -26,6 +26,7 @@ package claimstatus
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -39,15 +40,13 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	metav1apply "k8s.io/client-go/applyconfigurations/meta/v1"
-	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -75,7 +74,7 @@ type Options struct {
 
 // Syncer keeps the GPU health conditions of the claims allocated on one node.
 type Syncer struct {
-	client   kubernetes.Interface
+	client   kube.Interface
 	nodeName string
 	opts     Options
 	pods     corelisters.PodLister
@@ -91,7 +90,7 @@ var (
 )
 
 // New returns a Syncer for nodeName.
-func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
+func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
@@ -108,16 +107,15 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	if err != nil {
 		return fmt.Errorf("claimstatus: %w", err)
 	}
-	podFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String()
-		}))
-	podInformer := podFactory.Core().V1().Pods()
+	var informers kube.Informers
+	podInformer := informers.Add(kube.NewInformer(s.client, s.client.CoreV1().Pods(""), &corev1.Pod{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String()
+	}))
 	// Only the pod's name and claims are kept: the cache holds every pod of the node.
-	if err := podInformer.Informer().SetTransform(claimsOnly); err != nil {
+	if err := podInformer.SetTransform(claimsOnly); err != nil {
 		return err
 	}
-	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if pod, ok := obj.(*corev1.Pod); !ok || len(dradevices.PodClaimNames(pod)) > 0 {
 				trigger()
@@ -134,17 +132,11 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	}); err != nil {
 		return err
 	}
-	s.pods, s.devices = podInformer.Lister(), devices
-	podFactory.Start(ctx.Done())
-	for typ, ok := range podFactory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("claimstatus: cache of %v did not sync", typ)
-		}
+	s.pods, s.devices = corelisters.NewPodLister(podInformer.GetIndexer()), devices
+	informers.Start(ctx)
+	if err := informers.WaitForCacheSync(ctx); err != nil {
+		return fmt.Errorf("claimstatus: %w", err)
 	}
-	go func() {
-		<-ctx.Done()
-		podFactory.Shutdown()
-	}()
 	return nil
 }
 
@@ -350,20 +342,58 @@ func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, de
 	}
 	slices.SortFunc(keys, func(a, b deviceKey) int { return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Name, b.Name)) })
 	now := metav1.NewTime(s.opts.Clock.Now())
-	status := resourceapply.ResourceClaimStatus()
+	body := claimStatusApply{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim"}
+	body.Metadata.Name, body.Metadata.Namespace = claim.Name, claim.Namespace
 	for _, k := range keys {
 		want := desired[k]
 		since := now
 		if got, ok := have[k]; ok && got.Status == want.Status {
 			since = got.LastTransitionTime
 		}
-		status.WithDevices(resourceapply.AllocatedDeviceStatus().
-			WithDriver(s.opts.Driver).WithPool(k.Pool).WithDevice(k.Name).
-			WithConditions(metav1apply.Condition().
-				WithType(want.Type).WithStatus(want.Status).WithReason(want.Reason).WithMessage(want.Message).
-				WithLastTransitionTime(since).WithObservedGeneration(claim.Generation)))
+		body.Status.Devices = append(body.Status.Devices, deviceStatusApply{
+			Driver: s.opts.Driver, Pool: k.Pool, Device: k.Name,
+			Conditions: []conditionApply{{
+				Type: want.Type, Status: want.Status, Reason: want.Reason, Message: want.Message,
+				LastTransitionTime: since, ObservedGeneration: claim.Generation,
+			}},
+		})
 	}
-	ac := resourceapply.ResourceClaim(claim.Name, claim.Namespace).WithStatus(status)
-	_, err := s.client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	data, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	_, err = s.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.ApplyPatchType, data,
+		metav1.PatchOptions{FieldManager: FieldManager, Force: ptr.To(true)}, "status")
 	return err
+}
+
+// claimStatusApply is the server-side apply configuration of a claim's device conditions, the
+// fields client-go's ResourceClaim apply configuration would send (that package links every API
+// group; see package kube).
+type claimStatusApply struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	Status struct {
+		Devices []deviceStatusApply `json:"devices,omitempty"`
+	} `json:"status"`
+}
+
+type deviceStatusApply struct {
+	Driver     string           `json:"driver"`
+	Pool       string           `json:"pool"`
+	Device     string           `json:"device"`
+	Conditions []conditionApply `json:"conditions"`
+}
+
+type conditionApply struct {
+	Type               string                 `json:"type"`
+	Status             metav1.ConditionStatus `json:"status"`
+	ObservedGeneration int64                  `json:"observedGeneration"`
+	LastTransitionTime metav1.Time            `json:"lastTransitionTime"`
+	Reason             string                 `json:"reason"`
+	Message            string                 `json:"message"`
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -107,7 +108,7 @@ func TestClaimsAreReadOnlyWhenThereIsSomethingToCheck(t *testing.T) {
 		gets = append(gets, a.(k8stesting.GetAction).GetName())
 		return false, nil, nil
 	})
-	s := New(client, "n1", Options{Driver: "gpu.nvidia.com", UUIDAttribute: "uuid"})
+	s := New(adapt.Clientset(client), "n1", Options{Driver: "gpu.nvidia.com", UUIDAttribute: "uuid"})
 	if err := s.Start(ctx, func() {}); err != nil {
 		t.Fatal(err)
 	}

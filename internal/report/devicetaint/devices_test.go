@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -123,7 +124,7 @@ func TestSyncTaintsEveryDeviceTheDriverPublishesForASickGPU(t *testing.T) {
 			client := fake.NewClientset(objs...)
 			var unmatched []string
 			cb := &countingBreaker{asked: map[string]int{}}
-			s := devicetaint.New(client, "n1", devicetaint.Options{Breaker: cb, Unmatched: func(d health.DeviceStatus) { unmatched = append(unmatched, d.Device.UUID) }})
+			s := devicetaint.New(adapt.Clientset(client), "n1", devicetaint.Options{Breaker: cb, Unmatched: func(d health.DeviceStatus) { unmatched = append(unmatched, d.Device.UUID) }})
 			start(t, s)
 			snap := health.Snapshot{Devices: tc.snap}
 			if _, err := s.Sync(t.Context(), snap); err != nil {
@@ -163,7 +164,7 @@ func TestRulesFollowTheDriverRepublishing(t *testing.T) {
 	ctx := t.Context()
 	before := nodeSlice("s", gpuDev("gpu-7", "GPU-a", busA))
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-n1"}}, before)
-	s := devicetaint.New(client, "n1", devicetaint.Options{})
+	s := devicetaint.New(adapt.Clientset(client), "n1", devicetaint.Options{})
 	triggered := start(t, s)
 	snap := health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Unhealthy, false, xid79)}}
 	if n, err := s.Sync(ctx, snap); err != nil || n != 1 {
@@ -191,7 +192,7 @@ func TestRulesFollowTheDriverRepublishing(t *testing.T) {
 }
 
 func TestStartRefusesMalformedAttributeNames(t *testing.T) {
-	s := devicetaint.New(fake.NewClientset(), "n1", devicetaint.Options{PCIBusIDAttribute: "pci bus id"})
+	s := devicetaint.New(adapt.Clientset(fake.NewClientset()), "n1", devicetaint.Options{PCIBusIDAttribute: "pci bus id"})
 	err := s.Start(t.Context(), func() {})
 	if err == nil || !strings.Contains(err.Error(), "pciBusIDAttribute") || !strings.Contains(err.Error(), "C identifier") {
 		t.Fatalf("Start = %v, want an error naming pciBusIDAttribute", err)

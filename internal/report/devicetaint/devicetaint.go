@@ -36,10 +36,10 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -97,7 +97,7 @@ type Breaker interface {
 
 // Syncer keeps the DeviceTaintRules of one node.
 type Syncer struct {
-	client   kubernetes.Interface
+	client   kube.Interface
 	nodeName string
 	opts     Options
 	nodeRef  *metav1.OwnerReference
@@ -125,7 +125,7 @@ var (
 )
 
 // New returns a Syncer for nodeName.
-func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
+func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Driver == "" {
 		opts.Driver = DefaultDriver
 	}

@@ -16,6 +16,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -77,7 +78,7 @@ func TestSyncCreatesUpdatesAndDeletesRules(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-n1"}}
 	client := fake.NewClientset(node, slice("n1", "GPU-a", "GPU-b"))
 	var unmatched []string
-	s := devicetaint.New(client, "n1", devicetaint.Options{NoExecute: true, Unmatched: func(d health.DeviceStatus) {
+	s := devicetaint.New(adapt.Clientset(client), "n1", devicetaint.Options{NoExecute: true, Unmatched: func(d health.DeviceStatus) {
 		unmatched = append(unmatched, d.Device.UUID)
 	}})
 	rules := func() map[string]resourceapi.DeviceTaintRule {
@@ -154,7 +155,7 @@ func TestSyncRemovesStaleRulesFromAnEarlierRun(t *testing.T) {
 	stale := &resourceapi.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: "gpuhealth-old", Labels: map[string]string{devicetaint.NodeLabel: "n1"}}}
 	other := &resourceapi.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses", Labels: map[string]string{devicetaint.NodeLabel: "n2"}}}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, slice("n1", "GPU-a"), stale, other)
-	s := devicetaint.New(client, "n1", devicetaint.Options{})
+	s := devicetaint.New(adapt.Clientset(client), "n1", devicetaint.Options{})
 	start(t, s)
 	if n, err := s.Sync(ctx, health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Healthy, false)}}); err != nil || n != 1 {
 		t.Fatalf("Sync = %d, %v; want 1 delete", n, err)
@@ -189,7 +190,7 @@ func start(t *testing.T, s *devicetaint.Syncer) <-chan struct{} {
 }
 
 func TestSyncBeforeStartIsAnError(t *testing.T) {
-	s := devicetaint.New(fake.NewClientset(), "n1", devicetaint.Options{})
+	s := devicetaint.New(adapt.Clientset(fake.NewClientset()), "n1", devicetaint.Options{})
 	if _, err := s.Sync(context.Background(), health.Snapshot{}); err == nil {
 		t.Fatal("Sync before Start succeeded")
 	}
@@ -213,7 +214,7 @@ func TestRulesChangedByHandAreRepairedAtTheNextRelist(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-n1"}}, slice("n1", "GPU-a", "GPU-b"))
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
-	s := devicetaint.New(client, "n1", devicetaint.Options{Relist: time.Minute, Clock: clk})
+	s := devicetaint.New(adapt.Clientset(client), "n1", devicetaint.Options{Relist: time.Minute, Clock: clk})
 	start(t, s)
 	lists := 0
 	client.PrependReactor("list", "devicetaintrules", func(k8stesting.Action) (bool, runtime.Object, error) {

@@ -19,10 +19,10 @@ import (
 	"strings"
 	"sync"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -58,7 +58,7 @@ type Options struct {
 }
 
 // New returns a Syncer for nodeName.
-func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
+func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	nodes := opts.Nodes
 	if nodes == nil {
 		nodes = nodecache.New(client, nodeName)

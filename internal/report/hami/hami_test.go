@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -37,7 +38,7 @@ func snapshot(unhealthy ...string) health.Snapshot {
 func TestCordonBesideAnOperator(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-	s := hami.New(client, "n1", hami.Options{})
+	s := hami.New(adapt.Clientset(client), "n1", hami.Options{})
 	operator := func(value any) func(t *testing.T) {
 		return func(t *testing.T) {
 			body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{gpuhealthv1.HAMiCordonKey: value}}})

@@ -25,12 +25,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -74,7 +74,7 @@ type Breaker interface {
 
 // Syncer keeps the GPUUnhealthy condition of one Node.
 type Syncer struct {
-	client   kubernetes.Interface
+	client   kube.Interface
 	nodeName string
 	nodes    *nodecache.Cache
 	clock    clock.PassiveClock
@@ -93,7 +93,7 @@ var (
 )
 
 // New returns a Syncer for nodeName.
-func New(client kubernetes.Interface, nodeName string, opts Options) *Syncer {
+func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
@@ -250,7 +250,7 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	patched, err := s.client.CoreV1().Nodes().PatchStatus(ctx, s.nodeName, body)
+	patched, err := s.client.CoreV1().Nodes().Patch(ctx, s.nodeName, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
 		return 0, fmt.Errorf("patch node %s condition: %w", s.nodeName, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -50,7 +51,7 @@ func TestSyncKeepsOtherConditionsAndTransitionTimes(t *testing.T) {
 	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}})
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
-	s := nodecondition.New(client, "n1", nodecondition.Options{Clock: clk})
+	s := nodecondition.New(adapt.Clientset(client), "n1", nodecondition.Options{Clock: clk})
 
 	sync := func(devs ...health.DeviceStatus) int {
 		t.Helper()
@@ -104,7 +105,7 @@ func TestSyncKeepsTheCircuitBreakerConditionWithABreaker(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	cb := &heldBreaker{held: []string{"GPU-a", "GPU-b"}}
-	s := nodecondition.New(client, "n1", nodecondition.Options{Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0)), Breaker: cb})
+	s := nodecondition.New(adapt.Clientset(client), "n1", nodecondition.Options{Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0)), Breaker: cb})
 	breakerCondition := func() corev1.NodeCondition {
 		t.Helper()
 		node, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -51,7 +52,7 @@ func TestSyncWritesTheRebootConditionOnlyWhenAsked(t *testing.T) {
 	snap := health.Snapshot{Devices: []health.DeviceStatus{device(0, health.Unhealthy, "XID48")}}
 	for _, on := range []bool{false, true} {
 		client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-		s := nodecondition.New(client, "n1", nodecondition.Options{Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0)), RebootRequired: on})
+		s := nodecondition.New(adapt.Clientset(client), "n1", nodecondition.Options{Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0)), RebootRequired: on})
 		if _, err := s.Sync(ctx, snap); err != nil {
 			t.Fatal(err)
 		}

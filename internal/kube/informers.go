@@ -1,0 +1,95 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+)
+
+// ListerWatcher is the list and watch of one resource (a Client, or client-go's metadata client
+// of one resource).
+type ListerWatcher[L runtime.Object] interface {
+	List(ctx context.Context, opts metav1.ListOptions) (L, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// NewInformer returns a shared informer of the objects lw lists, with tweak (may be nil) applied
+// to every list and watch: what client-go's generated informers build, with the namespace index
+// that their listers use. client is the Interface lw comes from; a client that cannot serve
+// streaming lists (client-go's fake) says so through it, as with client-go's informers.
+func NewInformer[L runtime.Object](client any, lw ListerWatcher[L], obj runtime.Object, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	if tweak == nil {
+		tweak = func(*metav1.ListOptions) {}
+	}
+	return cache.NewSharedIndexInformer(
+		cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+				tweak(&opts)
+				return lw.List(ctx, opts)
+			},
+			WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+				tweak(&opts)
+				return lw.Watch(ctx, opts)
+			},
+		}, client),
+		obj, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}
+
+// Informers runs informers started together, as client-go's SharedInformerFactory does for its
+// own: Start runs them all until ctx is done, WaitForCacheSync waits for their caches, and
+// Shutdown waits for their goroutines.
+type Informers struct {
+	mu        sync.Mutex
+	informers []cache.SharedIndexInformer
+	started   map[cache.SharedIndexInformer]bool
+	wg        sync.WaitGroup
+}
+
+// Add registers inf (not yet started) and returns it.
+func (f *Informers) Add(inf cache.SharedIndexInformer) cache.SharedIndexInformer {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.informers = append(f.informers, inf)
+	return inf
+}
+
+// Start runs every informer not yet started until ctx is done.
+func (f *Informers) Start(ctx context.Context) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.started == nil {
+		f.started = map[cache.SharedIndexInformer]bool{}
+	}
+	for _, inf := range f.informers {
+		if f.started[inf] {
+			continue
+		}
+		f.started[inf] = true
+		f.wg.Go(func() { inf.RunWithContext(ctx) })
+	}
+}
+
+// WaitForCacheSync returns once every started informer's cache is filled, or an error when ctx
+// ends first.
+func (f *Informers) WaitForCacheSync(ctx context.Context) error {
+	f.mu.Lock()
+	synced := make([]cache.InformerSynced, 0, len(f.informers))
+	for _, inf := range f.informers {
+		if f.started[inf] {
+			synced = append(synced, inf.HasSynced)
+		}
+	}
+	f.mu.Unlock()
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("informer caches did not sync: %w", context.Cause(ctx))
+	}
+	return nil
+}
+
+// Shutdown waits for the informers' goroutines; call it after the context given to Start is done.
+func (f *Informers) Shutdown() { f.wg.Wait() }
