@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"os"
 	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
@@ -35,11 +34,8 @@ func OpenKernelLog(ctx context.Context, cfg config.KernelLogConfig, devices []he
 	}
 	src, err := kmsg.OpenSource(devices, kmsg.SourceOptions{Path: cfg.Path, BootID: bootID, Dedup: k.dedup})
 	if err != nil {
-		hint := ""
-		if os.IsPermission(err) {
-			hint = "; reading it needs CAP_SYSLOG, or the sysctl kernel.dmesg_restrict=0"
-		}
-		klog.FromContext(ctx).Info("Warning: the kernel log is not read, XIDs logged while the agent is down are missed"+hint, "path", cfg.Path, "err", err.Error())
+		klog.FromContext(ctx).Info("Warning: the kernel log is not read; XIDs logged while the agent is down, and GPUs NVML cannot open, are missed",
+			"path", cfg.Path, "err", err.Error(), "hint", kmsg.Hint(err))
 		return k
 	}
 	k.source = src

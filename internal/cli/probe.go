@@ -6,17 +6,19 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 )
 
 func newProbeCommand() *cobra.Command {
-	var output string
-	var rawCalls bool
+	var output, kernelLogPath string
+	var rawCalls, kernelLog bool
 	cmd := &cobra.Command{
-		Use:   "probe [--output json|table] [--raw]",
+		Use:   "probe [--output json|table] [--raw | --kernel-log [--kernel-log-path FILE]]",
 		Short: "Show each real GPU's identity, supported checks and current readings (NVML)",
 		Long: `probe opens NVML, lists every GPU (UUID, index, PCI bus ID, minor number, model, MIG
 instances), the health events each GPU supports, and one round of readings: ECC totals, row
@@ -29,14 +31,27 @@ depends on with the driver's own answer (return text and code, and the value whe
 which optional functions the library has, the supported event mask, ECC mode and counters,
 remapped rows and retired pages, temperature thresholds, field 230 (recovery action), each
 NVLink's state, and one event-set wait. Nothing is interpreted: it is what to compare with
-nvidia-smi, or with the fixtures of the tests, on a new driver.`,
+nvidia-smi, or with the fixtures of the tests, on a new driver.
+
+--kernel-log checks the kernel log instead of NVML (no driver needed): whether this process may
+read /dev/kmsg, and every NVIDIA driver event (XIDs, GPUs fallen off the bus, failed
+initialisations) the kernel still holds, as the agent's kernel-log source reads them. Run in the
+agent's container (kubectl exec, or a pod with its security context) it tells whether the source
+can work there; it exits 1 when the log cannot be read, with the reason.`,
 		Example: `  gpuhealth probe
   gpuhealth probe --output json
-  gpuhealth probe --raw`,
+  gpuhealth probe --raw
+  gpuhealth probe --kernel-log -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "json" && output != "table" {
 				return badInput(fmt.Errorf("--output: must be json or table, got %q", output))
+			}
+			if kernelLog {
+				if rawCalls {
+					return badInput(fmt.Errorf("--raw and --kernel-log: choose one"))
+				}
+				return probeKernelLog(cmd, kernelLogPath, output)
 			}
 			b, err := gpunvml.OpenSystem()
 			if err != nil {
@@ -67,7 +82,48 @@ nvidia-smi, or with the fixtures of the tests, on a new driver.`,
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: json or table")
 	cmd.Flags().BoolVar(&rawCalls, "raw", false, "print every NVML call the backend makes with the driver's raw answer, as JSON")
+	cmd.Flags().BoolVar(&kernelLog, "kernel-log", false, "check the kernel log instead of NVML: readable here?, and the NVIDIA driver's events in it")
+	cmd.Flags().StringVar(&kernelLogPath, "kernel-log-path", kmsg.DevKmsg, "the kernel log --kernel-log reads")
 	return cmd
+}
+
+func probeKernelLog(cmd *cobra.Command, path, output string) error {
+	rep, err := kmsg.Probe(cmd.Context(), path)
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	if output == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(w, "kernel log:\t%s\n", rep.Path)
+		if rep.Readable {
+			fmt.Fprintf(w, "readable:\tyes\n")
+		} else {
+			fmt.Fprintf(w, "readable:\tno: %s\n", rep.Error)
+			if rep.Hint != "" {
+				fmt.Fprintf(w, "hint:\t%s\n", rep.Hint)
+			}
+		}
+		fmt.Fprintf(w, "records:\t%d (kernel %d; NVRM lines written by processes, ignored: %d; malformed %d; overruns %d)\n",
+			rep.Records, rep.KernelRecords, rep.Spoofed, rep.Malformed, rep.Overruns)
+		fmt.Fprintf(w, "NVIDIA driver events:\t%d\n", len(rep.Events))
+		for _, e := range rep.Events {
+			fmt.Fprintf(w, "  [%s]\t%s %s\n", e.Since.Round(time.Millisecond), e.Kind, strings.ReplaceAll(e.Message, "\n", " | "))
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+	if !rep.Readable {
+		return fmt.Errorf("the kernel log %s cannot be read here: %s", rep.Path, rep.Error)
+	}
+	return nil
 }
 
 func writeProbeTable(out io.Writer, rep gpunvml.Report) error {

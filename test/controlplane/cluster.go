@@ -547,6 +547,9 @@ func (c *Cluster) startAPIServer(ctx context.Context, etcdURL string, extraFlags
 			"--client-ca-file=" + c.path("pki", "client-ca.crt"),
 			"--authorization-mode=Node,RBAC",
 			"--enable-admission-plugins=NodeRestriction",
+			// As kubeadm and kind run it: privileged pods are admitted (the chart's hostMounts
+			// mode and agent.kernelLog.privileged need them); the default refuses them.
+			"--allow-privileged=true",
 			"--service-account-issuer=" + ServiceAccountIssuer,
 			"--service-account-key-file=" + c.path("pki", "sa.pub"),
 			"--service-account-signing-key-file=" + c.path("pki", "sa.key"),

@@ -1,0 +1,168 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
+	"github.com/gpuhealth/gpuhealth/test/helm"
+)
+
+// TestKernelLogInTheAgentContainer answers, on a real runtime (containerd and runc on a real
+// kubelet node), whether the agent's container can read the host's kernel log: a pod with
+// exactly the security context, volume and mount the chart renders for the agent container runs
+// `gpuhealth probe --kernel-log` from the image. The chart's default (unprivileged, /dev/kmsg
+// mounted, CAP_SYSLOG) must be refused by the runtime's device rules, as docs/kernel-log.md
+// and the chart's values say, with the probe's hint naming the way out; with
+// agent.kernelLog.privileged the probe must read the whole log.
+func TestKernelLogInTheAgentContainer(t *testing.T) {
+	if err := controlplane.CanRunContainers(); err != nil {
+		t.Skipf("skipping: this machine cannot run containers: %v", err)
+	}
+	t.Parallel()
+	archive := imageArchive(t)
+	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 1, Containers: true})
+	ctx := t.Context()
+	n := c.KubeletNodes()[0]
+	image := "gpuhealth/gpuhealth:" + chartAppVersion(t)
+	if err := n.ImportImage(ctx, archive, image); err != nil {
+		t.Fatal(err)
+	}
+	const ns = "default"
+	for _, tc := range []struct {
+		name         string
+		set          []string
+		wantReadable bool
+	}{
+		{"chart default", nil, false},
+		{"agent.kernelLog.privileged", []string{"agent.kernelLog.privileged=true"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			agent := renderedAgentContainer(t, tc.set)
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "kmsg-probe-" + fmt.Sprint(tc.wantReadable), Namespace: ns},
+				Spec: corev1.PodSpec{
+					NodeName:                     n.Name,
+					RestartPolicy:                corev1.RestartPolicyNever,
+					AutomountServiceAccountToken: ptr.To(false),
+					Containers: []corev1.Container{{
+						Name: "probe", Image: image, ImagePullPolicy: corev1.PullNever,
+						Command:         []string{"/gpuhealth", "probe", "--kernel-log", "--output", "json"},
+						SecurityContext: agent.container.SecurityContext,
+						VolumeMounts:    agent.kmsgMounts,
+					}},
+					Volumes: agent.kmsgVolumes,
+				},
+			}
+			if len(pod.Spec.Volumes) != 1 || len(pod.Spec.Containers[0].VolumeMounts) != 1 {
+				t.Fatalf("the chart renders kmsg volumes %+v and mounts %+v, want one of each", agent.kmsgVolumes, agent.kmsgMounts)
+			}
+			if _, err := c.Admin().CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			var phase corev1.PodPhase
+			eventuallyWithin(t, 2*pollTimeout, "the probe pod to finish", func(ctx context.Context) (bool, string, error) {
+				p, err := c.Admin().CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+				if err != nil {
+					return false, "", err
+				}
+				phase = p.Status.Phase
+				return phase == corev1.PodSucceeded || phase == corev1.PodFailed, string(phase), nil
+			})
+			logs, err := c.Admin().CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "probe"}).DoRaw(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The JSON report comes first; on failure the error line follows it.
+			var rep kmsg.ProbeReport
+			if err := json.NewDecoder(strings.NewReader(string(logs))).Decode(&rep); err != nil {
+				t.Fatalf("probe output is not a report: %v\n%s", err, logs)
+			}
+			t.Logf("%s: phase %s, readable %v, records %d, error %q", tc.name, phase, rep.Readable, rep.Records, rep.Error)
+			if rep.Readable != tc.wantReadable {
+				t.Fatalf("readable = %v, want %v; security context %+v\n%s", rep.Readable, tc.wantReadable, agent.container.SecurityContext, logs)
+			}
+			if tc.wantReadable {
+				if phase != corev1.PodSucceeded || rep.Records == 0 {
+					t.Errorf("phase %s with %d records, want Succeeded with the host's log", phase, rep.Records)
+				}
+				return
+			}
+			if phase != corev1.PodFailed || !strings.Contains(rep.Error, "operation not permitted") || !strings.Contains(rep.Hint, "agent.kernelLog.privileged") {
+				t.Errorf("phase %s, error %q, hint %q: want Failed, EPERM, and the hint to name agent.kernelLog.privileged", phase, rep.Error, rep.Hint)
+			}
+		})
+	}
+}
+
+// renderedAgent is what the chart renders for the agent container and its kernel log.
+type renderedAgent struct {
+	container   corev1.Container
+	kmsgMounts  []corev1.VolumeMount
+	kmsgVolumes []corev1.Volume
+}
+
+// renderedAgentContainer renders the chart with ci/local-values.yaml and set, and returns its agent
+// container with the /dev/kmsg volume and mount.
+func renderedAgentContainer(t *testing.T, set []string) renderedAgent {
+	t.Helper()
+	scenario := filepath.Join(t.TempDir(), "scenario.yaml")
+	if err := os.WriteFile(scenario, []byte(chartScenario), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := helm.Template(t.Context(), helm.Options{
+		Release: "gpuhealth", Namespace: "gpuhealth-system",
+		Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"}, Set: set,
+		SetFile: []string{"agent.sim.scenario=" + scenario},
+	})
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, manifest)
+	}
+	objs, err := helm.Decode(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() != "DaemonSet" || o.GetLabels()["app.kubernetes.io/component"] != "agent" {
+			continue
+		}
+		var ds appsv1.DaemonSet
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &ds); err != nil {
+			t.Fatal(err)
+		}
+		var out renderedAgent
+		for _, v := range ds.Spec.Template.Spec.Volumes {
+			if v.HostPath != nil && v.HostPath.Path == kmsg.DevKmsg {
+				out.kmsgVolumes = append(out.kmsgVolumes, v)
+			}
+		}
+		for _, ctr := range ds.Spec.Template.Spec.Containers {
+			if ctr.Name != "agent" {
+				continue
+			}
+			out.container = ctr
+			for _, m := range ctr.VolumeMounts {
+				if m.MountPath == kmsg.DevKmsg {
+					out.kmsgMounts = append(out.kmsgMounts, m)
+				}
+			}
+			return out
+		}
+	}
+	t.Fatal("the chart renders no agent DaemonSet with an agent container")
+	return renderedAgent{}
+}
