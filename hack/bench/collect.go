@@ -205,8 +205,8 @@ func (l *lookup) medianPercentile(p, part, name, unit string, labels ...string) 
 }
 
 // one returns the figure of one run of part.
-func (l *lookup) one(part, run, name, unit string) figure.Figure {
-	for _, f := range l.all(part, name, unit) {
+func (l *lookup) one(part, run, name, unit string, labels ...string) figure.Figure {
+	for _, f := range l.all(part, name, unit, labels...) {
 		if f.Run == run {
 			return f
 		}

@@ -228,12 +228,12 @@ func TestReadRun(t *testing.T) {
 	}
 }
 
-// Runs that measured the bare client and the trace show the ratio and the stages beside the
-// agent's figure.
+// Runs that measured the bare client and the trace show the ratio, the runs' spread of it, and
+// the stages beside the agent's figure.
 func TestRenderLatencyAgainstTheBareClient(t *testing.T) {
 	const path = "fault -> volcano.sh/gpu-unhealthy-ids"
-	ms := func(name string, p50, p99 float64, labels ...string) figure.Figure {
-		f := figure.Figure{Part: partLatency, Run: "1", Name: name, Labels: map[string]string{figure.LabelPath: path}, Unit: figure.UnitMilliseconds,
+	ms := func(run, name string, p50, p99 float64, labels ...string) figure.Figure {
+		f := figure.Figure{Part: partLatency, Run: run, Name: name, Labels: map[string]string{figure.LabelPath: path}, Unit: figure.UnitMilliseconds,
 			Value: p50, Samples: 100, Percentiles: map[string]float64{figure.P50: p50, figure.P99: p99, figure.Max: p99}}
 		for i := 0; i+1 < len(labels); i += 2 {
 			f.Labels[labels[i]] = labels[i+1]
@@ -241,19 +241,24 @@ func TestRenderLatencyAgainstTheBareClient(t *testing.T) {
 		return f
 	}
 	res := results{Figures: []figure.Figure{
-		ms(figure.SignalToObject, 7, 12),
-		ms(figure.BareClientToObject, 5, 10),
-		ms(figure.SignalTrace, 0.3, 1, figure.LabelStage, "signal -> request sent"),
-		ms(figure.SignalTrace, 6.5, 11, figure.LabelStage, "request -> response"),
+		ms("1", figure.SignalToObject, 7, 12),
+		ms("1", figure.BareClientToObject, 5, 10),
+		ms("1", figure.SignalTrace, 0.3, 1, figure.LabelStage, "signal -> request sent"),
+		ms("1", figure.SignalTrace, 6.5, 11, figure.LabelStage, "request -> response"),
 		{Part: partLatency, Run: "1", Name: figure.WritesPerChange, Labels: map[string]string{figure.LabelSink: "annotation"}, Unit: figure.UnitWritesPerChange, Value: 1},
+		ms("2", figure.SignalToObject, 6, 13),
+		ms("2", figure.BareClientToObject, 5, 10),
+		ms("2", figure.SignalTrace, 0.3, 1, figure.LabelStage, "signal -> request sent"),
+		ms("2", figure.SignalTrace, 5.5, 12, figure.LabelStage, "request -> response"),
+		{Part: partLatency, Run: "2", Name: figure.WritesPerChange, Labels: map[string]string{figure.LabelSink: "annotation"}, Unit: figure.UnitWritesPerChange, Value: 1},
 	}}
 	table, _, err := render(res)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"| signal → object: " + path + " | p50 7.0 ms, p99 12.0 ms; bare client p50 5.0 ms, p99 10.0 ms; ratio 1.40× / 1.20× |",
-		"| trace, p50 of each stage: " + path + " | signal -> request sent 0.30 ms, request -> response 6.50 ms |",
+		"| signal → object: " + path + " | p50 6.5 ms, p99 12.5 ms; bare client p50 5.0 ms, p99 10.0 ms; ratio 1.30× / 1.25× (the runs' ratios p50 1.20–1.40, p99 1.20–1.30) |",
+		"| trace, p50 of each stage: " + path + " | signal -> request sent 0.30 ms, request -> response 6.00 ms |",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)

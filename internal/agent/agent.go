@@ -210,9 +210,12 @@ func Run(ctx context.Context, opts Options) error {
 		g.Go(func() error { return w.Run(ctx) })
 	}
 	// The sinks schedulers read go first; the rest (the condition, claim status, Events) follow
-	// once those have written, so that their requests do not compete with the scheduler path.
+	// once those have written and the agent's own Node watch has seen the write, so that their
+	// requests compete neither with the scheduler path's requests nor with the delivery of its
+	// watch events.
 	scheduling, following := splitBySchedulerPath(writers)
 	after := newFollowers(following, events)
+	after.delivered = caches.nodes.WaitCaughtUp
 	g.Go(func() error { return after.run(ctx, scheduling) })
 	// The fan-out alone reports to the writers, so that they always get the latest snapshot with
 	// the latest repair states.

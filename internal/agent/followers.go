@@ -44,6 +44,9 @@ type eventRecorder interface {
 type followers struct {
 	writers []*report.Writer
 	events  eventRecorder
+	// delivered, when set, waits until the scheduler path's Node writes have reached watchers
+	// (the agent's own Node informer has them), within the same hold.
+	delivered func(context.Context)
 
 	mu          sync.Mutex
 	pending     bool
@@ -103,6 +106,9 @@ func (f *followers) run(ctx context.Context, scheduling []*report.Writer) error 
 		hold, cancel := context.WithTimeout(ctx, followHold)
 		for i, w := range scheduling {
 			w.WaitSettled(hold, reports[i])
+		}
+		if f.delivered != nil {
+			f.delivered(hold)
 		}
 		cancel()
 		for _, t := range transitions {

@@ -38,15 +38,62 @@ type Cache struct {
 	mu      sync.Mutex
 	started bool         // the informer has synced
 	written *corev1.Node // the newest Node a write of ours returned
+	// changed is closed (and replaced) whenever the informer's copy changes; WaitCaughtUp
+	// waits on it.
+	changed chan struct{}
 }
 
 // New returns a Cache of nodeName; nothing runs until Start.
 func New(client kube.Interface, nodeName string) *Cache {
-	c := &Cache{client: client, nodeName: nodeName}
+	c := &Cache{client: client, nodeName: nodeName, changed: make(chan struct{})}
 	c.informer = c.informers.Add(kube.NewInformer(client, client.CoreV1().Nodes(), &corev1.Node{}, func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}))
+	// Registered before the informer runs, so it cannot fail.
+	_, _ = c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.notifyChanged() },
+		UpdateFunc: func(any, any) { c.notifyChanged() },
+		DeleteFunc: func(any) { c.notifyChanged() },
+	})
 	return c
+}
+
+func (c *Cache) notifyChanged() {
+	c.mu.Lock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+}
+
+// WaitCaughtUp returns once the informer holds the Node as of the newest write of ours, or when
+// ctx ends, or at once when the informer has not started or resource versions cannot be compared.
+// The informer's watch is served as every other watch of the Node is (a scheduler's or an
+// extender's), so once it has our write, those have been sent it too: the agent waits here before
+// it sends writes that nobody schedules by, which would otherwise compete with that delivery on a
+// busy API server.
+func (c *Cache) WaitCaughtUp(ctx context.Context) {
+	for {
+		c.mu.Lock()
+		started, written, changed := c.started, c.written, c.changed
+		c.mu.Unlock()
+		if !started || written == nil {
+			return
+		}
+		obj, exists, err := c.informer.GetStore().GetByKey(c.nodeName)
+		cached, _ := obj.(*corev1.Node)
+		if err != nil || !exists || cached == nil {
+			return
+		}
+		cmp, err := resourceversion.CompareResourceVersion(cached.ResourceVersion, written.ResourceVersion)
+		if err != nil || cmp >= 0 {
+			return
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // NodeName is the Node the cache follows.

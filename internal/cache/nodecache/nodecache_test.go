@@ -125,3 +125,42 @@ func TestGetAsksTheAPIServerWhenItCannotTell(t *testing.T) {
 		}
 	})
 }
+
+func TestWaitCaughtUpReturnsOnceTheInformerHasOurWrite(t *testing.T) {
+	client := fake.NewClientset(node("10", "start"))
+	c := nodecache.New(adapt.Clientset(client), "n1")
+	// Before Start there is nothing to wait for.
+	c.Wrote(node("12", "ours"))
+	c.WaitCaughtUp(t.Context())
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+
+	// Our write (resource version 12) has not reached the informer (10): the wait holds until
+	// the watch delivers it, and ends when the context does.
+	short, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	c.WaitCaughtUp(short)
+	if short.Err() == nil {
+		t.Fatal("WaitCaughtUp returned before the informer had our write")
+	}
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.WaitCaughtUp(t.Context())
+	}()
+	select {
+	case <-done:
+		t.Fatal("WaitCaughtUp returned before the informer had our write")
+	case <-time.After(20 * time.Millisecond):
+	}
+	if _, err := client.CoreV1().Nodes().Update(t.Context(), node("12", "ours"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitCaughtUp did not return after the informer got our write")
+	}
+}
