@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -24,15 +22,8 @@ func measureContainer(ctx context.Context, o options) ([]figure.Figure, error) {
 	var figs []figure.Figure
 	for r := range o.Runs {
 		run := strconv.Itoa(r + 1)
-		out := filepath.Join(o.Raw, "container-"+run+".jsonl")
-		_ = os.Remove(out)
-		cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "e2e", "-run", "^TestBenchAgentContainerMemory$", "-timeout", "20m", "-v", "./test/e2e/")
-		cmd.Env = append(os.Environ(), "GPUHEALTH_BENCH_OUT="+absPath(out),
+		got, err := runTest(ctx, o, "TestBenchAgentContainerMemory", "./test/e2e/", "GPUHEALTH_BENCH_OUT", "container-"+run, partContainer, run,
 			"GPUHEALTH_BENCH_WINDOW="+time.Duration(o.AgentWindow).String(), "GPUHEALTH_BENCH_STORM_RATE="+strconv.Itoa(o.StormRate))
-		if _, err := runLogged(cmd, filepath.Join(o.Raw, "container-"+run+".log")); err != nil {
-			return nil, err
-		}
-		got, err := readRun(out, partContainer, run)
 		if err != nil {
 			return nil, err
 		}

@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 
 	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
@@ -45,20 +42,13 @@ func measureFleet(ctx context.Context, o options) ([]figure.Figure, error) {
 // and run.
 func fleetRun(ctx context.Context, o options, nodes int, part, run string, env ...string) ([]figure.Figure, error) {
 	name := part + "-" + run
-	out := filepath.Join(o.Raw, name+".jsonl")
-	_ = os.Remove(out)
-	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "e2e", "-run", "^TestFleet$", "-timeout", "20m", "-v", "./test/fleet/")
-	cmd.Env = append(os.Environ(), "GPUHEALTH_FLEET=1", "GPUHEALTH_FLEET_NODES="+strconv.Itoa(nodes),
-		"GPUHEALTH_FLEET_STEADY="+o.FleetSteady.String(), "GPUHEALTH_FLEET_OUT="+absPath(out))
-	cmd.Env = append(cmd.Env, env...)
-	if _, err := runLogged(cmd, filepath.Join(o.Raw, name+".log")); err != nil {
-		return nil, err
-	}
-	figs, err := readRun(out, part, run)
+	env = append([]string{"GPUHEALTH_FLEET=1", "GPUHEALTH_FLEET_NODES=" + strconv.Itoa(nodes), "GPUHEALTH_FLEET_STEADY=" + o.FleetSteady.String()}, env...)
+	figs, err := runTest(ctx, o, "TestFleet", "./test/fleet/", "GPUHEALTH_FLEET_OUT", name, part, run, env...)
 	if err != nil {
 		return nil, err
 	}
 	l := &lookup{figs: figs}
+	out := name + ".jsonl"
 	progress("  %s: %.0f nodes ready in %.1fs, %.2f requests/s steady, wave in %.2fs", name,
 		l.median(part, figure.FleetNodes, figure.UnitNodes), l.median(part, figure.FleetStartupTime, figure.UnitSeconds),
 		l.median(part, figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond), l.median(part, figure.FleetWaveAllTime, figure.UnitSeconds))

@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -18,17 +15,10 @@ func measureLatency(ctx context.Context, o options) ([]figure.Figure, error) {
 	var figs []figure.Figure
 	for r := range o.Runs {
 		run := strconv.Itoa(r + 1)
-		out := filepath.Join(o.Raw, "latency-"+run+".jsonl")
-		_ = os.Remove(out)
-		cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "e2e", "-run", "^TestBenchSignalToObject$", "-timeout", "20m", "./test/e2e/")
 		// The claimstatus reporter writes nothing here (the test makes no ResourceClaims), and the
 		// test expects one write per change of every sink but the condition, so it is left out.
-		cmd.Env = append(os.Environ(), "GPUHEALTH_BENCH_FAULTS="+strconv.Itoa(o.Faults), "GPUHEALTH_BENCH_OUT="+absPath(out),
-			"GPUHEALTH_BENCH_REPORTERS=annotation,devicetaint,condition")
-		if _, err := runLogged(cmd, filepath.Join(o.Raw, "latency-"+run+".log")); err != nil {
-			return nil, err
-		}
-		got, err := readRun(out, partLatency, run)
+		got, err := runTest(ctx, o, "TestBenchSignalToObject", "./test/e2e/", "GPUHEALTH_BENCH_OUT", "latency-"+run, partLatency, run,
+			"GPUHEALTH_BENCH_FAULTS="+strconv.Itoa(o.Faults), "GPUHEALTH_BENCH_REPORTERS=annotation,devicetaint,condition")
 		if err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
 )
 
 // runLogged runs cmd with its output in logPath (and returns it); on failure the error carries
@@ -46,6 +49,19 @@ func lastLines(b []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// runTest runs one e2e test (-tags e2e) of pkg that writes its figures as JSON lines to the file
+// outEnv names, logs to name.log in the raw directory, and returns the figures as part and run.
+func runTest(ctx context.Context, o options, test, pkg, outEnv, name, part, run string, env ...string) ([]figure.Figure, error) {
+	out := filepath.Join(o.Raw, name+".jsonl")
+	_ = os.Remove(out)
+	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "e2e", "-run", "^"+test+"$", "-timeout", "20m", "-v", pkg)
+	cmd.Env = append(append(os.Environ(), outEnv+"="+absPath(out)), env...)
+	if _, err := runLogged(cmd, filepath.Join(o.Raw, name+".log")); err != nil {
+		return nil, err
+	}
+	return readRun(out, part, run)
 }
 
 func absPath(p string) string {

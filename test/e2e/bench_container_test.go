@@ -36,9 +36,7 @@ import (
 // GPUHEALTH_BENCH_OUT; without that variable it runs the idle scenario only, so that CI keeps it
 // working, and checks that the three views agree with each other.
 func TestBenchAgentContainerMemory(t *testing.T) {
-	if err := controlplane.CanRunContainers(); err != nil {
-		t.Skipf("skipping: this machine cannot run containers: %v", err)
-	}
+	skipWithoutContainers(t)
 	t.Parallel()
 	window := 15 * time.Second
 	if v := os.Getenv("GPUHEALTH_BENCH_WINDOW"); v != "" {
@@ -62,14 +60,8 @@ func TestBenchAgentContainerMemory(t *testing.T) {
 		scenarios = append(scenarios, figure.ScenarioStorm)
 	}
 
-	archive := imageArchive(t)
-	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 1, Containers: true})
+	c, n, _ := startContainerdNode(t)
 	ctx := t.Context()
-	n := c.KubeletNodes()[0]
-	image := "gpuhealth/gpuhealth:" + chartAppVersion(t)
-	if err := n.ImportImage(ctx, archive, image); err != nil {
-		t.Fatal(err)
-	}
 	uuids := make([]string, 8)
 	for i := range uuids {
 		uuids[i] = simUUID(n.Name, i)

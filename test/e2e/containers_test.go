@@ -61,9 +61,7 @@ const faultDelay = 8 * time.Second
 // containers running. helm uninstall leaves only what docs/helm.md lists, and stopping the
 // cluster leaves no process, shim, mount or cgroup behind.
 func TestHelmChartOnContainerdNodes(t *testing.T) {
-	if err := controlplane.CanRunContainers(); err != nil {
-		t.Skipf("skipping: this machine cannot run containers: %v", err)
-	}
+	skipWithoutContainers(t)
 	t.Parallel()
 	archive := imageArchive(t)
 	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 2, Containers: true})
@@ -374,6 +372,28 @@ func TestHelmChartOnContainerdNodes(t *testing.T) {
 			t.Errorf("a node bridge is in the machine's network namespace:\n%s", out)
 		}
 	})
+}
+
+// startContainerdNode starts a cluster with one containerd node (or skips the test where
+// containers cannot run) and imports the gpuhealth image, whose name it returns with the node.
+func startContainerdNode(t *testing.T) (*controlplane.Cluster, *controlplane.KubeletNode, string) {
+	t.Helper()
+	archive := imageArchive(t)
+	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 1, Containers: true})
+	n := c.KubeletNodes()[0]
+	image := "gpuhealth/gpuhealth:" + chartAppVersion(t)
+	if err := n.ImportImage(t.Context(), archive, image); err != nil {
+		t.Fatal(err)
+	}
+	return c, n, image
+}
+
+// skipWithoutContainers skips the test where this machine cannot run containers.
+func skipWithoutContainers(t *testing.T) {
+	t.Helper()
+	if err := controlplane.CanRunContainers(); err != nil {
+		t.Skipf("skipping: this machine cannot run containers: %v", err)
+	}
 }
 
 // imageArchive returns the gpuhealth image archive: $GPUHEALTH_IMAGE_ARCHIVE, or the one

@@ -18,7 +18,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
-	"github.com/gpuhealth/gpuhealth/test/controlplane"
 	"github.com/gpuhealth/gpuhealth/test/helm"
 )
 
@@ -30,18 +29,10 @@ import (
 // and the chart's values say, with the probe's hint naming the way out; with
 // agent.kernelLog.privileged the probe must read the whole log.
 func TestKernelLogInTheAgentContainer(t *testing.T) {
-	if err := controlplane.CanRunContainers(); err != nil {
-		t.Skipf("skipping: this machine cannot run containers: %v", err)
-	}
+	skipWithoutContainers(t)
 	t.Parallel()
-	archive := imageArchive(t)
-	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 1, Containers: true})
+	c, n, image := startContainerdNode(t)
 	ctx := t.Context()
-	n := c.KubeletNodes()[0]
-	image := "gpuhealth/gpuhealth:" + chartAppVersion(t)
-	if err := n.ImportImage(ctx, archive, image); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "default"
 	for _, tc := range []struct {
 		name         string
