@@ -250,7 +250,8 @@ func fleetLargeRows(l *lookup, _ settings) []row {
 		fmt.Sprintf("start-up %.1f s; steady %.2f requests/s; wave: all taints and annotations in %.1f s (p99 %.1f s), %.0f requests",
 			v(figure.FleetStartupTime, figure.UnitSeconds), v(figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond),
 			v(figure.FleetWaveAllTime, figure.UnitSeconds), l.medianPercentile(figure.P99, partFleetLarge, figure.FleetWaveObjectLatency, figure.UnitSeconds),
-			v(figure.FleetWaveRequests, figure.UnitRequests)) + bareWave(l, partFleetLarge),
+			v(figure.FleetWaveRequests, figure.UnitRequests)) + bareWave(l, partFleetLarge) +
+			fmt.Sprintf("; memory per node: heap %.0f KiB, RSS %.0f KiB", v(figure.FleetHeapPerNode, figure.UnitKiB), v(figure.FleetRSSPerNode, figure.UnitKiB)),
 		"test/fleet, one run",
 	}}
 }
