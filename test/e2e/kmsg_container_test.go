@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,9 +16,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
 	"github.com/gpuhealth/gpuhealth/test/helm"
 )
 
@@ -62,7 +65,8 @@ func TestKernelLogInTheAgentContainer(t *testing.T) {
 			if len(pod.Spec.Volumes) != 1 || len(pod.Spec.Containers[0].VolumeMounts) != 1 {
 				t.Fatalf("the chart renders kmsg volumes %+v and mounts %+v, want one of each", agent.kmsgVolumes, agent.kmsgMounts)
 			}
-			if _, err := c.Admin().CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			created, err := c.Admin().CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+			if err != nil {
 				t.Fatal(err)
 			}
 			var phase corev1.PodPhase
@@ -74,13 +78,12 @@ func TestKernelLogInTheAgentContainer(t *testing.T) {
 				phase = p.Status.Phase
 				return phase == corev1.PodSucceeded || phase == corev1.PodFailed, string(phase), nil
 			})
-			logs, err := c.Admin().CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "probe"}).DoRaw(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The JSON report comes first; on failure the error line follows it.
+			// The report is the probe's stdout; its error line goes to stderr, which the runtime
+			// may log before, after or between the report's lines, so read stdout alone from
+			// the container's CRI log.
+			logs := containerStdout(t, n, ns, created.Name, created.UID, "probe")
 			var rep kmsg.ProbeReport
-			if err := json.NewDecoder(strings.NewReader(string(logs))).Decode(&rep); err != nil {
+			if err := json.Unmarshal(logs, &rep); err != nil {
 				t.Fatalf("probe output is not a report: %v\n%s", err, logs)
 			}
 			t.Logf("%s: phase %s, readable %v, records %d, error %q", tc.name, phase, rep.Readable, rep.Records, rep.Error)
@@ -156,4 +159,29 @@ func renderedAgentContainer(t *testing.T, set []string) renderedAgent {
 	}
 	t.Fatal("the chart renders no agent DaemonSet with an agent container")
 	return renderedAgent{}
+}
+
+// containerStdout returns what the container wrote to stdout, from the kubelet's CRI log file of
+// its first run on node n (lines "TIME STREAM P|F TEXT"; P marks a line the runtime split).
+func containerStdout(t *testing.T, n *controlplane.KubeletNode, ns, pod string, uid types.UID, container string) []byte {
+	t.Helper()
+	path := filepath.Join(n.Dir, "pod-logs", ns+"_"+pod+"_"+string(uid), container, "0.log")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the container's log: %v", err)
+	}
+	var out bytes.Buffer
+	for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		fields := strings.SplitN(line, " ", 4)
+		if len(fields) < 3 || fields[1] != "stdout" {
+			continue
+		}
+		if len(fields) == 4 {
+			out.WriteString(fields[3])
+		}
+		if fields[2] == "F" {
+			out.WriteByte('\n')
+		}
+	}
+	return out.Bytes()
 }
