@@ -46,7 +46,7 @@ func NewInformer[L runtime.Object](client any, lw ListerWatcher[L], obj runtime.
 type Informers struct {
 	mu        sync.Mutex
 	informers []cache.SharedIndexInformer
-	started   map[cache.SharedIndexInformer]bool
+	started   int // informers[:started] run
 	wg        sync.WaitGroup
 }
 
@@ -62,27 +62,19 @@ func (f *Informers) Add(inf cache.SharedIndexInformer) cache.SharedIndexInformer
 func (f *Informers) Start(ctx context.Context) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.started == nil {
-		f.started = map[cache.SharedIndexInformer]bool{}
-	}
-	for _, inf := range f.informers {
-		if f.started[inf] {
-			continue
-		}
-		f.started[inf] = true
+	for _, inf := range f.informers[f.started:] {
 		f.wg.Go(func() { inf.RunWithContext(ctx) })
 	}
+	f.started = len(f.informers)
 }
 
 // WaitForCacheSync returns once every started informer's cache is filled, or an error when ctx
 // ends first.
 func (f *Informers) WaitForCacheSync(ctx context.Context) error {
 	f.mu.Lock()
-	synced := make([]cache.InformerSynced, 0, len(f.informers))
-	for _, inf := range f.informers {
-		if f.started[inf] {
-			synced = append(synced, inf.HasSynced)
-		}
+	synced := make([]cache.InformerSynced, 0, f.started)
+	for _, inf := range f.informers[:f.started] {
+		synced = append(synced, inf.HasSynced)
 	}
 	f.mu.Unlock()
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {

@@ -3,10 +3,8 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -278,15 +276,15 @@ func findContainerCgroup(id string) (containerCgroup, error) {
 	return containerCgroup{memoryDir: mem, cpuDir: cpu}, err
 }
 
-// findDir returns the directory named name (or ending in it, as systemd's cri-containerd-ID.scope)
-// under root.
+// findDir returns the first directory under root whose name contains name (the ID alone with
+// cgroupfs, cri-containerd-ID.scope with systemd).
 func findDir(root, name string) (string, error) {
 	var found string
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return nil // cgroups come and go while we walk
 		}
-		if base := d.Name(); base == name || strings.Contains(base, name) {
+		if strings.Contains(d.Name(), name) {
 			found = path
 			return fs.SkipAll
 		}
@@ -352,35 +350,29 @@ func (cg containerCgroup) pids() ([]int, error) {
 
 // procMemory adds the process's resident memory (KiB) from /proc/PID/status to m.
 func procMemory(pid int, m map[string]float64) error {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	path := fmt.Sprintf("/proc/%d/status", pid)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	names := map[string]string{"VmRSS:": figure.ContainerProcRSS, "RssAnon:": figure.ContainerProcAnon, "RssFile:": figure.ContainerProcFile}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if name, ok := names[fieldOrEmpty(fields, 0)]; ok && len(fields) >= 2 {
-			v, err := strconv.ParseFloat(fields[1], 64)
-			if err != nil {
-				return fmt.Errorf("/proc/%d/status: %q: %w", pid, sc.Text(), err)
-			}
-			m[name] = v
-			delete(names, fields[0])
+	names := map[string]string{"VmRSS": figure.ContainerProcRSS, "RssAnon": figure.ContainerProcAnon, "RssFile": figure.ContainerProcFile}
+	for _, line := range strings.Split(string(data), "\n") {
+		key, value, _ := strings.Cut(line, ":")
+		name, ok := names[key]
+		if !ok {
+			continue
 		}
+		kib, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 64)
+		if err != nil {
+			return fmt.Errorf("%s: %q: %w", path, line, err)
+		}
+		m[name] = kib
+		delete(names, key)
 	}
 	if len(names) > 0 {
-		return fmt.Errorf("/proc/%d/status lacks %v", pid, names)
+		return fmt.Errorf("%s lacks %v", path, names)
 	}
-	return sc.Err()
-}
-
-func fieldOrEmpty(fields []string, i int) string {
-	if i < len(fields) {
-		return fields[i]
-	}
-	return ""
+	return nil
 }
 
 // readNumber reads a cgroup file holding one number.
@@ -406,7 +398,7 @@ func readKeyed(path string) (map[string]uint64, error) {
 		}
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("%s: %q", path, line), err)
+			return nil, fmt.Errorf("%s: %q: %w", path, line, err)
 		}
 		out[k] = n
 	}

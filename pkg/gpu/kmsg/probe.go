@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -78,18 +79,17 @@ func probe(ctx context.Context, path string, r *Reader) (ProbeReport, error) {
 			break
 		}
 		rep.Records++
-		ev, ok := ParseNVRM(rec.Message)
-		switch {
-		case rec.Facility != FacilityKernel:
-			if ok {
+		if rec.Facility != FacilityKernel {
+			if strings.Contains(rec.Message, "NVRM:") { // as Source.Run counts them
 				rep.Spoofed++
 			}
 			continue
-		case !ok:
-			rep.KernelRecords++
-			continue
 		}
 		rep.KernelRecords++
+		ev, ok := ParseNVRM(rec.Message)
+		if !ok {
+			continue
+		}
 		rep.Events = append(rep.Events, ProbeEvent{Since: rec.Since, Kind: ev.Kind.String(), PCIBusID: ev.PCIBusID, Xid: ev.Xid, UUID: ev.UUID, Message: rec.Message})
 		if len(rep.Events) > MaxProbeEvents {
 			rep.Events = rep.Events[1:]
