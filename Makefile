@@ -51,9 +51,9 @@ simulate: build ## Replay examples/scenario.yaml (an hour of faults on 8 GPUs) o
 test: verify unit e2e ## Everything CI runs: lint, unit tests (race), e2e tests on a real control plane.
 
 .PHONY: unit
-unit: ## Unit tests with the race detector, plus a short run of every fuzz target.
+unit: ## Unit tests with the race detector, plus a short run of every fuzz target; NVIDIA's real NVML libraries (hack/nvidia-drivers.sh) included.
 	hack/tools.sh install helm promtool
-	$(GO) test $(GOFLAGS_TEST) ./...
+	GPUHEALTH_NVIDIA_DRIVERS="$$(hack/nvidia-drivers.sh)" $(GO) test $(GOFLAGS_TEST) ./...
 	for m in $(EXAMPLES); do (cd $$m && $(GO) test $(GOFLAGS_TEST) ./...); done
 	hack/fuzz.sh 10s
 
@@ -61,7 +61,8 @@ unit: ## Unit tests with the race detector, plus a short run of every fuzz targe
 e2e: controlplane $(BIN)/gpuhealth-image.tar ## e2e tests against a real etcd + kube-apiserver + scheduler + controller-manager (and containerd nodes).
 	hack/tools.sh install helm
 	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" GPUHEALTH_CONTAINERD_BIN="$$(hack/controlplane/containerd.sh)" \
-	GPUHEALTH_IMAGE_ARCHIVE=$(abspath $(BIN)/gpuhealth-image.tar) $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
+	GPUHEALTH_IMAGE_ARCHIVE=$(abspath $(BIN)/gpuhealth-image.tar) GPUHEALTH_NVIDIA_DRIVERS="$$(hack/nvidia-drivers.sh)" \
+	GPUHEALTH_IMAGE_ROOTFS=$(abspath $(BIN)/image/rootfs-$(shell $(GO) env GOARCH)) $(GO) test -count=1 -tags e2e -timeout 30m ./test/e2e/...
 
 .PHONY: controlplane
 controlplane: ## Build (or find cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet, containerd; install the tools real nodes need.

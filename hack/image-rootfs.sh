@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Stages the image's root filesystem for one architecture: the gpuhealth and gpuhealth-agent
-# binaries (cgo, stripped, trimmed) plus exactly the glibc files they need (the ELF interpreter and
-# their NEEDED libraries, read with readelf), nothing else. Used by the Dockerfile's source stage
-# and, offline, by hack/image.sh.
+# binaries (cgo, stripped, trimmed) plus the glibc files they need (the ELF interpreter and their
+# NEEDED libraries, read with readelf) and the glibc runtime libraries NVIDIA's user-space driver
+# libraries link against (driver_needs below, what distroless "cc" images carry), all from the
+# same glibc, nothing else. gpuhealth dlopens libnvidia-ml.so.1 by its path under the driver root,
+# so the library's own NEEDED entries resolve from these files, never from the host's glibc.
+# Used by the Dockerfile's source stage and, offline, by hack/image.sh.
 #
 #   hack/image-rootfs.sh ARCH DIR [VERSION]     ARCH: amd64 or arm64
 #
@@ -46,7 +49,13 @@ CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$cc go build -trimpath -tags grpcnotrac
 # The files the dynamic loader will look for: the interpreter at its absolute path, and each
 # NEEDED library in the directory the loader searches first on Debian for that architecture.
 interp=$(readelf -l "$dir/gpuhealth" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
-mapfile -t needed < <(readelf -d "$dir/gpuhealth" "$dir/gpuhealth-agent" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | sort -u)
+# libnvidia-ml.so.1 NEEDs libc, libdl and libpthread (470, 525) and libm and librt too (535,
+# 550): read from the real libraries by test/e2e's TestDriverLibrariesNeedOnlyTheImagesGlibc.
+driver_needs=(libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1)
+mapfile -t needed < <({
+	readelf -d "$dir/gpuhealth" "$dir/gpuhealth-agent" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'
+	printf '%s\n' "${driver_needs[@]}"
+} | sort -u)
 [[ -n $interp ]] || {
 	echo "image-rootfs.sh: $dir/gpuhealth has no interpreter" >&2
 	exit 1

@@ -151,7 +151,8 @@ func Run(ctx context.Context, opts Options) error {
 	if err := m.Register(opts.Registry); err != nil {
 		return fmt.Errorf("agent: register metrics: %w", err)
 	}
-	if err := opts.Registry.Register(metrics.NewSources(opts.NodeName, opts.KernelLog)); err != nil {
+	backendSource, _ := opts.Backend.(metrics.Backend)
+	if err := opts.Registry.Register(metrics.NewSources(opts.NodeName, opts.KernelLog, backendSource)); err != nil {
 		return fmt.Errorf("agent: register metrics: %w", err)
 	}
 	events := nodecondition.NewEvents(recorder, opts.NodeName, "")

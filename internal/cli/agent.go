@@ -18,8 +18,8 @@ import (
 // The agent command lives in agentcmd, which cmd/gpuhealth-agent links alone.
 func newAgentCommand() *cobra.Command { return agentcmd.NewCommand() }
 
-func openBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration) (agentcmd.ResettingBackend, string, func(), error) {
-	return agentcmd.OpenBackend(ctx, backend, scenarioPath, node, sampleEvery)
+func openBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration, nvmlOpts *cmdutil.NVMLOptions) (agentcmd.ResettingBackend, string, func(), error) {
+	return agentcmd.OpenBackend(ctx, backend, scenarioPath, node, sampleEvery, nvmlOpts)
 }
 
 func openKernelLog(ctx context.Context, cfg *config.HealthConfig, backend string, devices []health.Device, bootID string) *agent.KernelLog {

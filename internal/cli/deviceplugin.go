@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/pkg/deviceplugin"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
@@ -23,6 +24,7 @@ func newDevicePluginCommand() *cobra.Command {
 		cdi                                                                    bool
 		replicas                                                               int
 		logs                                                                   logOptions
+		nvmlOpts                                                               cmdutil.NVMLOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "device-plugin [--backend nvml|sim] [--scenario FILE] [--config FILE] [--resource-name NAME] [--kubelet-socket-dir DIR] [--cdi] [--replicas N]",
@@ -66,7 +68,7 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 				return err
 			}
 			// In a DaemonSet, $NODE_NAME (the pod's node) names the simulated GPUs, as for the agent.
-			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, os.Getenv("NODE_NAME"), cfg.SampleEvery())
+			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, os.Getenv("NODE_NAME"), cfg.SampleEvery(), &nvmlOpts)
 			if err != nil {
 				return err
 			}
@@ -92,6 +94,7 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 	f.BoolVar(&cdi, "cdi", false, "allocate GPUs as CDI devices nvidia.com/gpu=<UUID> instead of NVIDIA_VISIBLE_DEVICES")
 	f.StringVar(&checkpoint, "checkpoint", "", "file keeping sticky faults across restarts on the same boot (default: none)")
 	f.IntVar(&replicas, "replicas", 1, "time-slice each GPU into this many devices <UUID>::<n> (1: no sharing)")
+	nvmlOpts.AddFlags(f)
 	logs.addFlags(f)
 	return cmd
 }

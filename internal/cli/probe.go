@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 )
@@ -17,6 +18,7 @@ import (
 func newProbeCommand() *cobra.Command {
 	var output, kernelLogPath string
 	var rawCalls, kernelLog bool
+	var nvmlOpts cmdutil.NVMLOptions
 	cmd := &cobra.Command{
 		Use:   "probe [--output json|table] [--raw | --kernel-log [--kernel-log-path FILE]]",
 		Short: "Show each real GPU's identity, supported checks and current readings (NVML)",
@@ -53,7 +55,7 @@ can work there; it exits 1 when the log cannot be read, with the reason.`,
 				}
 				return probeKernelLog(cmd, kernelLogPath, output)
 			}
-			b, err := gpunvml.OpenSystem()
+			b, err := nvmlOpts.Open()
 			if err != nil {
 				return err
 			}
@@ -84,6 +86,7 @@ can work there; it exits 1 when the log cannot be read, with the reason.`,
 	cmd.Flags().BoolVar(&rawCalls, "raw", false, "print every NVML call the backend makes with the driver's raw answer, as JSON")
 	cmd.Flags().BoolVar(&kernelLog, "kernel-log", false, "check the kernel log instead of NVML: readable here?, and the NVIDIA driver's events in it")
 	cmd.Flags().StringVar(&kernelLogPath, "kernel-log-path", kmsg.DevKmsg, "the kernel log --kernel-log reads")
+	nvmlOpts.AddFlags(cmd.Flags())
 	return cmd
 }
 

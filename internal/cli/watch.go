@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -20,6 +21,7 @@ import (
 
 func newWatchCommand() *cobra.Command {
 	var backend, scenarioPath, configPath, output string
+	var nvmlOpts cmdutil.NVMLOptions
 	cmd := &cobra.Command{
 		Use:   "watch [--backend nvml|sim] [--scenario FILE] [--config FILE] [--output json|table]",
 		Short: "Watch this node's GPUs without Kubernetes and print each health transition",
@@ -65,7 +67,7 @@ a MIG instance).`,
 				be := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: cfg.SampleEvery()})
 				src = watchSource{devices: be.Devices(), run: func(ctx context.Context, m *health.Monitor) error { return be.Run(ctx, m) }}
 			} else {
-				b, err := gpunvml.OpenSystem(gpunvml.WithSamplePeriod(cfg.SampleEvery()), gpunvml.WithLogger(logger))
+				b, err := nvmlOpts.Open(gpunvml.WithSamplePeriod(cfg.SampleEvery()), gpunvml.WithLogger(logger))
 				if err != nil {
 					return err
 				}
@@ -83,6 +85,7 @@ a MIG instance).`,
 	cmd.Flags().StringVar(&scenarioPath, "scenario", "", "scenario file to replay (with --backend sim)")
 	cmd.Flags().StringVar(&configPath, "config", "", "HealthConfig file (default: the built-in default profile)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: json or table")
+	nvmlOpts.AddFlags(cmd.Flags())
 	return cmd
 }
 

@@ -28,6 +28,7 @@ func NewCommand() *cobra.Command {
 	var (
 		backend, scenarioPath, nodeName, kubeconfig, configPath, metricsAddress, checkpoint string
 		logs                                                                                cmdutil.LogOptions
+		nvmlOpts                                                                            cmdutil.NVMLOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "agent [--backend nvml|sim] [--scenario FILE] [--node-name NAME] [--kubeconfig FILE] [--config FILE]",
@@ -58,19 +59,6 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			if checkpoint != "" {
 				agentCfg.CheckpointPath = checkpoint
 			}
-			be, bootID, cleanup, err := OpenBackend(ctx, backend, scenarioPath, nodeName, cfg.SampleEvery())
-			if err != nil {
-				return err
-			}
-			defer cleanup()
-			kernelLog := OpenKernelLog(ctx, cfg, backend, be.Devices(), bootID)
-			defer kernelLog.Close()
-			rem := agent.RemediationOptions{Config: cfg.Remediation, Poll: cfg.SampleEvery()}
-			if rem.Config.Enabled {
-				if rem.Resetter, err = be.Resetter(rem.Config.WithDefaults().ResetCommand); err != nil {
-					return cmdutil.BadInput(fmt.Errorf("remediation.resetCommand: %w", err))
-				}
-			}
 			restConfig, err := cmdutil.ComponentConfig(kubeconfig, "gpuhealth", agent.ClientQPS, agent.ClientBurst)
 			if err != nil {
 				return cmdutil.BadInput(err)
@@ -78,6 +66,27 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			client, err := kube.NewForConfig(restConfig)
 			if err != nil {
 				return cmdutil.BadInput(err)
+			}
+			// Without NVML yet (the driver container is still starting, say) the agent waits.
+			opened, err := waitForDriver(ctx, driverWait{node: nodeName, client: client, metricsAddress: metricsAddress},
+				func() (openedBackend, error) {
+					var o openedBackend
+					var err error
+					o.backend, o.bootID, o.cleanup, err = OpenBackend(ctx, backend, scenarioPath, nodeName, cfg.SampleEvery(), &nvmlOpts)
+					return o, err
+				})
+			if err != nil {
+				return err
+			}
+			be, bootID := opened.backend, opened.bootID
+			defer opened.cleanup()
+			kernelLog := OpenKernelLog(ctx, cfg, backend, be.Devices(), bootID)
+			defer kernelLog.Close()
+			rem := agent.RemediationOptions{Config: cfg.Remediation, Poll: cfg.SampleEvery()}
+			if rem.Config.Enabled {
+				if rem.Resetter, err = be.Resetter(rem.Config.WithDefaults().ResetCommand); err != nil {
+					return cmdutil.BadInput(fmt.Errorf("remediation.resetCommand: %w", err))
+				}
 			}
 			bootTime, err := agent.ReadBootTime()
 			if err != nil {
@@ -97,8 +106,16 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 	f.StringVar(&configPath, "config", "", "HealthConfig file, with its optional agent section")
 	f.StringVar(&metricsAddress, "metrics-address", ":9402", "address for /metrics, /healthz and /readyz (empty: off)")
 	f.StringVar(&checkpoint, "checkpoint", "", "checkpoint file (default from the config, else "+config.DefaultCheckpointPath+"; - turns it off)")
+	nvmlOpts.AddFlags(f)
 	logs.AddFlags(f)
 	return cmd
+}
+
+// openedBackend is what OpenBackend returns, in one value.
+type openedBackend struct {
+	backend ResettingBackend
+	bootID  string
+	cleanup func()
 }
 
 // simAgentBackend adapts the simulator to the agent: it replays on the real clock and keeps
@@ -120,6 +137,10 @@ func (n nvmlAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
 	return n.b.Run(ctx, sink)
 }
 
+// SourceName and Up: gpuhealth_source_up{source="nvml"}.
+func (n nvmlAgentBackend) SourceName() string { return "nvml" }
+func (n nvmlAgentBackend) Up() bool           { return n.b.Up() }
+
 func (n nvmlAgentBackend) Resetter(command []string) (gpu.Resetter, error) {
 	return n.b.CommandResetter(command)
 }
@@ -134,7 +155,9 @@ type ResettingBackend interface {
 // returns it with the boot ID the agent keys its checkpoint with and a function that closes it.
 // With the simulator, node (when set) wins over the scenario's own node: every agent of a
 // DaemonSet replays the same scenario on its own node's GPUs.
-func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration) (ResettingBackend, string, func(), error) {
+// The NVML backend's library is found under nvmlOpts' driver root; without a usable driver the
+// error wraps gpunvml.ErrNoDriver.
+func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration, nvmlOpts *cmdutil.NVMLOptions) (ResettingBackend, string, func(), error) {
 	switch backend {
 	case "sim":
 		if scenarioPath == "" {
@@ -154,7 +177,7 @@ func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sample
 		if scenarioPath != "" {
 			return nil, "", nil, cmdutil.BadInput(errors.New("--scenario: only with --backend sim"))
 		}
-		b, err := gpunvml.OpenSystem(gpunvml.WithSamplePeriod(sampleEvery), gpunvml.WithLogger(klog.FromContext(ctx)))
+		b, err := nvmlOpts.Open(gpunvml.WithSamplePeriod(sampleEvery), gpunvml.WithLogger(klog.FromContext(ctx)))
 		if err != nil {
 			return nil, "", nil, err
 		}

@@ -13,9 +13,17 @@ type KernelLog interface {
 	XIDSources() map[string]kmsg.DedupStats
 }
 
-// Sources exposes the signal sources beside the GPU backend, read at scrape time:
+// Backend is what the source metrics read of a GPU backend that can be down while the agent runs
+// (the NVML backend: after a GPU reset whose re-initialisation failed).
+type Backend interface {
+	// SourceName is the source label: "nvml".
+	SourceName() string
+	Up() bool
+}
+
+// Sources exposes the signal sources, read at scrape time:
 //
-//	gpuhealth_source_up{node,source}                  1 while the kernel log is read, else 0
+//	gpuhealth_source_up{node,source}                  1 while the source is read (nvml: the GPU backend, kmsg: the kernel log), else 0
 //	gpuhealth_xid_source_total{node,source}           XIDs each source reported (nvml, kmsg)
 //	gpuhealth_xid_duplicates_total{node,source}       of those, XIDs the other source had already reported (counted once)
 //	gpuhealth_kmsg_records_total{node}                kernel log records read
@@ -23,18 +31,21 @@ type KernelLog interface {
 type Sources struct {
 	node      string
 	kernelLog KernelLog
+	backend   Backend
 
 	upDesc, xidDesc, dupDesc, recordsDesc, skippedDesc *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Sources)(nil)
 
-// NewSources returns the source metrics of the agent on node.
-func NewSources(node string, kernelLog KernelLog) *Sources {
+// NewSources returns the source metrics of the agent on node. backend may be nil (a backend that
+// is never down, the simulator).
+func NewSources(node string, kernelLog KernelLog, backend Backend) *Sources {
 	return &Sources{
 		node:        node,
 		kernelLog:   kernelLog,
-		upDesc:      prometheus.NewDesc("gpuhealth_source_up", "1 while a signal source beside the GPU backend is read (source=kmsg: the kernel log), 0 when it is off or cannot be read.", []string{"node", "source"}, nil),
+		backend:     backend,
+		upDesc:      prometheus.NewDesc("gpuhealth_source_up", "1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read.", []string{"node", "source"}, nil),
 		xidDesc:     prometheus.NewDesc("gpuhealth_xid_source_total", "XIDs each source reported (nvml: the GPU backend's events, kmsg: the kernel log), duplicates included.", []string{"node", "source"}, nil),
 		dupDesc:     prometheus.NewDesc("gpuhealth_xid_duplicates_total", "XIDs a source reported that the other source had already reported within the match window; they were counted once.", []string{"node", "source"}, nil),
 		recordsDesc: prometheus.NewDesc("gpuhealth_kmsg_records_total", "Kernel log records read.", []string{"node"}, nil),
@@ -61,6 +72,13 @@ func (s *Sources) Collect(ch chan<- prometheus.Metric) {
 		up = 1
 	}
 	send(s.upDesc, prometheus.GaugeValue, up, kmsg.SourceName)
+	if s.backend != nil {
+		up = 0
+		if s.backend.Up() {
+			up = 1
+		}
+		send(s.upDesc, prometheus.GaugeValue, up, s.backend.SourceName())
+	}
 	for source, st := range s.kernelLog.XIDSources() {
 		send(s.xidDesc, prometheus.CounterValue, float64(st.Reported), source)
 		send(s.dupDesc, prometheus.CounterValue, float64(st.Duplicates), source)

@@ -72,7 +72,7 @@ gpuhealth_source_up{node="n1",source="kmsg"} 0
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			if err := reg.Register(metrics.NewSources("n1", tc.log)); err != nil {
+			if err := reg.Register(metrics.NewSources("n1", tc.log, nil)); err != nil {
 				t.Fatal(err)
 			}
 			names := []string{"gpuhealth_source_up", "gpuhealth_xid_source_total", "gpuhealth_xid_duplicates_total", "gpuhealth_kmsg_records_total", "gpuhealth_kmsg_skipped_total"}

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -259,6 +260,38 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	s.written = want
 	s.mu.Unlock()
 	return 1, nil
+}
+
+// ReportUnknown sets the GPUUnhealthy condition of node to Unknown with reason
+// NVMLUnavailable and message: the agent cannot see the GPUs (NVML is not available) and says
+// so instead of leaving the last verdict, or none, to look current. The other conditions are left
+// alone; lastTransitionTime is now only when the status was not Unknown already.
+func ReportUnknown(ctx context.Context, client kube.Interface, node, message string, now time.Time) error {
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get node %s: %w", node, err)
+	}
+	want := corev1.NodeCondition{Type: Type, Status: corev1.ConditionUnknown, Reason: gpuhealthv1.ReasonNVMLUnavailable,
+		Message: message, LastHeartbeatTime: metav1.NewTime(now), LastTransitionTime: metav1.NewTime(now)}
+	for _, c := range n.Status.Conditions {
+		if c.Type != Type {
+			continue
+		}
+		if c.Status == want.Status {
+			if c.Reason == want.Reason && c.Message == want.Message {
+				return nil
+			}
+			want.LastTransitionTime = c.LastTransitionTime
+		}
+	}
+	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{want}}})
+	if err != nil {
+		return err
+	}
+	if _, err := client.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("patch node %s condition: %w", node, err)
+	}
+	return nil
 }
 
 // RebootDesired returns the GPURebootRequired condition for snap: True with reason

@@ -15,4 +15,8 @@ const (
 	ReasonGPUsUnhealthy = "GPUsUnhealthy"
 	ReasonGPUsDegraded  = "GPUsDegraded"
 	ReasonGPUsHealthy   = "GPUsHealthy"
+	// ReasonNVMLUnavailable: status Unknown, the agent cannot reach NVML (no library, a library
+	// the loader refuses, or no kernel driver) and does not know the GPUs' health; the message
+	// says which. The other sinks keep what they last reported.
+	ReasonNVMLUnavailable = "NVMLUnavailable"
 )

@@ -82,6 +82,7 @@ type Backend struct {
 	log  logr.Logger
 
 	driverVersion string
+	library       string
 	gpus          []*gpu
 	devices       []health.Device
 	skipped       []error
@@ -240,7 +241,3 @@ func sameHandle(a, b nvml.Device) bool {
 	}
 	return a == b
 }
-
-// OpenSystem opens the NVML library installed with the NVIDIA driver. Commands use it so that
-// go-nvml stays behind this package's door.
-func OpenSystem(opts ...Option) (*Backend, error) { return Open(nvml.New(), opts...) }

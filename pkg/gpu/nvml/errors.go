@@ -9,9 +9,10 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// ErrNoDriver is wrapped by Open's error when the NVML library cannot be loaded or the driver is
-// not running: the machine has no usable NVIDIA driver.
-var ErrNoDriver = errors.New("NVML library not found: is the NVIDIA driver installed?")
+// ErrNoDriver is wrapped by Open's error when the machine has no usable NVIDIA driver: the NVML
+// library is not there, cannot be loaded, or the kernel driver is not running. The error is then
+// a *DriverError that says which.
+var ErrNoDriver = errors.New("no usable NVIDIA driver")
 
 // ErrGPULost is wrapped by the Skipped error of a GPU that NVML lists but that was lost (or
 // needed a reset, or failed with an unknown error) before it could be identified: a broken GPU
@@ -32,9 +33,9 @@ func initError(ret nvml.Return) error {
 	case nvml.SUCCESS:
 		return nil
 	case nvml.ERROR_LIBRARY_NOT_FOUND:
-		return fmt.Errorf("%w (%w)", ErrNoDriver, ret)
+		return &DriverError{Kind: ErrLibraryNotFound, Err: ret}
 	case nvml.ERROR_DRIVER_NOT_LOADED:
-		return fmt.Errorf("%w: the NVIDIA kernel driver is not loaded (%w)", ErrNoDriver, ret)
+		return &DriverError{Kind: ErrDriverNotLoaded, Err: ret}
 	case nvml.ERROR_NO_PERMISSION:
 		return fmt.Errorf("initialising NVML: no permission to access the GPUs (%w)", ret)
 	default:

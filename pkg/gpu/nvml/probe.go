@@ -11,8 +11,10 @@ import (
 // Report is what Probe finds: each GPU's identity, the events it supports, and one round of
 // readings.
 type Report struct {
-	DriverVersion string      `json:"driverVersion,omitempty"`
-	GPUs          []GPUReport `json:"gpus"`
+	DriverVersion string `json:"driverVersion,omitempty"`
+	// Library is the NVML library file loaded.
+	Library string      `json:"library,omitempty"`
+	GPUs    []GPUReport `json:"gpus"`
 	// Skipped says why GPUs that NVML lists were left out of the inventory.
 	Skipped []string `json:"skipped,omitempty"`
 }
@@ -35,7 +37,7 @@ type GPUReport struct {
 // Probe reads every GPU once, without sending signals anywhere and without registering events:
 // what `gpuhealth probe` prints. It does not update the reset-detection memory of Run.
 func (b *Backend) Probe() Report {
-	rep := Report{DriverVersion: b.driverVersion, GPUs: []GPUReport{}}
+	rep := Report{DriverVersion: b.driverVersion, Library: b.library, GPUs: []GPUReport{}}
 	for _, err := range b.skipped {
 		rep.Skipped = append(rep.Skipped, err.Error())
 	}

@@ -84,16 +84,30 @@ app.kubernetes.io/component: {{ .component }}
   valueFrom:
     resourceFieldRef:
       resource: limits.memory
-{{- if $hostMounts }}
-- name: LD_LIBRARY_PATH
-  value: {{ range $i, $p := .Values.agent.nvml.libraryPaths }}{{ if $i }}:{{ end }}/driver-root{{ $p }}{{ end }}
-{{- else }}
+{{- if not $hostMounts }}
 # Ask the NVIDIA container runtime for every GPU's device node and the management
 # library (utility), nothing for compute.
 - name: NVIDIA_VISIBLE_DEVICES
   value: all
 - name: NVIDIA_DRIVER_CAPABILITIES
   value: utility
+{{- end }}
+{{- end -}}
+
+{{/*
+NVML arguments of the agent's containers (agent, device plugin). The driver's library is found
+under the driver root and loaded by its path, so that its own dependencies resolve from the
+image's glibc: no host directory goes on LD_LIBRARY_PATH (a host glibc that is not the image's
+would then be taken for the whole process, which cannot start).
+*/}}
+{{- define "gpuhealth.agent.nvmlArgs" -}}
+{{- if eq .Values.agent.backend "nvml" }}
+{{- if eq .Values.agent.nvml.mode "hostMounts" }}
+- --driver-root=/driver-root
+{{- end }}
+{{- with .Values.agent.nvml.libraryPaths }}
+- --nvml-library-paths={{ join "," . }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

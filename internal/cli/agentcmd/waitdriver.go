@@ -1,0 +1,147 @@
+package agentcmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/internal/httpserve"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
+)
+
+// The NVIDIA driver often comes up after the agent: the GPU operator's driver container
+// installs it once the node is up, and a driver upgrade takes it away for minutes. So when NVML
+// is not available (gpunvml.ErrNoDriver: no library, a library the loader refuses, no kernel
+// driver) the agent does not exit: it says why in one log line, reports itself not ready and
+// gpuhealth_source_up{source="nvml"} 0 on its metrics address, sets the GPUUnhealthy Node
+// condition to Unknown (the GPUs' health is not known; nothing else it reported is touched), and
+// tries again with backoff until NVML opens.
+
+// Backoff between attempts to open NVML while it is not available.
+const (
+	driverWaitInitial = time.Second
+	driverWaitMax     = 30 * time.Second
+)
+
+// driverWait is what waitForDriver needs.
+type driverWait struct {
+	node           string
+	client         kube.Interface // nil: no Node condition (tests)
+	metricsAddress string
+	clock          clock.WithTicker
+	initial, max   time.Duration
+	// ready, when set, is told the address the waiting server listens on (tests use ":0").
+	ready func(addr string)
+}
+
+// waitForDriver calls open until it succeeds, returns an error that is not gpunvml.ErrNoDriver
+// (returned as it is), or ctx ends (ctx's error). While NVML is not available it serves
+// /healthz, /readyz (not ready) and /metrics on the metrics address.
+func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, error)) (T, error) {
+	got, err := open()
+	if err == nil || !errors.Is(err, gpunvml.ErrNoDriver) {
+		return got, err
+	}
+	logger := klog.FromContext(ctx)
+	if w.clock == nil {
+		w.clock = clock.RealClock{}
+	}
+	if w.initial <= 0 {
+		w.initial, w.max = driverWaitInitial, driverWaitMax
+	}
+
+	state := &waitState{}
+	state.set(err)
+	serveCtx, stopServing := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	if w.metricsAddress != "" {
+		lis, lerr := (&net.ListenConfig{}).Listen(ctx, "tcp", w.metricsAddress)
+		if lerr != nil {
+			stopServing()
+			var zero T
+			return zero, fmt.Errorf("listen on %s: %w", w.metricsAddress, lerr)
+		}
+		if w.ready != nil {
+			w.ready(lis.Addr().String())
+		}
+		go func() { served <- httpserve.Serve(serveCtx, lis, state.handler(w.node)) }()
+	} else {
+		served <- nil
+	}
+	defer func() {
+		stopServing()
+		<-served
+	}()
+
+	delay := w.initial
+	logged, marked := "", "" // the reason last logged, and last written to the Node
+	for {
+		msg := err.Error()
+		if msg != logged {
+			logger.Error(err, "NVML is not available: the agent is not ready and reports the GPUs' health as unknown until it is; retrying with backoff", "backoff", delay)
+			logged = msg
+		}
+		if w.client != nil && msg != marked {
+			if cerr := nodecondition.ReportUnknown(ctx, w.client, w.node, "gpuhealth cannot read this node's GPUs: "+msg, w.clock.Now()); cerr != nil {
+				logger.V(2).Info("Could not mark the GPUUnhealthy condition Unknown yet", "err", cerr)
+			} else {
+				marked = msg
+			}
+		}
+		timer := w.clock.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			var zero T
+			return zero, ctx.Err()
+		case <-timer.C():
+		}
+		delay = min(2*delay, w.max)
+		got, err = open()
+		if err == nil || !errors.Is(err, gpunvml.ErrNoDriver) {
+			if err == nil {
+				logger.Info("NVML is available: starting")
+			}
+			return got, err
+		}
+		state.set(err)
+	}
+}
+
+// waitState is what the waiting server shows.
+type waitState struct {
+	reason atomic.Pointer[string]
+}
+
+func (s *waitState) set(err error) {
+	msg := err.Error()
+	s.reason.Store(&msg)
+}
+
+func (s *waitState) handler(node string) http.Handler {
+	reg := prometheus.NewRegistry()
+	up := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpuhealth_source_up",
+		Help: "1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read.",
+	}, []string{"node", "source"})
+	up.WithLabelValues(node, "nvml").Set(0)
+	reg.MustRegister(up)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "NVML is not available: "+*s.reason.Load(), http.StatusServiceUnavailable)
+	})
+	return mux
+}
