@@ -6,6 +6,9 @@ import (
 	"bytes"
 	"context"
 	"debug/elf"
+	"errors"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +22,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
 	"github.com/gpuhealth/gpuhealth/test/helm"
 )
 
@@ -430,4 +435,76 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestAgentWaitsForTheDriver: an agent whose driver root holds NVIDIA's real library but no
+// kernel driver is loaded (as while the GPU operator's driver container starts, or during a driver
+// upgrade) stays up, says why, is not ready, reports gpuhealth_source_up{source="nvml"} 0 and the
+// GPUUnhealthy condition Unknown, and keeps every fault an earlier agent reported.
+func TestAgentWaitsForTheDriver(t *testing.T) {
+	drivers := realDriverLibraries(t)
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	const node = "agent-no-driver"
+	gpuNode(t, c, node, 4)
+	kubeconfig := agentKubeconfig(t, c)
+	checkpoint := filepath.Join(t.TempDir(), "ckpt.json")
+	first := startAgent(t, agentSetup{node: node, gpus: 4, kubeconfig: kubeconfig, checkpoint: checkpoint,
+		scenario: "events:\n  - {at: 0s, gpu: 2, xid: 79}\n"})
+	eventually(t, "fault reported", func(ctx context.Context) (bool, string, error) {
+		ann, err := nodeAnnotations(ctx, c, node)
+		rs, rerr := rules(ctx, c, node)
+		return err == nil && rerr == nil && ann[gpuhealthv1.UnhealthyIDsKey] == "2" && len(rs) == 1, fmt.Sprintf("ids=%q rules=%d", ann[gpuhealthv1.UnhealthyIDsKey], len(rs)), errors.Join(err, rerr)
+	})
+	first.stop()
+
+	d := drivers[len(drivers)-1]
+	root := t.TempDir()
+	installDriver(t, root, d, "operator-lib64")
+	dir := t.TempDir()
+	configPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	metrics := "http://127.0.0.1:" + strconv.Itoa(port)
+	p := startProcess(t, "agent", filepath.Join(dir, "agent.log"), gpuhealthBinary(t), "agent", "--backend", "nvml",
+		"--driver-root", root, "--node-name", node, "--kubeconfig", kubeconfig, "--config", configPath,
+		"--checkpoint", checkpoint, "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "-v", "2")
+
+	eventually(t, "condition Unknown, not ready, source down", func(ctx context.Context) (bool, string, error) {
+		if exited, log := p.exited(); exited {
+			return false, "", fmt.Errorf("the agent exited:\n%s", log)
+		}
+		cond, err := nodeCondition(ctx, c, node, corev1.NodeConditionType(gpuhealthv1.ConditionGPUUnhealthy))
+		if err != nil {
+			return false, "", err
+		}
+		readyz, _ := httpGetStatus(metrics + "/readyz")
+		body, _ := httpGet(metrics + "/metrics")
+		up := strings.Contains(body, `gpuhealth_source_up{node="`+node+`",source="nvml"} 0`)
+		ok := cond.Status == corev1.ConditionUnknown && cond.Reason == gpuhealthv1.ReasonNVMLUnavailable &&
+			strings.Contains(cond.Message, "the NVIDIA kernel driver is not loaded") && readyz == http.StatusServiceUnavailable && up
+		return ok, fmt.Sprintf("condition %s/%s %q, readyz %d, source_up nvml 0: %v", cond.Status, cond.Reason, cond.Message, readyz, up), nil
+	})
+	ann, err := nodeAnnotations(t.Context(), c, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := rules(t.Context(), c, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ann[gpuhealthv1.UnhealthyIDsKey] != "2" || len(rs) != 1 {
+		t.Errorf("while NVML is away: ids=%q, %d rules; want the earlier fault kept (2, one rule)", ann[gpuhealthv1.UnhealthyIDsKey], len(rs))
+	}
+}
+
+func httpGetStatus(url string) (int, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
