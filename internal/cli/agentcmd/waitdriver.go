@@ -81,7 +81,9 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 	}
 	defer func() {
 		stopServing()
-		<-served
+		if err := <-served; err != nil {
+			logger.Error(err, "Serving while NVML was not available")
+		}
 	}()
 
 	delay := w.initial

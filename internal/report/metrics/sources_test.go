@@ -21,11 +21,17 @@ func (f fakeKernelLog) Up() bool                               { return f.up }
 func (f fakeKernelLog) Stats() kmsg.Stats                      { return f.stats }
 func (f fakeKernelLog) XIDSources() map[string]kmsg.DedupStats { return f.xids }
 
+type fakeBackend struct{ up bool }
+
+func (f fakeBackend) SourceName() string { return "nvml" }
+func (f fakeBackend) Up() bool           { return f.up }
+
 func TestSourcesMetrics(t *testing.T) {
 	tests := []struct {
-		name string
-		log  fakeKernelLog
-		want string
+		name    string
+		log     fakeKernelLog
+		backend metrics.Backend
+		want    string
 	}{
 		{
 			name: "kernel log read, an XID seen by both and one by NVML alone",
@@ -35,7 +41,7 @@ func TestSourcesMetrics(t *testing.T) {
 				xids:  map[string]kmsg.DedupStats{"nvml": {Reported: 2}, "kmsg": {Reported: 1, Duplicates: 1}},
 			},
 			want: `
-# HELP gpuhealth_source_up 1 while a signal source beside the GPU backend is read (source=kmsg: the kernel log), 0 when it is off or cannot be read.
+# HELP gpuhealth_source_up 1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read.
 # TYPE gpuhealth_source_up gauge
 gpuhealth_source_up{node="n1",source="kmsg"} 1
 # HELP gpuhealth_xid_source_total XIDs each source reported (nvml: the GPU backend's events, kmsg: the kernel log), duplicates included.
@@ -63,16 +69,38 @@ gpuhealth_kmsg_skipped_total{node="n1",reason="unknownDevice"} 0
 			name: "kernel log unreadable",
 			log:  fakeKernelLog{},
 			want: `
-# HELP gpuhealth_source_up 1 while a signal source beside the GPU backend is read (source=kmsg: the kernel log), 0 when it is off or cannot be read.
+# HELP gpuhealth_source_up 1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read.
 # TYPE gpuhealth_source_up gauge
 gpuhealth_source_up{node="n1",source="kmsg"} 0
+`,
+		},
+		{
+			name:    "NVML down after a reset",
+			log:     fakeKernelLog{up: true},
+			backend: fakeBackend{up: false},
+			want: `
+# HELP gpuhealth_source_up 1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read.
+# TYPE gpuhealth_source_up gauge
+gpuhealth_source_up{node="n1",source="kmsg"} 1
+gpuhealth_source_up{node="n1",source="nvml"} 0
+`,
+		},
+		{
+			name:    "NVML up",
+			log:     fakeKernelLog{},
+			backend: fakeBackend{up: true},
+			want: `
+# HELP gpuhealth_source_up 1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read.
+# TYPE gpuhealth_source_up gauge
+gpuhealth_source_up{node="n1",source="kmsg"} 0
+gpuhealth_source_up{node="n1",source="nvml"} 1
 `,
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			if err := reg.Register(metrics.NewSources("n1", tc.log, nil)); err != nil {
+			if err := reg.Register(metrics.NewSources("n1", tc.log, tc.backend)); err != nil {
 				t.Fatal(err)
 			}
 			names := []string{"gpuhealth_source_up", "gpuhealth_xid_source_total", "gpuhealth_xid_duplicates_total", "gpuhealth_kmsg_records_total", "gpuhealth_kmsg_skipped_total"}
