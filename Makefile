@@ -26,9 +26,10 @@ help: ## List the targets.
 .PHONY: build
 # grpcnotrace: gRPC's x/net/trace brings html/template, whose reflection keeps every method of
 # every linked type: gpuhealth is 50 MB without it, 89 MB with it.
-build: ## Build bin/gpuhealth and bin/gpuhealth-agent (the agent alone, as the DaemonSet runs it).
+build: ## Build bin/gpuhealth, bin/gpuhealth-agent (the agent alone, as the DaemonSet runs it) and the simulated NVIDIA driver, bin/sim-driver/<version>/libnvidia-ml.so.<version>.
 	$(GO) build -tags grpcnotrace -o $(BIN)/gpuhealth ./cmd/gpuhealth
 	$(GO) build -tags grpcnotrace -o $(BIN)/gpuhealth-agent ./cmd/gpuhealth-agent
+	hack/sim-driver.sh $(BIN)/sim-driver >/dev/null
 
 .PHONY: image
 image: ## bin/gpuhealth-image.tar: the image (OCI archive, linux/amd64 + linux/arm64, tagged as the chart expects), built offline with podman.

@@ -1,0 +1,243 @@
+package simdriver
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+)
+
+// LibraryDirEnv overrides where the built libraries are looked for.
+const LibraryDirEnv = "GPUHEALTH_SIM_DRIVER_LIBS"
+
+// DefaultLibraryDir is where hack/sim-driver.sh puts the libraries relative to the gpuhealth
+// binary (bin/sim-driver beside bin/gpuhealth; /sim-driver in the image), or $GPUHEALTH_SIM_DRIVER_LIBS.
+func DefaultLibraryDir() string {
+	if d := os.Getenv(LibraryDirEnv); d != "" {
+		return d
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "sim-driver"
+	}
+	return filepath.Join(filepath.Dir(exe), "sim-driver")
+}
+
+// libDir is the library directory inside a driver root, where the NVIDIA container toolkit and
+// Debian put libnvidia-ml.so.1.
+func libDir() string {
+	switch runtime.GOARCH {
+	case "arm64":
+		return "usr/lib/aarch64-linux-gnu"
+	default:
+		return "usr/lib/x86_64-linux-gnu"
+	}
+}
+
+// Profiles lists the driver versions built into dir, oldest first.
+func Profiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("the simulated driver's libraries (hack/sim-driver.sh, make build): %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "libnvidia-ml.so."+e.Name())); err == nil {
+			out = append(out, e.Name())
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no simulated driver library in %s: run make build (hack/sim-driver.sh)", dir)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Installed is what Install put into a driver root.
+type Installed struct {
+	Version, Library, Socket string
+}
+
+// Install copies the library of driver profile version (exact, or a branch such as "535"; ""
+// the newest) from libraryDir into the driver root's library directory, as
+// libnvidia-ml.so.<version> with its libnvidia-ml.so.1 link, plus the driver's version file
+// (proc/driver/nvidia/version).
+func Install(root, version, libraryDir string) (Installed, error) {
+	if root == "" {
+		return Installed{}, errors.New("no driver root")
+	}
+	if libraryDir == "" {
+		libraryDir = DefaultLibraryDir()
+	}
+	profiles, err := Profiles(libraryDir)
+	if err != nil {
+		return Installed{}, err
+	}
+	chosen := ""
+	for _, p := range profiles {
+		if version == "" || p == version || strings.HasPrefix(p, version+".") {
+			chosen = p
+		}
+	}
+	if chosen == "" {
+		return Installed{}, fmt.Errorf("--driver-version %s: no such profile (have %s)", version, strings.Join(profiles, ", "))
+	}
+	dir := filepath.Join(root, libDir())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Installed{}, fmt.Errorf("installing the simulated driver into %s: %w", root, err)
+	}
+	name := "libnvidia-ml.so." + chosen
+	data, err := os.ReadFile(filepath.Join(libraryDir, chosen, name))
+	if err != nil {
+		return Installed{}, err
+	}
+	lib := filepath.Join(dir, name)
+	if err := writeAtomic(lib, data, 0o755); err != nil {
+		return Installed{}, fmt.Errorf("installing the simulated driver into %s: %w", root, err)
+	}
+	link := filepath.Join(dir, "libnvidia-ml.so.1")
+	_ = os.Remove(link)
+	if err := os.Symlink(name, link); err != nil {
+		return Installed{}, fmt.Errorf("installing the simulated driver into %s: %w", root, err)
+	}
+	versionFile := filepath.Join(root, "proc/driver/nvidia/version")
+	if err := os.MkdirAll(filepath.Dir(versionFile), 0o755); err == nil {
+		_ = writeAtomic(versionFile, []byte(fmt.Sprintf("NVRM version: NVIDIA UNIX %s Kernel Module  %s  (gpuhealth simulated driver)\n", runtime.GOARCH, chosen)), 0o644)
+	}
+	socket := filepath.Join(dir, SocketName)
+	if len(socket) >= 108 {
+		return Installed{}, fmt.Errorf("the socket path %s is %d bytes, longer than a Unix socket allows (107): use a shorter driver root", socket, len(socket))
+	}
+	return Installed{Version: chosen, Library: lib, Socket: socket}, nil
+}
+
+// writeAtomic replaces path, so that a process that has the old file mapped keeps it.
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// CheckScenario refuses what a driver cannot serve: kernel-log lines (the agent reads the kernel
+// log itself) and node reboots (a driver cannot reboot its node).
+func CheckScenario(sc *sim.Scenario) error {
+	if sc == nil {
+		return errors.New("no scenario")
+	}
+	for _, ev := range append(append([]sim.Event{}, sc.Events...), sc.AfterReset...) {
+		if err := checkEvent(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkEvent(ev sim.Event) error {
+	switch ev.Kind {
+	case sim.EventKmsg:
+		return fmt.Errorf("line %d: kmsg: the simulated driver serves NVML, not the kernel log (the agent reads the node's own)", ev.Line)
+	case sim.EventReboot:
+		return fmt.Errorf("line %d: reboot: a driver cannot reboot its node (restart the simulator instead)", ev.Line)
+	}
+	return nil
+}
+
+// parseEvent reads one scenario event without `at`, in the scenario file's own YAML form, for
+// the GPUs of sc.
+func parseEvent(sc *sim.Scenario, body []byte) (sim.Event, error) {
+	var fields map[string]any
+	if err := yaml.Unmarshal(body, &fields); err != nil {
+		return sim.Event{}, fmt.Errorf("the event is not a YAML mapping: %w", err)
+	}
+	if fields == nil {
+		return sim.Event{}, errors.New("empty event")
+	}
+	for _, k := range []string{"at", "afterReset"} {
+		if _, ok := fields[k]; ok {
+			return sim.Event{}, fmt.Errorf("%s: an injected event happens now; leave it out", k)
+		}
+	}
+	fields["at"] = "0s"
+	ev, err := yaml.Marshal(fields)
+	if err != nil {
+		return sim.Event{}, err
+	}
+	doc := fmt.Sprintf("apiVersion: %s\nkind: %s\nnode: %s\ngpus:\n  count: %d\n", sim.APIVersion, sim.Kind, sc.Node, sc.GPUCount)
+	if len(sc.MIGInstances) > 0 {
+		doc += "  migInstances: {"
+		first := true
+		for i, n := range sc.MIGInstances {
+			if !first {
+				doc += ", "
+			}
+			first = false
+			doc += fmt.Sprintf("%q: %d", fmt.Sprint(i), n)
+		}
+		doc += "}\n"
+	}
+	doc += "events:\n- " + strings.ReplaceAll(strings.TrimSpace(string(ev)), "\n", "\n  ") + "\n"
+	parsed, err := sim.ParseScenario([]byte(doc))
+	if err != nil {
+		return sim.Event{}, err
+	}
+	if len(parsed.Events) != 1 {
+		return sim.Event{}, errors.New("the event describes nothing to do")
+	}
+	if err := checkEvent(parsed.Events[0]); err != nil {
+		return sim.Event{}, err
+	}
+	return parsed.Events[0], nil
+}
+
+// ErrInjectRefused wraps the simulator's refusal of an injected event (bad input).
+var ErrInjectRefused = errors.New("the simulator refused the event")
+
+// Inject applies one event at once on the simulator serving the driver root.
+func Inject(driverRoot, event string) error {
+	c, err := net.DialTimeout("unix", SocketPath(driverRoot), 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("no simulator serves %s: %w", driverRoot, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	req := request{Op: opInject, C: uint64(len(event))}
+	if err := binary.Write(c, binary.LittleEndian, &req); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(c, event); err != nil {
+		return err
+	}
+	var resp response
+	if err := binary.Read(c, binary.LittleEndian, &resp); err != nil {
+		return fmt.Errorf("reading the simulator's answer: %w", err)
+	}
+	var n uint32
+	if err := binary.Read(c, binary.LittleEndian, &n); err != nil {
+		return fmt.Errorf("reading the simulator's answer: %w", err)
+	}
+	msg := make([]byte, min(n, maxInject))
+	if _, err := io.ReadFull(c, msg); err != nil {
+		return fmt.Errorf("reading the simulator's answer: %w", err)
+	}
+	if resp.Ret != retSuccess {
+		return fmt.Errorf("%w: %s", ErrInjectRefused, msg)
+	}
+	return nil
+}

@@ -1,0 +1,315 @@
+package simdriver
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+)
+
+// Options configure Serve.
+type Options struct {
+	// Scenario is what the simulated GPUs do (checked with CheckScenario first).
+	Scenario *sim.Scenario
+	// DriverRoot is where the library is installed (Install).
+	DriverRoot string
+	// Version is the driver profile ("550.163.01", or a branch such as "535"; "" the newest).
+	Version string
+	// LibraryDir holds the built libraries, <version>/libnvidia-ml.so.<version>
+	// (hack/sim-driver.sh); "" is DefaultLibraryDir().
+	LibraryDir string
+	Logger     logr.Logger
+	// Ready, when set, is called once the socket listens.
+	Ready func()
+}
+
+// Serve installs the simulated driver into the driver root and serves the scenario's GPUs on
+// the real clock until ctx ends. Then the socket is removed and every connection closed: the
+// library stays, and answers as a driver that is not loaded until a simulator serves again.
+func Serve(ctx context.Context, o Options) error {
+	if err := CheckScenario(o.Scenario); err != nil {
+		return err
+	}
+	inst, err := Install(o.DriverRoot, o.Version, o.LibraryDir)
+	if err != nil {
+		return err
+	}
+	lis, err := listen(inst.Socket)
+	if err != nil {
+		return err
+	}
+	s := &server{node: newNode(o.Scenario, func(msg string, kv ...any) { o.Logger.Info(msg, kv...) }), log: o.Logger,
+		conns: map[net.Conn]uint32{}, perPID: map[uint32]int{}}
+	o.Logger.Info("Simulated NVIDIA driver serving", "driverRoot", o.DriverRoot, "version", inst.Version, "library", inst.Library,
+		"gpus", o.Scenario.GPUCount, "node", o.Scenario.Node)
+	if o.Ready != nil {
+		o.Ready()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.timeline(ctx, o.Scenario)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		_ = lis.Close()
+		s.closeAll()
+	}()
+	var serveErr error
+	for {
+		c, err := lis.Accept()
+		if err != nil {
+			if ctx.Err() == nil {
+				serveErr = fmt.Errorf("accepting on %s: %w", inst.Socket, err)
+				cancel()
+			}
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(ctx, c)
+		}()
+	}
+	wg.Wait()
+	if err := os.Remove(inst.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		serveErr = errors.Join(serveErr, err)
+	}
+	return serveErr
+}
+
+// listen listens on the socket, taking over one a killed simulator left behind, and refusing
+// one another simulator still serves.
+func listen(path string) (net.Listener, error) {
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("another simulator already serves %s", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing the stale socket %s: %w", path, err)
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o666); err != nil { // consumers run as any user, as with /dev/nvidia*
+		_ = lis.Close()
+		return nil, err
+	}
+	return lis, nil
+}
+
+type server struct {
+	node *node
+	log  logr.Logger
+
+	mu     sync.Mutex
+	conns  map[net.Conn]uint32 // connection -> pid
+	perPID map[uint32]int
+}
+
+func (s *server) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		_ = c.Close()
+	}
+}
+
+// timeline applies the scenario's events at their time from now, and each GPU's afterReset
+// events after every reset of it.
+func (s *server) timeline(ctx context.Context, sc *sim.Scenario) {
+	start := time.Now()
+	pending := append([]sim.Event{}, sc.Events...)
+	for len(pending) > 0 {
+		ev := pending[0]
+		pending = pending[1:]
+		if !sleepUntil(ctx, start.Add(ev.At)) {
+			return
+		}
+		s.node.mu.Lock()
+		s.node.apply(ev)
+		s.node.mu.Unlock()
+		if ev.Kind == sim.EventReset {
+			pending = afterReset(pending, sc, ev.GPU, ev.At)
+		}
+	}
+}
+
+func afterReset(events []sim.Event, sc *sim.Scenario, gpu int, at time.Duration) []sim.Event {
+	for _, ev := range sc.AfterReset {
+		if ev.GPU != gpu {
+			continue
+		}
+		ev.At += at
+		i := 0
+		for i < len(events) && events[i].At <= ev.At {
+			i++
+		}
+		events = append(events[:i], append([]sim.Event{ev}, events[i:]...)...)
+	}
+	return events
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// serveConn serves one connection: a HELLO, then calls until the peer goes.
+func (s *server) serveConn(ctx context.Context, c net.Conn) {
+	defer c.Close()
+	r := bufio.NewReaderSize(c, reqSize*4)
+	var req request
+	if err := readRequest(r, &req); err != nil {
+		return
+	}
+	var resp response
+	switch req.Op {
+	case opInject:
+		s.inject(c, r, &req)
+		return
+	case opHello:
+	default:
+		return
+	}
+	pid := req.A
+	if req.B != wireVersion {
+		resp.Ret = retUnknown
+		_ = writeResponse(c, &resp)
+		s.log.Info("A library of another wire version connected: refused", "pid", pid, "version", req.B)
+		return
+	}
+	if err := writeResponse(c, &resp); err != nil {
+		return
+	}
+	s.mu.Lock()
+	s.conns[c] = pid
+	s.perPID[pid]++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.perPID[pid]--
+		last := s.perPID[pid] == 0
+		if last {
+			delete(s.perPID, pid)
+		}
+		s.mu.Unlock()
+		if last {
+			s.node.mu.Lock()
+			s.node.closeProcess(pid)
+			s.node.mu.Unlock()
+		}
+	}()
+	for {
+		if err := readRequest(r, &req); err != nil {
+			return
+		}
+		resp = response{}
+		if req.Op == opEventSetWait {
+			s.wait(ctx, pid, &req, &resp)
+		} else {
+			s.node.mu.Lock()
+			s.node.answer(pid, &req, &resp)
+			s.node.mu.Unlock()
+		}
+		if err := writeResponse(c, &resp); err != nil {
+			return
+		}
+	}
+}
+
+// wait serves nvmlEventSetWait: the next event, or TIMEOUT after the call's timeout.
+func (s *server) wait(ctx context.Context, pid uint32, req *request, resp *response) {
+	deadline := time.Now().Add(time.Duration(req.B) * time.Millisecond)
+	for {
+		s.node.mu.Lock()
+		wake, done := s.node.next(pid, req.A, resp)
+		s.node.mu.Unlock()
+		if done {
+			return
+		}
+		d := time.Until(deadline)
+		if d <= 0 {
+			resp.Ret = retTimeout
+			return
+		}
+		timer := time.NewTimer(d)
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-ctx.Done():
+			resp.Ret = retUnknown
+		}
+		timer.Stop()
+		if resp.Ret != retSuccess {
+			return
+		}
+	}
+}
+
+// maxInject bounds an injected event's YAML.
+const maxInject = 64 << 10
+
+// inject applies one event from `sim-driver inject`: C bytes of YAML follow the request; the
+// answer is the response and, on error, the message's length and bytes.
+func (s *server) inject(c net.Conn, r io.Reader, req *request) {
+	var resp response
+	msg := ""
+	if req.C > maxInject {
+		msg = fmt.Sprintf("the event is %d bytes, more than %d", req.C, maxInject)
+	} else {
+		body := make([]byte, req.C)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return
+		}
+		s.node.mu.Lock()
+		ev, err := parseEvent(s.node.sc, body)
+		if err == nil {
+			s.node.apply(ev)
+			s.log.Info("Injected", "event", string(body))
+		}
+		s.node.mu.Unlock()
+		if err != nil {
+			msg = err.Error()
+		}
+	}
+	if msg != "" {
+		resp.Ret = retInvalidArgument
+	}
+	_ = writeResponse(c, &resp)
+	_ = binary.Write(c, binary.LittleEndian, uint32(len(msg)))
+	_, _ = io.WriteString(c, msg)
+}
+
+// SocketPath is where the simulator of a driver root listens.
+func SocketPath(driverRoot string) string {
+	return filepath.Join(driverRoot, libDir(), SocketName)
+}

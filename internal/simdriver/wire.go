@@ -1,0 +1,150 @@
+package simdriver
+
+import (
+	"encoding/binary"
+	"io"
+)
+
+// The wire between the simulated libnvidia-ml.so.1 and the simulator: c/sim_wire.h, mirrored
+// here. TestWireMatchesHeader keeps the two in step.
+const (
+	wireVersion = 1
+	wireStr     = 96
+	wireValues  = 8
+	migSlots    = 8
+	// SocketName is the simulator's socket, beside the library in the driver root.
+	SocketName = "gpuhealth-sim-driver.sock"
+
+	reqSize  = 4*4 + 8 + wireStr
+	respSize = 4 + 4 + 8*wireValues + wireStr
+)
+
+type op uint32
+
+const (
+	opHello op = iota + 1
+	opInit
+	opShutdown
+	opCount
+	opByUUID
+	opByPCI
+	opUUID
+	opName
+	opSerial
+	opMinor
+	opPCI
+	opMemory
+	opCudaCC
+	opBrand
+	opArch
+	opTemp
+	opTempThreshold
+	opECCMode
+	opECCTotal
+	opRemappedRows
+	opRetiredPending
+	opPower
+	opClockReasons
+	opPCIeReplays
+	opNVLinkState
+	opNVLinkErrors
+	opField
+	opMIGMode
+	opMIGMax
+	opMIGHandle
+	opMIGIDs
+	opFabric
+	opEventSetCreate
+	opEventSetFree
+	opRegisterEvents
+	opSupportedEvents
+	opEventSetWait
+	opUnsupported
+	opInject
+	opLast
+)
+
+// request is struct sim_req.
+type request struct {
+	Op  op
+	Dev uint32
+	A   uint32
+	B   uint32
+	C   uint64
+	S   [wireStr]byte
+}
+
+// response is struct sim_resp.
+type response struct {
+	Ret int32
+	N   uint32
+	V   [wireValues]uint64
+	S   [wireStr]byte
+}
+
+func (r *request) str() string { return cString(r.S[:]) }
+
+func (r *response) setStr(s string) {
+	clear(r.S[:])
+	copy(r.S[:wireStr-1], s)
+}
+
+func cString(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
+
+func readRequest(r io.Reader, req *request) error { return binary.Read(r, binary.LittleEndian, req) }
+
+func writeResponse(w io.Writer, resp *response) error {
+	return binary.Write(w, binary.LittleEndian, resp)
+}
+
+// NVML's values (nvml.h) the simulator answers with. They are facts of the C ABI, written here
+// because only pkg/gpu/nvml may import go-nvml.
+const (
+	retSuccess            = 0
+	retUninitialized      = 1
+	retInvalidArgument    = 2
+	retNotSupported       = 3
+	retNotFound           = 6
+	retInsufficientSize   = 7
+	retDriverNotLoaded    = 9
+	retTimeout            = 10
+	retGPUIsLost          = 15
+	retResetRequired      = 16
+	retInUse              = 19
+	retArgVersionMismatch = 25
+	retUnknown            = 999
+
+	eventSingleBitECC      = 0x1
+	eventDoubleBitECC      = 0x2
+	eventXID               = 0x8
+	eventDRAMRetirement    = 0x400
+	eventDRAMRetireFailure = 0x800
+	eventGPUUnavailable    = 0x4000
+	eventRecoveryAction    = 0x8000
+	supportedEvents        = eventSingleBitECC | eventDoubleBitECC | eventXID | eventDRAMRetirement | eventDRAMRetireFailure | eventGPUUnavailable | eventRecoveryAction
+
+	thresholdShutdown = 0
+	thresholdSlowdown = 1
+
+	eccCorrected   = 0
+	eccUncorrected = 1
+	eccVolatile    = 0
+	eccAggregate   = 1
+
+	brandNVIDIA = 14
+	archHopper  = 9
+
+	fieldRecoveryAction = 230
+	valueTypeUint       = 1
+
+	fabricNotSupported = 0
+
+	noInstance = 0xFFFFFFFF
+)
