@@ -218,14 +218,14 @@ func Inject(driverRoot, event string) error {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 	req := request{Op: opInject, C: uint64(len(event))}
-	if err := binary.Write(c, binary.LittleEndian, &req); err != nil {
+	if err := writeRequest(c, &req); err != nil {
 		return err
 	}
 	if _, err := io.WriteString(c, event); err != nil {
 		return err
 	}
 	var resp response
-	if err := binary.Read(c, binary.LittleEndian, &resp); err != nil {
+	if err := readResponse(c, &resp); err != nil {
 		return fmt.Errorf("reading the simulator's answer: %w", err)
 	}
 	var n uint32

@@ -38,6 +38,7 @@ type node struct {
 	// each logged once.
 	unsupported map[string]bool
 	log         func(msg string, kv ...any)
+	onRegister  func(pid uint32, gpu int, types uint64)
 }
 
 type setKey struct{ pid, id uint32 }
@@ -442,6 +443,9 @@ func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, res
 			return
 		}
 		s.masks[req.Dev] |= req.C
+		if n.onRegister != nil {
+			n.onRegister(pid, g.index, req.C)
+		}
 	default:
 		resp.Ret = retNotSupported
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,6 +33,9 @@ type Options struct {
 	Logger     logr.Logger
 	// Ready, when set, is called once the socket listens.
 	Ready func()
+	// OnRegister, when set, hears of every event registration: the process, the GPU index and
+	// the event types (tests wait for their consumers with it).
+	OnRegister func(pid uint32, gpu int, types uint64)
 }
 
 // Serve installs the simulated driver into the driver root and serves the scenario's GPUs on
@@ -51,6 +55,17 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	s := &server{node: newNode(o.Scenario, func(msg string, kv ...any) { o.Logger.Info(msg, kv...) }), log: o.Logger,
 		conns: map[net.Conn]uint32{}, perPID: map[uint32]int{}}
+	s.node.onRegister = o.OnRegister
+	// What happens at 0s is there before the first consumer can look.
+	pending := slices.Clone(o.Scenario.Events)
+	for len(pending) > 0 && pending[0].At <= 0 {
+		s.node.apply(pending[0])
+		if pending[0].Kind == sim.EventReset {
+			pending = afterReset(pending[1:], o.Scenario, pending[0].GPU, 0)
+			continue
+		}
+		pending = pending[1:]
+	}
 	o.Logger.Info("Simulated NVIDIA driver serving", "driverRoot", o.DriverRoot, "version", inst.Version, "library", inst.Library,
 		"gpus", o.Scenario.GPUCount, "node", o.Scenario.Node)
 	if o.Ready != nil {
@@ -62,7 +77,7 @@ func Serve(ctx context.Context, o Options) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.timeline(ctx, o.Scenario)
+		s.timeline(ctx, o.Scenario, pending)
 	}()
 	wg.Add(1)
 	go func() {
@@ -134,9 +149,8 @@ func (s *server) closeAll() {
 
 // timeline applies the scenario's events at their time from now, and each GPU's afterReset
 // events after every reset of it.
-func (s *server) timeline(ctx context.Context, sc *sim.Scenario) {
+func (s *server) timeline(ctx context.Context, sc *sim.Scenario, pending []sim.Event) {
 	start := time.Now()
-	pending := append([]sim.Event{}, sc.Events...)
 	for len(pending) > 0 {
 		ev := pending[0]
 		pending = pending[1:]

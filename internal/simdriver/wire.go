@@ -98,10 +98,59 @@ func cString(b []byte) string {
 	return string(b)
 }
 
-func readRequest(r io.Reader, req *request) error { return binary.Read(r, binary.LittleEndian, req) }
+// The structs are encoded by hand, without reflection: a call's round trip is the simulated
+// driver's whole cost.
+
+func readRequest(r io.Reader, req *request) error {
+	var b [reqSize]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return err
+	}
+	le := binary.LittleEndian
+	req.Op, req.Dev, req.A, req.B = op(le.Uint32(b[0:])), le.Uint32(b[4:]), le.Uint32(b[8:]), le.Uint32(b[12:])
+	req.C = le.Uint64(b[16:])
+	copy(req.S[:], b[24:])
+	return nil
+}
+
+func writeRequest(w io.Writer, req *request) error {
+	var b [reqSize]byte
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], uint32(req.Op))
+	le.PutUint32(b[4:], req.Dev)
+	le.PutUint32(b[8:], req.A)
+	le.PutUint32(b[12:], req.B)
+	le.PutUint64(b[16:], req.C)
+	copy(b[24:], req.S[:])
+	_, err := w.Write(b[:])
+	return err
+}
+
+func readResponse(r io.Reader, resp *response) error {
+	var b [respSize]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return err
+	}
+	le := binary.LittleEndian
+	resp.Ret, resp.N = int32(le.Uint32(b[0:])), le.Uint32(b[4:])
+	for i := range resp.V {
+		resp.V[i] = le.Uint64(b[8+8*i:])
+	}
+	copy(resp.S[:], b[8+8*wireValues:])
+	return nil
+}
 
 func writeResponse(w io.Writer, resp *response) error {
-	return binary.Write(w, binary.LittleEndian, resp)
+	var b [respSize]byte
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], uint32(resp.Ret))
+	le.PutUint32(b[4:], resp.N)
+	for i, v := range resp.V {
+		le.PutUint64(b[8+8*i:], v)
+	}
+	copy(b[8+8*wireValues:], resp.S[:])
+	_, err := w.Write(b[:])
+	return err
 }
 
 // NVML's values (nvml.h) the simulator answers with. They are facts of the C ABI, written here

@@ -1,0 +1,458 @@
+package simdriver_test
+
+import (
+	"bufio"
+	"context"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/gpuhealth/gpuhealth/internal/simdriver"
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// The tests build the simulated libraries once (hack/sim-driver.sh, which needs gcc) and load
+// them through gpuhealth's own NVML backend, that is through go-nvml's real cgo path. A process
+// can load one libnvidia-ml.so.1 only (the dynamic loader keeps the first), so every consumer
+// runs as a child process: this test binary again, in the mode $childEnv names.
+const childEnv = "GPUHEALTH_SIMDRIVER_CHILD"
+
+var libraryDir string
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		os.Exit(child(mode, os.Getenv("GPUHEALTH_SIMDRIVER_ROOT")))
+	}
+	dir, err := os.MkdirTemp("", "simdriver-libs-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cmd := exec.Command("hack/sim-driver.sh", dir)
+	cmd.Dir = "../.."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "hack/sim-driver.sh: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	libraryDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var profiles = []string{"470.256.02", "525.147.05", "535.261.03", "550.163.01"}
+
+// served is a simulator serving a scenario on a fresh driver root.
+type served struct {
+	root       string
+	registered chan int // the GPU index of every event registration
+	stop       func()
+}
+
+func serve(t *testing.T, scenario, version string) *served {
+	t.Helper()
+	// Short: a Unix socket path has at most 107 bytes.
+	root, err := os.MkdirTemp("", "sd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	return serveOn(t, root, scenario, version)
+}
+
+func serveOn(t *testing.T, root, scenario, version string) *served {
+	t.Helper()
+	sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\n" + scenario))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &served{root: root, registered: make(chan int, 1024)}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: root, Version: version, LibraryDir: libraryDir,
+			Logger: testLogger(t), Ready: func() { close(ready) },
+			OnRegister: func(_ uint32, gpu int, _ uint64) {
+				select {
+				case s.registered <- gpu:
+				default:
+				}
+			}})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("Serve: %v", err)
+	}
+	var once sync.Once
+	s.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(s.stop)
+	return s
+}
+
+func testLogger(t *testing.T) logr.Logger {
+	return funcr.New(func(prefix, args string) { t.Log(prefix, args) }, funcr.Options{})
+}
+
+// runChild runs this test binary as a consumer in mode on root; it returns the child's stdout
+// lines as they come, and waits for it at the end of the test.
+func startChild(t *testing.T, mode, root string) (lines <-chan string, wait func() error) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+mode, "GPUHEALTH_SIMDRIVER_ROOT="+root)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe() // open until the test ends: a watching child stops when it closes
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan string, 1024)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			out <- sc.Text()
+		}
+		close(out)
+	}()
+	var once sync.Once
+	var werr error
+	wait = func() error {
+		once.Do(func() {
+			werr = cmd.Wait()
+			if werr != nil {
+				werr = fmt.Errorf("%w: %s", werr, stderr.String())
+			}
+		})
+		return werr
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = wait()
+	})
+	return out, wait
+}
+
+// child is a consumer process: it opens gpuhealth's NVML backend on the driver root.
+func child(mode, root string) int {
+	enc := json.NewEncoder(os.Stdout)
+	switch mode {
+	case "probe":
+		b, err := gpunvml.OpenDriverRoot(root, nil)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer b.Close()
+		_ = enc.Encode(b.Probe())
+		return 0
+	case "watch":
+		b, err := gpunvml.OpenDriverRoot(root, nil, gpunvml.WithSamplePeriod(time.Hour), gpunvml.WithEventWait(100*time.Millisecond))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer b.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		go func() { // the parent closes stdin to stop the child
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			cancel()
+		}()
+		if err := b.Run(ctx, printSink{enc}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	case "retry":
+		d := &gpunvml.DriverRoot{Root: root}
+		said := ""
+		for range 600 {
+			b, err := d.Open()
+			if err == nil {
+				fmt.Println("open", len(b.Devices()))
+				_ = b.Close()
+				return 0
+			}
+			if said == "" {
+				said = err.Error()
+				fmt.Println("error", errors.Is(err, gpunvml.ErrDriverNotLoaded))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		return 1
+	}
+	fmt.Fprintln(os.Stderr, "unknown child mode", mode)
+	return 2
+}
+
+type printSink struct{ enc *json.Encoder }
+
+func (p printSink) Signal(s health.Signal) {
+	if s.Kind != health.SignalSample {
+		_ = p.enc.Encode(s)
+	}
+}
+func (p printSink) SetUnmonitored(string, bool) {}
+
+const fourGPUs = "node: sd-node\ngpus: {count: 4}\nevents:\n  - {at: 0s, gpu: 1, temperatureC: 97}\n  - {at: 0s, gpu: 3, ecc: {uncorrectedVolatile: 2}}\n"
+
+// Every profile's library exports exactly the functions of NVIDIA's library of that branch.
+func TestExportsMatchTheRealBranches(t *testing.T) {
+	for _, v := range profiles {
+		t.Run(v, func(t *testing.T) {
+			f, err := elf.Open(filepath.Join(libraryDir, v, "libnvidia-ml.so."+v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			syms, err := f.DynamicSymbols()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, s := range syms {
+				if s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+					got = append(got, s.Name)
+				}
+			}
+			slices.Sort(got)
+			data, err := os.ReadFile(filepath.Join("profiles", v+".txt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for _, l := range strings.Split(string(data), "\n") {
+				if l != "" && !strings.HasPrefix(l, "#") {
+					want = append(want, l)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("exports differ from the real %s library:\n got %d: %v\nwant %d", v, len(got), got, len(want))
+			}
+			soname, _ := f.DynString(elf.DT_SONAME)
+			if !slices.Equal(soname, []string{"libnvidia-ml.so.1"}) {
+				t.Errorf("SONAME %v", soname)
+			}
+		})
+	}
+}
+
+// gpuhealth's NVML backend, through go-nvml's real cgo path, sees the scenario's GPUs on every
+// driver profile, and what each profile lacks is what the real branch lacks.
+func TestBackendOnEveryProfile(t *testing.T) {
+	for _, v := range profiles {
+		t.Run(v, func(t *testing.T) {
+			s := serve(t, fourGPUs, v)
+			lines, wait := startChild(t, "probe", s.root)
+			var rep gpunvml.Report
+			for l := range lines {
+				if err := json.Unmarshal([]byte(l), &rep); err != nil {
+					t.Fatalf("%v: %s", err, l)
+				}
+			}
+			if err := wait(); err != nil {
+				t.Fatal(err)
+			}
+			if rep.DriverVersion != v || len(rep.GPUs) != 4 {
+				t.Fatalf("driver %q, %d GPUs; want %s, 4", rep.DriverVersion, len(rep.GPUs), v)
+			}
+			for i, g := range rep.GPUs {
+				if g.Device.UUID != sim.GPUUUID("sd-node", i) || g.Device.PCIBusID != fmt.Sprintf("00000000:%02X:00.0", 0x10+i) || g.Device.Index != i {
+					t.Errorf("GPU %d: %+v", i, g.Device)
+				}
+				if !slices.Contains(g.Events, "xid") {
+					t.Errorf("GPU %d events %v, want xid among them", i, g.Events)
+				}
+			}
+			if tc := rep.GPUs[1].Readings.Temperature; tc == nil || tc.CurrentC != 97 || tc.SlowdownC != sim.SlowdownC || tc.ShutdownC != sim.ShutdownC {
+				t.Errorf("GPU 1 temperature %+v, want 97 °C with the thresholds", tc)
+			}
+			if e := rep.GPUs[3].Readings.ECC; e == nil || e.Uncorrected != 2 {
+				t.Errorf("GPU 3 ECC %+v, want 2 uncorrected", e)
+			}
+			if c := rep.GPUs[0].Readings.ClockEventReasons; c == nil {
+				t.Errorf("clock event reasons not read (through ThrottleReasons before 535)")
+			}
+		})
+	}
+}
+
+// One XID reaches every event set of every consumer at once, whenever they started; events before
+// a registration are not replayed to it.
+func TestEventsReachEveryConsumer(t *testing.T) {
+	s := serve(t, fourGPUs, "")
+	const consumers = 3
+	var outs []<-chan string
+	for range consumers {
+		lines, _ := startChild(t, "watch", s.root)
+		outs = append(outs, lines)
+	}
+	registeredGPU2 := 0
+	deadline := time.After(30 * time.Second)
+	for registeredGPU2 < consumers {
+		select {
+		case gpu := <-s.registered:
+			if gpu == 2 {
+				registeredGPU2++
+			}
+		case <-deadline:
+			t.Fatalf("only %d of %d consumers registered GPU 2", registeredGPU2, consumers)
+		}
+	}
+	if err := simdriver.Inject(s.root, "{gpu: 2, xid: 79}"); err != nil {
+		t.Fatal(err)
+	}
+	if err := simdriver.Inject(s.root, "{gpu: 0, xid: 94, repeat: 3}"); err != nil {
+		t.Fatal(err)
+	}
+	for i, lines := range outs {
+		var xids []string
+		timeout := time.After(30 * time.Second)
+		for len(xids) < 4 {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("consumer %d ended after %v", i, xids)
+				}
+				var sig health.Signal
+				if err := json.Unmarshal([]byte(l), &sig); err != nil {
+					t.Fatal(err)
+				}
+				if sig.Kind == health.SignalXID {
+					xids = append(xids, fmt.Sprintf("%s/%d", sig.Device, sig.XID))
+				}
+			case <-timeout:
+				t.Fatalf("consumer %d got %v, want 4 XIDs", i, xids)
+			}
+		}
+		want := []string{sim.GPUUUID("sd-node", 2) + "/79", sim.GPUUUID("sd-node", 0) + "/94", sim.GPUUUID("sd-node", 0) + "/94", sim.GPUUUID("sd-node", 0) + "/94"}
+		if !slices.Equal(xids, want) {
+			t.Errorf("consumer %d got %v, want %v", i, xids, want)
+		}
+	}
+}
+
+// Stopped, the simulator is a driver that is not loaded; started again, one that came back, and
+// a process that kept trying (as the agent does) opens it.
+func TestDriverGoesAndComesBack(t *testing.T) {
+	root, err := os.MkdirTemp("", "sd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: n\ngpus: {count: 2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := simdriver.Install(root, "", libraryDir); err != nil {
+		t.Fatal(err)
+	}
+	lines, wait := startChild(t, "retry", root)
+	if l := <-lines; l != "error true" {
+		t.Fatalf("without a simulator the child says %q, want the driver-not-loaded error", l)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: root, LibraryDir: libraryDir, Logger: testLogger(t)})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	if l := <-lines; l != "open 2" {
+		t.Fatalf("once the simulator serves, the child says %q, want open 2", l)
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInjectRefusesBadEvents(t *testing.T) {
+	s := serve(t, fourGPUs, "")
+	for _, ev := range []string{"{gpu: 7, xid: 79}", "{at: 1s, gpu: 1, xid: 79}", "not yaml: [", "{gpu: 1}", "{gpu: 1, xid: 79, ecc: {uncorrectedVolatile: 1}}",
+		`{kmsg: "NVRM: Xid (PCI:0000:10:00): 79, GPU has fallen off the bus"}`, "{reboot: true}", ""} {
+		if err := simdriver.Inject(s.root, ev); !errors.Is(err, simdriver.ErrInjectRefused) {
+			t.Errorf("Inject(%q) = %v, want a refusal", ev, err)
+		}
+	}
+	if err := simdriver.Inject(filepath.Join(s.root, "nowhere"), "{gpu: 1, xid: 79}"); err == nil || errors.Is(err, simdriver.ErrInjectRefused) {
+		t.Errorf("Inject without a simulator = %v, want an error that is not a refusal", err)
+	}
+}
+
+func TestServeRefusesWhatADriverCannotServe(t *testing.T) {
+	for name, events := range map[string]string{
+		"kmsg":   `  - {at: 1s, kmsg: "NVRM: Xid (PCI:0000:10:00): 79, GPU has fallen off the bus"}`,
+		"reboot": "  - {at: 1s, reboot: true}",
+	} {
+		t.Run(name, func(t *testing.T) {
+			sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: n\ngpus: {count: 1}\nevents:\n" + events + "\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = simdriver.CheckScenario(sc)
+			if err == nil || !strings.Contains(err.Error(), "line 6: "+name) {
+				t.Errorf("CheckScenario = %v, want the line and the event named", err)
+			}
+		})
+	}
+}
+
+// A second simulator on the same driver root is refused; one killed without cleaning up leaves a
+// socket the next takes over.
+func TestOneSimulatorPerDriverRoot(t *testing.T) {
+	s := serve(t, fourGPUs, "")
+	sc, _ := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: n\ngpus: {count: 1}\n"))
+	err := simdriver.Serve(context.Background(), simdriver.Options{Scenario: sc, DriverRoot: s.root, LibraryDir: libraryDir, Logger: logr.Discard()})
+	if err == nil || !strings.Contains(err.Error(), "another simulator already serves") {
+		t.Errorf("second Serve = %v", err)
+	}
+	s.stop()
+	// A stale socket file, as SIGKILL leaves it.
+	if err := os.WriteFile(simdriver.SocketPath(s.root), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again := serveOn(t, s.root, fourGPUs, "")
+	lines, wait := startChild(t, "probe", again.root)
+	for range lines {
+	}
+	if err := wait(); err != nil {
+		t.Fatalf("after taking over the stale socket: %v", err)
+	}
+}

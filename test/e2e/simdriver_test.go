@@ -1,0 +1,114 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
+)
+
+// simDriverLibraries builds the simulated libnvidia-ml.so.1 of every profile into a directory
+// of the test's (hack/sim-driver.sh).
+func simDriverLibraries(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("hack/sim-driver.sh", dir)
+	cmd.Dir = "../.."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("hack/sim-driver.sh: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// TestAgentOnTheSimulatedDriver runs the production path, `gpuhealth agent --backend nvml`,
+// through go-nvml's real cgo path on the simulated driver, against a real API server: a fault
+// injected at run time reaches the Volcano annotation, a DeviceTaintRule and the Node condition,
+// and nvidia-smi-style consumers of the same driver root see the same GPUs meanwhile.
+func TestAgentOnTheSimulatedDriver(t *testing.T) {
+	t.Parallel()
+	libs := simDriverLibraries(t)
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	const node = "simdriver-node"
+	gpuNode(t, c, node, 4)
+	kubeconfig := agentKubeconfig(t, c)
+
+	root, err := os.MkdirTemp("", "sd-e2e-") // short: a Unix socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	dir := t.TempDir()
+	scenario := filepath.Join(dir, "scenario.yaml")
+	if err := os.WriteFile(scenario, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: "+node+"\ngpus: {count: 4}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := startProcess(t, "sim-driver", filepath.Join(dir, "sim-driver.log"), gpuhealthBinary(t), "sim-driver", "serve",
+		"--scenario", scenario, "--driver-root", root, "--library-dir", libs, "--driver-version", "535")
+	eventually(t, "the simulated driver listening", func(context.Context) (bool, string, error) {
+		if exited, log := sd.exited(); exited {
+			return false, "", fmt.Errorf("sim-driver exited:\n%s", log)
+		}
+		_, err := os.Stat(filepath.Join(root, "usr/lib/x86_64-linux-gnu/gpuhealth-sim-driver.sock"))
+		return err == nil, "", nil
+	})
+
+	configPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	metrics := "http://127.0.0.1:" + strconv.Itoa(port)
+	agent := startProcess(t, "agent", filepath.Join(dir, "agent.log"), gpuhealthBinary(t), "agent", "--backend", "nvml",
+		"--driver-root", root, "--node-name", node, "--kubeconfig", kubeconfig, "--config", configPath,
+		"--checkpoint", filepath.Join(dir, "ckpt.json"), "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "-v", "2")
+	eventually(t, "agent ready on NVML", func(context.Context) (bool, string, error) {
+		if exited, log := agent.exited(); exited {
+			return false, "", fmt.Errorf("the agent exited:\n%s", log)
+		}
+		code, _ := httpGetStatus(metrics + "/readyz")
+		body, _ := httpGet(metrics + "/metrics")
+		up := strings.Contains(body, `gpuhealth_source_up{node="`+node+`",source="nvml"} 1`)
+		return code == 200 && up, fmt.Sprintf("readyz %d, source_up nvml 1: %v", code, up), nil
+	})
+
+	inject := func(ev string) {
+		t.Helper()
+		if out, err := exec.Command(gpuhealthBinary(t), "sim-driver", "inject", "--driver-root", root, ev).CombinedOutput(); err != nil {
+			t.Fatalf("inject %s: %v\n%s", ev, err, out)
+		}
+	}
+	inject("{gpu: 2, xid: 79}")
+	eventually(t, "XID 79 on GPU 2 in every sink", func(ctx context.Context) (bool, string, error) {
+		ann, err := nodeAnnotations(ctx, c, node)
+		if err != nil {
+			return false, "", err
+		}
+		rs, err := rules(ctx, c, node)
+		if err != nil {
+			return false, "", err
+		}
+		cond, err := nodeCondition(ctx, c, node, corev1.NodeConditionType(gpuhealthv1.ConditionGPUUnhealthy))
+		if err != nil {
+			return false, "", err
+		}
+		return ann[gpuhealthv1.UnhealthyIDsKey] == "2" && len(rs) == 1 && cond.Status == corev1.ConditionTrue,
+			fmt.Sprintf("ids=%q rules=%v condition=%s", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs), cond.Status), nil
+	})
+	// An uncorrectable ECC error on GPU 0, read by the sampler and by the event loop.
+	inject("{gpu: 0, ecc: {uncorrectedVolatile: 1}}")
+	eventually(t, "GPU 0 unhealthy too", func(ctx context.Context) (bool, string, error) {
+		ann, err := nodeAnnotations(ctx, c, node)
+		return err == nil && ann[gpuhealthv1.UnhealthyIDsKey] == "0,2", fmt.Sprintf("ids=%q", ann[gpuhealthv1.UnhealthyIDsKey]), err
+	})
+}
