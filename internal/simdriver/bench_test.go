@@ -45,7 +45,9 @@ func BenchmarkCallRoundTrip(b *testing.B) {
 	<-ready
 	defer func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
 	}()
 	c, err := net.Dial("unix", SocketPath(root))
 	if err != nil {

@@ -413,7 +413,9 @@ func runAgentUntilDriverNotLoaded(t *testing.T, root string, ra chartAgent) {
 	case <-time.After(2 * time.Second):
 	}
 	cancel()
-	<-exited
+	if err := <-exited; err == nil {
+		t.Errorf("the agent exited cleanly before it was stopped")
+	}
 	if n := strings.Count(out.String(), "the NVIDIA kernel driver is not loaded"); n != 1 {
 		t.Errorf("the agent logged the driver error %d times in 2 s of retries, want once (it logs again only when the reason changes):\n%s", n, out.String())
 	}
