@@ -112,3 +112,52 @@ func TestAgentOnTheSimulatedDriver(t *testing.T) {
 		return err == nil && ann[gpuhealthv1.UnhealthyIDsKey] == "0,2", fmt.Sprintf("ids=%q", ann[gpuhealthv1.UnhealthyIDsKey]), err
 	})
 }
+
+// TestRealNodeDevicePluginOnTheSimulatedDriver runs `gpuhealth device-plugin --backend nvml` on
+// the simulated driver against a real kubelet: the kubelet's allocatable follows faults injected
+// into the driver at run time, and a GPU reset (the driver's volatile ECC counters cleared, which
+// is how the NVML backend learns of a reset) gives the GPU back.
+func TestRealNodeDevicePluginOnTheSimulatedDriver(t *testing.T) {
+	t.Parallel()
+	libs := simDriverLibraries(t)
+	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 1})
+	node := c.KubeletNode(controlplane.KubeletNodeName(0))
+	root, err := os.MkdirTemp("", "sd-dp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	dir := t.TempDir()
+	scenario := filepath.Join(dir, "scenario.yaml")
+	if err := os.WriteFile(scenario, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: "+node.Name+"\ngpus: {count: 8}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := startProcess(t, "sim-driver", filepath.Join(dir, "sim-driver.log"), gpuhealthBinary(t), "sim-driver", "serve",
+		"--scenario", scenario, "--driver-root", root, "--library-dir", libs)
+	eventually(t, "the simulated driver listening", func(context.Context) (bool, string, error) {
+		if exited, log := sd.exited(); exited {
+			return false, "", fmt.Errorf("sim-driver exited:\n%s", log)
+		}
+		_, err := os.Stat(filepath.Join(root, "usr/lib/x86_64-linux-gnu/gpuhealth-sim-driver.sock"))
+		return err == nil, "", nil
+	})
+	configPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(configPath, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startProcess(t, "device-plugin", filepath.Join(dir, "device-plugin.log"), gpuhealthBinary(t), "device-plugin", "--backend", "nvml",
+		"--driver-root", root, "--config", configPath, "--kubelet-socket-dir", node.DevicePluginDir(), "-v", "4")
+	waitGPUs(t, c, node.Name, 8, 8)
+
+	inject := func(ev string) {
+		t.Helper()
+		if out, err := exec.Command(gpuhealthBinary(t), "sim-driver", "inject", "--driver-root", root, ev).CombinedOutput(); err != nil {
+			t.Fatalf("inject %s: %v\n%s", ev, err, out)
+		}
+	}
+	inject("{gpu: 3, xid: 79}")
+	inject("{gpu: 5, ecc: {uncorrectedVolatile: 1}}")
+	waitGPUs(t, c, node.Name, 8, 6)
+	inject("{gpu: 5, reset: true}")
+	waitGPUs(t, c, node.Name, 8, 7)
+}
