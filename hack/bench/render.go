@@ -56,6 +56,8 @@ const (
 	benchKmsgParse         = "BenchmarkParseMixedLog"
 	benchKmsgReplay        = "BenchmarkReplayRingBuffer/buffer=1MiB/fresh"
 	benchKmsgReplayRestart = "BenchmarkReplayRingBuffer/buffer=1MiB/restart"
+	benchSimCall           = "BenchmarkCallRoundTrip"
+	benchSimRound          = "BenchmarkSamplingRound64GPUs8Consumers"
 )
 
 func libraryRows(l *lookup, _ settings) []row {
@@ -80,6 +82,12 @@ func libraryRows(l *lookup, _ settings) []row {
 			kib(v(benchFilter, "B/op")), v(benchFilter, "allocs/op")), how},
 		{"extender: /filter, 5,000 Node objects in the request", fmt.Sprintf("p50 %.0f ms, p99 %.0f ms",
 			v(benchFilterNodeObjects, "p50-ms"), v(benchFilterNodeObjects, "p99-ms")), how},
+		{"simulated driver: one library call's round trip to the simulator", fmt.Sprintf("p50 %.1f µs, p99 %.1f µs (%s; the runs' p99 %s µs)",
+			v(benchSimCall, "p50-us"), v(benchSimCall, "p99-us"), goal(v(benchSimCall, "p99-us"), simCallGoalUs, "µs"),
+			spread(l.all(partLibrary, benchSimCall, "p99-us"), "%.1f", 1)), how},
+		{"simulated driver: 64 GPUs sampled by 8 consumers every 10 s", fmt.Sprintf("%.2f%% of a core (%.0f ms CPU per round of %s calls, simulator and consumers together; %s)",
+			v(benchSimRound, "core-%-at-10s"), v(benchSimRound, "cpu-ms/round"), thousands(int(v(benchSimRound, "calls/round"))),
+			goal(v(benchSimRound, "core-%-at-10s"), simCoreGoalPct, "%")), how},
 	}
 }
 
@@ -88,6 +96,8 @@ const (
 	filterGoalMs     = 2  // extender /filter p99 at 5,000 nodes
 	agentIdleGoalMiB = 30 // agent idle RSS with 8 GPUs
 	agentAnonGoalMiB = 10 // of which anonymous
+	simCallGoalUs    = 20 // issue 27: a simulated-driver call's round trip p99
+	simCoreGoalPct   = 1  // issue 27: 64 GPUs to 8 consumers at the default sampling
 )
 
 // spread is the lowest and the highest value of figs (each times scale): "1.2–3.4".

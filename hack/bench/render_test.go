@@ -11,7 +11,8 @@ import (
 )
 
 // testdata/results.json holds figures that reproduce the docs/benchmarks.md of 2026-11-30 (with
-// several runs around each median) plus one run of the agent container part (2026-12-01), and
+// several runs around each median) plus one run of the agent container part and three of the
+// simulated driver's benchmarks (2026-12-01), and
 // testdata/benchmarks.golden.md that document: the
 // renderer keeps the page's shape. After changing the page's text on purpose, write the new
 // golden with `go run ./hack/bench -render hack/bench/testdata/results.json -out
@@ -51,7 +52,8 @@ func TestRenderParts(t *testing.T) {
 		wantRows  []string // each row's first cell starts with one of these, in order
 		fleetRuns int      // rows of the fleet's per-run table
 	}{
-		{"library only", []string{partLibrary}, []string{"library", "library", "library", "kernel log: parse", "kernel log: start-up replay", "extender", "extender"}, 0},
+		{"library only", []string{partLibrary}, []string{"library", "library", "library", "kernel log: parse", "kernel log: start-up replay", "extender", "extender",
+			"simulated driver: one library call", "simulated driver: 64 GPUs"}, 0},
 		{"latency only", []string{partLatency}, []string{"signal → object: fault -> volcano", "signal → object: fault -> DeviceTaintRule",
 			"signal → object: recovery -> annotation", "signal → object: recovery -> DeviceTaintRule", "API writes"}, 0},
 		{"agent and the breaker run", []string{partAgent, partFleetBreaker}, []string{"agent: idle", "agent: XID storm, 8 simulated GPUs, 99,973 XIDs/s",

@@ -16,10 +16,10 @@ import (
 // measureLibrary runs the library, kernel-log and extender benchmarks (testing.B, five times, one core) and
 // turns every result into figures: one per benchmark, unit and run.
 func measureLibrary(ctx context.Context, o options) ([]figure.Figure, error) {
-	progress("library and extender benchmarks (go test -bench, -count 5, one core; about a minute)")
+	progress("library, extender and simulated-driver benchmarks (go test -bench, -count 5, one core; about a minute)")
 	raw := filepath.Join(o.Raw, "bench.txt")
 	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", ".", "-benchmem", "-count", "5", "-cpu", "1",
-		"./pkg/health/...", "./pkg/gpu/kmsg/...", "./internal/scheduling/...")
+		"./pkg/health/...", "./pkg/gpu/kmsg/...", "./internal/scheduling/...", "./internal/simdriver/...")
 	out, err := runLogged(cmd, raw)
 	if err != nil {
 		return nil, err
