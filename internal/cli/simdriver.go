@@ -48,7 +48,7 @@ line and field; kernel-log lines and reboots are refused (a driver serves neithe
 			if scenarioPath == "" || driverRoot == "" {
 				return badInput(errors.New("--scenario and --driver-root: both required"))
 			}
-			sc, err := sim.LoadScenario(scenarioPath)
+			sc, err := sim.LoadDriverScenario(scenarioPath)
 			if err != nil {
 				return badInput(err)
 			}

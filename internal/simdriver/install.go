@@ -193,7 +193,7 @@ func parseEvent(sc *sim.Scenario, body []byte) (sim.Event, error) {
 		doc += "}\n"
 	}
 	doc += "events:\n- " + strings.ReplaceAll(strings.TrimSpace(string(ev)), "\n", "\n  ") + "\n"
-	parsed, err := sim.ParseScenario([]byte(doc))
+	parsed, err := sim.ParseDriverScenario([]byte(doc))
 	if err != nil {
 		return sim.Event{}, err
 	}
@@ -236,7 +236,10 @@ func Inject(driverRoot, event string) error {
 	if _, err := io.ReadFull(c, msg); err != nil {
 		return fmt.Errorf("reading the simulator's answer: %w", err)
 	}
-	if resp.Ret != retSuccess {
+	switch {
+	case resp.Ret != retSuccess && resp.N == 1:
+		return fmt.Errorf("the simulated driver cannot do it now: %s", msg)
+	case resp.Ret != retSuccess:
 		return fmt.Errorf("%w: %s", ErrInjectRefused, msg)
 	}
 	return nil

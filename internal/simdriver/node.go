@@ -2,6 +2,8 @@ package simdriver
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -37,8 +39,10 @@ type node struct {
 	// unsupported are the functions consumers called that the simulator does not implement,
 	// each logged once.
 	unsupported map[string]bool
-	log         func(msg string, kv ...any)
-	onRegister  func(pid uint32, gpu int, types uint64)
+	// unloaded is set while the driver is unloaded: nvmlInit answers DRIVER_NOT_LOADED.
+	unloaded   bool
+	log        func(msg string, kv ...any)
+	onRegister func(pid uint32, gpu int, types uint64)
 }
 
 type setKey struct{ pid, id uint32 }
@@ -73,6 +77,11 @@ type gpuState struct {
 	links                    map[uint32]*linkState
 	recovery                 health.RecoveryAction
 	lost                     bool
+	// hangUntil makes every call on the GPU wait until then; outOfRange and readsLower are the
+	// readings whose next read answers a value out of range, or lower than the last.
+	hangUntil  time.Time
+	outOfRange map[string]bool
+	readsLower map[string]bool
 }
 
 type linkState struct {
@@ -85,7 +94,7 @@ func newNode(sc *sim.Scenario, log func(string, ...any)) *node {
 		unsupported: map[string]bool{}, log: log}
 	for i := range sc.GPUCount {
 		g := &gpuState{index: i, uuid: sim.GPUUUID(sc.Node, i), busID: fmt.Sprintf("00000000:%02X:00.0", 0x10+i),
-			temperature: idleTemperatureC, links: map[uint32]*linkState{}}
+			temperature: idleTemperatureC, links: map[uint32]*linkState{}, outOfRange: map[string]bool{}, readsLower: map[string]bool{}}
 		n.byUUID[g.uuid] = uint32(i * migSlots)
 		for m := 1; m <= sc.MIGInstances[i]; m++ {
 			u := sim.MIGUUID(sc.Node, i, m)
@@ -112,11 +121,44 @@ func (n *node) gpu(dev uint32) (*gpuState, int, bool) {
 	return n.gpus[i], slot, true
 }
 
+// errInUse refuses to unload a driver that processes hold, as rmmod refuses a module in use.
+type errInUse struct{ pids []uint32 }
+
+func (e errInUse) Error() string {
+	return fmt.Sprintf("the driver is in use by %d processes (pids %v): unload refused", len(e.pids), e.pids)
+}
+
+// holders lists the processes with an NVML session open. n.mu must be held.
+func (n *node) holders() []uint32 {
+	var pids []uint32
+	for pid, s := range n.sessions {
+		if s > 0 {
+			pids = append(pids, pid)
+		}
+	}
+	slices.Sort(pids)
+	return pids
+}
+
 // apply changes the GPUs as a scenario event says, and queues the events the driver would
-// deliver. n.mu must be held.
-func (n *node) apply(ev sim.Event) {
+// deliver. An unload that processes hold is refused (errInUse). n.mu must be held.
+func (n *node) apply(ev sim.Event) error {
+	if ev.Kind == sim.EventDriver {
+		switch ev.DriverAction {
+		case sim.DriverUnload:
+			if pids := n.holders(); len(pids) > 0 {
+				return errInUse{pids}
+			}
+			n.unloaded = true
+			n.log("The driver is unloaded: nvmlInit answers DRIVER_NOT_LOADED until it is loaded again")
+		case sim.DriverLoad:
+			n.unloaded = false
+			n.log("The driver is loaded")
+		}
+		return nil
+	}
 	if ev.GPU < 0 || ev.GPU >= len(n.gpus) {
-		return
+		return nil
 	}
 	g := n.gpus[ev.GPU]
 	wire := uint32(ev.GPU * migSlots)
@@ -188,8 +230,24 @@ func (n *node) apply(ev sim.Event) {
 			}
 		case sim.EventReset:
 			n.reset(g)
+		case sim.EventHang:
+			g.hangUntil = time.Now().Add(ev.Hang)
+		case sim.EventOutOfRange:
+			g.outOfRange[ev.Reading] = true
+		case sim.EventReadsLower:
+			g.readsLower[ev.Reading] = true
 		}
 	}
+	return nil
+}
+
+// glitch reports, and forgets, a one-read glitch of reading.
+func glitch(m map[string]bool, reading string) bool {
+	if m[reading] {
+		delete(m, reading)
+		return true
+	}
+	return false
 }
 
 // reset does what `nvidia-smi --gpu-reset` does to a simulated GPU: volatile counters cleared,
@@ -234,10 +292,15 @@ func (g *gpuState) lostError(resp *response) bool {
 	return false
 }
 
-// answer serves one call from process pid (every op but HELLO, WAIT and INJECT). n.mu is held.
-func (n *node) answer(pid uint32, req *request, resp *response) {
+// answer serves one call from process pid (every op but HELLO, WAIT and INJECT), and says until
+// when the answer must wait (a hanging GPU). n.mu is held.
+func (n *node) answer(pid uint32, req *request, resp *response) (hangUntil time.Time) {
 	switch req.Op {
 	case opInit:
+		if n.unloaded {
+			resp.Ret = retDriverNotLoaded
+			return
+		}
 		n.sessions[pid]++
 		return
 	case opShutdown:
@@ -301,6 +364,7 @@ func (n *node) answer(pid uint32, req *request, resp *response) {
 		return
 	}
 	n.answerDevice(pid, g, slot, req, resp)
+	return g.hangUntil
 }
 
 // answerDevice serves a call on one GPU (slot 0) or MIG device (slot 1..).
@@ -336,6 +400,9 @@ func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, res
 		resp.V[0] = archHopper
 	case opTemp:
 		resp.V[0] = uint64(g.temperature)
+		if glitch(g.outOfRange, "temperature") {
+			resp.V[0] = math.MaxUint32 // 4,294,967,295 °C
+		}
 	case opTempThreshold:
 		switch req.A {
 		case thresholdShutdown:
@@ -365,6 +432,12 @@ func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, res
 		default:
 			resp.Ret = retInvalidArgument
 		}
+		switch {
+		case glitch(g.outOfRange, "ecc"):
+			v = math.MaxUint64
+		case req.B == eccVolatile && glitch(g.readsLower, "ecc"):
+			v = 0
+		}
 		resp.V[0] = v
 	case opRemappedRows:
 		if mig {
@@ -377,15 +450,24 @@ func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, res
 		// Hopper remaps rows; NVML answers NOT_SUPPORTED for page retirement.
 		resp.Ret = retNotSupported
 	case opPower:
-		if req.A == 0 {
-			resp.V[0] = idlePowerMW
-		} else {
+		switch {
+		case req.A != 0:
 			resp.V[0] = powerLimitMW
+		case glitch(g.outOfRange, "power"):
+			resp.V[0] = math.MaxUint32
+		default:
+			resp.V[0] = idlePowerMW
 		}
 	case opClockReasons:
 		resp.V[0] = g.clockReasons
 	case opPCIeReplays:
 		resp.V[0] = uint64(g.pcieReplays)
+		switch {
+		case glitch(g.outOfRange, "pcieReplays"):
+			resp.V[0] = math.MaxUint32
+		case glitch(g.readsLower, "pcieReplays"):
+			resp.V[0] = 0
+		}
 	case opNVLinkState:
 		l := g.links[req.A]
 		if l == nil {

@@ -59,7 +59,7 @@ func Serve(ctx context.Context, o Options) error {
 	// What happens at 0s is there before the first consumer can look.
 	pending := slices.Clone(o.Scenario.Events)
 	for len(pending) > 0 && pending[0].At <= 0 {
-		s.node.apply(pending[0])
+		_ = s.node.apply(pending[0]) // nobody holds the driver before it serves
 		if pending[0].Kind == sim.EventReset {
 			pending = afterReset(pending[1:], o.Scenario, pending[0].GPU, 0)
 			continue
@@ -157,11 +157,33 @@ func (s *server) timeline(ctx context.Context, sc *sim.Scenario, pending []sim.E
 		if !sleepUntil(ctx, start.Add(ev.At)) {
 			return
 		}
-		s.node.mu.Lock()
-		s.node.apply(ev)
-		s.node.mu.Unlock()
+		if !s.applyRetrying(ctx, ev) {
+			return
+		}
 		if ev.Kind == sim.EventReset {
 			pending = afterReset(pending, sc, ev.GPU, ev.At)
+		}
+	}
+}
+
+// applyRetrying applies a timeline event; an unload that processes hold is tried again every
+// second until they let go, as the GPU operator's driver manager keeps trying to unload the
+// module. It returns false when ctx ends first.
+func (s *server) applyRetrying(ctx context.Context, ev sim.Event) bool {
+	said := false
+	for {
+		s.node.mu.Lock()
+		err := s.node.apply(ev)
+		s.node.mu.Unlock()
+		if err == nil {
+			return true
+		}
+		if !said {
+			s.log.Info("Driver unload refused; trying again every second", "line", ev.Line, "reason", err.Error())
+			said = true
+		}
+		if !sleepUntil(ctx, time.Now().Add(time.Second)) {
+			return false
 		}
 	}
 }
@@ -251,8 +273,11 @@ func (s *server) serveConn(ctx context.Context, c net.Conn) {
 			s.wait(ctx, pid, &req, &resp)
 		} else {
 			s.node.mu.Lock()
-			s.node.answer(pid, &req, &resp)
+			hangUntil := s.node.answer(pid, &req, &resp)
 			s.node.mu.Unlock()
+			if !sleepUntil(ctx, hangUntil) { // a wedged GPU answers late
+				return
+			}
 		}
 		if err := writeResponse(c, &resp); err != nil {
 			return
@@ -306,13 +331,20 @@ func (s *server) inject(c net.Conn, r io.Reader, req *request) {
 		}
 		s.node.mu.Lock()
 		ev, err := parseEvent(s.node.sc, body)
+		refused := false
 		if err == nil {
-			s.node.apply(ev)
-			s.log.Info("Injected", "event", string(body))
+			if err = s.node.apply(ev); err == nil {
+				s.log.Info("Injected", "event", string(body))
+			} else {
+				refused = true
+			}
 		}
 		s.node.mu.Unlock()
 		if err != nil {
 			msg = err.Error()
+		}
+		if refused {
+			resp.N = 1 // valid, but the driver refused it now: not bad input
 		}
 	}
 	if msg != "" {

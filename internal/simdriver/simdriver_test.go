@@ -77,7 +77,7 @@ func serve(t *testing.T, scenario, version string) *served {
 
 func serveOn(t *testing.T, root, scenario, version string) *served {
 	t.Helper()
-	sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\n" + scenario))
+	sc, err := sim.ParseDriverScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\n" + scenario))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,9 +118,17 @@ func testLogger(t *testing.T) logr.Logger {
 	return funcr.New(func(prefix, args string) { t.Log(prefix, args) }, funcr.Options{})
 }
 
-// runChild runs this test binary as a consumer in mode on root; it returns the child's stdout
-// lines as they come, and waits for it at the end of the test.
-func startChild(t *testing.T, mode, root string) (lines <-chan string, wait func() error) {
+// childProc is a consumer process: its stdout lines as they come, a wait for its end, and its
+// stdin to close (a watching child stops then).
+type childProc struct {
+	lines      <-chan string
+	wait       func() error
+	closeStdin func()
+}
+
+// startChild runs this test binary as a consumer in mode on root, and kills it at the end of the
+// test.
+func startChild(t *testing.T, mode, root string) *childProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode, "GPUHEALTH_SIMDRIVER_ROOT="+root)
@@ -148,7 +156,7 @@ func startChild(t *testing.T, mode, root string) (lines <-chan string, wait func
 	}()
 	var once sync.Once
 	var werr error
-	wait = func() error {
+	wait := func() error {
 		once.Do(func() {
 			werr = cmd.Wait()
 			if werr != nil {
@@ -162,7 +170,18 @@ func startChild(t *testing.T, mode, root string) (lines <-chan string, wait func
 		_ = cmd.Process.Kill()
 		_ = wait()
 	})
-	return out, wait
+	return &childProc{lines: out, wait: wait, closeStdin: func() { _ = stdin.Close() }}
+}
+
+// stop closes a watching child's stdin and waits for it to end cleanly.
+func (c *childProc) stop(t *testing.T) {
+	t.Helper()
+	c.closeStdin()
+	for range c.lines {
+	}
+	if err := c.wait(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // child is a consumer process: it opens gpuhealth's NVML backend on the driver root.
@@ -276,7 +295,8 @@ func TestBackendOnEveryProfile(t *testing.T) {
 	for _, v := range profiles {
 		t.Run(v, func(t *testing.T) {
 			s := serve(t, fourGPUs, v)
-			lines, wait := startChild(t, "probe", s.root)
+			c := startChild(t, "probe", s.root)
+			lines, wait := c.lines, c.wait
 			var rep gpunvml.Report
 			for l := range lines {
 				if err := json.Unmarshal([]byte(l), &rep); err != nil {
@@ -317,7 +337,7 @@ func TestEventsReachEveryConsumer(t *testing.T) {
 	const consumers = 3
 	var outs []<-chan string
 	for range consumers {
-		lines, _ := startChild(t, "watch", s.root)
+		lines := startChild(t, "watch", s.root).lines
 		outs = append(outs, lines)
 	}
 	registeredGPU2 := 0
@@ -380,7 +400,8 @@ func TestDriverGoesAndComesBack(t *testing.T) {
 	if _, err := simdriver.Install(root, "", libraryDir); err != nil {
 		t.Fatal(err)
 	}
-	lines, wait := startChild(t, "retry", root)
+	c := startChild(t, "retry", root)
+	lines, wait := c.lines, c.wait
 	if l := <-lines; l != "error true" {
 		t.Fatalf("without a simulator the child says %q, want the driver-not-loaded error", l)
 	}
@@ -449,10 +470,75 @@ func TestOneSimulatorPerDriverRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	again := serveOn(t, s.root, fourGPUs, "")
-	lines, wait := startChild(t, "probe", again.root)
+	c := startChild(t, "probe", again.root)
+	lines, wait := c.lines, c.wait
 	for range lines {
 	}
 	if err := wait(); err != nil {
 		t.Fatalf("after taking over the stale socket: %v", err)
 	}
+}
+
+// The driver cannot be unloaded while a process holds NVML (as rmmod refuses a module in use);
+// once it lets go, the unload goes through, nvmlInit answers DRIVER_NOT_LOADED, and a load
+// brings the driver back.
+func TestDriverUnloadAndLoad(t *testing.T) {
+	s := serve(t, fourGPUs, "")
+	holder := startChild(t, "watch", s.root)
+	for gpu := range s.registered {
+		if gpu == 3 {
+			break // the holder has NVML open and its events registered
+		}
+	}
+	err := simdriver.Inject(s.root, "{driver: unload}")
+	if err == nil || errors.Is(err, simdriver.ErrInjectRefused) || !strings.Contains(err.Error(), "in use by 1 processes") {
+		t.Fatalf("unload while held = %v, want refused as in use", err)
+	}
+	holder.stop(t)
+	if err := simdriver.Inject(s.root, "{driver: unload}"); err != nil {
+		t.Fatalf("unload once released: %v", err)
+	}
+	retry := startChild(t, "retry", s.root)
+	lines, wait := retry.lines, retry.wait
+	if l := <-lines; l != "error true" {
+		t.Fatalf("after the unload the child says %q, want the driver-not-loaded error", l)
+	}
+	if err := simdriver.Inject(s.root, "{driver: load}"); err != nil {
+		t.Fatal(err)
+	}
+	if l := <-lines; l != "open 4" {
+		t.Fatalf("after the load the child says %q, want open 4", l)
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Readings only a driver can get wrong: a temperature out of any range for one read, a counter
+// that reads lower once, and calls on a wedged GPU that hang.
+func TestDriverGlitches(t *testing.T) {
+	s := serve(t, "node: sd-node\ngpus: {count: 4}\nevents:\n  - {at: 0s, gpu: 1, outOfRange: temperature}\n  - {at: 0s, gpu: 2, hang: 2s}\n", "")
+	start := time.Now()
+	c := startChild(t, "probe", s.root)
+	lines, wait := c.lines, c.wait
+	var rep gpunvml.Report
+	for l := range lines {
+		if err := json.Unmarshal([]byte(l), &rep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 2*time.Second {
+		t.Errorf("the probe took %v: calls on GPU 2 did not hang for 2 s", took)
+	}
+	if len(rep.GPUs) != 4 {
+		t.Fatalf("%d GPUs", len(rep.GPUs))
+	}
+	got := rep.GPUs[1].Readings
+	if got.Temperature != nil && got.Temperature.CurrentC == 35 {
+		t.Errorf("GPU 1's first temperature read is the idle 35 °C, want the out-of-range glitch: %+v", got)
+	}
+	t.Logf("GPU 1 after an out-of-range temperature: temperature %+v, errors %v", got.Temperature, got.Errors)
 }

@@ -51,6 +51,9 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			if nodeName == "" {
 				return cmdutil.BadInput(errors.New("--node-name: required (or set NODE_NAME)"))
 			}
+			if err := checkBackendFlags(backend, scenarioPath); err != nil {
+				return err
+			}
 			cfg, policy, err := cmdutil.LoadConfig(configPath)
 			if err != nil {
 				return err
@@ -109,6 +112,20 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 	nvmlOpts.AddFlags(f)
 	logs.AddFlags(f)
 	return cmd
+}
+
+// checkBackendFlags refuses --backend and --scenario values that cannot go together, before
+// anything is opened.
+func checkBackendFlags(backend, scenarioPath string) error {
+	switch {
+	case backend != "nvml" && backend != "sim":
+		return cmdutil.BadInput(fmt.Errorf("--backend: must be nvml or sim, got %q", backend))
+	case backend == "sim" && scenarioPath == "":
+		return cmdutil.BadInput(errors.New("--scenario: required with --backend sim"))
+	case backend == "nvml" && scenarioPath != "":
+		return cmdutil.BadInput(errors.New("--scenario: only with --backend sim"))
+	}
+	return nil
 }
 
 // openedBackend is what OpenBackend returns, in one value.

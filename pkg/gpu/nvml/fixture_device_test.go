@@ -122,6 +122,10 @@ func (f *fixture) wireMemory(d *server.Device, st *gpuState) {
 		if st.eccCurrent != nvml.FEATURE_ENABLED || st.mig {
 			return 0, nvml.ERROR_NOT_SUPPORTED
 		}
+		if st.eccLowReads > 0 {
+			st.eccLowReads--
+			return 0, nvml.SUCCESS
+		}
 		if typ == nvml.MEMORY_ERROR_TYPE_CORRECTED {
 			return st.corrected, nvml.SUCCESS
 		}

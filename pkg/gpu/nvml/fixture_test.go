@@ -80,6 +80,8 @@ type gpuState struct {
 	// gone, when not SUCCESS, answers DeviceGetHandleByUUID: the GPU did not come back after a
 	// reset.
 	gone nvml.Return
+	// eccLowReads makes the next that many ECC total reads answer 0: a glitch.
+	eccLowReads int
 }
 
 type waitResult struct {

@@ -234,6 +234,10 @@ func (b *Backend) readRetiredPages(g *gpu, rd reader) error {
 	return err
 }
 
+// MaxPlausibleTemperatureC is the hottest reading believed: above it a temperature (or a
+// threshold) is a glitch of the driver, such as 4,294,967,295 °C, and is not passed on.
+const MaxPlausibleTemperatureC = 200
+
 // readTemperature reads the GPU temperature and the GPU's own thresholds. A threshold the GPU
 // does not report stays 0: the library then uses its default.
 func (b *Backend) readTemperature(g *gpu, rd reader) error {
@@ -244,6 +248,13 @@ func (b *Backend) readTemperature(g *gpu, rd reader) error {
 	if ok, err := rd.check(ReadingTemperature, ret); !ok || err != nil {
 		return err
 	}
+	if temp > MaxPlausibleTemperatureC {
+		// A reading no GPU can have is a glitch of the driver, not a GPU at its shutdown
+		// temperature: no data this round.
+		rd.r.Errors = append(rd.r.Errors, fmt.Sprintf("reading %s: %d °C is not a plausible GPU temperature (above %d): ignored", ReadingTemperature, temp, MaxPlausibleTemperatureC))
+		b.stats.add(func(s *Stats) { s.Glitches++ })
+		return nil
+	}
 	t := &TemperatureReading{CurrentC: int64(temp)}
 	if b.sym.has(symTemperatureThreshold) {
 		for _, th := range [...]struct {
@@ -251,8 +262,8 @@ func (b *Backend) readTemperature(g *gpu, rd reader) error {
 			into  *int64
 		}{{nvml.TEMPERATURE_THRESHOLD_SLOWDOWN, &t.SlowdownC}, {nvml.TEMPERATURE_THRESHOLD_SHUTDOWN, &t.ShutdownC}} {
 			v, ret := g.handle.GetTemperatureThreshold(th.which)
-			if ret == nvml.SUCCESS {
-				*th.into = int64(v)
+			if ret == nvml.SUCCESS && v <= MaxPlausibleTemperatureC {
+				*th.into = int64(v) // an implausible threshold stays 0: the library's default applies
 			} else if err := rd.broken("temperature threshold", ret); err != nil {
 				return err
 			}

@@ -99,16 +99,36 @@ func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 // emitECC passes the volatile ECC totals on. Volatile counters only restart at a GPU reset (or a
 // driver reload), so totals lower than the previous ones mean the GPU was reset: the reset is
 // reported first, so that the library clears what a reset clears and restarts its rates before
-// it sees the new totals.
+// it sees the new totals. A reset clears faults, so one lower read is not believed on its own:
+// the totals are read again, and only when they are still lower is it a reset; a glitch (the
+// second read back where the totals were) is logged and the second read passed on, and totals
+// that cannot be read again are not passed on this time.
 func (b *Backend) emitECC(g *gpu, e ECCReading, base health.Signal, sink Sink) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.eccValid && (e.Corrected < g.ecc.corrected || e.Uncorrected < g.ecc.uncorrected) {
-		b.log.Info("volatile ECC totals went down: the GPU was reset", "gpu", g.dev.UUID,
-			"corrected", e.Corrected, "previousCorrected", g.ecc.corrected,
-			"uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
-		b.stats.add(func(s *Stats) { s.Resets++ })
-		sink.Signal(with(base, health.SignalReset))
+	lower := func(e ECCReading) bool {
+		return g.eccValid && (e.Corrected < g.ecc.corrected || e.Uncorrected < g.ecc.uncorrected)
+	}
+	if lower(e) {
+		var again Readings
+		if err := b.readECC(g, reader{&again}); err != nil || again.ECC == nil {
+			b.log.Info("volatile ECC totals read lower and could not be read again: not taken as a reset", "gpu", g.dev.UUID,
+				"corrected", e.Corrected, "previousCorrected", g.ecc.corrected, "uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
+			return
+		}
+		if !lower(*again.ECC) {
+			b.log.Info("volatile ECC totals read lower once, then back: a glitch, not a reset", "gpu", g.dev.UUID,
+				"glitchCorrected", e.Corrected, "glitchUncorrected", e.Uncorrected, "corrected", again.ECC.Corrected, "uncorrected", again.ECC.Uncorrected)
+			b.stats.add(func(s *Stats) { s.Glitches++ })
+			e = *again.ECC
+		} else {
+			e = *again.ECC
+			b.log.Info("volatile ECC totals went down: the GPU was reset", "gpu", g.dev.UUID,
+				"corrected", e.Corrected, "previousCorrected", g.ecc.corrected,
+				"uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
+			b.stats.add(func(s *Stats) { s.Resets++ })
+			sink.Signal(with(base, health.SignalReset))
+		}
 	}
 	g.ecc, g.eccValid = eccTotals{corrected: e.Corrected, uncorrected: e.Uncorrected}, true
 	s := with(base, health.SignalECCCounters)

@@ -1,7 +1,9 @@
 package nvml_test
 
 import (
+	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -259,5 +261,49 @@ func TestResetDetectedFromECCTotals(t *testing.T) {
 	f.step(b)
 	if kinds := kindsOf(rec.take(), f.uuid(0)); slices.Contains(kinds, health.SignalReset) {
 		t.Errorf("a second reset was reported: %v", kinds)
+	}
+}
+
+// Totals that read lower once and then back are a glitch, not a reset: a reset clears faults, so
+// one read cannot make it (the simulated driver's readsLower event found the trap).
+func TestECCGlitchIsNotAReset(t *testing.T) {
+	f := newFixture(t)
+	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 40, 2 })
+	b := f.open()
+	m := newMonitor(t, b)
+	rec := newRecorder()
+	f.run(b, teeSink{rec, m})
+	rec.take()
+	f.update(0, func(s *gpuState) { s.eccLowReads = 2 }) // one round's corrected and uncorrected read 0
+	f.step(b)
+	if kinds := kindsOf(rec.take(), f.uuid(0)); slices.Contains(kinds, health.SignalReset) {
+		t.Errorf("a glitch was reported as a reset: %v", kinds)
+	}
+	if d, _ := deviceStatus(m.Snapshot(), f.uuid(0)); d.Health != health.Unhealthy {
+		t.Errorf("after the glitch Health = %v, want the uncorrected errors still Unhealthy", d.Health)
+	}
+	if st := b.Stats(); st.Glitches != 1 || st.Resets != 0 {
+		t.Errorf("Stats: glitches %d, resets %d; want 1, 0", st.Glitches, st.Resets)
+	}
+}
+
+// A temperature no GPU can have (4,294,967,295 °C, a driver's glitch) is no reading, not a GPU
+// at its shutdown temperature.
+func TestImplausibleTemperatureIgnored(t *testing.T) {
+	f := newFixture(t)
+	f.update(1, func(s *gpuState) { s.temperature = math.MaxUint32 })
+	b := f.open()
+	m := newMonitor(t, b)
+	rec := newRecorder()
+	f.run(b, teeSink{rec, m})
+	if kinds := kindsOf(rec.take(), f.uuid(1)); slices.Contains(kinds, health.SignalTemperature) {
+		t.Errorf("the implausible temperature was passed on: %v", kinds)
+	}
+	if d, _ := deviceStatus(m.Snapshot(), f.uuid(1)); d.Health != health.Healthy {
+		t.Errorf("Health = %v, want Healthy", d.Health)
+	}
+	r := b.Probe().GPUs[1].Readings
+	if r.Temperature != nil || len(r.Errors) != 1 || !strings.Contains(r.Errors[0], "not a plausible GPU temperature") {
+		t.Errorf("probe: temperature %+v, errors %v; want no reading and the glitch named", r.Temperature, r.Errors)
 	}
 }

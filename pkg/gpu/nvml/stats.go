@@ -30,6 +30,9 @@ type Stats struct {
 	// Resets counts GPU resets detected from volatile ECC totals going down or made by
 	// CommandResetter.
 	Resets uint64 `json:"resets"`
+	// Glitches counts readings not believed: out of any physical range, or ECC totals that read
+	// lower once and then back.
+	Glitches uint64 `json:"glitches"`
 }
 
 // stats guards Stats.

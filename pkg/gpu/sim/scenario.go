@@ -57,6 +57,45 @@ const (
 	EventReboot            EventKind = "reboot"
 	// EventKmsg is a kernel-log line, parsed by pkg/gpu/kmsg as the agent parses /dev/kmsg.
 	EventKmsg EventKind = "kmsg"
+
+	// Events only a driver can answer: the simulated driver (gpuhealth sim-driver serve) serves
+	// them; the sim backend, which reads no NVML, refuses them (ParseScenario) so that no
+	// scenario means less than it says.
+
+	// EventDriver unloads the driver or loads it again (DriverAction "unload" or "load").
+	EventDriver EventKind = "driver"
+	// EventHang makes every NVML call on the GPU hang for Hang (a wedged GPU).
+	EventHang EventKind = "hang"
+	// EventOutOfRange makes the next read of Reading answer a value no GPU can have (a
+	// temperature of 4,294,967,295 °C).
+	EventOutOfRange EventKind = "outOfRange"
+	// EventReadsLower makes the next read of the counter Reading answer less than the last one
+	// did (0), once: a glitch, not a reset.
+	EventReadsLower EventKind = "readsLower"
+)
+
+// DriverOnly reports whether events of kind k are answered by the simulated driver only.
+func (k EventKind) DriverOnly() bool {
+	switch k {
+	case EventDriver, EventHang, EventOutOfRange, EventReadsLower:
+		return true
+	}
+	return false
+}
+
+// Driver actions of an EventDriver.
+const (
+	DriverUnload = "unload"
+	DriverLoad   = "load"
+)
+
+// MaxHang is the longest a hang event may make calls wait.
+const MaxHang = 10 * time.Minute
+
+// Readings that outOfRange and readsLower events name.
+var (
+	OutOfRangeReadings = []string{"temperature", "ecc", "power", "pcieReplays"}
+	ReadsLowerReadings = []string{"ecc", "pcieReplays"}
 )
 
 // Scenario is a parsed scenario file: simulated GPUs and a timeline of faults and repairs.
@@ -115,6 +154,11 @@ type Event struct {
 	// Kmsg is the kernel-log record of an EventKmsg: a message logged by the kernel, or a
 	// whole /dev/kmsg record ("3,1042,4909922970,-;NVRM: ..."), whose facility then counts.
 	Kmsg kmsg.Record
+	// DriverAction is DriverUnload or DriverLoad (EventDriver); Hang how long calls hang
+	// (EventHang); Reading the reading an EventOutOfRange or EventReadsLower concerns.
+	DriverAction string
+	Hang         time.Duration
+	Reading      string
 }
 
 // scenarioFile mirrors the file; pointers tell "absent" from zero.
@@ -154,6 +198,10 @@ type eventSpec struct {
 	Reset             *bool      `yaml:"reset"`
 	Reboot            *bool      `yaml:"reboot"`
 	Kmsg              *string    `yaml:"kmsg"`
+	Driver            *string    `yaml:"driver"`
+	Hang              *duration  `yaml:"hang"`
+	OutOfRange        *string    `yaml:"outOfRange"`
+	ReadsLower        *string    `yaml:"readsLower"`
 }
 
 type eccSpec struct {
@@ -215,9 +263,30 @@ func LoadScenario(path string) (*Scenario, error) {
 	return sc, nil
 }
 
-// ParseScenario parses and validates a scenario. Errors are one line and name the line and the
-// field.
-func ParseScenario(data []byte) (*Scenario, error) {
+// LoadDriverScenario is LoadScenario for the simulated driver: it also takes the events only a
+// driver can answer (EventKind.DriverOnly).
+func LoadDriverScenario(path string) (*Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := parseScenario(data, true)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return sc, nil
+}
+
+// ParseScenario parses and validates a scenario for the sim backend. Errors are one line and
+// name the line and the field. Events only a driver can answer are refused: the sim backend
+// reads no NVML (ParseDriverScenario takes them).
+func ParseScenario(data []byte) (*Scenario, error) { return parseScenario(data, false) }
+
+// ParseDriverScenario is ParseScenario for the simulated driver, which also serves the events
+// only a driver can answer.
+func ParseDriverScenario(data []byte) (*Scenario, error) { return parseScenario(data, true) }
+
+func parseScenario(data []byte, driver bool) (*Scenario, error) {
 	var f scenarioFile
 	if err := strictyaml.Decode(data, &f); err != nil {
 		return nil, err
@@ -281,6 +350,9 @@ func ParseScenario(data []byte) (*Scenario, error) {
 			line = eventNodes.Content[i].Line
 		}
 		ev, err := sc.event(spec, line)
+		if err == nil && ev.Kind.DriverOnly() && !driver {
+			err = fmt.Errorf("%s: only the simulated driver (gpuhealth sim-driver serve) answers it; the sim backend reads no NVML", ev.Kind)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("events[%d] (line %d): %w", i, line, err)
 		}
@@ -325,8 +397,8 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 		return ev, errors.New("at and afterReset: give one (afterReset repeats the event after every reset of its GPU)")
 	case spec.AfterReset != nil:
 		at, field = spec.AfterReset, "afterReset"
-		if spec.Reset != nil || spec.Reboot != nil {
-			return ev, errors.New("afterReset: only faults can follow a reset")
+		if spec.Reset != nil || spec.Reboot != nil || spec.Driver != nil {
+			return ev, errors.New("afterReset: only faults of a GPU can follow its reset")
 		}
 	case spec.At == nil:
 		return ev, errors.New("at: required (a duration from the scenario start, such as 5s)")
@@ -361,9 +433,13 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 	add(spec.Reset != nil, EventReset)
 	add(spec.Reboot != nil, EventReboot)
 	add(spec.Kmsg != nil, EventKmsg)
+	add(spec.Driver != nil, EventDriver)
+	add(spec.Hang != nil, EventHang)
+	add(spec.OutOfRange != nil, EventOutOfRange)
+	add(spec.ReadsLower != nil, EventReadsLower)
 	switch len(kinds) {
 	case 0:
-		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg")
+		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg (and, for the simulated driver, driver, hang, outOfRange, readsLower)")
 	case 1:
 		ev.Kind = kinds[0]
 	default:
@@ -372,6 +448,19 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 
 	if ev.Kind == EventKmsg {
 		return sc.kmsgEvent(spec, ev)
+	}
+	if ev.Kind == EventDriver {
+		if *spec.Driver != DriverUnload && *spec.Driver != DriverLoad {
+			return ev, fmt.Errorf("driver: must be %s or %s, got %q", DriverUnload, DriverLoad, *spec.Driver)
+		}
+		if spec.GPU != nil {
+			return ev, errors.New("gpu: the driver serves the whole node; remove gpu")
+		}
+		if spec.Repeat != nil {
+			return ev, errors.New("repeat: a driver is unloaded or loaded once")
+		}
+		ev.DriverAction = *spec.Driver
+		return ev, nil
 	}
 	if ev.Kind == EventReboot {
 		if !*spec.Reboot {
@@ -478,6 +567,21 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 		if !*spec.Reset {
 			return ev, errors.New("reset: only 'reset: true' is meaningful")
 		}
+	case EventHang:
+		if *spec.Hang <= 0 || time.Duration(*spec.Hang) > MaxHang {
+			return ev, fmt.Errorf("hang: must be more than 0 and at most %v, got %v", MaxHang, time.Duration(*spec.Hang))
+		}
+		ev.Hang = time.Duration(*spec.Hang)
+	case EventOutOfRange:
+		if !slices.Contains(OutOfRangeReadings, *spec.OutOfRange) {
+			return ev, fmt.Errorf("outOfRange: must be one of %s, got %q", strings.Join(OutOfRangeReadings, ", "), *spec.OutOfRange)
+		}
+		ev.Reading = *spec.OutOfRange
+	case EventReadsLower:
+		if !slices.Contains(ReadsLowerReadings, *spec.ReadsLower) {
+			return ev, fmt.Errorf("readsLower: must be one of %s, got %q", strings.Join(ReadsLowerReadings, ", "), *spec.ReadsLower)
+		}
+		ev.Reading = *spec.ReadsLower
 	}
 	return ev, nil
 }
