@@ -19,7 +19,26 @@ import (
 
 // benchServer serves gpus simulated GPUs for a benchmark and returns a function that dials a
 // consumer's connection to it (hello and init done).
-func benchServer(b *testing.B, gpus int) func() net.Conn {
+func benchServer(b *testing.B, gpus int) func() net.Conn { return benchServerT(b, gpus, nil) }
+
+// fakeLibraryDir is a library directory with an empty 550 profile: Install only copies the file.
+func fakeLibraryDir(tb testing.TB) string {
+	libs := tb.TempDir()
+	if err := os.MkdirAll(filepath.Join(libs, "550.163.01"), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(libs, "550.163.01", "libnvidia-ml.so.550.163.01"), nil, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return libs
+}
+
+func driverEvent(action string) sim.Event {
+	return sim.Event{Kind: sim.EventDriver, DriverAction: action, GPU: -1, Repeat: 1}
+}
+
+// benchServerT is benchServer for tests too; node, when set, is given the simulator's state.
+func benchServerT(b testing.TB, gpus int, node func(*node)) func() net.Conn {
 	root, err := os.MkdirTemp("", "sdb-")
 	if err != nil {
 		b.Fatal(err)
@@ -29,19 +48,13 @@ func benchServer(b *testing.B, gpus int) func() net.Conn {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// A library directory with an empty profile: Install only copies the file.
-	libs := b.TempDir()
-	if err := os.MkdirAll(filepath.Join(libs, "550.163.01"), 0o755); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(libs, "550.163.01", "libnvidia-ml.so.550.163.01"), nil, 0o644); err != nil {
-		b.Fatal(err)
-	}
+	libs := fakeLibraryDir(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(ctx, Options{Scenario: sc, DriverRoot: root, LibraryDir: libs, Logger: logr.Discard(), Ready: func() { close(ready) }})
+		done <- Serve(ctx, Options{Scenario: sc, DriverRoot: root, LibraryDir: libs, Logger: logr.Discard(), Ready: func() { close(ready) },
+			node: node})
 	}()
 	<-ready
 	b.Cleanup(func() {

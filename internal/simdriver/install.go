@@ -1,6 +1,7 @@
 package simdriver
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -217,11 +218,14 @@ func Inject(driverRoot, event string) error {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	req := request{Op: opInject, C: uint64(len(event))}
-	if err := writeRequest(c, &req); err != nil {
+	// The request and the event in one write: the simulator answers a bad request at once and
+	// hangs up, and a second write could meet the closed connection.
+	var msg bytes.Buffer
+	if err := writeRequest(&msg, &request{Op: opInject, C: uint64(len(event))}); err != nil {
 		return err
 	}
-	if _, err := io.WriteString(c, event); err != nil {
+	msg.WriteString(event)
+	if _, err := c.Write(msg.Bytes()); err != nil {
 		return err
 	}
 	var resp response
@@ -232,15 +236,15 @@ func Inject(driverRoot, event string) error {
 	if err := binary.Read(c, binary.LittleEndian, &n); err != nil {
 		return fmt.Errorf("reading the simulator's answer: %w", err)
 	}
-	msg := make([]byte, min(n, maxInject))
-	if _, err := io.ReadFull(c, msg); err != nil {
+	reason := make([]byte, min(n, maxInject))
+	if _, err := io.ReadFull(c, reason); err != nil {
 		return fmt.Errorf("reading the simulator's answer: %w", err)
 	}
 	switch {
 	case resp.Ret != retSuccess && resp.N == 1:
-		return fmt.Errorf("the simulated driver cannot do it now: %s", msg)
+		return fmt.Errorf("the simulated driver cannot do it now: %s", reason)
 	case resp.Ret != retSuccess:
-		return fmt.Errorf("%w: %s", ErrInjectRefused, msg)
+		return fmt.Errorf("%w: %s", ErrInjectRefused, reason)
 	}
 	return nil
 }

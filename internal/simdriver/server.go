@@ -36,6 +36,8 @@ type Options struct {
 	// OnRegister, when set, hears of every event registration: the process, the GPU index and
 	// the event types (tests wait for their consumers with it).
 	OnRegister func(pid uint32, gpu int, types uint64)
+
+	node func(*node) // tests: the simulator's state
 }
 
 // Serve installs the simulated driver into the driver root and serves the scenario's GPUs on
@@ -56,6 +58,9 @@ func Serve(ctx context.Context, o Options) error {
 	s := &server{node: newNode(o.Scenario, func(msg string, kv ...any) { o.Logger.Info(msg, kv...) }), log: o.Logger,
 		conns: map[net.Conn]uint32{}, perPID: map[uint32]int{}}
 	s.node.onRegister = o.OnRegister
+	if o.node != nil {
+		o.node(s.node)
+	}
 	// What happens at 0s is there before the first consumer can look.
 	pending := slices.Clone(o.Scenario.Events)
 	for len(pending) > 0 && pending[0].At <= 0 {
@@ -270,7 +275,9 @@ func (s *server) serveConn(ctx context.Context, c net.Conn) {
 		}
 		resp = response{}
 		if req.Op == opEventSetWait {
-			s.wait(ctx, pid, &req, &resp)
+			if !s.waitWatching(ctx, c, r, pid, &req, &resp) {
+				return // the consumer died in the middle of its wait
+			}
 		} else {
 			s.node.mu.Lock()
 			hangUntil := s.node.answer(pid, &req, &resp)
@@ -285,8 +292,39 @@ func (s *server) serveConn(ctx context.Context, c net.Conn) {
 	}
 }
 
-// wait serves nvmlEventSetWait: the next event, or TIMEOUT after the call's timeout.
-func (s *server) wait(ctx context.Context, pid uint32, req *request, resp *response) {
+// waitWatching serves nvmlEventSetWait while watching the connection: the consumer's thread
+// sends nothing while it waits for this answer, so anything readable (the end of the stream
+// above all) means the consumer is gone, and the wait ends at once instead of at its timeout. It
+// returns false then.
+func (s *server) waitWatching(ctx context.Context, c net.Conn, r *bufio.Reader, pid uint32, req *request, resp *response) bool {
+	gone := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if _, err := r.Peek(1); !isTimeout(err) {
+			close(gone) // EOF, an error, or bytes no live consumer would send now
+		}
+	}()
+	s.wait(ctx, pid, req, resp, gone)
+	_ = c.SetReadDeadline(time.Now()) // ends the Peek
+	<-watched
+	_ = c.SetReadDeadline(time.Time{})
+	select {
+	case <-gone:
+		return false
+	default:
+		return true
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// wait serves nvmlEventSetWait: the next event, or TIMEOUT after the call's timeout. It ends
+// early when gone is closed.
+func (s *server) wait(ctx context.Context, pid uint32, req *request, resp *response, gone <-chan struct{}) {
 	deadline := time.Now().Add(time.Duration(req.B) * time.Millisecond)
 	for {
 		s.node.mu.Lock()
@@ -305,6 +343,8 @@ func (s *server) wait(ctx context.Context, pid uint32, req *request, resp *respo
 		case <-wake:
 		case <-timer.C:
 		case <-ctx.Done():
+			resp.Ret = retUnknown
+		case <-gone:
 			resp.Ret = retUnknown
 		}
 		timer.Stop()
