@@ -124,14 +124,15 @@ type childProc struct {
 	lines      <-chan string
 	wait       func() error
 	closeStdin func()
+	cmd        *exec.Cmd
 }
 
 // startChild runs this test binary as a consumer in mode on root, and kills it at the end of the
 // test.
-func startChild(t *testing.T, mode, root string) *childProc {
+func startChild(t *testing.T, mode, root string, env ...string) *childProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+mode, "GPUHEALTH_SIMDRIVER_ROOT="+root)
+	cmd.Env = append(append(os.Environ(), childEnv+"="+mode, "GPUHEALTH_SIMDRIVER_ROOT="+root), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +171,7 @@ func startChild(t *testing.T, mode, root string) *childProc {
 		_ = cmd.Process.Kill()
 		_ = wait()
 	})
-	return &childProc{lines: out, wait: wait, closeStdin: func() { _ = stdin.Close() }}
+	return &childProc{lines: out, wait: wait, closeStdin: func() { _ = stdin.Close() }, cmd: cmd}
 }
 
 // stop closes a watching child's stdin and waits for it to end cleanly.
@@ -211,6 +212,21 @@ func child(mode, root string) int {
 			cancel()
 		}()
 		if err := b.Run(ctx, printSink{enc}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	case "serve":
+		sc, err := sim.ParseDriverScenario([]byte(os.Getenv("GPUHEALTH_SIMDRIVER_SCENARIO")))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		err = simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: root, LibraryDir: os.Getenv("GPUHEALTH_SIMDRIVER_LIBS"),
+			Logger: logr.Discard(), Ready: func() { fmt.Println("serving") }})
+		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -541,4 +557,70 @@ func TestDriverGlitches(t *testing.T) {
 		t.Errorf("GPU 1's first temperature read is the idle 35 °C, want the out-of-range glitch: %+v", got)
 	}
 	t.Logf("GPU 1 after an out-of-range temperature: temperature %+v, errors %v", got.Temperature, got.Errors)
+}
+
+// A simulator killed with SIGKILL under a watching consumer: the consumer does not crash (its
+// calls answer errors while no simulator serves), the next simulator takes over the socket the
+// killed one left, and the consumer, which never restarted, gets the XIDs injected there.
+func TestSimulatorKilledUnderAConsumer(t *testing.T) {
+	root, err := os.MkdirTemp("", "sd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	scenario := "GPUHEALTH_SIMDRIVER_SCENARIO=apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\n" + fourGPUs
+	libs := "GPUHEALTH_SIMDRIVER_LIBS=" + libraryDir
+	first := startChild(t, "serve", root, scenario, libs)
+	if l := <-first.lines; l != "serving" {
+		t.Fatalf("simulator: %q", l)
+	}
+	consumer := startChild(t, "watch", root)
+	<-consumer.lines // the first sampling round: the consumer has NVML open
+	if err := first.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.wait()
+	if _, err := os.Stat(simdriver.SocketPath(root)); err != nil {
+		t.Fatalf("the killed simulator's socket: %v (SIGKILL leaves it)", err)
+	}
+	// The consumer's calls fail for a second; it must not end.
+	for quiet := time.After(time.Second); ; {
+		select {
+		case _, ok := <-consumer.lines:
+			if !ok {
+				t.Fatalf("the consumer ended when its simulator was killed: %v", consumer.wait())
+			}
+			continue
+		case <-quiet:
+		}
+		break
+	}
+	second := startChild(t, "serve", root, scenario, libs)
+	if l := <-second.lines; l != "serving" {
+		t.Fatalf("second simulator: %q", l)
+	}
+	// The consumer makes its event set anew on the new simulator (with backoff); inject until it
+	// reports the XID.
+	deadline := time.After(60 * time.Second)
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case l, ok := <-consumer.lines:
+			if !ok {
+				t.Fatal("the consumer ended")
+			}
+			var sig health.Signal
+			if json.Unmarshal([]byte(l), &sig) == nil && sig.Kind == health.SignalXID && sig.XID == 79 {
+				consumer.stop(t)
+				return
+			}
+		case <-tick.C:
+			if err := simdriver.Inject(root, "{gpu: 2, xid: 79}"); err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatal("the consumer never got an XID from the second simulator")
+		}
+	}
 }
