@@ -25,7 +25,7 @@ docs/nvml.md, "The simulated driver".`,
 }
 
 func newSimDriverServeCommand() *cobra.Command {
-	var scenarioPath, driverRoot, version, libraryDir string
+	var scenarioPath, driverRoot, version, libraryDir, librarySubdir string
 	var logs logOptions
 	cmd := &cobra.Command{
 		Use:   "serve --scenario FILE --driver-root DIR [--driver-version V]",
@@ -56,13 +56,14 @@ line and field; kernel-log lines and reboots are refused (a driver serves neithe
 				return badInput(fmt.Errorf("%s: %w", scenarioPath, err))
 			}
 			return simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: driverRoot, Version: version,
-				LibraryDir: libraryDir, Logger: klog.FromContext(ctx)})
+				LibraryDir: libraryDir, LibrarySubdir: librarySubdir, Logger: klog.FromContext(ctx)})
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&scenarioPath, "scenario", "", "scenario file (docs/scenario.md)")
 	f.StringVar(&driverRoot, "driver-root", "", "driver root to install the simulated driver into")
 	f.StringVar(&version, "driver-version", "", "driver profile: a version or a branch such as 535 (default: the newest)")
+	f.StringVar(&librarySubdir, "library-subdir", "", "the directory inside --driver-root the library goes to (default usr/lib/<triplet>; the GPU operator's driver container has usr/lib64)")
 	f.StringVar(&libraryDir, "library-dir", "", "where the built libraries are (default: sim-driver beside this binary, or $"+simdriver.LibraryDirEnv+")")
 	logs.addFlags(f)
 	return cmd

@@ -57,7 +57,7 @@ func TestConsumerDiesMidCall(t *testing.T) {
 
 // A driver root the simulator cannot write is a clear error, and nothing is served.
 func TestReadOnlyDriverRoot(t *testing.T) {
-	_, err := Install("/proc", "", fakeLibraryDir(t))
+	_, err := Install("/proc", "", fakeLibraryDir(t), "")
 	if err == nil || !strings.Contains(err.Error(), "installing the simulated driver into /proc") {
 		t.Errorf("Install(/proc) = %v, want a clear error", err)
 	}

@@ -71,10 +71,12 @@ type Installed struct {
 }
 
 // Install copies the library of driver profile version (exact, or a branch such as "535"; ""
-// the newest) from libraryDir into the driver root's library directory, as
-// libnvidia-ml.so.<version> with its libnvidia-ml.so.1 link, plus the driver's version file
-// (proc/driver/nvidia/version).
-func Install(root, version, libraryDir string) (Installed, error) {
+// the newest) from libraryDir into the driver root's library directory subdir (relative to the
+// root; "" is usr/lib/<triplet>, where Debian and the container toolkit put it; the GPU
+// operator's driver container has usr/lib64), as libnvidia-ml.so.<version> with its
+// libnvidia-ml.so.1 link, plus the driver's version file (proc/driver/nvidia/version). The
+// simulator's socket goes beside the library.
+func Install(root, version, libraryDir, subdir string) (Installed, error) {
 	if root == "" {
 		return Installed{}, errors.New("no driver root")
 	}
@@ -94,7 +96,13 @@ func Install(root, version, libraryDir string) (Installed, error) {
 	if chosen == "" {
 		return Installed{}, fmt.Errorf("--driver-version %s: no such profile (have %s)", version, strings.Join(profiles, ", "))
 	}
-	dir := filepath.Join(root, libDir())
+	if subdir == "" {
+		subdir = libDir()
+	}
+	if filepath.IsAbs(subdir) || strings.HasPrefix(filepath.Clean(subdir), "..") {
+		return Installed{}, fmt.Errorf("the library directory %q must be relative to the driver root", subdir)
+	}
+	dir := filepath.Join(root, subdir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Installed{}, fmt.Errorf("installing the simulated driver into %s: %w", root, err)
 	}
@@ -207,12 +215,25 @@ func parseEvent(sc *sim.Scenario, body []byte) (sim.Event, error) {
 	return parsed.Events[0], nil
 }
 
+// findSocket returns the simulator's socket in the first library directory of the driver root
+// that has one (SocketPath's when none has).
+func findSocket(root string) string {
+	for _, d := range []string{libDir(), "usr/lib64", "usr/lib", "lib64", "lib"} {
+		p := filepath.Join(root, d, SocketName)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return SocketPath(root)
+}
+
 // ErrInjectRefused wraps the simulator's refusal of an injected event (bad input).
 var ErrInjectRefused = errors.New("the simulator refused the event")
 
-// Inject applies one event at once on the simulator serving the driver root.
+// Inject applies one event at once on the simulator serving the driver root (its socket is
+// looked for in the library directories a driver root has).
 func Inject(driverRoot, event string) error {
-	c, err := net.DialTimeout("unix", SocketPath(driverRoot), 5*time.Second)
+	c, err := net.DialTimeout("unix", findSocket(driverRoot), 5*time.Second)
 	if err != nil {
 		return fmt.Errorf("no simulator serves %s: %w", driverRoot, err)
 	}

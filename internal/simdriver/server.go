@@ -30,7 +30,9 @@ type Options struct {
 	// LibraryDir holds the built libraries, <version>/libnvidia-ml.so.<version>
 	// (hack/sim-driver.sh); "" is DefaultLibraryDir().
 	LibraryDir string
-	Logger     logr.Logger
+	// LibrarySubdir is the directory inside the driver root the library goes to (Install).
+	LibrarySubdir string
+	Logger        logr.Logger
 	// Ready, when set, is called once the socket listens.
 	Ready func()
 	// OnRegister, when set, hears of every event registration: the process, the GPU index and
@@ -47,7 +49,7 @@ func Serve(ctx context.Context, o Options) error {
 	if err := CheckScenario(o.Scenario); err != nil {
 		return err
 	}
-	inst, err := Install(o.DriverRoot, o.Version, o.LibraryDir)
+	inst, err := Install(o.DriverRoot, o.Version, o.LibraryDir, o.LibrarySubdir)
 	if err != nil {
 		return err
 	}
@@ -395,7 +397,8 @@ func (s *server) inject(c net.Conn, r io.Reader, req *request) {
 	_, _ = io.WriteString(c, msg)
 }
 
-// SocketPath is where the simulator of a driver root listens.
+// SocketPath is where the simulator of a driver root listens when the library is in the
+// default library directory.
 func SocketPath(driverRoot string) string {
 	return filepath.Join(driverRoot, libDir(), SocketName)
 }

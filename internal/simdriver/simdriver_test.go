@@ -413,7 +413,7 @@ func TestDriverGoesAndComesBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := simdriver.Install(root, "", libraryDir); err != nil {
+	if _, err := simdriver.Install(root, "", libraryDir, ""); err != nil {
 		t.Fatal(err)
 	}
 	c := startChild(t, "retry", root)

@@ -13,9 +13,11 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
+	"github.com/gpuhealth/gpuhealth/test/helm"
 )
 
 // simDriverLibraries builds the simulated libnvidia-ml.so.1 of every profile into a directory
@@ -160,4 +162,84 @@ func TestRealNodeDevicePluginOnTheSimulatedDriver(t *testing.T) {
 	waitGPUs(t, c, node.Name, 8, 6)
 	inject("{gpu: 5, reset: true}")
 	waitGPUs(t, c, node.Name, 8, 7)
+}
+
+// TestHelmChartProductionModeOnTheSimulatedDriver installs the chart in its production mode
+// (backend nvml, mode hostMounts) on a containerd node whose driver root is the simulated driver,
+// in both layouts users have: a driver on the host (library in usr/lib/x86_64-linux-gnu) and the
+// GPU operator's driver container (/run/nvidia/driver, library in usr/lib64). The agent
+// container loads the library from /driver-root with the image's own glibc, turns Ready on NVML,
+// and reports a fault injected into the driver at run time; the device-plugin container changes
+// the kubelet's allocatable.
+func TestHelmChartProductionModeOnTheSimulatedDriver(t *testing.T) {
+	skipWithoutContainers(t)
+	t.Parallel()
+	libs := simDriverLibraries(t)
+	for _, layout := range []struct{ name, hostDir, subdir string }{
+		{"driver on the host", "", "usr/lib/x86_64-linux-gnu"},
+		{"GPU operator driver root", "run/nvidia/driver", "usr/lib64"},
+	} {
+		t.Run(layout.name, func(t *testing.T) {
+			chartOnSimulatedDriver(t, libs, layout.hostDir, layout.subdir)
+		})
+	}
+}
+
+func chartOnSimulatedDriver(t *testing.T, libs, hostDir, subdir string) {
+	c, n, _ := startContainerdNode(t)
+	ctx := t.Context()
+	uuids := make([]string, 4)
+	for i := range uuids {
+		uuids[i] = simUUID(n.Name, i)
+	}
+	if _, err := c.Admin().ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(n.Name, uuids...), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The node's driver root, on the host as / or the GPU operator's /run/nvidia/driver is
+	// (under a directory of the test's: the machine's own /run/nvidia stays alone).
+	base, err := os.MkdirTemp("", "sd-chart-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	root := filepath.Join(base, hostDir)
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	scenario := filepath.Join(dir, "scenario.yaml")
+	if err := os.WriteFile(scenario, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: "+n.Name+"\ngpus: {count: 4}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := startProcess(t, "sim-driver", filepath.Join(dir, "sim-driver.log"), gpuhealthBinary(t), "sim-driver", "serve",
+		"--scenario", scenario, "--driver-root", root, "--library-dir", libs, "--library-subdir", subdir, "--driver-version", "550")
+	eventually(t, "the simulated driver listening", func(context.Context) (bool, string, error) {
+		if exited, log := sd.exited(); exited {
+			return false, "", fmt.Errorf("sim-driver exited:\n%s", log)
+		}
+		_, err := os.Stat(filepath.Join(root, subdir, "gpuhealth-sim-driver.sock"))
+		return err == nil, "", nil
+	})
+	release := helm.Options{
+		Release: "gpuhealth", Namespace: "gpuhealth-system",
+		Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"},
+		Set: []string{"agent.backend=nvml", "agent.nvml.mode=hostMounts", "agent.nvml.driverRoot=" + root,
+			"agent.devicePlugin.enabled=true", "config.kernelLog.enabled=false"},
+	}
+	if out, err := helm.Install(ctx, c.AdminKubeconfig(), release, "3m"); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	waitGPUs(t, c, n.Name, 4, 4)
+	if out, err := exec.Command(gpuhealthBinary(t), "sim-driver", "inject", "--driver-root", root, "{gpu: 1, xid: 79}").CombinedOutput(); err != nil {
+		t.Fatalf("inject: %v\n%s", err, out)
+	}
+	waitNodeFault(t, c, n.Name)
+	eventually(t, "a DeviceTaintRule for GPU 1", func(ctx context.Context) (bool, string, error) {
+		rs, err := rules(ctx, c, n.Name)
+		return err == nil && len(rs) == 1, fmt.Sprintf("rules %v", ruleNames(rs)), err
+	})
+	waitGPUs(t, c, n.Name, 4, 3)
 }
