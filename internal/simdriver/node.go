@@ -338,6 +338,24 @@ func (n *node) answer(pid uint32, req *request, resp *response) (hangUntil time.
 			}
 		}
 		return
+	case opReset:
+		g, slot, ok := n.gpu(req.Dev)
+		if !ok || slot != 0 {
+			resp.Ret = retInvalidArgument
+			return
+		}
+		if others := slices.DeleteFunc(n.holders(), func(p uint32) bool { return p == pid }); len(others) > 0 {
+			n.log("GPU reset refused: other processes hold the GPUs", "gpu", g.index, "pids", others)
+			resp.Ret = retInUse
+			return
+		}
+		if g.lost {
+			resp.Ret = retGPUIsLost
+			return
+		}
+		n.reset(g)
+		n.log("GPU reset", "gpu", g.index, "by", pid)
+		return
 	case opEventSetCreate:
 		n.nextID++
 		n.sets[setKey{pid, n.nextID}] = &eventSet{masks: map[uint32]uint64{}, wake: make(chan struct{}), lostOK: map[uint32]bool{}}

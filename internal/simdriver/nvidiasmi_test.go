@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuhealth/gpuhealth/internal/simdriver"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 )
 
@@ -67,6 +68,56 @@ func TestNvidiaSMI(t *testing.T) {
 					t.Errorf("row %d = %v, want %v", i, row, wantRow)
 				}
 			}
+		})
+	}
+}
+
+// `nvidia-smi --gpu-reset` resets a simulated GPU (its volatile ECC totals clear), and is refused
+// with NVML's IN_USE while another process holds the GPUs, as a real reset is.
+func TestNvidiaSMIReset(t *testing.T) {
+	drivers := os.Getenv("GPUHEALTH_NVIDIA_DRIVERS")
+	if drivers == "" {
+		t.Skip("$GPUHEALTH_NVIDIA_DRIVERS is not set: run hack/nvidia-drivers.sh (make unit does)")
+	}
+	for _, v := range []string{"535.261.03", "550.163.01"} {
+		t.Run(v, func(t *testing.T) {
+			s := serve(t, fourGPUs, v)
+			smi := func(args ...string) (string, int) {
+				cmd := exec.Command(filepath.Join(drivers, v, "nvidia-smi"), args...)
+				cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+filepath.Join(s.root, "usr/lib/x86_64-linux-gnu"))
+				out, _ := cmd.CombinedOutput()
+				return string(out), cmd.ProcessState.ExitCode()
+			}
+			uncorrected := func() string {
+				out, _ := smi("--query-gpu=ecc.errors.uncorrected.volatile.total", "--format=csv,noheader", "-i", "3")
+				return strings.TrimSpace(out)
+			}
+			if got := uncorrected(); got != "2" {
+				t.Fatalf("GPU 3 uncorrected before the reset: %q", got)
+			}
+			if out, code := smi("--gpu-reset", "-i", "3"); code != 0 || !strings.Contains(out, "00000000:13:00.0 was successfully reset") {
+				t.Fatalf("nvidia-smi --gpu-reset: exit %d\n%s", code, out)
+			}
+			if got := uncorrected(); got != "0" {
+				t.Errorf("GPU 3 uncorrected after the reset: %q, want 0", got)
+			}
+			// Another process holds the GPUs: the reset is refused and changes nothing.
+			if err := simdriver.Inject(s.root, "{gpu: 3, ecc: {uncorrectedVolatile: 1}}"); err != nil {
+				t.Fatal(err)
+			}
+			holder := startChild(t, "watch", s.root)
+			for gpu := range s.registered {
+				if gpu == 3 {
+					break
+				}
+			}
+			if out, code := smi("--gpu-reset", "-i", "3"); code != 19 { // NVML_ERROR_IN_USE
+				t.Errorf("nvidia-smi --gpu-reset while held: exit %d, want 19 (in use)\n%s", code, out)
+			}
+			if got := uncorrected(); got != "1" {
+				t.Errorf("GPU 3 uncorrected after the refused reset: %q, want 1", got)
+			}
+			holder.stop(t)
 		})
 	}
 }

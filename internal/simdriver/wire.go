@@ -61,6 +61,7 @@ const (
 	opEventSetWait
 	opUnsupported
 	opInject
+	opReset
 	opLast
 )
 

@@ -707,11 +707,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, nvmlComputeMode_t *
  * it; facts, observed with nvidia-smi 580): for the GUID 6c3efec4-8fc9-4e6c-a327-ee696e12f7c4 it
  * answers a table of function pointers whose first word is the table's size (more than 648
  * bytes). nvidia-smi takes device handles through one entry, called (index, nvmlDevice_t *out,
- * 0x22), and asks per-device lists (processes) through others, called (device, unsigned *count,
- * array): a count of 0 is an empty list. Everything else answered SUCCESS keeps it going. Each
- * entry here is a trampoline that knows its slot, so the simulator can log which ones run. */
+ * 0x22), and resets a GPU through entry 20, called with the device. Everything else answered
+ * SUCCESS, with nothing written, keeps it going. Each entry here is a trampoline that knows its
+ * slot, so the simulator can log which ones run. */
 
 #define TABLE_SLOTS 256
+#define TABLE_SLOT_GPU_RESET 20 /* called with the device by --gpu-reset (seen on 550 and 580) */
 static const unsigned char smi_guid[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e,
 					   0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
 
@@ -735,8 +736,20 @@ static nvmlReturn_t table_entry(unsigned int slot, void *a0, void *a1, void *a2)
 	}
 	if ((uintptr_t)a2 == 0x22 && (uintptr_t)a0 < MAX_GPUS && a1)
 		return by_index((unsigned int)(uintptr_t)a0, (nvmlDevice_t *)a1);
-	if (a1 && is_device(a0))
-		*(unsigned int *)a1 = 0;
+	if (slot == TABLE_SLOT_GPU_RESET && is_device(a0)) {
+		/* nvidia-smi --gpu-reset: the simulator resets the GPU, or refuses while another
+		 * process holds it ("In use by another client"). */
+		struct sim_req req = {.op = SIM_OP_RESET};
+		struct sim_resp resp;
+		nvmlDevice_t d = {.handle = a0};
+		if (!wire_of(d, &req.dev))
+			return NVML_ERROR_INVALID_ARGUMENT;
+		return call(&req, &resp);
+	}
+	/* Nothing is written through the arguments of the other entries: their shapes differ by
+	 * slot and by driver branch, and a write through one that is not a count pointer ends
+	 * nvidia-smi with SIGSEGV (seen with --gpu-reset on 550). */
+	(void)a1;
 	return NVML_SUCCESS;
 }
 

@@ -78,6 +78,7 @@ enum sim_op {
 	SIM_OP_EVENTSET_WAIT,
 	SIM_OP_UNSUPPORTED, /* s: the function's name; logged once by the simulator */
 	SIM_OP_INJECT,      /* from `sim-driver inject`: c bytes of YAML follow the request */
+	SIM_OP_RESET,       /* nvidia-smi --gpu-reset of dev: refused while another process holds it */
 	SIM_OP_LAST
 };
 
