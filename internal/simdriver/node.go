@@ -2,9 +2,7 @@ package simdriver
 
 import (
 	"fmt"
-	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -241,13 +239,32 @@ func (n *node) apply(ev sim.Event) error {
 	return nil
 }
 
-// glitch reports, and forgets, a one-read glitch of reading.
-func glitch(m map[string]bool, reading string) bool {
-	if m[reading] {
-		delete(m, reading)
-		return true
+// deliver queues e on every event set that registered its type for its device, after the
+// registration (events are never replayed to a set registered later).
+func (n *node) deliver(e event) {
+	for _, s := range n.sets {
+		if s.masks[e.dev]&e.typ == 0 {
+			continue
+		}
+		if len(s.queue) >= maxEventsQueued {
+			s.queue = s.queue[1:] // the driver's queue is bounded too; the oldest event goes
+		}
+		s.queue = append(s.queue, e)
+		close(s.wake)
+		s.wake = make(chan struct{})
 	}
-	return false
+}
+
+// closeProcess frees what a process that is gone left: its event sets and sessions.
+func (n *node) closeProcess(pid uint32) {
+	for k, s := range n.sets {
+		if k.pid == pid {
+			s.freed = true
+			close(s.wake)
+			delete(n.sets, k)
+		}
+	}
+	delete(n.sessions, pid)
 }
 
 // reset does what `nvidia-smi --gpu-reset` does to a simulated GPU: volatile counters cleared,
@@ -265,342 +282,4 @@ func (n *node) reset(g *gpuState) {
 	}
 	g.recovery = health.RecoveryNone
 	g.temperature = idleTemperatureC
-}
-
-// deliver queues e on every event set that registered its type for its device, after the
-// registration (events are never replayed to a set registered later).
-func (n *node) deliver(e event) {
-	for _, s := range n.sets {
-		if s.masks[e.dev]&e.typ == 0 {
-			continue
-		}
-		if len(s.queue) >= maxEventsQueued {
-			s.queue = s.queue[1:] // the driver's queue is bounded too; the oldest event goes
-		}
-		s.queue = append(s.queue, e)
-		close(s.wake)
-		s.wake = make(chan struct{})
-	}
-}
-
-// lostError is GPU_IS_LOST for calls on a lost GPU (or any of its MIG devices).
-func (g *gpuState) lostError(resp *response) bool {
-	if g.lost {
-		resp.Ret = retGPUIsLost
-		return true
-	}
-	return false
-}
-
-// answer serves one call from process pid (every op but HELLO, WAIT and INJECT), and says until
-// when the answer must wait (a hanging GPU). n.mu is held.
-func (n *node) answer(pid uint32, req *request, resp *response) (hangUntil time.Time) {
-	switch req.Op {
-	case opInit:
-		if n.unloaded {
-			resp.Ret = retDriverNotLoaded
-			return
-		}
-		n.sessions[pid]++
-		return
-	case opShutdown:
-		if n.sessions[pid] > 0 {
-			n.sessions[pid]--
-		}
-		return
-	case opCount:
-		resp.V[0] = uint64(len(n.gpus))
-		return
-	case opByUUID:
-		dev, ok := n.byUUID[req.str()]
-		if !ok {
-			resp.Ret = retNotFound
-			return
-		}
-		resp.V[0] = uint64(dev)
-		return
-	case opByPCI:
-		for i, g := range n.gpus {
-			if samePCI(req.str(), g.busID) {
-				resp.V[0] = uint64(i * migSlots)
-				return
-			}
-		}
-		resp.Ret = retNotFound
-		return
-	case opUnsupported:
-		if name := req.str(); !n.unsupported[name] {
-			n.unsupported[name] = true
-			if strings.HasPrefix(name, "nvmlInternalGetExportTable[") {
-				n.log("A consumer (nvidia-smi) called an entry of NVML's private export table: answered as an empty success", "entry", name, "pid", pid)
-			} else {
-				n.log("A consumer called an NVML function the simulator does not implement: answered NOT_SUPPORTED", "function", name, "pid", pid)
-			}
-		}
-		return
-	case opReset:
-		g, slot, ok := n.gpu(req.Dev)
-		if !ok || slot != 0 {
-			resp.Ret = retInvalidArgument
-			return
-		}
-		if others := slices.DeleteFunc(n.holders(), func(p uint32) bool { return p == pid }); len(others) > 0 {
-			n.log("GPU reset refused: other processes hold the GPUs", "gpu", g.index, "pids", others)
-			resp.Ret = retInUse
-			return
-		}
-		if g.lost {
-			resp.Ret = retGPUIsLost
-			return
-		}
-		n.reset(g)
-		n.log("GPU reset", "gpu", g.index, "by", pid)
-		return
-	case opEventSetCreate:
-		n.nextID++
-		n.sets[setKey{pid, n.nextID}] = &eventSet{masks: map[uint32]uint64{}, wake: make(chan struct{}), lostOK: map[uint32]bool{}}
-		resp.V[0] = uint64(n.nextID)
-		return
-	case opEventSetFree:
-		k := setKey{pid, req.A}
-		s, ok := n.sets[k]
-		if !ok {
-			resp.Ret = retInvalidArgument
-			return
-		}
-		s.freed = true
-		close(s.wake)
-		delete(n.sets, k)
-		return
-	}
-	g, slot, ok := n.gpu(req.Dev)
-	if !ok {
-		resp.Ret = retInvalidArgument
-		return
-	}
-	if g.lostError(resp) {
-		return
-	}
-	n.answerDevice(pid, g, slot, req, resp)
-	return g.hangUntil
-}
-
-// answerDevice serves a call on one GPU (slot 0) or MIG device (slot 1..).
-func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, resp *response) {
-	mig := slot > 0
-	switch req.Op {
-	case opUUID:
-		if mig {
-			resp.setStr(g.migUUIDs[slot-1])
-		} else {
-			resp.setStr(g.uuid)
-		}
-	case opName:
-		name := n.sc.Model
-		if mig {
-			name += " MIG"
-		}
-		resp.setStr(name)
-	case opSerial:
-		resp.setStr(fmt.Sprintf("SIM%010d", g.index))
-	case opMinor:
-		resp.V[0] = uint64(g.index)
-	case opPCI:
-		resp.V[0], resp.V[1], resp.V[2] = 0, uint64(0x10+g.index), 0
-		resp.V[3], resp.V[4] = 0x233010de, 0x16c110de // H100 SXM5 80GB: device 0x2330, vendor 0x10de
-	case opMemory:
-		resp.V[0], resp.V[1], resp.V[2], resp.V[3] = memoryTotal, memoryTotal-memoryReserved, memoryReserved, memoryReserved
-	case opCudaCC:
-		resp.V[0], resp.V[1] = 9, 0
-	case opBrand:
-		resp.V[0] = brandNVIDIA
-	case opArch:
-		resp.V[0] = archHopper
-	case opTemp:
-		resp.V[0] = uint64(g.temperature)
-		if glitch(g.outOfRange, "temperature") {
-			resp.V[0] = math.MaxUint32 // 4,294,967,295 °C
-		}
-	case opTempThreshold:
-		switch req.A {
-		case thresholdShutdown:
-			resp.V[0] = sim.ShutdownC
-		case thresholdSlowdown:
-			resp.V[0] = sim.SlowdownC
-		default:
-			resp.Ret = retNotSupported
-		}
-	case opECCMode:
-		resp.V[0], resp.V[1] = 1, 1
-	case opECCTotal:
-		if mig {
-			resp.Ret = retNotSupported
-			return
-		}
-		var v uint64
-		switch {
-		case req.A == eccCorrected && req.B == eccVolatile:
-			v = g.corrected
-		case req.A == eccUncorrected && req.B == eccVolatile:
-			v = g.uncorrected
-		case req.A == eccCorrected && req.B == eccAggregate:
-			v = g.aggCorrected
-		case req.A == eccUncorrected && req.B == eccAggregate:
-			v = g.aggUncorr
-		default:
-			resp.Ret = retInvalidArgument
-		}
-		switch {
-		case glitch(g.outOfRange, "ecc"):
-			v = math.MaxUint64
-		case req.B == eccVolatile && glitch(g.readsLower, "ecc"):
-			v = 0
-		}
-		resp.V[0] = v
-	case opRemappedRows:
-		if mig {
-			resp.Ret = retNotSupported
-			return
-		}
-		resp.V[0], resp.V[1] = uint64(g.rowsCorrected), uint64(g.rowsUncor)
-		resp.V[2], resp.V[3] = b2u(g.rowsPending), b2u(g.rowsFailure)
-	case opRetiredPending:
-		// Hopper remaps rows; NVML answers NOT_SUPPORTED for page retirement.
-		resp.Ret = retNotSupported
-	case opPower:
-		switch {
-		case req.A != 0:
-			resp.V[0] = powerLimitMW
-		case glitch(g.outOfRange, "power"):
-			resp.V[0] = math.MaxUint32
-		default:
-			resp.V[0] = idlePowerMW
-		}
-	case opClockReasons:
-		resp.V[0] = g.clockReasons
-	case opPCIeReplays:
-		resp.V[0] = uint64(g.pcieReplays)
-		switch {
-		case glitch(g.outOfRange, "pcieReplays"):
-			resp.V[0] = math.MaxUint32
-		case glitch(g.readsLower, "pcieReplays"):
-			resp.V[0] = 0
-		}
-	case opNVLinkState:
-		l := g.links[req.A]
-		if l == nil {
-			resp.Ret = retNotSupported
-			return
-		}
-		resp.V[0] = b2u(!l.down)
-	case opNVLinkErrors:
-		l := g.links[req.A]
-		if l == nil {
-			resp.Ret = retNotSupported
-			return
-		}
-		if req.B == 2 { // NVML_NVLINK_ERROR_DL_CRC_FLIT
-			resp.V[0] = l.crc
-		}
-	case opField:
-		if req.A != fieldRecoveryAction {
-			resp.Ret = retNotSupported
-			return
-		}
-		resp.V[0], resp.V[1], resp.V[2] = uint64(g.recovery), valueTypeUint, uint64(time.Now().UnixMicro())
-	case opMIGMode:
-		resp.V[0] = b2u(len(g.migUUIDs) > 0)
-		resp.V[1] = resp.V[0]
-	case opMIGMax:
-		resp.V[0] = uint64(sim.MaxMIGInstances)
-	case opMIGHandle:
-		if int(req.A) >= len(g.migUUIDs) {
-			resp.Ret = retNotFound
-			return
-		}
-		resp.V[0] = uint64(g.index*migSlots + int(req.A) + 1)
-	case opMIGIDs:
-		if !mig {
-			resp.Ret = retInvalidArgument
-			return
-		}
-		if req.A == 0 {
-			resp.V[0] = uint64(slot) // GPU instance n for MIG device n, as the sim backend has it
-		}
-	case opFabric:
-		resp.V[0] = fabricNotSupported
-		resp.Ret = retNotSupported
-	case opSupportedEvents:
-		resp.V[0] = supportedEvents
-	case opRegisterEvents:
-		s, ok := n.sets[setKey{pid, req.A}]
-		if !ok {
-			resp.Ret = retInvalidArgument
-			return
-		}
-		if req.C&^supportedEvents != 0 {
-			resp.Ret = retNotSupported
-			return
-		}
-		s.masks[req.Dev] |= req.C
-		if n.onRegister != nil {
-			n.onRegister(pid, g.index, req.C)
-		}
-	default:
-		resp.Ret = retNotSupported
-	}
-}
-
-// next takes the next event of set (pid, id), or says why there is none now: a lost GPU the set
-// watches (GPU_IS_LOST, once per set), or nothing queued (ok false, with the channel to wait on).
-func (n *node) next(pid, id uint32, resp *response) (wake <-chan struct{}, done bool) {
-	s, ok := n.sets[setKey{pid, id}]
-	if !ok {
-		resp.Ret = retInvalidArgument
-		return nil, true
-	}
-	if len(s.queue) > 0 {
-		e := s.queue[0]
-		s.queue = s.queue[1:]
-		resp.V[0], resp.V[1], resp.V[2], resp.V[3], resp.V[4] = uint64(e.dev), e.typ, e.data, uint64(e.gpuInst), uint64(e.ciInst)
-		return nil, true
-	}
-	for dev := range s.masks {
-		if g, _, ok := n.gpu(dev); ok && g.lost && !s.lostOK[dev] {
-			s.lostOK[dev] = true
-			resp.Ret = retGPUIsLost
-			return nil, true
-		}
-	}
-	return s.wake, false
-}
-
-// closeProcess frees what a process that is gone left: its event sets and sessions.
-func (n *node) closeProcess(pid uint32) {
-	for k, s := range n.sets {
-		if k.pid == pid {
-			s.freed = true
-			close(s.wake)
-			delete(n.sets, k)
-		}
-	}
-	delete(n.sessions, pid)
-}
-
-func samePCI(a, b string) bool {
-	norm := func(s string) string {
-		s = strings.ToLower(strings.TrimSpace(s))
-		if dom, rest, ok := strings.Cut(s, ":"); ok && len(dom) < 8 {
-			s = strings.Repeat("0", 8-len(dom)) + dom + ":" + rest
-		}
-		return s
-	}
-	return norm(a) == norm(b)
-}
-
-func b2u(b bool) uint64 {
-	if b {
-		return 1
-	}
-	return 0
 }
