@@ -33,10 +33,63 @@ func simDriverLibraries(t *testing.T) string {
 	return dir
 }
 
+// simDriver is a `gpuhealth sim-driver serve` the test runs: its driver root, and inject.
+type simDriver struct {
+	t    *testing.T
+	root string
+}
+
+// startSimDriver serves gpus simulated GPUs named for node on root (the library in subdir, ""
+// for the default), with the libraries built into libs, and waits until it listens.
+func startSimDriver(t *testing.T, libs, root, subdir, node string, gpus int, version string) *simDriver {
+	t.Helper()
+	dir := t.TempDir()
+	scenario := filepath.Join(dir, "scenario.yaml")
+	body := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d}\n", node, gpus)
+	if err := os.WriteFile(scenario, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"sim-driver", "serve", "--scenario", scenario, "--driver-root", root, "--library-dir", libs, "--driver-version", version}
+	if subdir == "" {
+		subdir = "usr/lib/x86_64-linux-gnu"
+	} else {
+		args = append(args, "--library-subdir", subdir)
+	}
+	sd := startProcess(t, "sim-driver", filepath.Join(dir, "sim-driver.log"), gpuhealthBinary(t), args...)
+	eventually(t, "the simulated driver listening", func(context.Context) (bool, string, error) {
+		if exited, log := sd.exited(); exited {
+			return false, "", fmt.Errorf("sim-driver exited:\n%s", log)
+		}
+		_, err := os.Stat(filepath.Join(root, subdir, "gpuhealth-sim-driver.sock"))
+		return err == nil, "", nil
+	})
+	return &simDriver{t: t, root: root}
+}
+
+// inject applies one event at once, through the command line as a user would.
+func (d *simDriver) inject(ev string) {
+	d.t.Helper()
+	if out, err := exec.Command(gpuhealthBinary(d.t), "sim-driver", "inject", "--driver-root", d.root, ev).CombinedOutput(); err != nil {
+		d.t.Fatalf("inject %s: %v\n%s", ev, err, out)
+	}
+}
+
+// shortTempDir is a temporary directory with a short path: the simulator's socket path must fit
+// a Unix socket's 107 bytes.
+func shortTempDir(t *testing.T, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
 // TestAgentOnTheSimulatedDriver runs the production path, `gpuhealth agent --backend nvml`,
 // through go-nvml's real cgo path on the simulated driver, against a real API server: a fault
 // injected at run time reaches the Volcano annotation, a DeviceTaintRule and the Node condition,
-// and nvidia-smi-style consumers of the same driver root see the same GPUs meanwhile.
+// and an uncorrectable ECC error injected next makes a second GPU Unhealthy.
 func TestAgentOnTheSimulatedDriver(t *testing.T) {
 	t.Parallel()
 	libs := simDriverLibraries(t)
@@ -45,26 +98,8 @@ func TestAgentOnTheSimulatedDriver(t *testing.T) {
 	gpuNode(t, c, node, 4)
 	kubeconfig := agentKubeconfig(t, c)
 
-	root, err := os.MkdirTemp("", "sd-e2e-") // short: a Unix socket path has at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	dir := t.TempDir()
-	scenario := filepath.Join(dir, "scenario.yaml")
-	if err := os.WriteFile(scenario, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: "+node+"\ngpus: {count: 4}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sd := startProcess(t, "sim-driver", filepath.Join(dir, "sim-driver.log"), gpuhealthBinary(t), "sim-driver", "serve",
-		"--scenario", scenario, "--driver-root", root, "--library-dir", libs, "--driver-version", "535")
-	eventually(t, "the simulated driver listening", func(context.Context) (bool, string, error) {
-		if exited, log := sd.exited(); exited {
-			return false, "", fmt.Errorf("sim-driver exited:\n%s", log)
-		}
-		_, err := os.Stat(filepath.Join(root, "usr/lib/x86_64-linux-gnu/gpuhealth-sim-driver.sock"))
-		return err == nil, "", nil
-	})
-
+	sd := startSimDriver(t, libs, shortTempDir(t, "sd-e2e-"), "", node, 4, "535")
+	root, dir := sd.root, t.TempDir()
 	configPath := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
 		t.Fatal(err)
@@ -84,13 +119,7 @@ func TestAgentOnTheSimulatedDriver(t *testing.T) {
 		return code == 200 && up, fmt.Sprintf("readyz %d, source_up nvml 1: %v", code, up), nil
 	})
 
-	inject := func(ev string) {
-		t.Helper()
-		if out, err := exec.Command(gpuhealthBinary(t), "sim-driver", "inject", "--driver-root", root, ev).CombinedOutput(); err != nil {
-			t.Fatalf("inject %s: %v\n%s", ev, err, out)
-		}
-	}
-	inject("{gpu: 2, xid: 79}")
+	sd.inject("{gpu: 2, xid: 79}")
 	eventually(t, "XID 79 on GPU 2 in every sink", func(ctx context.Context) (bool, string, error) {
 		ann, err := nodeAnnotations(ctx, c, node)
 		if err != nil {
@@ -108,7 +137,7 @@ func TestAgentOnTheSimulatedDriver(t *testing.T) {
 			fmt.Sprintf("ids=%q rules=%v condition=%s", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs), cond.Status), nil
 	})
 	// An uncorrectable ECC error on GPU 0, read by the sampler and by the event loop.
-	inject("{gpu: 0, ecc: {uncorrectedVolatile: 1}}")
+	sd.inject("{gpu: 0, ecc: {uncorrectedVolatile: 1}}")
 	eventually(t, "GPU 0 unhealthy too", func(ctx context.Context) (bool, string, error) {
 		ann, err := nodeAnnotations(ctx, c, node)
 		return err == nil && ann[gpuhealthv1.UnhealthyIDsKey] == "0,2", fmt.Sprintf("ids=%q", ann[gpuhealthv1.UnhealthyIDsKey]), err
@@ -124,25 +153,8 @@ func TestRealNodeDevicePluginOnTheSimulatedDriver(t *testing.T) {
 	libs := simDriverLibraries(t)
 	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 1})
 	node := c.KubeletNode(controlplane.KubeletNodeName(0))
-	root, err := os.MkdirTemp("", "sd-dp-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	dir := t.TempDir()
-	scenario := filepath.Join(dir, "scenario.yaml")
-	if err := os.WriteFile(scenario, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: "+node.Name+"\ngpus: {count: 8}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sd := startProcess(t, "sim-driver", filepath.Join(dir, "sim-driver.log"), gpuhealthBinary(t), "sim-driver", "serve",
-		"--scenario", scenario, "--driver-root", root, "--library-dir", libs)
-	eventually(t, "the simulated driver listening", func(context.Context) (bool, string, error) {
-		if exited, log := sd.exited(); exited {
-			return false, "", fmt.Errorf("sim-driver exited:\n%s", log)
-		}
-		_, err := os.Stat(filepath.Join(root, "usr/lib/x86_64-linux-gnu/gpuhealth-sim-driver.sock"))
-		return err == nil, "", nil
-	})
+	sd := startSimDriver(t, libs, shortTempDir(t, "sd-dp-"), "", node.Name, 8, "550")
+	root, dir := sd.root, t.TempDir()
 	configPath := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(configPath, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -151,16 +163,10 @@ func TestRealNodeDevicePluginOnTheSimulatedDriver(t *testing.T) {
 		"--driver-root", root, "--config", configPath, "--kubelet-socket-dir", node.DevicePluginDir(), "-v", "4")
 	waitGPUs(t, c, node.Name, 8, 8)
 
-	inject := func(ev string) {
-		t.Helper()
-		if out, err := exec.Command(gpuhealthBinary(t), "sim-driver", "inject", "--driver-root", root, ev).CombinedOutput(); err != nil {
-			t.Fatalf("inject %s: %v\n%s", ev, err, out)
-		}
-	}
-	inject("{gpu: 3, xid: 79}")
-	inject("{gpu: 5, ecc: {uncorrectedVolatile: 1}}")
+	sd.inject("{gpu: 3, xid: 79}")
+	sd.inject("{gpu: 5, ecc: {uncorrectedVolatile: 1}}")
 	waitGPUs(t, c, node.Name, 8, 6)
-	inject("{gpu: 5, reset: true}")
+	sd.inject("{gpu: 5, reset: true}")
 	waitGPUs(t, c, node.Name, 8, 7)
 }
 
@@ -197,32 +203,15 @@ func chartOnSimulatedDriver(t *testing.T, libs, hostDir, subdir string) {
 	}
 	// The node's driver root, on the host as / or the GPU operator's /run/nvidia/driver is
 	// (under a directory of the test's: the machine's own /run/nvidia stays alone).
-	base, err := os.MkdirTemp("", "sd-chart-")
-	if err != nil {
+	base := shortTempDir(t, "sd-chart-")
+	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(base) })
 	root := filepath.Join(base, hostDir)
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(base, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	scenario := filepath.Join(dir, "scenario.yaml")
-	if err := os.WriteFile(scenario, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: "+n.Name+"\ngpus: {count: 4}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sd := startProcess(t, "sim-driver", filepath.Join(dir, "sim-driver.log"), gpuhealthBinary(t), "sim-driver", "serve",
-		"--scenario", scenario, "--driver-root", root, "--library-dir", libs, "--library-subdir", subdir, "--driver-version", "550")
-	eventually(t, "the simulated driver listening", func(context.Context) (bool, string, error) {
-		if exited, log := sd.exited(); exited {
-			return false, "", fmt.Errorf("sim-driver exited:\n%s", log)
-		}
-		_, err := os.Stat(filepath.Join(root, subdir, "gpuhealth-sim-driver.sock"))
-		return err == nil, "", nil
-	})
+	sd := startSimDriver(t, libs, root, subdir, n.Name, 4, "550")
 	release := helm.Options{
 		Release: "gpuhealth", Namespace: "gpuhealth-system",
 		Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"},
@@ -233,9 +222,7 @@ func chartOnSimulatedDriver(t *testing.T, libs, hostDir, subdir string) {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
 	waitGPUs(t, c, n.Name, 4, 4)
-	if out, err := exec.Command(gpuhealthBinary(t), "sim-driver", "inject", "--driver-root", root, "{gpu: 1, xid: 79}").CombinedOutput(); err != nil {
-		t.Fatalf("inject: %v\n%s", err, out)
-	}
+	sd.inject("{gpu: 1, xid: 79}")
 	waitNodeFault(t, c, n.Name)
 	eventually(t, "a DeviceTaintRule for GPU 1", func(ctx context.Context) (bool, string, error) {
 		rs, err := rules(ctx, c, n.Name)
