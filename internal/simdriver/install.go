@@ -218,7 +218,7 @@ func parseEvent(sc *sim.Scenario, body []byte) (sim.Event, error) {
 // findSocket returns the simulator's socket in the first library directory of the driver root
 // that has one (SocketPath's when none has).
 func findSocket(root string) string {
-	for _, d := range []string{libDir(), "usr/lib64", "usr/lib", "lib64", "lib"} {
+	for _, d := range []string{libDir(), "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib", "lib64", "lib"} {
 		p := filepath.Join(root, d, SocketName)
 		if _, err := os.Stat(p); err == nil {
 			return p
