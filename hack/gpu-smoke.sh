@@ -28,6 +28,8 @@ cd "$(dirname "$0")/.."
 
 out_dir=${OUT:-/tmp/gpu-smoke}
 watch_seconds=${WATCH_SECONDS:-30}
+# Where the driver is: / on a host install, /run/nvidia/driver beside the GPU operator.
+driver_root=${GPUHEALTH_DRIVER_ROOT:-/}
 mkdir -p "$out_dir"
 log="$out_dir/smoke.log"
 summary="$out_dir/summary.txt"
@@ -81,12 +83,12 @@ say "binary: $bin ($("$bin" version 2>&1 || true))"
 
 # 2. probe, twice.
 say "gpuhealth probe (table)"
-if ! timeout 60 "$bin" probe --output table >"$out_dir/probe.txt" 2>>"$log"; then
+if ! timeout 60 "$bin" probe --driver-root "$driver_root" --output table >"$out_dir/probe.txt" 2>>"$log"; then
 	fail "probe --output table exited non-zero (see smoke.log)"
 fi
 cat "$out_dir/probe.txt" >&2 || true
 say "gpuhealth probe (json)"
-if ! timeout 60 "$bin" probe --output json >"$out_dir/probe.json" 2>>"$log"; then
+if ! timeout 60 "$bin" probe --driver-root "$driver_root" --output json >"$out_dir/probe.json" 2>>"$log"; then
 	fail "probe --output json exited non-zero (see smoke.log)"
 fi
 gpus=0 lost="-" unsupported="-" events="-" read_errors="-"
@@ -111,7 +113,7 @@ fi
 # 2b. The driver's raw answers.
 say "gpuhealth probe --raw"
 raw_calls="-"
-if timeout 60 "$bin" probe --raw >"$out_dir/raw.json" 2>>"$log"; then
+if timeout 60 "$bin" probe --driver-root "$driver_root" --raw >"$out_dir/raw.json" 2>>"$log"; then
 	if command -v jq >/dev/null 2>&1; then
 		raw_calls=$(jq '.calls | length' "$out_dir/raw.json" 2>/dev/null || echo "?")
 		missing_syms=$(jq -r '[.calls[] | select(.call == "LookupSymbol" and .return != "present") | .args] | join(",")' "$out_dir/raw.json" 2>/dev/null || echo "?")
@@ -168,7 +170,7 @@ sed 's/^/  /' "$compare" >&2
 say "gpuhealth watch --backend nvml for ${watch_seconds}s"
 set +e
 timeout --preserve-status -s INT -k 15 "$watch_seconds" \
-	"$bin" watch --backend nvml --output json >"$out_dir/watch.jsonl" 2>>"$log"
+	"$bin" watch --backend nvml --driver-root "$driver_root" --output json >"$out_dir/watch.jsonl" 2>>"$log"
 watch_rc=$?
 set -e
 case $watch_rc in
@@ -200,7 +202,7 @@ if [[ -x "$xid31_bin" ]]; then
 	printf '%s\n' "apiVersion: gpuhealth.dev/v1alpha1" "kind: HealthConfig" "xids:" "  overrides:" \
 		"    - xids: [31]" "      severity: Degraded" >"$cfg"
 	say "provoking XID 31 on GPU 0 while watching with XID 31 made Degraded"
-	"$bin" watch --backend nvml --output json --config "$cfg" >"$out_dir/xid31.jsonl" 2>>"$log" &
+	"$bin" watch --backend nvml --driver-root "$driver_root" --output json --config "$cfg" >"$out_dir/xid31.jsonl" 2>>"$log" &
 	watch_pid=$!
 	sleep 3
 	set +e
@@ -235,7 +237,7 @@ say "XID 31: $xid31_result"
 nocaps="-"
 if command -v setpriv >/dev/null 2>&1; then
 	if timeout 60 setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- \
-		"$bin" probe --output json >"$out_dir/probe-nocaps.json" 2>>"$log"; then
+		"$bin" probe --driver-root "$driver_root" --output json >"$out_dir/probe-nocaps.json" 2>>"$log"; then
 		if command -v jq >/dev/null 2>&1 && [[ -s "$out_dir/probe.json" ]]; then
 			lost_readings=$(jq -n -r --slurpfile a "$out_dir/probe.json" --slurpfile b "$out_dir/probe-nocaps.json" \
 				'([$b[0].gpus[].readings.unsupported // [] | .[]] + [$b[0].gpus[].readings.errors // [] | .[]] | unique)
