@@ -105,6 +105,11 @@ for d in /var/lib /var/log /run; do
 	mount -t tmpfs -o mode=0755,size=64m gpuhealth-node "$d"
 done
 mkdir -p /var/lib/kubelet/device-plugins /var/log/containers /var/log/pods
+# The kubelet makes its root directory a shared mount point when it is not one, in a goroutine
+# that races the sockets it creates there: a socket renamed across that new mount fails
+# ("invalid cross-device link"; the kubelet exited so once in CI). So it is one before it starts.
+mount --bind "$node_dir" "$node_dir"
+mount --make-rshared "$node_dir"
 mount --bind "$node_dir/device-plugins" /var/lib/kubelet/device-plugins
 # An empty working directory: the kubelet's container-log cleanup works relative to it.
 cd "$node_dir/cwd"
