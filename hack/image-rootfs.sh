@@ -49,7 +49,7 @@ CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$cc go build -trimpath -tags grpcnotrac
 # The files the dynamic loader will look for: the interpreter at its absolute path, and each
 # NEEDED library in the directory the loader searches first on Debian for that architecture.
 interp=$(readelf -l "$dir/gpuhealth" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
-# libnvidia-ml.so.1 NEEDs libc, libdl and libpthread (470, 525) and libm and librt too (535,
+# libnvidia-ml.so.1 NEEDs libc, libdl and libpthread (470), libm too (525) and librt too (535,
 # 550): read from the real libraries by test/e2e's TestDriverLibrariesNeedOnlyTheImagesGlibc.
 driver_needs=(libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1)
 mapfile -t needed < <({
