@@ -175,11 +175,11 @@ type ResettingBackend interface {
 // The NVML backend's library is found under nvmlOpts' driver root; without a usable driver the
 // error wraps gpunvml.ErrNoDriver.
 func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration, nvmlOpts *cmdutil.NVMLOptions) (ResettingBackend, string, func(), error) {
+	if err := checkBackendFlags(backend, scenarioPath); err != nil {
+		return nil, "", nil, err
+	}
 	switch backend {
 	case "sim":
-		if scenarioPath == "" {
-			return nil, "", nil, cmdutil.BadInput(errors.New("--scenario: required with --backend sim"))
-		}
 		sc, err := sim.LoadScenario(scenarioPath)
 		if err != nil {
 			return nil, "", nil, cmdutil.BadInput(err)
@@ -191,9 +191,6 @@ func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sample
 		b := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: sampleEvery, Forever: true})
 		return simAgentBackend{b}, b.BootID(), func() {}, nil
 	case "nvml":
-		if scenarioPath != "" {
-			return nil, "", nil, cmdutil.BadInput(errors.New("--scenario: only with --backend sim"))
-		}
 		b, err := nvmlOpts.Open(gpunvml.WithSamplePeriod(sampleEvery), gpunvml.WithLogger(klog.FromContext(ctx)))
 		if err != nil {
 			return nil, "", nil, err

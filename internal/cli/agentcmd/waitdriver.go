@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 )
@@ -133,10 +134,7 @@ func (s *waitState) set(err error) {
 
 func (s *waitState) handler(node string) http.Handler {
 	reg := prometheus.NewRegistry()
-	up := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gpuhealth_source_up",
-		Help: "1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read.",
-	}, []string{"node", "source"})
+	up := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metrics.SourceUpName, Help: metrics.SourceUpHelp}, []string{"node", "source"})
 	up.WithLabelValues(node, "nvml").Set(0)
 	reg.MustRegister(up)
 	mux := http.NewServeMux()

@@ -21,6 +21,12 @@ type Backend interface {
 	Up() bool
 }
 
+// The source-up gauge: Sources serves it, and so does the agent while it waits for the driver.
+const (
+	SourceUpName = "gpuhealth_source_up"
+	SourceUpHelp = "1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read."
+)
+
 // Sources exposes the signal sources, read at scrape time:
 //
 //	gpuhealth_source_up{node,source}                  1 while the source is read (nvml: the GPU backend, kmsg: the kernel log), else 0
@@ -45,7 +51,7 @@ func NewSources(node string, kernelLog KernelLog, backend Backend) *Sources {
 		node:        node,
 		kernelLog:   kernelLog,
 		backend:     backend,
-		upDesc:      prometheus.NewDesc("gpuhealth_source_up", "1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read.", []string{"node", "source"}, nil),
+		upDesc:      prometheus.NewDesc(SourceUpName, SourceUpHelp, []string{"node", "source"}, nil),
 		xidDesc:     prometheus.NewDesc("gpuhealth_xid_source_total", "XIDs each source reported (nvml: the GPU backend's events, kmsg: the kernel log), duplicates included.", []string{"node", "source"}, nil),
 		dupDesc:     prometheus.NewDesc("gpuhealth_xid_duplicates_total", "XIDs a source reported that the other source had already reported within the match window; they were counted once.", []string{"node", "source"}, nil),
 		recordsDesc: prometheus.NewDesc("gpuhealth_kmsg_records_total", "Kernel log records read.", []string{"node"}, nil),

@@ -102,6 +102,9 @@ func (e *DriverError) Error() string {
 			fmt.Fprintf(&b, " (searched %s)", strings.Join(e.Searched, ", "))
 		}
 		b.WriteString(": is the NVIDIA driver installed, and is --driver-root where its libraries are?")
+		if e.Err != nil {
+			fmt.Fprintf(&b, " (%v)", e.Err)
+		}
 	case errors.Is(e.Kind, ErrLibraryNotLoadable):
 		if e.Library != "" {
 			fmt.Fprintf(&b, ": %s", e.Library)
@@ -122,9 +125,6 @@ func (e *DriverError) Error() string {
 			fmt.Fprintf(&b, " %v", e.Err)
 		}
 		b.WriteString(" (ERROR_DRIVER_NOT_LOADED): is the nvidia kernel module loaded (lsmod | grep nvidia), or is the driver being installed or upgraded?")
-	}
-	if e.Err != nil && errors.Is(e.Kind, ErrLibraryNotFound) {
-		fmt.Fprintf(&b, " (%v)", e.Err)
 	}
 	return b.String()
 }
