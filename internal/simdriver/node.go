@@ -101,10 +101,14 @@ func newNode(sc *sim.Scenario, log func(string, ...any)) *node {
 		}
 		n.gpus = append(n.gpus, g)
 	}
-	// Every NVLink a scenario names exists and is up from the start, as the sim backend has it.
+	// A GPU the scenario names an NVLink of is an SXM GPU: all its sim.MaxNVLinks links exist
+	// and are up from the start (the sim backend samples only the links the scenario names;
+	// the others never change, so health is the same). Other GPUs have no NVLink.
 	for _, ev := range append(append([]sim.Event{}, sc.Events...), sc.AfterReset...) {
-		if ev.Kind == sim.EventNVLink {
-			n.gpus[ev.GPU].links[ev.Link] = &linkState{}
+		if ev.Kind == sim.EventNVLink && len(n.gpus[ev.GPU].links) == 0 {
+			for l := range uint32(sim.MaxNVLinks) {
+				n.gpus[ev.GPU].links[l] = &linkState{}
+			}
 		}
 	}
 	return n
@@ -119,11 +123,15 @@ func (n *node) gpu(dev uint32) (*gpuState, int, bool) {
 	return n.gpus[i], slot, true
 }
 
-// errInUse refuses to unload a driver that processes hold, as rmmod refuses a module in use.
-type errInUse struct{ pids []uint32 }
+// errInUse refuses to unload a driver, or to reset a GPU, that processes hold: rmmod refuses a
+// module in use, and `nvidia-smi --gpu-reset` a GPU another process has open.
+type errInUse struct {
+	what string // "unload" or "reset"
+	pids []uint32
+}
 
 func (e errInUse) Error() string {
-	return fmt.Sprintf("the driver is in use by %d processes (pids %v): unload refused", len(e.pids), e.pids)
+	return fmt.Sprintf("the driver is in use by %d processes (pids %v): %s refused", len(e.pids), e.pids, e.what)
 }
 
 // holders lists the processes with an NVML session open. n.mu must be held.
@@ -139,13 +147,14 @@ func (n *node) holders() []uint32 {
 }
 
 // apply changes the GPUs as a scenario event says, and queues the events the driver would
-// deliver. An unload that processes hold is refused (errInUse). n.mu must be held.
+// deliver. An unload, or a reset, while processes hold NVML is refused (errInUse). n.mu must be
+// held.
 func (n *node) apply(ev sim.Event) error {
 	if ev.Kind == sim.EventDriver {
 		switch ev.DriverAction {
 		case sim.DriverUnload:
 			if pids := n.holders(); len(pids) > 0 {
-				return errInUse{pids}
+				return errInUse{"unload", pids}
 			}
 			n.unloaded = true
 			n.log("The driver is unloaded: nvmlInit answers DRIVER_NOT_LOADED until it is loaded again")
@@ -159,6 +168,11 @@ func (n *node) apply(ev sim.Event) error {
 		return nil
 	}
 	g := n.gpus[ev.GPU]
+	if ev.Kind == sim.EventReset {
+		if pids := n.holders(); len(pids) > 0 {
+			return errInUse{"reset", pids}
+		}
+	}
 	wire := uint32(ev.GPU * migSlots)
 	for range max(ev.Repeat, 1) {
 		switch ev.Kind {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 )
@@ -35,6 +36,9 @@ type Options struct {
 	Logger        logr.Logger
 	// Ready, when set, is called once the socket listens.
 	Ready func()
+	// Clock paces the scenario's timeline (default the real clock; tests run long scenarios on
+	// a faster one).
+	Clock clock.Clock
 	// OnRegister, when set, hears of every event registration: the process, the GPU index and
 	// the event types (tests wait for their consumers with it).
 	OnRegister func(pid uint32, gpu int, types uint64)
@@ -57,8 +61,11 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	s := &server{node: newNode(o.Scenario, func(msg string, kv ...any) { o.Logger.Info(msg, kv...) }), log: o.Logger,
-		conns: map[net.Conn]uint32{}, perPID: map[uint32]int{}}
+		clock: o.Clock, conns: map[net.Conn]uint32{}, perPID: map[uint32]int{}}
 	s.node.onRegister = o.OnRegister
 	if o.node != nil {
 		o.node(s.node)
@@ -138,8 +145,9 @@ func listen(path string) (net.Listener, error) {
 }
 
 type server struct {
-	node *node
-	log  logr.Logger
+	node  *node
+	log   logr.Logger
+	clock clock.Clock
 
 	mu     sync.Mutex
 	conns  map[net.Conn]uint32 // connection -> pid
@@ -157,20 +165,37 @@ func (s *server) closeAll() {
 // timeline applies the scenario's events at their time from now, and each GPU's afterReset
 // events after every reset of it.
 func (s *server) timeline(ctx context.Context, sc *sim.Scenario, pending []sim.Event) {
-	start := time.Now()
+	start := s.clock.Now()
 	for len(pending) > 0 {
 		ev := pending[0]
 		pending = pending[1:]
-		if !sleepUntil(ctx, start.Add(ev.At)) {
+		if !s.sleep(ctx, start.Add(ev.At).Sub(s.clock.Now())) {
 			return
+		}
+		if ev.Kind == sim.EventReset {
+			if s.applyReset(ev) {
+				pending = afterReset(pending, sc, ev.GPU, ev.At)
+			}
+			continue
 		}
 		if !s.applyRetrying(ctx, ev) {
 			return
 		}
-		if ev.Kind == sim.EventReset {
-			pending = afterReset(pending, sc, ev.GPU, ev.At)
-		}
 	}
+}
+
+// applyReset applies a timeline reset. While a process holds NVML it is refused, as `nvidia-smi
+// --gpu-reset` refuses a GPU another process has open, and logged: the scenario's afterReset
+// events do not follow a reset that did not happen. It reports whether the GPU was reset.
+func (s *server) applyReset(ev sim.Event) bool {
+	s.node.mu.Lock()
+	err := s.node.apply(ev)
+	s.node.mu.Unlock()
+	if err != nil {
+		s.log.Info("GPU reset refused", "line", ev.Line, "gpu", ev.GPU, "reason", err.Error())
+		return false
+	}
+	return true
 }
 
 // applyRetrying applies a timeline event; an unload that processes hold is tried again every
@@ -189,7 +214,7 @@ func (s *server) applyRetrying(ctx context.Context, ev sim.Event) bool {
 			s.log.Info("Driver unload refused; trying again every second", "line", ev.Line, "reason", err.Error())
 			said = true
 		}
-		if !sleepUntil(ctx, time.Now().Add(time.Second)) {
+		if !s.sleep(ctx, time.Second) {
 			return false
 		}
 	}
@@ -210,6 +235,20 @@ func afterReset(events []sim.Event, sc *sim.Scenario, gpu int, at time.Duration)
 	return events
 }
 
+// sleep waits d on the timeline's clock; it returns false when ctx ends first.
+func (s *server) sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	select {
+	case <-s.clock.After(d):
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// sleepUntil waits until t on the real clock (a hanging call hangs for real).
 func sleepUntil(ctx context.Context, t time.Time) bool {
 	d := time.Until(t)
 	if d <= 0 {

@@ -231,6 +231,8 @@ func child(mode, root string) int {
 			return 1
 		}
 		return 0
+	case "equivalence":
+		return equivalenceChild(root)
 	case "retry":
 		d := &gpunvml.DriverRoot{Root: root}
 		said := ""
@@ -532,6 +534,60 @@ func TestDriverUnloadAndLoad(t *testing.T) {
 
 // Readings only a driver can get wrong: a temperature out of any range for one read, a counter
 // that reads lower once, and calls on a wedged GPU that hang.
+// TestResetRefusedWhileHeld: a reset, injected or on the scenario's timeline, is served as
+// nvidia-smi --gpu-reset serves it: refused while another process holds NVML, done once it let go.
+func TestResetRefusedWhileHeld(t *testing.T) {
+	s := serve(t, fourGPUs+"  - {at: 2s, gpu: 3, reset: true}\n  - {afterReset: 0s, gpu: 3, xid: 48}\n", "")
+	holder := startChild(t, "watch", s.root)
+	for gpu := range s.registered {
+		if gpu == 3 {
+			break
+		}
+	}
+	err := simdriver.Inject(s.root, "{gpu: 3, reset: true}")
+	if err == nil || errors.Is(err, simdriver.ErrInjectRefused) || !strings.Contains(err.Error(), "reset refused") {
+		t.Fatalf("reset while held = %v, want refused as in use", err)
+	}
+	// The timeline's reset at 2s is refused too: its afterReset XID 48 never comes.
+	deadline := time.After(4 * time.Second)
+	for done := false; !done; {
+		select {
+		case l, ok := <-holder.lines:
+			if !ok {
+				t.Fatal("the holder ended early")
+			}
+			if strings.Contains(l, `"XID":48`) {
+				t.Fatalf("an XID 48 after a refused reset: %s", l)
+			}
+		case <-deadline:
+			done = true
+		}
+	}
+	holder.stop(t)
+	if err := simdriver.Inject(s.root, "{gpu: 1, reset: true}"); err != nil {
+		t.Fatalf("reset once released: %v", err)
+	}
+	b := startChild(t, "probe", s.root)
+	var report struct {
+		GPUs []struct {
+			Readings struct {
+				Temperature *struct {
+					CurrentC int64 `json:"currentC"`
+				} `json:"temperature"`
+			} `json:"readings"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal([]byte(<-b.lines), &report); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.wait(); err != nil {
+		t.Fatal(err)
+	}
+	if len(report.GPUs) != 4 || report.GPUs[1].Readings.Temperature == nil || report.GPUs[1].Readings.Temperature.CurrentC != 35 {
+		t.Fatalf("GPU 1 after its reset: %+v, want back at idle temperature", report.GPUs)
+	}
+}
+
 func TestDriverGlitches(t *testing.T) {
 	s := serve(t, "node: sd-node\ngpus: {count: 4}\nevents:\n  - {at: 0s, gpu: 1, outOfRange: temperature}\n  - {at: 0s, gpu: 2, hang: 2s}\n", "")
 	start := time.Now()

@@ -9,6 +9,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -87,22 +88,51 @@ type Offset time.Duration
 // MarshalText implements encoding.TextMarshaler.
 func (o Offset) MarshalText() ([]byte, error) { return []byte(time.Duration(o).String()), nil }
 
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (o *Offset) UnmarshalText(b []byte) error {
+	d, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*o = Offset(d)
+	return nil
+}
+
 // Options for Run.
 type Options struct {
 	SampleInterval time.Duration
 }
 
-// recorder is the sim.Sink that feeds the tracker and keeps the transitions.
-type recorder struct {
-	tracker     *health.Tracker
-	start       time.Time
+// Recorder feeds a health tracker with the signals of any backend (the sim backend's Sink, the
+// NVML backend's Sink and CheckSink) and keeps every transition, so that a replay through either
+// backend ends in a Result. It is safe for concurrent use: the NVML backend signals from its
+// sampler and its event loop at once.
+type Recorder struct {
+	tracker *health.Tracker
+	start   time.Time
+
+	mu          sync.Mutex
 	buf         []health.Transition
 	transitions []health.Transition
 	signals     uint64
 	err         error
 }
 
-func (r *recorder) Signal(s health.Signal) {
+// NewRecorder returns a recorder for devices under policy; start is the scenario's 0s, which
+// the Result's offsets count from.
+func NewRecorder(policy *health.Policy, devices []health.Device, bootID string, start time.Time) (*Recorder, error) {
+	tracker, err := health.NewTracker(policy, devices)
+	if err != nil {
+		return nil, err
+	}
+	tracker.SetBootID(bootID)
+	return &Recorder{tracker: tracker, start: start}, nil
+}
+
+// Signal observes one signal.
+func (r *Recorder) Signal(s health.Signal) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.signals++
 	var err error
 	r.buf, err = r.tracker.Observe(s, r.buf[:0])
@@ -112,29 +142,61 @@ func (r *recorder) Signal(s health.Signal) {
 	r.transitions = append(r.transitions, r.buf...)
 }
 
-func (r *recorder) Reboot(bootID string, at time.Time) {
+// Reboot starts a new boot.
+func (r *Recorder) Reboot(bootID string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.transitions = append(r.transitions, r.tracker.Reboot(bootID, at, nil)...)
+}
+
+// SetUnmonitored marks a device whose events cannot be watched.
+func (r *Recorder) SetUnmonitored(uuid string, unmonitored bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.tracker.SetUnmonitored(uuid, unmonitored); err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+// SetCheckUnmonitored marks one check a backend cannot run on a device.
+func (r *Recorder) SetCheckUnmonitored(uuid string, check health.Check, unmonitored bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.tracker.SetCheckUnmonitored(uuid, check, unmonitored); err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+// Result ends the replay at end: time-based conditions are evaluated then, and the final state
+// and every transition are returned, or the first signal the tracker refused.
+func (r *Recorder) Result(node string, end time.Time) (*Result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return nil, r.err
+	}
+	r.transitions = r.tracker.Tick(end, r.transitions)
+	return buildResult(node, end, r, r.tracker.Snapshot()), nil
 }
 
 // Run replays sc under policy on virtual time.
 func Run(ctx context.Context, sc *sim.Scenario, policy *health.Policy, opts Options) (*Result, error) {
 	backend := sim.New(sc, sim.Options{Virtual: true, SampleInterval: opts.SampleInterval, Settle: settle(policy, opts.SampleInterval)})
-	tracker, err := health.NewTracker(policy, backend.Devices())
+	start := time.Unix(0, 0).UTC()
+	rec, err := NewRecorder(policy, backend.Devices(), backend.BootID(), start)
 	if err != nil {
 		return nil, err
 	}
-	start := time.Unix(0, 0).UTC()
-	rec := &recorder{tracker: tracker, start: start}
-	tracker.SetBootID(backend.BootID())
 	if err := backend.Run(ctx, rec); err != nil {
 		return nil, err
 	}
-	if rec.err != nil {
-		return nil, rec.err
-	}
-	end := start.Add(backend.End())
-	rec.transitions = tracker.Tick(end, rec.transitions)
-	return buildResult(sc.Node, end, rec, tracker.Snapshot()), nil
+	return rec.Result(sc.Node, start.Add(backend.End()))
+}
+
+// End is where Run ends sc under policy, as an offset from the start: the scenario's duration,
+// or its last event and enough sampling rounds for every hysteresis window to close.
+func End(sc *sim.Scenario, policy *health.Policy, sampleInterval time.Duration) time.Duration {
+	return sc.End(settle(policy, sampleInterval))
 }
 
 // settle is long enough for every polled check's hysteresis window to close after the last
@@ -148,7 +210,7 @@ func settle(p *health.Policy, interval time.Duration) time.Duration {
 	return time.Duration(n+1) * interval
 }
 
-func buildResult(node string, end time.Time, rec *recorder, snap health.Snapshot) *Result {
+func buildResult(node string, end time.Time, rec *Recorder, snap health.Snapshot) *Result {
 	off := func(t time.Time) Offset { return Offset(t.Sub(rec.start)) }
 	res := &Result{Node: node, BootID: snap.BootID, End: off(end), Signals: rec.signals,
 		Devices: []Device{}, Transitions: []Transition{}}

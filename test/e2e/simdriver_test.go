@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -146,8 +147,8 @@ func TestAgentOnTheSimulatedDriver(t *testing.T) {
 
 // TestRealNodeDevicePluginOnTheSimulatedDriver runs `gpuhealth device-plugin --backend nvml` on
 // the simulated driver against a real kubelet: the kubelet's allocatable follows faults injected
-// into the driver at run time, and a GPU reset (the driver's volatile ECC counters cleared, which
-// is how the NVML backend learns of a reset) gives the GPU back.
+// into the driver at run time; a reset is refused while the plugin holds the GPUs, and a GPU
+// reset while it is stopped is back when it starts again.
 func TestRealNodeDevicePluginOnTheSimulatedDriver(t *testing.T) {
 	t.Parallel()
 	libs := simDriverLibraries(t)
@@ -159,15 +160,29 @@ func TestRealNodeDevicePluginOnTheSimulatedDriver(t *testing.T) {
 	if err := os.WriteFile(configPath, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	startProcess(t, "device-plugin", filepath.Join(dir, "device-plugin.log"), gpuhealthBinary(t), "device-plugin", "--backend", "nvml",
-		"--driver-root", root, "--config", configPath, "--kubelet-socket-dir", node.DevicePluginDir(), "-v", "4")
+	plugin := func(log string) *process {
+		return startProcess(t, "device-plugin", filepath.Join(dir, log), gpuhealthBinary(t), "device-plugin", "--backend", "nvml",
+			"--driver-root", root, "--config", configPath, "--kubelet-socket-dir", node.DevicePluginDir(), "-v", "4")
+	}
+	dp := plugin("device-plugin.log")
 	waitGPUs(t, c, node.Name, 8, 8)
 
-	sd.inject("{gpu: 3, xid: 79}")
+	sd.inject("{gpu: 3, lost: true}") // fallen off the bus: lost to every process, now and later
 	sd.inject("{gpu: 5, ecc: {uncorrectedVolatile: 1}}")
 	waitGPUs(t, c, node.Name, 8, 6)
+	// While the plugin holds NVML the driver refuses the reset, as nvidia-smi --gpu-reset does.
+	out, err := exec.Command(gpuhealthBinary(t), "sim-driver", "inject", "--driver-root", root, "{gpu: 5, reset: true}").CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), "reset refused") {
+		t.Fatalf("a reset while the device plugin holds the GPUs: %v\n%s", err, out)
+	}
+	// The administrator stops the plugin, resets the GPU and starts the plugin again.
+	dp.stop(t)
 	sd.inject("{gpu: 5, reset: true}")
-	waitGPUs(t, c, node.Name, 8, 7)
+	plugin("device-plugin-2.log")
+	// GPU 5 is back; GPU 3, lost before the plugin started, cannot be named (every call on it
+	// answers GPU_IS_LOST, its UUID too) and is no longer advertised.
+	waitGPUs(t, c, node.Name, 7, 7)
 }
 
 // TestHelmChartProductionModeOnTheSimulatedDriver installs the chart in its production mode

@@ -16,6 +16,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/gpuhealth/gpuhealth/test/docsection"
 )
 
 // DriversEnv names the directory hack/nvidia-drivers.sh fills with NVIDIA's real libnvidia-ml of
@@ -255,7 +257,7 @@ func TestDriverBranchesTable(t *testing.T) {
 	for _, r := range append(readings, parts...) {
 		fmt.Fprintf(&md, "| %s | %s |\n", r, strings.Join(rows[r], " | "))
 	}
-	checkDocSection(t, "../../../docs/nvml.md", "driver-branches", md.String())
+	docsection.Check(t, "../../../docs/nvml.md", "driver-branches", md.String(), "go test ./pkg/gpu/nvml")
 }
 
 func firstPresent(funcs []string, exports map[string]bool) string {
@@ -265,31 +267,4 @@ func firstPresent(funcs []string, exports map[string]bool) string {
 		}
 	}
 	return ""
-}
-
-// checkDocSection compares the text between <!-- NAME:begin --> and <!-- NAME:end --> in doc
-// with want; GPUHEALTH_UPDATE_DOCS=1 rewrites it instead.
-func checkDocSection(t *testing.T, doc, name, want string) {
-	t.Helper()
-	data, err := os.ReadFile(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	begin, end := "<!-- "+name+":begin -->\n", "<!-- "+name+":end -->"
-	i, j := strings.Index(string(data), begin), strings.Index(string(data), end)
-	if i < 0 || j < i {
-		t.Fatalf("%s has no %s...%s section", doc, begin, end)
-	}
-	got := string(data[i+len(begin) : j])
-	if got == want {
-		return
-	}
-	if os.Getenv("GPUHEALTH_UPDATE_DOCS") == "1" {
-		out := string(data[:i+len(begin)]) + want + string(data[j:])
-		if err := os.WriteFile(doc, []byte(out), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Errorf("%s's %s table is stale (GPUHEALTH_UPDATE_DOCS=1 go test ./pkg/gpu/nvml rewrites it):\n--- have\n%s--- want\n%s", doc, name, got, want)
 }
