@@ -258,8 +258,14 @@ func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, res
 			resp.V[0] = uint64(slot) // GPU instance n for MIG device n, as the sim backend has it
 		}
 	case opFabric:
-		resp.V[0] = fabricNotSupported
-		resp.Ret = retNotSupported
+		if g.fabric == fabricNotSupported {
+			resp.Ret = retNotSupported
+			return
+		}
+		// The probe's status, the clique and the cluster UUID are what Fabric Manager reports
+		// for a registered GPU; only the state changes.
+		resp.V[0], resp.V[1], resp.V[2] = g.fabric, retSuccess, 1
+		resp.setStr("gpuhealth-sim-cl") // NVML_GPU_FABRIC_UUID_LEN (16) bytes
 	case opSupportedEvents:
 		resp.V[0] = supportedEvents
 	case opRegisterEvents:

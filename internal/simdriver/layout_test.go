@@ -27,7 +27,7 @@ func TestLayouts(t *testing.T) {
 	}
 	for _, v := range []string{"470.256.02", "550.163.01"} {
 		t.Run(v, func(t *testing.T) {
-			s := serve(t, "node: n\ngpus: {count: 2, migInstances: {\"0\": 2}}\n", v)
+			s := serve(t, "node: n\ngpus: {count: 2, migInstances: {\"0\": 2}}\nevents:\n  - {at: 0s, gpu: 0, fabric: inProgress}\n", v)
 			cmd := exec.Command(bin, filepath.Join(s.root, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"))
 			stdin, err := cmd.StdinPipe()
 			if err != nil {

@@ -75,6 +75,9 @@ type gpuState struct {
 	links                    map[uint32]*linkState
 	recovery                 health.RecoveryAction
 	lost                     bool
+	// fabric is the GPU's NVLink fabric state (NVML_GPU_FABRIC_STATE_*): NOT_SUPPORTED for a
+	// GPU outside an NVLink fabric.
+	fabric uint64
 	// hangUntil makes every call on the GPU wait until then; outOfRange and readsLower are the
 	// readings whose next read answers a value out of range, or lower than the last.
 	hangUntil  time.Time
@@ -109,6 +112,13 @@ func newNode(sc *sim.Scenario, log func(string, ...any)) *node {
 			for l := range uint32(sim.MaxNVLinks) {
 				n.gpus[ev.GPU].links[l] = &linkState{}
 			}
+		}
+	}
+	// An SXM GPU sits in an NVSwitch system, whose Fabric Manager has registered it (COMPLETED)
+	// unless the scenario says otherwise; so does a GPU the scenario gives a fabric state.
+	for _, ev := range append(append([]sim.Event{}, sc.Events...), sc.AfterReset...) {
+		if ev.Kind == sim.EventNVLink || ev.Kind == sim.EventFabric {
+			n.gpus[ev.GPU].fabric = fabricCompleted
 		}
 	}
 	return n
@@ -248,6 +258,9 @@ func (n *node) apply(ev sim.Event) error {
 			g.outOfRange[ev.Reading] = true
 		case sim.EventReadsLower:
 			g.readsLower[ev.Reading] = true
+		case sim.EventFabric:
+			g.fabric = map[string]uint64{sim.FabricNotStarted: fabricNotStarted, sim.FabricInProgress: fabricInProgress,
+				sim.FabricCompleted: fabricCompleted}[ev.FabricState]
 		}
 	}
 	return nil

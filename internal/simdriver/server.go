@@ -57,6 +57,9 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if err := installDeviceNodes(o.DriverRoot, o.Scenario.GPUCount); err != nil {
+		o.Logger.Info("Serving without device nodes", "reason", err.Error())
+	}
 	lis, err := listen(inst.Socket)
 	if err != nil {
 		return err

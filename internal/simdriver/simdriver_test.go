@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"golang.org/x/sys/unix"
 
 	"github.com/gpuhealth/gpuhealth/internal/simdriver"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
@@ -588,6 +589,58 @@ func TestResetRefusedWhileHeld(t *testing.T) {
 	}
 }
 
+// TestFabricState: an SXM GPU answers its NVLink fabric state; while Fabric Manager has not
+// registered it the NVML backend watches none of its links, and once it has, all of them. A
+// driver without the call (470) has its links read at once.
+func TestFabricState(t *testing.T) {
+	const sc = "node: sd-node\ngpus: {count: 2}\nevents:\n  - {at: 0s, gpu: 0, fabric: inProgress}\n  - {at: 1h, gpu: 0, nvlink: {link: 3, down: true}}\n"
+	type probed struct {
+		GPUs []struct {
+			Readings struct {
+				NVLinks       []json.RawMessage `json:"nvlinks"`
+				FabricPending bool              `json:"nvlinkFabricPending"`
+				Unsupported   []string          `json:"unsupported"`
+			} `json:"readings"`
+		} `json:"gpus"`
+	}
+	probe := func(t *testing.T, root string) probed {
+		t.Helper()
+		c := startChild(t, "probe", root)
+		var p probed
+		if err := json.Unmarshal([]byte(<-c.lines), &p); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.wait(); err != nil {
+			t.Fatal(err)
+		}
+		if len(p.GPUs) != 2 {
+			t.Fatalf("%d GPUs", len(p.GPUs))
+		}
+		if len(p.GPUs[1].Readings.NVLinks) != 0 || !slices.Contains(p.GPUs[1].Readings.Unsupported, "nvlink") {
+			t.Errorf("GPU 1, without NVLink: %+v", p.GPUs[1].Readings)
+		}
+		return p
+	}
+	t.Run("550", func(t *testing.T) {
+		s := serve(t, sc, "550")
+		if p := probe(t, s.root); !p.GPUs[0].Readings.FabricPending || len(p.GPUs[0].Readings.NVLinks) != 0 {
+			t.Errorf("GPU 0 while its fabric registration is in progress: %+v", p.GPUs[0].Readings)
+		}
+		if err := simdriver.Inject(s.root, "{gpu: 0, fabric: completed}"); err != nil {
+			t.Fatal(err)
+		}
+		if p := probe(t, s.root); p.GPUs[0].Readings.FabricPending || len(p.GPUs[0].Readings.NVLinks) != 18 {
+			t.Errorf("GPU 0 once registered: pending %t, %d links, want 18", p.GPUs[0].Readings.FabricPending, len(p.GPUs[0].Readings.NVLinks))
+		}
+	})
+	t.Run("470", func(t *testing.T) {
+		s := serve(t, sc, "470")
+		if p := probe(t, s.root); p.GPUs[0].Readings.FabricPending || len(p.GPUs[0].Readings.NVLinks) != 18 {
+			t.Errorf("GPU 0 on a driver without the fabric call: pending %t, %d links, want 18", p.GPUs[0].Readings.FabricPending, len(p.GPUs[0].Readings.NVLinks))
+		}
+	})
+}
+
 func TestDriverGlitches(t *testing.T) {
 	s := serve(t, "node: sd-node\ngpus: {count: 4}\nevents:\n  - {at: 0s, gpu: 1, outOfRange: temperature}\n  - {at: 0s, gpu: 2, hang: 2s}\n", "")
 	start := time.Now()
@@ -677,6 +730,29 @@ func TestSimulatorKilledUnderAConsumer(t *testing.T) {
 			}
 		case <-deadline:
 			t.Fatal("the consumer never got an XID from the second simulator")
+		}
+	}
+}
+
+// TestDeviceNodes: the driver root has the NVIDIA device nodes consumers stat, character devices
+// of major 195 (minor i for GPU i, 255 for nvidiactl), where the test may create device nodes.
+func TestDeviceNodes(t *testing.T) {
+	probe := filepath.Join(t.TempDir(), "probe")
+	if err := unix.Mknod(probe, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))); err != nil {
+		t.Skipf("this test cannot create device nodes (%v), nor can the simulator here", err)
+	}
+	s := serve(t, "node: n\ngpus: {count: 3}\n", "")
+	want := map[string]uint32{"dev/nvidiactl": 255, "dev/nvidia0": 0, "dev/nvidia1": 1, "dev/nvidia2": 2}
+	if got := simdriver.DeviceNodes(3); len(got) != len(want) {
+		t.Fatalf("DeviceNodes(3) = %v", got)
+	}
+	for _, rel := range simdriver.DeviceNodes(3) {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(s.root, rel), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != 195 || unix.Minor(st.Rdev) != want[rel] {
+			t.Errorf("%s: mode %o, %d:%d, want a character device 195:%d", rel, st.Mode, unix.Major(st.Rdev), unix.Minor(st.Rdev), want[rel])
 		}
 	}
 }

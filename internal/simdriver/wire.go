@@ -194,7 +194,11 @@ const (
 	fieldRecoveryAction = 230
 	valueTypeUint       = 1
 
+	// NVML_GPU_FABRIC_STATE_*
 	fabricNotSupported = 0
+	fabricNotStarted   = 1
+	fabricInProgress   = 2
+	fabricCompleted    = 3
 
 	noInstance = 0xFFFFFFFF
 )

@@ -74,6 +74,28 @@ int main(int argc, char **argv) {
 	if (strcmp(p3->busId, "00000000:10:00.0") != 0 || strcmp(p3->busIdLegacy, "0000:10:00.0") != 0 || p3->bus != 0x10)
 		FAIL("nvmlDeviceGetPciInfo_v3: %s %s %u", p3->busId, p3->busIdLegacy, p3->bus);
 
+	/* 550 only: the versioned fabric call writes the layout its version field names. */
+	nvmlReturn_t (*fabric_v)(nvmlDevice_t, void *) = dlsym(lib, "nvmlDeviceGetGpuFabricInfoV");
+	if (fabric_v) {
+		memset(buf, CANARY, sizeof buf);
+		((nvmlGpuFabricInfo_v2_t *)buf)->version = nvmlGpuFabricInfo_v2;
+		if ((ret = fabric_v(dev, buf)) != NVML_SUCCESS)
+			FAIL("nvmlDeviceGetGpuFabricInfoV (v2): %d", ret);
+		canary_intact(buf, sizeof(nvmlGpuFabricInfo_v2_t), sizeof buf, "nvmlDeviceGetGpuFabricInfoV (v2)");
+		if (((nvmlGpuFabricInfo_v2_t *)buf)->state != NVML_GPU_FABRIC_STATE_IN_PROGRESS)
+			FAIL("nvmlDeviceGetGpuFabricInfoV (v2): state %u", ((nvmlGpuFabricInfo_v2_t *)buf)->state);
+		memset(buf, CANARY, sizeof buf);
+		((nvmlGpuFabricInfo_v3_t *)buf)->version = nvmlGpuFabricInfo_v3;
+		if ((ret = fabric_v(dev, buf)) != NVML_SUCCESS)
+			FAIL("nvmlDeviceGetGpuFabricInfoV (v3): %d", ret);
+		canary_intact(buf, sizeof(nvmlGpuFabricInfo_v3_t), sizeof buf, "nvmlDeviceGetGpuFabricInfoV (v3)");
+		if (((nvmlGpuFabricInfo_v3_t *)buf)->healthSummary != NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
+			FAIL("nvmlDeviceGetGpuFabricInfoV (v3): health summary %u", ((nvmlGpuFabricInfo_v3_t *)buf)->healthSummary);
+		((nvmlGpuFabricInfo_v3_t *)buf)->version = 1;
+		if ((ret = fabric_v(dev, buf)) != NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+			FAIL("nvmlDeviceGetGpuFabricInfoV with version 1: %d, want ARGUMENT_VERSION_MISMATCH", ret);
+	}
+
 	nvmlEventSet_t set;
 	if ((ret = create(&set)) != NVML_SUCCESS)
 		FAIL("nvmlEventSetCreate: %d", ret);

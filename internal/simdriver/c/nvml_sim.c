@@ -562,6 +562,31 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t d, nvmlGpuFabricInfo
 	return ret;
 }
 
+/* 550's versioned call: nvmlGpuFabricInfo_v2 adds the version before and the health mask after;
+ * _v3 also the health summary, after them (v2 is a prefix of v3). Any other version is refused,
+ * as NVML refuses it. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInfoV_t *f) {
+	struct sim_resp r;
+	if (!f)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	unsigned int version = f->version;
+	if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3)
+		return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+	nvmlReturn_t ret = dev_call(d, SIM_OP_FABRIC, 0, 0, &r);
+	if (ret != NVML_SUCCESS)
+		return ret;
+	nvmlGpuFabricInfo_v3_t full;
+	memset(&full, 0, sizeof full);
+	full.version = version;
+	full.state = (nvmlGpuFabricState_t)r.v[0];
+	full.status = (nvmlReturn_t)r.v[1];
+	full.cliqueId = (unsigned int)r.v[2];
+	memcpy(full.clusterUuid, r.s, NVML_GPU_FABRIC_UUID_LEN);
+	full.healthSummary = NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY;
+	memcpy(f, &full, version == nvmlGpuFabricInfo_v2 ? sizeof(nvmlGpuFabricInfo_v2_t) : sizeof full);
+	return NVML_SUCCESS;
+}
+
 /* --- MIG ----------------------------------------------------------------------------------- */
 
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {

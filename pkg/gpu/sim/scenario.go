@@ -72,12 +72,15 @@ const (
 	// EventReadsLower makes the next read of the counter Reading answer less than the last one
 	// did (0), once: a glitch, not a reset.
 	EventReadsLower EventKind = "readsLower"
+	// EventFabric sets the GPU's NVLink fabric state as Fabric Manager reports it through
+	// nvmlDeviceGetGpuFabricInfo (FabricState: notStarted, inProgress or completed).
+	EventFabric EventKind = "fabric"
 )
 
 // DriverOnly reports whether events of kind k are answered by the simulated driver only.
 func (k EventKind) DriverOnly() bool {
 	switch k {
-	case EventDriver, EventHang, EventOutOfRange, EventReadsLower:
+	case EventDriver, EventHang, EventOutOfRange, EventReadsLower, EventFabric:
 		return true
 	}
 	return false
@@ -88,6 +91,16 @@ const (
 	DriverUnload = "unload"
 	DriverLoad   = "load"
 )
+
+// Fabric states of an EventFabric, as NVML_GPU_FABRIC_STATE_* names them.
+const (
+	FabricNotStarted = "notStarted"
+	FabricInProgress = "inProgress"
+	FabricCompleted  = "completed"
+)
+
+// FabricStates lists the fabric states an EventFabric may set.
+var FabricStates = []string{FabricNotStarted, FabricInProgress, FabricCompleted}
 
 // MaxHang is the longest a hang event may make calls wait.
 const MaxHang = 10 * time.Minute
@@ -155,10 +168,12 @@ type Event struct {
 	// whole /dev/kmsg record ("3,1042,4909922970,-;NVRM: ..."), whose facility then counts.
 	Kmsg kmsg.Record
 	// DriverAction is DriverUnload or DriverLoad (EventDriver); Hang how long calls hang
-	// (EventHang); Reading the reading an EventOutOfRange or EventReadsLower concerns.
+	// (EventHang); Reading the reading an EventOutOfRange or EventReadsLower concerns;
+	// FabricState the state of an EventFabric.
 	DriverAction string
 	Hang         time.Duration
 	Reading      string
+	FabricState  string
 }
 
 // scenarioFile mirrors the file; pointers tell "absent" from zero.
@@ -202,6 +217,7 @@ type eventSpec struct {
 	Hang              *duration  `yaml:"hang"`
 	OutOfRange        *string    `yaml:"outOfRange"`
 	ReadsLower        *string    `yaml:"readsLower"`
+	Fabric            *string    `yaml:"fabric"`
 }
 
 type eccSpec struct {
@@ -437,9 +453,10 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 	add(spec.Hang != nil, EventHang)
 	add(spec.OutOfRange != nil, EventOutOfRange)
 	add(spec.ReadsLower != nil, EventReadsLower)
+	add(spec.Fabric != nil, EventFabric)
 	switch len(kinds) {
 	case 0:
-		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg (and, for the simulated driver, driver, hang, outOfRange, readsLower)")
+		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg (and, for the simulated driver, driver, hang, outOfRange, readsLower, fabric)")
 	case 1:
 		ev.Kind = kinds[0]
 	default:
@@ -582,6 +599,11 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 			return ev, fmt.Errorf("readsLower: must be one of %s, got %q", strings.Join(ReadsLowerReadings, ", "), *spec.ReadsLower)
 		}
 		ev.Reading = *spec.ReadsLower
+	case EventFabric:
+		if !slices.Contains(FabricStates, *spec.Fabric) {
+			return ev, fmt.Errorf("fabric: must be one of %s, got %q", strings.Join(FabricStates, ", "), *spec.Fabric)
+		}
+		ev.FabricState = *spec.Fabric
 	}
 	return ev, nil
 }

@@ -432,3 +432,39 @@ func TestOnNodeRenamesDevicesAndKeepsEvents(t *testing.T) {
 		t.Errorf("boot ID %q, want one of node n2", got)
 	}
 }
+
+// TestDriverOnlyEvents: what only a driver can answer parses for the simulated driver and is
+// refused, with the line and why, by the sim backend; a bad value is refused by both.
+func TestDriverOnlyEvents(t *testing.T) {
+	for _, tc := range []struct {
+		event string
+		want  sim.Event
+	}{
+		{"{at: 1s, driver: unload}", sim.Event{Kind: sim.EventDriver, GPU: -1, DriverAction: sim.DriverUnload}},
+		{"{at: 1s, gpu: 1, hang: 30s}", sim.Event{Kind: sim.EventHang, GPU: 1, Hang: 30 * time.Second}},
+		{"{at: 1s, gpu: 1, outOfRange: temperature}", sim.Event{Kind: sim.EventOutOfRange, GPU: 1, Reading: "temperature"}},
+		{"{at: 1s, gpu: 1, readsLower: ecc}", sim.Event{Kind: sim.EventReadsLower, GPU: 1, Reading: "ecc"}},
+		{"{at: 1s, gpu: 2, fabric: inProgress}", sim.Event{Kind: sim.EventFabric, GPU: 2, FabricState: sim.FabricInProgress}},
+	} {
+		t.Run(string(tc.want.Kind), func(t *testing.T) {
+			doc := []byte(scenario("", tc.event))
+			sc, err := sim.ParseDriverScenario(doc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := sc.Events[0]
+			if got.Kind != tc.want.Kind || got.GPU != tc.want.GPU || got.DriverAction != tc.want.DriverAction ||
+				got.Hang != tc.want.Hang || got.Reading != tc.want.Reading || got.FabricState != tc.want.FabricState {
+				t.Errorf("parsed %+v, want %+v", got, tc.want)
+			}
+			_, err = sim.ParseScenario(doc)
+			if err == nil || !strings.Contains(err.Error(), "line 6") || !strings.Contains(err.Error(), "only the simulated driver") {
+				t.Errorf("the sim backend's parse = %v, want refused naming line 6 and the simulated driver", err)
+			}
+		})
+	}
+	_, err := sim.ParseDriverScenario([]byte(scenario("", "{at: 1s, gpu: 2, fabric: degraded}")))
+	if err == nil || !strings.Contains(err.Error(), "fabric: must be one of notStarted, inProgress, completed") {
+		t.Errorf("a bad fabric state = %v", err)
+	}
+}
