@@ -40,9 +40,9 @@ kubectl-plugin: build ## bin/kubectl-gpuhealth, so that `kubectl gpuhealth statu
 	ln -sf gpuhealth $(BIN)/kubectl-gpuhealth
 
 .PHONY: demo
-demo: build ## The main job on a local cluster: 3 simulated GPU nodes, agents, scheduler, extender, faults, a GPU reset, a drain, pods. CHART=1: the Helm chart on containerd nodes instead.
+demo: build ## The main job on a local cluster: 3 simulated GPU nodes, agents, scheduler, extender, faults, a GPU reset, a drain, pods. BACKEND=nvml: through NVML on a simulated NVIDIA driver per node. CHART=1: the Helm chart on containerd nodes instead.
 	if [[ "$(CHART)" == 1 ]]; then hack/demo/chart.sh; \
-	else $(GO) run ./hack/demo --gpuhealth $(BIN)/gpuhealth --scenario examples/demo-scenario.yaml; fi
+	else $(GO) run ./hack/demo --gpuhealth $(BIN)/gpuhealth --scenario examples/demo-scenario.yaml --backend $(or $(BACKEND),sim); fi
 
 .PHONY: simulate
 simulate: build ## Replay examples/scenario.yaml (an hour of faults on 8 GPUs) on virtual time.

@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -36,6 +37,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+	"github.com/gpuhealth/gpuhealth/internal/simdriver"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
@@ -58,9 +60,14 @@ const (
 func main() {
 	bin := flag.String("gpuhealth", "bin/gpuhealth", "the gpuhealth binary")
 	scenario := flag.String("scenario", "examples/demo-scenario.yaml", "scenario replayed on "+nodes[0])
+	backend := flag.String("backend", "sim", "sim: the agents and device plugins simulate their GPUs; nvml: they read a simulated NVIDIA driver per node (gpuhealth sim-driver) through NVML, as in production")
 	flag.Parse()
+	if *backend != "sim" && *backend != "nvml" {
+		fmt.Fprintf(os.Stderr, "demo: --backend must be sim or nvml, got %q\n", *backend)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *bin, *scenario)
+	err := run(ctx, *bin, *scenario, *backend == "nvml")
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
@@ -84,7 +91,7 @@ func (s *story) heading(title string) {
 	fmt.Fprintf(s.out, "\n=== %d. %s\n", s.chapter, title)
 }
 
-func run(ctx context.Context, bin, scenarioPath string) error {
+func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 	st := &story{out: os.Stdout, start: time.Now()}
 	bin, err := filepath.Abs(bin)
 	if err != nil {
@@ -130,10 +137,14 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	}
 	var procs []*exec.Cmd
 	var draPlugins []*controlplane.DRAPlugin
+	driverRoots := map[string]string{} // node -> its simulated driver's root (--backend nvml)
 	defer func() {
 		for _, p := range slices.Backward(procs) {
 			_ = p.Process.Signal(syscall.SIGTERM)
 			_ = p.Wait()
+		}
+		for _, root := range driverRoots {
+			_ = os.RemoveAll(root)
 		}
 		for _, p := range draPlugins {
 			p.Stop()
@@ -163,8 +174,9 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	st.say("real kubelets run %s (addresses %s..%s in the node network); each has DRA ResourceSlices (driver gpu.nvidia.com) and a DRA kubelet plugin",
 		strings.Join(nodes, ", "), kubeletNodes[0].IP, kubeletNodes[len(kubeletNodes)-1].IP)
 
+	started := map[string]*exec.Cmd{}
 	start := func(name string, args ...string) error {
-		logFile, err := os.Create(filepath.Join(logDir, name+".log"))
+		logFile, err := os.OpenFile(filepath.Join(logDir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			return err
 		}
@@ -175,6 +187,7 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 			return fmt.Errorf("start %s: %w", name, err)
 		}
 		procs = append(procs, cmd)
+		started[name] = cmd
 		return nil
 	}
 	kubeconfig := c.AdminKubeconfig()
@@ -185,6 +198,9 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	if err := os.WriteFile(config, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"), 0o644); err != nil {
 		return err
 	}
+	// On the simulated driver each node's NVML holders are an agent and a device plugin; a reset
+	// is refused while the other one holds the GPUs, as on a real node.
+	devicePlugins := map[string][]string{}
 	for i, node := range nodes {
 		scenario := scenarioPath
 		if i > 0 {
@@ -195,11 +211,7 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 			}
 		}
 		// The agents repair GPUs (docs/remediation.md), asking their kubelet which pods hold a GPU.
-		agentConfig := filepath.Join(logDir, node+".config.yaml")
-		if err := os.WriteFile(agentConfig, []byte(fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"+
-			"remediation: {enabled: true, probation: 10s, namespace: default, podResourcesSocket: %q}\n", kubeletNodes[i].PodResourcesSocket())), 0o644); err != nil {
-			return err
-		}
+		remediation := fmt.Sprintf("remediation: {enabled: true, probation: 10s, namespace: default, podResourcesSocket: %q", kubeletNodes[i].PodResourcesSocket())
 		agentScenario := scenario
 		if node == repairNode {
 			// The agent's GPU 7 needs a reset; the device plugin's simulation stays clean, as a
@@ -210,15 +222,41 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 				return err
 			}
 		}
-		if err := start("agent-"+node, "agent", "--backend", "sim", "--scenario", agentScenario, "--node-name", node,
+		agentSource := []string{"--backend", "sim", "--scenario", agentScenario}
+		pluginSource := []string{"--backend", "sim", "--scenario", scenario}
+		if onDriver {
+			// One driver per node serves both; its faults come a few seconds after it starts,
+			// once the agent and the device plugin watch them.
+			if node == repairNode {
+				scenario = agentScenario
+			}
+			root, err := serveDriver(ctx, start, logDir, node, scenario)
+			if err != nil {
+				return err
+			}
+			driverRoots[node] = root
+			agentSource = []string{"--backend", "nvml", "--driver-root", root}
+			pluginSource = agentSource
+			// The agent resets a GPU through the simulated driver, as nvidia-smi --gpu-reset would.
+			remediation += fmt.Sprintf(", maxAttempts: 5, resetCommand: [%q, sim-driver, inject, --driver-root, %q, \"{gpu: {uuid}, reset: true}\"]", bin, root)
+		}
+		agentConfig := filepath.Join(logDir, node+".config.yaml")
+		if err := os.WriteFile(agentConfig, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"+remediation+"}\n"), 0o644); err != nil {
+			return err
+		}
+		if err := start("agent-"+node, append(append([]string{"agent"}, agentSource...), "--node-name", node,
 			"--kubeconfig", kubeconfig, "--config", agentConfig, "--checkpoint", filepath.Join(logDir, node+".checkpoint"),
-			"--metrics-address", ""); err != nil {
+			"--metrics-address", "")...); err != nil {
 			return err
 		}
-		if err := start("device-plugin-"+node, "device-plugin", "--backend", "sim", "--scenario", scenario, "--config", config,
-			"--kubelet-socket-dir", kubeletNodes[i].DevicePluginDir(), "--checkpoint", filepath.Join(logDir, node+".device-plugin.checkpoint")); err != nil {
+		devicePlugins[node] = append(append([]string{"device-plugin"}, pluginSource...), "--config", config,
+			"--kubelet-socket-dir", kubeletNodes[i].DevicePluginDir(), "--checkpoint", filepath.Join(logDir, node+".device-plugin.checkpoint"))
+		if err := start("device-plugin-"+node, devicePlugins[node]...); err != nil {
 			return err
 		}
+	}
+	if onDriver {
+		st.say("each node has a simulated NVIDIA driver (libnvidia-ml.so.1 in %s ...) that its agent and device plugin read through NVML", driverRoots[nodes[0]])
 	}
 	st.say("each node runs an agent and a device plugin (simulated GPUs, the same faults); the scheduler extender listens on %s; logs in %s", extenderAddr, logDir)
 	if err := waitFor(ctx, "every kubelet to count 8 GPUs from its device plugin", func() (bool, error) {
@@ -292,6 +330,36 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 
 	st.heading(fmt.Sprintf("A GPU reset repairs GPU %d of %s", repairGPU, repairNode))
 	st.say("the agent of %s sees a double-bit ECC error (XID 48) on GPU %d: a GPU reset clears it", repairNode, repairGPU)
+	attempts := 1
+	if onDriver {
+		// gpuhealth's own device plugin holds the node's GPUs open, and the driver refuses a
+		// reset then, as NVIDIA's does (issue #29 has the agent pause such holders itself).
+		if err := waitFor(ctx, "the first reset to be refused", func() (bool, error) {
+			events, err := admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + repairNode})
+			if err != nil {
+				return false, err
+			}
+			for _, e := range events.Items {
+				if e.Reason == "GPURemediationAttemptFailed" {
+					msg := e.Message
+					if i := strings.LastIndex(msg, "exit status 1: "); i >= 0 { // the driver's answer, not the whole command
+						msg = fmt.Sprintf("GPU %d: %s", repairGPU, msg[i+len("exit status 1: "):])
+					}
+					st.say("event %-28s %s", e.Reason, msg)
+					return true, nil
+				}
+			}
+			return false, nil
+		}); err != nil {
+			return err
+		}
+		st.say("the driver refused the reset: the device plugin of %s holds the GPUs; the operator stops it", repairNode)
+		dp := started["device-plugin-"+repairNode]
+		_ = dp.Process.Signal(syscall.SIGTERM)
+		_ = dp.Wait()
+		procs = slices.DeleteFunc(procs, func(c *exec.Cmd) bool { return c == dp })
+		attempts = 2
+	}
 	if err := waitFor(ctx, "the repair of GPU 7", func() (bool, error) {
 		n, err := admin.CoreV1().Nodes().Get(ctx, repairNode, metav1.GetOptions{})
 		if err != nil {
@@ -299,9 +367,29 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 		}
 		r, err := gpuhealthv1.ParseRemediation(n.Annotations[gpuhealthv1.RemediationKey])
 		uuid := sim.GPUUUID(repairNode, repairGPU)
-		return err == nil && r[uuid].Phase == "" && r[uuid].Attempts == 1, err
+		return err == nil && r[uuid].Phase == "" && r[uuid].Attempts == attempts, err
 	}); err != nil {
 		return err
+	}
+	if onDriver {
+		// Its checkpoint still has the XID 48 a reset clears: a reset while it was stopped is
+		// invisible to it (NVML keeps no record of one), so the operator starts it afresh.
+		st.say("GPU 7 is reset; the operator starts the device plugin of %s again, without the checkpoint from before the reset", repairNode)
+		args := slices.Clone(devicePlugins[repairNode])
+		args[len(args)-1] += ".after-reset"
+		if err := start("device-plugin-"+repairNode, args...); err != nil {
+			return err
+		}
+		if err := waitFor(ctx, "the kubelet of "+repairNode+" to count 8 healthy GPUs again", func() (bool, error) {
+			n, err := admin.CoreV1().Nodes().Get(ctx, repairNode, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			allocatable := n.Status.Allocatable[scheduling.ResourceGPU]
+			return allocatable.Value() == gpusPerNode, nil
+		}); err != nil {
+			return err
+		}
 	}
 	events, err := admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + repairNode})
 	if err != nil {
@@ -357,6 +445,49 @@ func run(ctx context.Context, bin, scenarioPath string) error {
 	st.say("GPU 3 stays out until the node reboots; GPU 2 of %s until `gpuhealth undrain %s 2`", nodes[1], nodes[1])
 	st.heading("The end")
 	return nil
+}
+
+// driverLead is how long after its start a node's simulated driver plays its scenario's first
+// instant: the agent and the device plugin watch the GPUs by then.
+const driverLead = 5 * time.Second
+
+// atField is a scenario event's `at`.
+var atField = regexp.MustCompile(`\bat:\s*([0-9][0-9a-z.]*)`)
+
+// serveDriver starts the node's simulated NVIDIA driver (gpuhealth sim-driver serve) on a fresh
+// driver root, serving the scenario driverLead late, and returns the root once it serves.
+func serveDriver(ctx context.Context, start func(string, ...string) error, logDir, node, scenario string) (string, error) {
+	data, err := os.ReadFile(scenario)
+	if err != nil {
+		return "", err
+	}
+	var bad error
+	shifted := atField.ReplaceAllStringFunc(string(data), func(m string) string {
+		d, err := time.ParseDuration(atField.FindStringSubmatch(m)[1])
+		if err != nil {
+			bad = fmt.Errorf("%s: %w", scenario, err)
+			return m
+		}
+		return "at: " + (d + driverLead).String()
+	})
+	if bad != nil {
+		return "", bad
+	}
+	driverScenario := filepath.Join(logDir, node+".driver.yaml")
+	if err := os.WriteFile(driverScenario, []byte(shifted), 0o644); err != nil {
+		return "", err
+	}
+	root, err := os.MkdirTemp("", "gh-demo-") // short: the socket's path must fit 107 bytes
+	if err != nil {
+		return "", err
+	}
+	if err := start("sim-driver-"+node, "sim-driver", "serve", "--scenario", driverScenario, "--driver-root", root); err != nil {
+		return "", err
+	}
+	return root, waitFor(ctx, "the simulated driver of "+node, func() (bool, error) {
+		_, err := os.Stat(simdriver.SocketPath(root))
+		return err == nil, nil
+	})
 }
 
 // setUpNodes starts a real kubelet per node and publishes its GPUs' ResourceSlice (as NVIDIA's DRA

@@ -144,6 +144,21 @@ type Machine struct {
 	inFlight  map[string]bool      // resets started and not returned: never two at once
 }
 
+// RetryBackoff is how long the first retry after a failed attempt waits; each further failure
+// doubles it, up to the window shared by the attempts (Window / MaxAttempts), so that every
+// attempt allowed fits in the window.
+const RetryBackoff = 30 * time.Second
+
+// retryDelay is how long the attempt after the n-th failed one waits.
+func (m *Machine) retryDelay(n int) time.Duration {
+	limit := m.cfg.Window / time.Duration(max(m.cfg.MaxAttempts, 1))
+	d := RetryBackoff
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, max(limit, time.Second))
+}
+
 // NewMachine returns a machine with no repair under way.
 func NewMachine(cfg Config, clk clock.PassiveClock, env Env) *Machine {
 	return &Machine{cfg: cfg, clock: clk, env: env, gpus: map[string]State{}, notBefore: map[string]time.Time{}, published: map[string]State{},

@@ -321,6 +321,7 @@ func TestFailedResetsEndInRemediationFailed(t *testing.T) {
 		if len(r.env.slots) != 0 {
 			t.Fatalf("attempt %d: slot kept after failure", attempt)
 		}
+		r.clock.Step(r.m.retryDelay(attempt))
 	}
 	r.wantPhase(0, PhaseFailed)
 	st := r.m.States()[gpu(0).UUID]
@@ -375,7 +376,7 @@ func TestStaleResetSignalDoesNotCount(t *testing.T) {
 func TestFaultReturningAfterEachResetEndsInRemediationFailed(t *testing.T) {
 	r := newRig(t, Config{})
 	sick, well := snap(status(gpu(0), xid48)), snap(status(gpu(0)))
-	for range 3 {
+	for attempt := 1; attempt <= 3; attempt++ {
 		r.step(sick)
 		r.wantPhase(0, PhaseResetting)
 		r.reset(0)
@@ -383,6 +384,7 @@ func TestFaultReturningAfterEachResetEndsInRemediationFailed(t *testing.T) {
 		r.wantPhase(0, PhaseProbation)
 		r.clock.Step(20 * time.Second)
 		r.step(sick)
+		r.clock.Step(r.m.retryDelay(attempt))
 	}
 	r.wantPhase(0, PhaseFailed)
 	want := []EventKind{KindStarted}
@@ -578,6 +580,7 @@ func TestNoSecondResetWhileTheFirstIsStillRunning(t *testing.T) {
 	r.clock.Step(30 * time.Second) // the reset times out; its command has not returned
 	r.step(sick)
 	r.wantPhase(0, PhaseWaitingForPods)
+	r.clock.Step(RetryBackoff)
 	r.step(sick)
 	r.wantPhase(0, PhaseWaitingForSlot)
 	if len(r.env.resets) != 1 || !strings.Contains(r.m.States()[gpu(0).UUID].Message, "not returned") {
@@ -614,5 +617,30 @@ func TestWaitingGPUsAreAskedAboutOncePerRecheck(t *testing.T) {
 	r.wantPhase(0, PhaseResetting)
 	if r.env.asked != 2 {
 		t.Fatalf("holders asked %d times, want 2", r.env.asked)
+	}
+}
+
+// TestFailedAttemptsBackOff: after a failed attempt the next one waits RetryBackoff, doubling
+// after each failure up to Window / MaxAttempts, and the AttemptFailed event says when: a reset
+// refused because another process holds the GPU does not use up every attempt in seconds.
+func TestFailedAttemptsBackOff(t *testing.T) {
+	r := newRig(t, Config{MaxAttempts: 5, Probation: time.Minute, Window: 5 * time.Minute, ResetTimeout: time.Minute})
+	sick := snap(status(gpu(0), xid48))
+	wantDelays := []time.Duration{30 * time.Second, time.Minute, time.Minute, time.Minute} // capped at 5m / 5
+	r.step(sick)
+	for i, want := range wantDelays {
+		r.m.ResetFinished(gpu(0).UUID, errors.New("in use by another client"))
+		ev := r.step(sick)
+		if len(ev) != 1 || ev[0].Kind != KindAttemptFailed || !strings.Contains(ev[0].Message, "the next attempt in "+want.String()) {
+			t.Fatalf("failure %d: events %+v, want AttemptFailed naming %v", i+1, ev, want)
+		}
+		r.clock.Step(want - time.Second)
+		r.step(sick)
+		if len(r.env.resets) != i+1 {
+			t.Fatalf("failure %d: %d resets before the delay ran out", i+1, len(r.env.resets))
+		}
+		r.clock.Step(time.Second)
+		r.step(sick)
+		r.wantPhase(0, PhaseResetting)
 	}
 }

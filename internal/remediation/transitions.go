@@ -36,12 +36,18 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			m.release(ctx, dev.UUID)
 		}
 		st.ResetDone, st.ResetObserved, st.Interrupted, st.Evict, st.ResetSeenAt = false, false, false, false, time.Time{}
-		emit(KindAttemptFailed, true, "reset attempt %d of %d failed: %s", len(st.Attempts), m.cfg.MaxAttempts, why)
 		if len(st.Attempts) >= m.cfg.MaxAttempts {
+			emit(KindAttemptFailed, true, "reset attempt %d of %d failed: %s", len(st.Attempts), m.cfg.MaxAttempts, why)
 			enter(PhaseFailed, fmt.Sprintf("gave up after %d resets within %v; last: %s", len(st.Attempts), m.cfg.Window, why))
 			emit(KindGaveUp, true, "%s: the GPU stays out of service; reboot or power-cycle the node, or replace the GPU", st.Message)
 			return
 		}
+		// The next attempt waits, longer after each failure: what made this one fail (another
+		// process holding the GPU, a driver busy with something else) rarely ends at once, and
+		// attempts in quick succession would use up maxAttempts in seconds.
+		delay := m.retryDelay(len(st.Attempts))
+		m.notBefore[dev.UUID] = now.Add(delay)
+		emit(KindAttemptFailed, true, "reset attempt %d of %d failed: %s; the next attempt in %v", len(st.Attempts), m.cfg.MaxAttempts, why, delay)
 		enter(PhaseWaitingForPods, why)
 	}
 
