@@ -36,6 +36,14 @@ func (ev *evaluation) reset(gpu *deviceState) {
 	ev.removeIf(gpu, ReasonGPUReset, resetClears)
 }
 
+// inferredReset applies a reset concluded from the volatile counters alone (Signal.Inferred):
+// the counters' rates restart and the condition the uncorrected count raised clears; everything
+// else waits for a reset someone reports.
+func (ev *evaluation) inferredReset(gpu *deviceState) {
+	gpu.eccCorrected, gpu.pcie, gpu.nvlink = counterRate{}, counterRate{}, nil
+	ev.removeIf(gpu, ReasonGPUReset, func(c *condState) bool { return c.Type == ConditionECCUncorrected })
+}
+
 // ecc applies a sample of the volatile ECC counters: any uncorrected error calls for a GPU reset,
 // and a corrected-error rate above the policy's limit is a storm until a quiet period passes.
 func (ev *evaluation) ecc(gpu *deviceState, sig Signal) {

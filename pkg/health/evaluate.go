@@ -26,7 +26,11 @@ func (ev *evaluation) apply(ds *deviceState, sig Signal) {
 	case SignalResetRequired:
 		ev.resetRequired(gpu)
 	case SignalReset:
-		ev.reset(gpu)
+		if sig.Inferred {
+			ev.inferredReset(gpu)
+		} else {
+			ev.reset(gpu)
+		}
 	case SignalECCCounters:
 		ev.ecc(gpu, sig)
 	case SignalECCStorm:

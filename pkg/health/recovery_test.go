@@ -146,3 +146,32 @@ func TestRecoveryActionChangesInPlace(t *testing.T) {
 	h2.signal(health.SignalRecoveryAction, uuid, 0, withAction(health.RecoveryNodeReboot))
 	h2.wantHealth(uuid, health.Healthy, false)
 }
+
+// TestInferredResetClearsOnlyWhatTheCountersSaid: a reset the backend only concluded from volatile
+// ECC counters that went back to zero clears the uncorrected-ECC condition, never an XID, a lost
+// GPU or a reset the driver requires (one lower read once cleared XID 48).
+func TestInferredResetClearsOnlyWhatTheCountersSaid(t *testing.T) {
+	inferred := func(s *health.Signal) { s.Inferred = true }
+	h := newHarness(t, health.DefaultPolicy(), gpuDevice(0), gpuDevice(1), gpuDevice(2), gpuDevice(3))
+	ecc, xid, required, lost := gpuDevice(0).UUID, gpuDevice(1).UUID, gpuDevice(2).UUID, gpuDevice(3).UUID
+	h.signal(health.SignalECCCounters, ecc, 0, withECC(40, 2))
+	h.signal(health.SignalECCCounters, xid, 0, withECC(40, 2))
+	h.xid(xid, 48, 0)
+	h.signal(health.SignalResetRequired, required, 0)
+	h.signal(health.SignalLost, lost, 0)
+	for _, uuid := range []string{ecc, xid, required, lost} {
+		h.signal(health.SignalReset, uuid, time.Second, inferred)
+		h.signal(health.SignalECCCounters, uuid, time.Second, withECC(0, 0))
+	}
+	h.wantHealth(ecc, health.Healthy, false)
+	if _, ok := h.condition(xid, health.ConditionECCUncorrected, 0); ok {
+		t.Error("the uncorrected-ECC condition of the XID 48 GPU stayed")
+	}
+	h.mustCondition(xid, health.ConditionXID, 48)
+	h.wantHealth(xid, health.Unhealthy, false)
+	h.mustCondition(required, health.ConditionGPUResetRequired, 0)
+	h.wantHealth(lost, health.Unhealthy, true)
+	// A reset someone reports clears them.
+	h.reset(xid, 2*time.Second)
+	h.wantHealth(xid, health.Healthy, false)
+}

@@ -36,7 +36,8 @@ const (
 	SignalRecoveryAction
 	// SignalLost: the GPU is lost (fell off the bus, GPU_IS_LOST). No fields.
 	SignalLost
-	// SignalReset: the GPU was reset. No fields.
+	// SignalReset: the GPU was reset; Inferred when the backend only concluded it from volatile
+	// counters that went back to (near) zero, which clears only what those counters said.
 	SignalReset
 	// SignalSample marks the end of one periodic sampling round for the device; the Tracker
 	// uses it to expire quiet periods. No fields.
@@ -137,6 +138,13 @@ type Signal struct {
 	Down        bool
 	Reasons     ClockEventReasons
 	Action      RecoveryAction
+	// Inferred marks a SignalReset the backend concluded from the volatile ECC counters alone
+	// (nobody it knows of reset the GPU): it clears the uncorrected-ECC condition and restarts the
+	// counters' rates, but never an XID, a lost GPU, a reset the driver requires or anything else
+	// only a real reset clears. A reset that really happens while a backend holds the GPU is
+	// refused by the driver, so counters that go down under a watching backend are more likely a
+	// glitch or a driver reload than a repair.
+	Inferred bool
 }
 
 // XIDSignal builds an XID signal for the whole GPU.

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 )
@@ -26,6 +29,8 @@ type AnnotationWriter struct {
 
 	mu      sync.Mutex
 	written map[string]string // the values of the last successful patch
+
+	conflicts atomic.Uint64
 }
 
 // AnnotationWriter returns a writer of keys on the cache's Node.
@@ -64,7 +69,42 @@ func (w *AnnotationWriter) isOurs(n *corev1.Node) bool {
 
 // Write makes the Node's annotations match want (key → value, "" = absent) for the writer's keys,
 // given the Node as last read, with at most one patch. It returns the number of writes (0 or 1).
+// Use it for keys only gpuhealth writes; for a key other writers share, WriteMerged.
 func (w *AnnotationWriter) Write(ctx context.Context, node *corev1.Node, want map[string]string) (int, error) {
+	return w.patch(ctx, node, want, "")
+}
+
+// WriteMerged writes what merge computes from the Node for the writer's keys, conditional on the
+// Node not having changed since it was read: the patch carries the Node's resourceVersion, so a
+// write by anyone else in between (Volcano's device plugin rewriting its list) makes the API
+// server refuse it with Conflict instead of losing that write. Then the Node is read again and
+// merge runs on it, up to retry.DefaultRetry's steps. It returns the number of writes.
+func (w *AnnotationWriter) WriteMerged(ctx context.Context, node *corev1.Node, merge func(*corev1.Node) map[string]string) (int, error) {
+	writes := 0
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := w.patch(ctx, node, merge(node), node.ResourceVersion)
+		writes += n
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		w.conflicts.Add(1)
+		fresh, gerr := w.cache.live(ctx)
+		if gerr != nil {
+			return gerr
+		}
+		node = fresh
+		return err
+	})
+	return writes, err
+}
+
+// Conflicts is the number of conditional writes the API server refused because the Node had
+// changed since it was read (each was merged again).
+func (w *AnnotationWriter) Conflicts() uint64 { return w.conflicts.Load() }
+
+// patch patches the keys whose values differ from node's; a non-empty resourceVersion makes the
+// patch conditional on it.
+func (w *AnnotationWriter) patch(ctx context.Context, node *corev1.Node, want map[string]string, resourceVersion string) (int, error) {
 	patch := map[string]any{}
 	for _, key := range w.keys {
 		value := want[key]
@@ -79,7 +119,11 @@ func (w *AnnotationWriter) Write(ctx context.Context, node *corev1.Node, want ma
 	if len(patch) == 0 {
 		return 0, nil
 	}
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
+	meta := map[string]any{"annotations": patch}
+	if resourceVersion != "" {
+		meta["resourceVersion"] = resourceVersion
+	}
+	body, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
 		return 0, err
 	}

@@ -16,10 +16,12 @@ package annotation
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
@@ -104,9 +106,13 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	merged := mergeVolcanoIDs(node.Annotations, gpuhealthv1.UnhealthyIndexes(snap))
-	s.logBadInput(ctx, merged)
-	return s.writer.Write(ctx, node, map[string]string{gpuhealthv1.UnhealthyIDsKey: merged.Value, gpuhealthv1.HealthKey: healthJSON, gpuhealthv1.VolcanoStateKey: merged.State})
+	ours := gpuhealthv1.UnhealthyIndexes(snap)
+	// The list is shared with Volcano's device plugin: merged on the Node as it is when written.
+	return s.writer.WriteMerged(ctx, node, func(node *corev1.Node) map[string]string {
+		merged := mergeVolcanoIDs(node.Annotations, ours)
+		s.logBadInput(ctx, merged)
+		return map[string]string{gpuhealthv1.UnhealthyIDsKey: merged.Value, gpuhealthv1.HealthKey: healthJSON, gpuhealthv1.VolcanoStateKey: merged.State}
+	})
 }
 
 // logBadInput reports entries of another writer that are not GPU indexes, and an unreadable state,
@@ -114,6 +120,9 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
 	logger := klog.FromContext(ctx)
 	garbage := strings.Join(m.Invalid, ",")
+	if m.Oversized > 0 {
+		garbage = fmt.Sprintf("%d entries, more than %d", m.Oversized, sharedlist.MaxEntries) + ";" + garbage
+	}
 	stateErr := ""
 	if m.StateErr != nil {
 		stateErr = m.StateErr.Error()
@@ -122,7 +131,11 @@ func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
 	newGarbage, newStateErr := garbage != s.lastGarbage, stateErr != s.lastStateErr
 	s.lastGarbage, s.lastStateErr = garbage, stateErr
 	s.mu.Unlock()
-	if newGarbage && garbage != "" {
+	if newGarbage && m.Oversized > 0 {
+		logger.Info("Warning: the Volcano annotation has far more entries than any node has GPUs; merging it whole, as another writer's",
+			"node", s.nodeName, "annotation", gpuhealthv1.UnhealthyIDsKey, "entries", m.Oversized, "limit", sharedlist.MaxEntries)
+	}
+	if newGarbage && len(m.Invalid) > 0 {
 		logger.Info("Another writer put entries that are not GPU indexes in the Volcano annotation; keeping them as they are",
 			"node", s.nodeName, "annotation", gpuhealthv1.UnhealthyIDsKey, "entries", garbage)
 	}

@@ -15,10 +15,12 @@ package hami
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
@@ -95,16 +97,23 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ann := node.Annotations
-	// gpuhealth never owned the cordon outright: without a state, every entry is an operator's.
-	merged := uuids.Merge(ann[gpuhealthv1.HAMiCordonKey], ann[gpuhealthv1.HAMiStateKey], false, Cordoned(snap))
-	s.logBadInput(ctx, merged)
-	return s.writer.Write(ctx, node, map[string]string{gpuhealthv1.HAMiCordonKey: merged.Value, gpuhealthv1.HAMiStateKey: merged.State})
+	ours := Cordoned(snap)
+	// The cordon is shared with operators: merged on the Node as it is when written.
+	return s.writer.WriteMerged(ctx, node, func(node *corev1.Node) map[string]string {
+		ann := node.Annotations
+		// gpuhealth never owned the cordon outright: without a state, every entry is an operator's.
+		merged := uuids.Merge(ann[gpuhealthv1.HAMiCordonKey], ann[gpuhealthv1.HAMiStateKey], false, ours)
+		s.logBadInput(ctx, merged)
+		return map[string]string{gpuhealthv1.HAMiCordonKey: merged.Value, gpuhealthv1.HAMiStateKey: merged.State}
+	})
 }
 
 // logBadInput logs entries with blanks and an unreadable state once per distinct value.
 func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
 	bad := strings.Join(m.Invalid, ",")
+	if m.Oversized > 0 {
+		bad += fmt.Sprintf(" / %d entries, more than %d", m.Oversized, sharedlist.MaxEntries)
+	}
 	if m.StateErr != nil {
 		bad += " / " + m.StateErr.Error()
 	}
@@ -114,6 +123,6 @@ func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
 	s.mu.Unlock()
 	if fresh && bad != "" {
 		klog.FromContext(ctx).Info("Keeping unexpected content of HAMi's cordon annotation as it is",
-			"node", s.nodeName, "annotation", gpuhealthv1.HAMiCordonKey, "entries", m.Invalid, "stateErr", m.StateErr)
+			"node", s.nodeName, "annotation", gpuhealthv1.HAMiCordonKey, "entries", m.Invalid, "stateErr", m.StateErr, "oversized", m.Oversized)
 	}
 }

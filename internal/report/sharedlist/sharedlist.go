@@ -40,22 +40,37 @@ type List struct {
 	valid, other []string
 }
 
-// Parse splits v on commas, trims each entry, drops empty ones and duplicates.
+// MaxEntries is more entries than any node has GPUs for; a list longer than that is someone's
+// mistake or an attack (Result.Oversized). It is still merged whole, in linear time: the API
+// server's 256 KiB limit on a Node's annotations bounds it.
+const MaxEntries = 4096
+
+// Parse splits v on commas, trims each entry, drops empty ones and duplicates. It takes time
+// linear in len(v), plus sorting the valid entries.
 func (f Format) Parse(v string) List {
 	var l List
+	seen := map[string]struct{}{}
 	for entry := range strings.SplitSeq(v, ",") {
 		s := strings.TrimSpace(entry)
-		switch {
-		case s == "" || slices.Contains(l.valid, s) || slices.Contains(l.other, s):
-		case f.Valid(s):
+		if s == "" {
+			continue
+		}
+		if _, dup := seen[s]; dup {
+			continue
+		}
+		seen[s] = struct{}{}
+		if f.Valid(s) {
 			l.valid = append(l.valid, s)
-		default:
+		} else {
 			l.other = append(l.other, s)
 		}
 	}
 	slices.SortFunc(l.valid, f.Compare)
 	return l
 }
+
+// Len is the number of entries.
+func (l List) Len() int { return len(l.valid) + len(l.other) }
 
 // String formats the list: comma-separated, no spaces.
 func (l List) String() string { return strings.Join(slices.Concat(l.valid, l.other), ",") }
@@ -65,8 +80,13 @@ func (l List) Invalid() []string { return slices.Clone(l.other) }
 
 func (f Format) with(l List, add []string) List {
 	out := List{valid: slices.Clone(l.valid), other: l.other}
+	have := make(map[string]struct{}, len(out.valid))
+	for _, e := range out.valid {
+		have[e] = struct{}{}
+	}
 	for _, e := range add {
-		if !slices.Contains(out.valid, e) {
+		if _, ok := have[e]; !ok {
+			have[e] = struct{}{}
 			out.valid = append(out.valid, e)
 		}
 	}
@@ -94,6 +114,9 @@ type Result struct {
 	Invalid []string
 	// StateErr is ErrBadState when the recorded state could not be read.
 	StateErr error
+	// Oversized is the number of entries of the current value when it has more than MaxEntries
+	// (0 otherwise), for a warning.
+	Oversized int
 }
 
 // Merge applies the package's rules. current and stateRaw are the annotations' values ("" when
@@ -106,6 +129,9 @@ func (f Format) Merge(current, stateRaw string, oursWithoutState bool, ours []st
 	current = strings.ToValidUTF8(current, "\uFFFD")
 	observed := f.Parse(current)
 	r.Invalid = observed.Invalid()
+	if n := observed.Len(); n > MaxEntries {
+		r.Oversized = n
+	}
 	var others List
 	var state State
 	switch {

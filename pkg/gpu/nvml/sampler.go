@@ -96,13 +96,18 @@ func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 	sink.Signal(with(base, health.SignalSample))
 }
 
-// emitECC passes the volatile ECC totals on. Volatile counters only restart at a GPU reset (or a
-// driver reload), so totals lower than the previous ones mean the GPU was reset: the reset is
-// reported first, so that the library clears what a reset clears and restarts its rates before
-// it sees the new totals. A reset clears faults, so one lower read is not believed on its own:
-// the totals are read again, and only when they are still lower is it a reset; a glitch (the
-// second read back where the totals were) is logged and the second read passed on, and totals
-// that cannot be read again are not passed on this time.
+// eccNearZero is how many corrected errors volatile totals may show just after a reset (they
+// count again at once on a GPU with a weak cell): lower totals above it are no reset.
+const eccNearZero = 16
+
+// emitECC passes the volatile ECC totals on. Volatile counters restart only at a GPU reset (or a
+// driver reload), so totals that went back to (near) zero are taken as a reset: an inferred one
+// (health.Signal.Inferred), reported first so that the library restarts its rates and clears the
+// uncorrected-ECC condition before it sees the new totals, and which clears nothing else (XIDs,
+// a required reset: those wait for a reset someone reports). One lower read is not believed on its
+// own: the totals are read again. A glitch (the second read back where the totals were), totals
+// lower but not near zero (40 → 39: no reset does that) and totals that cannot be read again are
+// counted in Stats().Glitches and logged, and are no reset.
 func (b *Backend) emitECC(g *gpu, e ECCReading, base health.Signal, sink Sink) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -116,18 +121,27 @@ func (b *Backend) emitECC(g *gpu, e ECCReading, base health.Signal, sink Sink) {
 				"corrected", e.Corrected, "previousCorrected", g.ecc.corrected, "uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
 			return
 		}
-		if !lower(*again.ECC) {
+		switch {
+		case !lower(*again.ECC):
 			b.log.Info("volatile ECC totals read lower once, then back: a glitch, not a reset", "gpu", g.dev.UUID,
 				"glitchCorrected", e.Corrected, "glitchUncorrected", e.Uncorrected, "corrected", again.ECC.Corrected, "uncorrected", again.ECC.Uncorrected)
 			b.stats.add(func(s *Stats) { s.Glitches++ })
 			e = *again.ECC
-		} else {
+		case again.ECC.Uncorrected != 0 || again.ECC.Corrected > eccNearZero:
 			e = *again.ECC
-			b.log.Info("volatile ECC totals went down: the GPU was reset", "gpu", g.dev.UUID,
+			b.log.Info("volatile ECC totals went down but not back to zero: no reset does that, not taken as one", "gpu", g.dev.UUID,
+				"corrected", e.Corrected, "previousCorrected", g.ecc.corrected,
+				"uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
+			b.stats.add(func(s *Stats) { s.Glitches++ })
+		default:
+			e = *again.ECC
+			b.log.Info("volatile ECC totals went back to zero: the GPU was reset (inferred: clears only the uncorrected-ECC condition)", "gpu", g.dev.UUID,
 				"corrected", e.Corrected, "previousCorrected", g.ecc.corrected,
 				"uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
 			b.stats.add(func(s *Stats) { s.Resets++ })
-			sink.Signal(with(base, health.SignalReset))
+			reset := with(base, health.SignalReset)
+			reset.Inferred = true
+			sink.Signal(reset)
 		}
 	}
 	g.ecc, g.eccValid = eccTotals{corrected: e.Corrected, uncorrected: e.Uncorrected}, true

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -284,6 +285,47 @@ func TestECCGlitchIsNotAReset(t *testing.T) {
 	}
 	if st := b.Stats(); st.Glitches != 1 || st.Resets != 0 {
 		t.Errorf("Stats: glitches %d, resets %d; want 1, 0", st.Glitches, st.Resets)
+	}
+}
+
+// Totals that go down but not back to zero (40 -> 39, on both reads) are no reset: no reset
+// leaves 39 errors, and taking it for one cleared XID 48. Totals back to zero are an inferred
+// reset, which clears the uncorrected-ECC condition but not the XID.
+func TestLowerECCTotalsAreCorroborated(t *testing.T) {
+	f := newFixture(t)
+	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 40, 2 })
+	b := f.open()
+	m := newMonitor(t, b)
+	rec := newRecorder()
+	f.run(b, teeSink{rec, m})
+	m.Signal(health.XIDSignal(f.uuid(0), 48, time.Now()))
+	rec.take()
+	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 39, 2 })
+	f.step(b)
+	if kinds := kindsOf(rec.take(), f.uuid(0)); slices.Contains(kinds, health.SignalReset) {
+		t.Errorf("40 -> 39 was reported as a reset: %v", kinds)
+	}
+	if st := b.Stats(); st.Glitches != 1 || st.Resets != 0 {
+		t.Errorf("Stats: glitches %d, resets %d; want 1, 0", st.Glitches, st.Resets)
+	}
+	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 0, 0 })
+	f.step(b)
+	var reset *health.Signal
+	for _, s := range rec.take() {
+		if s.Device == f.uuid(0) && s.Kind == health.SignalReset {
+			reset = &s
+		}
+	}
+	if reset == nil || !reset.Inferred {
+		t.Fatalf("totals back to zero: reset signal %+v, want an inferred one", reset)
+	}
+	d, _ := deviceStatus(m.Snapshot(), f.uuid(0))
+	var reasons []string
+	for _, c := range d.Conditions {
+		reasons = append(reasons, c.Reason)
+	}
+	if d.Health != health.Unhealthy || !slices.Equal(reasons, []string{"XID48"}) {
+		t.Errorf("after the inferred reset: %v %v, want Unhealthy for XID48 alone", d.Health, reasons)
 	}
 }
 
