@@ -3,6 +3,9 @@ package agent
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -130,5 +133,46 @@ func TestKernelLogRunsBesideTheBackendOnTheRealDevice(t *testing.T) {
 	}
 	if k.Up() {
 		t.Error("still up after Run returned")
+	}
+}
+
+// TestKernelLogReopensAfterAReadError: a read error does not end the kernel log for good: it is
+// reported down, opened again after a backoff, and read again (here a regular file, whose end is
+// a read error for a reader of /dev/kmsg).
+func TestKernelLogReopensAfterAReadError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kmsg")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var l logged
+	k := OpenKernelLog(l.ctx(), on(path), nil, "b1")
+	if !k.Up() {
+		t.Fatal("not up")
+	}
+	k.backoffInitial, k.backoffMax = time.Millisecond, 4*time.Millisecond
+	tracker, err := health.NewTracker(health.DefaultPolicy(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon := health.NewMonitor(tracker)
+	ctx, cancel := context.WithCancel(l.ctx())
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx, mon, func(ctx context.Context) error { <-ctx.Done(); return nil }) }()
+	for deadline := time.Now().Add(10 * time.Second); k.Reopens() < 3; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reopens in 10s", k.Reopens())
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Close(); err != nil {
+		t.Error(err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !slices.ContainsFunc(l.lines, func(s string) bool { return strings.Contains(s, "Reading the kernel log again") }) {
+		t.Errorf("logged %q, want the reopening said", l.lines)
 	}
 }

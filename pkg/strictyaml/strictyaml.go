@@ -27,7 +27,8 @@ func Decode(data []byte, out any) error {
 	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return Clean(err)
 	}
-	if err := checkValues(&doc, reflect.TypeOf(out)); err != nil {
+	budget := MaxExpandedValues
+	if err := checkValues(&doc, reflect.TypeOf(out), &budget); err != nil {
 		return err
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -48,6 +49,11 @@ func Decode(data []byte, out any) error {
 	return nil
 }
 
+// MaxExpandedValues bounds the values a document may hold once its aliases are expanded: a few
+// lines of nested aliases expand into billions ("billion laughs"), and every configuration and
+// scenario of this project is far smaller.
+const MaxExpandedValues = 1_000_000
+
 var (
 	unmarshalerType     = reflect.TypeFor[yaml.Unmarshaler]()
 	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
@@ -57,7 +63,10 @@ var (
 // fraction where the type holds integers (yaml.v3 truncates 1.5 to 1 without a word), and runs
 // each value bound for an encoding.TextUnmarshaler through it, adding the line to its error.
 // Types with their own UnmarshalYAML check themselves.
-func checkValues(n *yaml.Node, t reflect.Type) error {
+func checkValues(n *yaml.Node, t reflect.Type, budget *int) error {
+	if *budget--; *budget < 0 {
+		return fmt.Errorf("line %d: the document expands, through its aliases, into more than %d values", n.Line, MaxExpandedValues)
+	}
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -82,7 +91,7 @@ func checkValues(n *yaml.Node, t reflect.Type) error {
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
-			if err := checkValues(c, t); err != nil {
+			if err := checkValues(c, t, budget); err != nil {
 				return err
 			}
 		}
@@ -100,7 +109,7 @@ func checkValues(n *yaml.Node, t reflect.Type) error {
 			return nil
 		}
 		for _, c := range n.Content {
-			if err := checkValues(c, t.Elem()); err != nil {
+			if err := checkValues(c, t.Elem(), budget); err != nil {
 				return err
 			}
 		}
@@ -109,7 +118,7 @@ func checkValues(n *yaml.Node, t reflect.Type) error {
 			var vt reflect.Type
 			switch t.Kind() {
 			case reflect.Map:
-				if err := checkValues(n.Content[i], t.Key()); err != nil {
+				if err := checkValues(n.Content[i], t.Key(), budget); err != nil {
 					return err
 				}
 				vt = t.Elem()
@@ -119,7 +128,7 @@ func checkValues(n *yaml.Node, t reflect.Type) error {
 			if vt == nil {
 				continue
 			}
-			if err := checkValues(n.Content[i+1], vt); err != nil {
+			if err := checkValues(n.Content[i+1], vt, budget); err != nil {
 				return err
 			}
 		}

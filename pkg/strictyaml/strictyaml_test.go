@@ -131,3 +131,27 @@ func TestDecodeNodeAndLookup(t *testing.T) {
 		t.Fatalf("DecodeNode of broken YAML: %v", err)
 	}
 }
+
+// TestAliasExpansionIsBounded: a few lines of nested aliases ("billion laughs") are refused with
+// a clear error instead of being walked value by value.
+func TestAliasExpansionIsBounded(t *testing.T) {
+	refs := func(name string) string { return strings.TrimSuffix(strings.Repeat("*"+name+",", 200), ",") }
+	doc := "defs:\n  - &a [1, 2, 3, 4, 5]\n  - &b [" + refs("a") + "]\n  - &c [" + refs("b") + "]\n" +
+		"items: [" + refs("c") + "]\n"
+	var out struct {
+		Defs  [][][]int   `yaml:"defs"`
+		Items [][][][]int `yaml:"items"`
+	}
+	err := strictyaml.Decode([]byte(doc), &out)
+	if err == nil || !strings.Contains(err.Error(), "expands, through its aliases, into more than 1000000 values") {
+		t.Fatalf("Decode = %v, want the expansion refused", err)
+	}
+	// Aliases that expand into little are fine.
+	var small struct {
+		Defs  []int   `yaml:"defs"`
+		Items [][]int `yaml:"items"`
+	}
+	if err := strictyaml.Decode([]byte("defs: &d [1, 2]\nitems: [*d, *d]\n"), &small); err != nil || len(small.Items) != 2 {
+		t.Fatalf("a small alias: %v %+v", err, small)
+	}
+}

@@ -64,7 +64,9 @@ func TestSharedListsLoseNoConcurrentWrite(t *testing.T) {
 		syncer                   func(kube.Interface, string) report.Syncer
 	}{
 		{"volcano", gpuhealthv1.UnhealthyIDsKey, "6", "1,6",
-			func(cl kube.Interface, node string) report.Syncer { return annotation.New(cl, node, annotation.Options{}) }},
+			func(cl kube.Interface, node string) report.Syncer {
+				return annotation.New(cl, node, annotation.Options{})
+			}},
 		{"hami", gpuhealthv1.HAMiCordonKey, "GPU-operator-cordoned", "", // want: set below
 			func(cl kube.Interface, node string) report.Syncer { return hami.New(cl, node, hami.Options{}) }},
 	} {
