@@ -123,6 +123,11 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	monitor := rt.Monitor()
 	tracker := monitor.Tracker() // metrics read its snapshot
+	opts.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "gpuhealth_checkpoint_write_failures_total",
+		Help:        "Checkpoint writes that failed (each is tried again every tick; the agent is not ready while the last one failed).",
+		ConstLabels: prometheus.Labels{"node": opts.NodeName},
+	}, func() float64 { return float64(rt.CheckpointFailures()) }))
 	restored, err := rt.Restore()
 	if err != nil {
 		logger.Error(err, "Ignoring the checkpoint", "path", checkpointPath)
@@ -274,7 +279,7 @@ func Run(ctx context.Context, opts Options) error {
 	drains := &drainWatcher{nodes: caches.nodes, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
 	g.Go(func() error { return drains.run(ctx) })
 	if opts.MetricsAddress != "" {
-		g.Go(func() error { return serve(ctx, opts, writers) })
+		g.Go(func() error { return serve(ctx, opts, writers, rt.CheckpointSaved) })
 	}
 	logger.Info("Agent started", "gpus", len(opts.Backend.Devices()), "reporters", agentCfg.Reporters, "bootID", opts.BootID)
 	return g.Wait()
@@ -413,8 +418,10 @@ func (s *meteredSink) SetUnmonitored(uuid string, unmonitored bool) {
 }
 
 // serve runs the HTTP server until ctx is done. /readyz turns ready once every reporter has
-// synced successfully at least once after start, that is, once the start-up reconcile is done.
-func serve(ctx context.Context, opts Options, writers []*report.Writer) error {
+// synced successfully at least once after start, that is, once the start-up reconcile is done,
+// and is not ready while the checkpoint holds less than the agent knows (a failed write: a
+// restart then would lose faults).
+func serve(ctx context.Context, opts Options, writers []*report.Writer, checkpointSaved func() bool) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
@@ -429,6 +436,10 @@ func serve(ctx context.Context, opts Options, writers []*report.Writer) error {
 		}
 		if !ready.Load() {
 			http.Error(w, "reporters have not synced yet", http.StatusServiceUnavailable)
+			return
+		}
+		if !checkpointSaved() {
+			http.Error(w, "the last checkpoint write failed (retried every tick)", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok"))

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -61,7 +62,18 @@ type Runtime struct {
 	saved, savedCursors []byte
 	// cursorDirty says a cursor moved without any sticky change: the next tick saves it.
 	cursorDirty bool
+	// unsaved is set while the last checkpoint write failed: every tick tries again, and the
+	// embedder reports not ready (CheckpointSaved). saveFailures counts failed writes.
+	unsaved      atomic.Bool
+	saveFailures atomic.Uint64
 }
+
+// CheckpointSaved reports whether every sticky change is in the checkpoint (true with
+// checkpoints off). While it is false a restart would lose faults: embedders report not ready.
+func (r *Runtime) CheckpointSaved() bool { return !r.unsaved.Load() }
+
+// CheckpointFailures counts the checkpoint writes that failed.
+func (r *Runtime) CheckpointFailures() uint64 { return r.saveFailures.Load() }
 
 // NewRuntime returns a Runtime for devices under policy. It fails only when the inventory is
 // unusable (see NewTracker).
@@ -113,8 +125,9 @@ func (r *Runtime) Restore() (restored bool, err error) {
 // Run ticks the Monitor and saves checkpoints until ctx ends. When feed is not nil it runs too,
 // with the Monitor as its sink (a backend's Run, adapted): a feed that fails stops Run with its
 // error; a feed that returns nil (a scenario that ended) leaves the ticks and saves running. Run
-// returns only after feed has. Failed checkpoint writes are logged (ctx's logr logger) and tried
-// again at the next change.
+// returns only after feed has. A failed checkpoint write is counted (CheckpointFailures), logged
+// (ctx's logr logger; the first failure and then sparsely) and tried again at every tick until
+// it succeeds; meanwhile CheckpointSaved is false.
 func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -153,7 +166,7 @@ func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) 
 		case now := <-tick:
 			r.monitor.Tick(now)
 			tick = r.opts.Clock.After(r.opts.TickInterval)
-			if r.cursorDirty {
+			if r.cursorDirty || r.unsaved.Load() {
 				r.save(ctx, false)
 			}
 		case <-updates:
@@ -197,8 +210,16 @@ func (r *Runtime) save(ctx context.Context, cursorOnly bool) {
 		err = WriteCheckpoint(r.opts.CheckpointPath, cp)
 	}
 	if err != nil {
-		logr.FromContextOrDiscard(ctx).Error(err, "Writing the checkpoint failed", "path", r.opts.CheckpointPath)
+		n := r.saveFailures.Add(1)
+		r.unsaved.Store(true)
+		if n&(n-1) == 0 { // the 1st, 2nd, 4th, 8th... failure: a full disk does not flood the log
+			logr.FromContextOrDiscard(ctx).Error(err, "Writing the checkpoint failed; trying again every tick, not ready until it is saved",
+				"path", r.opts.CheckpointPath, "failures", n)
+		}
 		return
+	}
+	if r.unsaved.Swap(false) {
+		logr.FromContextOrDiscard(ctx).Info("The checkpoint is saved again", "path", r.opts.CheckpointPath, "failures", r.saveFailures.Load())
 	}
 	r.saved, r.savedCursors, r.cursorDirty = devices, cursors, false
 }

@@ -199,3 +199,41 @@ func TestRuntimeKeepsTickingAfterTheFeedEnds(t *testing.T) {
 	f.step(2 * time.Second)
 	eventually(t, "ticks after the feed ended", func() bool { return f.health(0) == health.Healthy })
 }
+
+// TestRuntimeRetriesAFailedCheckpointEveryTick: a checkpoint write that fails is counted, leaves
+// the runtime "unsaved" (embedders report not ready) and is tried again at every tick, not only at
+// the next change: the fault it holds reaches the disk once the disk lets it.
+func TestRuntimeRetriesAFailedCheckpointEveryTick(t *testing.T) {
+	dir := t.TempDir()
+	blocker := filepath.Join(dir, "state")
+	if err := os.WriteFile(blocker, nil, 0o600); err != nil { // a file where the directory should be
+		t.Fatal(err)
+	}
+	path := filepath.Join(blocker, "checkpoint.json")
+	f := newRuntime(t, health.DefaultPolicy(), "boot-1", path)
+	f.run(nil)
+	f.rt.Monitor().Signal(health.XIDSignal(gpuDevice(0).UUID, 79, t0))
+	eventually(t, "the failed write counted", func() bool { return f.rt.CheckpointFailures() >= 1 })
+	if f.rt.CheckpointSaved() {
+		t.Fatal("CheckpointSaved after a failed write")
+	}
+	before := f.rt.CheckpointFailures()
+	f.step(health.DefaultTickInterval)
+	eventually(t, "a retry at the tick", func() bool { return f.rt.CheckpointFailures() > before })
+
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f.step(health.DefaultTickInterval)
+	eventually(t, "saved at the next tick", f.rt.CheckpointSaved)
+	cp, err := health.ReadCheckpoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cp.Devices) == 0 {
+		t.Errorf("the checkpoint holds no device: %+v", cp)
+	}
+}
