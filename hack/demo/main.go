@@ -191,7 +191,7 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 		return nil
 	}
 	kubeconfig := c.AdminKubeconfig()
-	if err := start("extender", "extender", "--listen-address", extenderAddr, "--kubeconfig", kubeconfig); err != nil {
+	if err := start("extender", "extender", "--insecure", "--listen-address", extenderAddr, "--kubeconfig", kubeconfig); err != nil {
 		return err
 	}
 	config := filepath.Join(logDir, "config.yaml")

@@ -1,11 +1,15 @@
 package cli
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
 )
@@ -23,10 +27,14 @@ func newExtenderCommand() *cobra.Command {
 		listenAddress, kubeconfig string
 		bind, requeue             bool
 		maxRequestBytes           int64
+		maxConcurrent             int
+		schedulerNames            []string
+		certFile, keyFile, caFile string
+		insecure                  bool
 		logs                      logOptions
 	)
 	cmd := &cobra.Command{
-		Use:   "extender --listen-address HOST:PORT [--kubeconfig FILE] [--bind] [--requeue]",
+		Use:   "extender --listen-address HOST:PORT (--tls-cert-file FILE --tls-private-key-file FILE --client-ca-file FILE | --insecure) [--kubeconfig FILE] [--bind] [--requeue]",
 		Short: "Serve kube-scheduler's HTTP extender API: keep pods off unhealthy and drained GPUs",
 		Long: `extender answers kube-scheduler's extender calls (/filter, /prioritize and, with --bind,
 /bind) for clusters that schedule GPUs through the device plugin (nvidia.com/gpu) or Volcano-style
@@ -37,8 +45,13 @@ the healthy card a GPU-sharing pod gets (volcano.sh/gpu-index, gpuhealth.dev/gpu
 binding it. --requeue (on with --bind unless set) annotates the pods it rejected because of GPU
 health (gpuhealth.dev/requeued-at) when a node they were rejected on recovers, so that the
 scheduler retries them at once. /healthz answers once the node and pod caches are filled; /metrics
-serves call latency and errors by verb and the nodes /filter passed or failed. See
-docs/extender.md.`,
+serves call latency and errors by verb and the nodes /filter passed or failed.
+
+It serves HTTPS and accepts scheduler calls only from a client whose certificate --client-ca-file
+verifies (kube-scheduler's extender tlsConfig: certFile, keyFile; enableHTTPS: true); /healthz
+and /metrics need no client certificate. --insecure serves plain HTTP to anyone who can reach
+the address: for loopback demos and tests only. /bind binds only a pending, unbound pod of one of
+the --scheduler-name schedulers onto a node that passes the filter now. See docs/extender.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, err := logs.context(cmd)
@@ -50,6 +63,13 @@ docs/extender.md.`,
 			}
 			if maxRequestBytes <= 0 {
 				return badInput(fmt.Errorf("--max-request-bytes: must be positive, got %d", maxRequestBytes))
+			}
+			if maxConcurrent <= 0 {
+				return badInput(fmt.Errorf("--max-concurrent-requests: must be positive, got %d", maxConcurrent))
+			}
+			tlsConfig, err := extenderTLS(insecure, certFile, keyFile, caFile)
+			if err != nil {
+				return badInput(err)
 			}
 			client, err := newExtenderClient(kubeconfig)
 			if err != nil {
@@ -63,7 +83,11 @@ docs/extender.md.`,
 				// --bind comes with patch on pods (the chart's RBAC), which requeueing needs.
 				requeue = bind
 			}
-			return extender.Run(ctx, ln, client, extender.Options{Bind: bind, Requeue: requeue, MaxRequestBytes: maxRequestBytes})
+			if insecure {
+				klog.FromContext(ctx).Info("Warning: --insecure: serving plain HTTP, and anyone who reaches the address may call /filter and /bind")
+			}
+			return extender.Run(ctx, ln, client, extender.Options{Bind: bind, Requeue: requeue, MaxRequestBytes: maxRequestBytes,
+				MaxConcurrent: maxConcurrent, SchedulerNames: schedulerNames, TLS: tlsConfig})
 		},
 	}
 	f := cmd.Flags()
@@ -71,9 +95,36 @@ docs/extender.md.`,
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	f.BoolVar(&bind, "bind", false, "serve /bind: bind pods, recording the chosen card of GPU-sharing pods first")
 	f.BoolVar(&requeue, "requeue", false, "when a node's GPUs recover, annotate the pending pods rejected there for GPU health so that the scheduler retries them (needs patch on pods; default: the value of --bind)")
-	f.Int64Var(&maxRequestBytes, "max-request-bytes", extender.DefaultMaxRequestBytes, "largest request body accepted")
+	f.Int64Var(&maxRequestBytes, "max-request-bytes", extender.DefaultMaxRequestBytes, "largest request body accepted (nodeCacheCapable requests carry node names only; raise it for nodeCacheCapable: false)")
+	f.IntVar(&maxConcurrent, "max-concurrent-requests", extender.DefaultMaxConcurrent, "scheduler calls served at once; more are answered 503 at once")
+	f.StringSliceVar(&schedulerNames, "scheduler-name", []string{"default-scheduler"}, "schedulers whose pods /bind binds (the spec.schedulerName of the profiles that call this extender)")
+	f.StringVar(&certFile, "tls-cert-file", "", "the serving certificate (PEM; with its chain)")
+	f.StringVar(&keyFile, "tls-private-key-file", "", "the serving certificate's private key (PEM)")
+	f.StringVar(&caFile, "client-ca-file", "", "CA bundle (PEM) that signs kube-scheduler's client certificate: scheduler calls from any other client are refused")
+	f.BoolVar(&insecure, "insecure", false, "serve plain HTTP without client authentication (loopback demos and tests only)")
 	logs.addFlags(f)
 	return cmd
+}
+
+// extenderTLS is the extender's TLS configuration from its flags: --insecure, and only it, gives
+// plain HTTP (nil); otherwise every TLS flag is required.
+func extenderTLS(insecure bool, certFile, keyFile, caFile string) (*tls.Config, error) {
+	if insecure {
+		if certFile != "" || keyFile != "" || caFile != "" {
+			return nil, errors.New("--insecure serves plain HTTP: leave out --tls-cert-file, --tls-private-key-file and --client-ca-file")
+		}
+		return nil, nil
+	}
+	var missing []string
+	for _, f := range []struct{ name, value string }{{"--tls-cert-file", certFile}, {"--tls-private-key-file", keyFile}, {"--client-ca-file", caFile}} {
+		if f.value == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%s: required to serve HTTPS to kube-scheduler alone (or --insecure for plain HTTP on loopback)", strings.Join(missing, ", "))
+	}
+	return extender.TLSConfig(certFile, keyFile, caFile)
 }
 
 func newExtenderClient(kubeconfig string) (kubernetes.Interface, error) {

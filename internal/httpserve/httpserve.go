@@ -6,6 +6,7 @@ package httpserve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -21,9 +22,22 @@ const (
 )
 
 type options struct {
-	shutdownTimeout   time.Duration
-	readHeaderTimeout time.Duration
+	shutdownTimeout                        time.Duration
+	readHeaderTimeout                      time.Duration
+	readTimeout, writeTimeout, idleTimeout time.Duration
+	tls                                    *tls.Config
 }
+
+// WithTimeouts bounds how long a client may take to send a whole request (read), how long a
+// response may take to write (write), and how long a kept-alive connection may sit idle; 0 keeps
+// a bound off. A client that trickles a body cannot hold a connection (and its buffer) forever.
+func WithTimeouts(read, write, idle time.Duration) Option {
+	return func(o *options) { o.readTimeout, o.writeTimeout, o.idleTimeout = read, write, idle }
+}
+
+// WithTLS serves TLS with cfg (its certificates and client authentication) instead of plain
+// HTTP.
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
 
 // Option changes how Serve serves.
 type Option func(*options)
@@ -65,7 +79,13 @@ func Serve(ctx context.Context, lis net.Listener, handler http.Handler, opts ...
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: o.readHeaderTimeout,
+		ReadTimeout:       o.readTimeout,
+		WriteTimeout:      o.writeTimeout,
+		IdleTimeout:       o.idleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return base },
+	}
+	if o.tls != nil {
+		lis = tls.NewListener(lis, o.tls)
 	}
 	// served is written once by the goroutine below, which Serve always waits for.
 	served := make(chan error, 1)

@@ -77,7 +77,7 @@ func testExtender(t *testing.T, nodeCacheCapable, bind bool) {
 	}
 	c := controlplane.StartT(t, controlplane.Options{SchedulerConfigExtra: config})
 	ctx := t.Context()
-	startExtender(t, c, ln, bind)
+	startExtender(t, c, ln, extender.Options{Bind: bind, Requeue: bind})
 
 	for _, name := range []string{nodeSick, nodeDrained} {
 		createGPUNode(t, c, name, 8)
@@ -196,9 +196,9 @@ func testExtender(t *testing.T, nodeCacheCapable, bind bool) {
 	}
 }
 
-// startExtender grants the extender's identity what it needs and serves on ln until the test
-// ends.
-func startExtender(t *testing.T, c *controlplane.Cluster, ln net.Listener, bind bool) {
+// startExtender grants the extender's identity what it needs and serves on ln with opts until
+// the test ends.
+func startExtender(t *testing.T, c *controlplane.Cluster, ln net.Listener, opts extender.Options) {
 	t.Helper()
 	ctx := t.Context()
 	role := &rbacv1.ClusterRole{
@@ -226,8 +226,7 @@ func startExtender(t *testing.T, c *controlplane.Cluster, ln net.Listener, bind 
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
-	// Requeue follows --bind, as `gpuhealth extender` sets it by default.
-	go func() { done <- extender.Run(runCtx, ln, client, extender.Options{Bind: bind, Requeue: bind}) }()
+	go func() { done <- extender.Run(runCtx, ln, client, opts) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -439,7 +439,8 @@ func TestExtender(t *testing.T) {
 			r.get(t, "ConfigMap", "gpuhealth-extender-scheduler-config", &cm)
 			sc := cm.Data["scheduler-config.yaml"]
 			for _, s := range []string{
-				"urlPrefix: http://gpuhealth-extender." + testNamespace + ".svc:8888",
+				"urlPrefix: https://gpuhealth-extender." + testNamespace + ".svc:8888", "enableHTTPS: true",
+				"certFile: /etc/kubernetes/gpuhealth-extender/tls.crt", "caFile: /etc/kubernetes/gpuhealth-extender/ca.crt",
 				"filterVerb: filter", "prioritizeVerb: prioritize", "nodeCacheCapable: true", "name: nvidia.com/gpu",
 			} {
 				if !strings.Contains(sc, s) {

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,6 +39,10 @@ func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs)
 	if args.PodUID != "" && pod.UID != args.PodUID {
 		return fmt.Errorf("pod %s/%s is now UID %s, not %s", args.PodNamespace, args.PodName, pod.UID, args.PodUID)
 	}
+	if err := s.checkBind(pod, args.Node); err != nil {
+		logger.Info("Refused to bind", "reason", err.Error())
+		return err
+	}
 	hold, uuid, err := s.reserve(ctx, pod, args.Node)
 	if err != nil {
 		return err
@@ -65,6 +71,43 @@ func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs)
 // For a GPU-sharing pod it first chooses the card and records it on the pod. All of it happens
 // under bindMu, so that two binds never choose the same last free memory; uuid is the chosen
 // card's, when the agent reported one.
+// checkBind refuses what kube-scheduler would never ask: a pod that is not pending and unbound,
+// or that asks for another scheduler, or a node that does not pass the filter now. /bind binds
+// with the extender's own pods/binding right, so the request is checked, not trusted.
+func (s *Server) checkBind(pod *corev1.Pod, node string) error {
+	switch {
+	case pod.DeletionTimestamp != nil:
+		return fmt.Errorf("pod %s/%s is being deleted", pod.Namespace, pod.Name)
+	case pod.Spec.NodeName != "":
+		return fmt.Errorf("pod %s/%s is already bound to %s", pod.Namespace, pod.Name, pod.Spec.NodeName)
+	case pod.Status.Phase != "" && pod.Status.Phase != corev1.PodPending:
+		return fmt.Errorf("pod %s/%s is %s, not Pending", pod.Namespace, pod.Name, pod.Status.Phase)
+	case !slices.Contains(s.opts.SchedulerNames, schedulerName(pod)):
+		return fmt.Errorf("pod %s/%s asks for scheduler %q; this extender serves %s", pod.Namespace, pod.Name, schedulerName(pod), strings.Join(s.opts.SchedulerNames, ", "))
+	}
+	req := scheduling.PodRequest(pod)
+	var (
+		fits   bool
+		reason string
+	)
+	s.state.read(func(v view) {
+		cached, used := v.cached(node)
+		fits, reason, _ = s.judge(&judging{}, req, cached, used)
+	})
+	if !fits {
+		return fmt.Errorf("node %s does not pass the filter now: %s", node, reason)
+	}
+	return nil
+}
+
+// schedulerName is the scheduler a pod asks for ("default-scheduler" when it names none).
+func schedulerName(pod *corev1.Pod) string {
+	if pod.Spec.SchedulerName == "" {
+		return corev1.DefaultSchedulerName
+	}
+	return pod.Spec.SchedulerName
+}
+
 func (s *Server) reserve(ctx context.Context, pod *corev1.Pod, node string) (hold scheduling.Hold, uuid string, err error) {
 	req := scheduling.PodRequest(pod)
 	hold = scheduling.Hold{Node: node, GPUs: req.GPUs, Card: scheduling.NoCard}

@@ -29,7 +29,7 @@ func TestBindReleasesItsLocks(t *testing.T) {
 		wantError string
 		wantPanic bool
 	}{
-		{name: "node not in the cache", node: "missing", memory: 1000, wantError: "not in the extender's cache"},
+		{name: "node not in the cache", node: "missing", memory: 1000, wantError: "not in the gpuhealth extender's cache"},
 		{name: "no card has room", node: "share", memory: 20000, wantError: "more than a card's 16000 MiB"},
 		{name: "recording the card fails", node: "share", memory: 1000, patch: func() error { return errors.New("connection reset") }, wantError: "connection reset"},
 		{name: "the client panics", node: "share", memory: 1000, patch: func() error { panic("client bug") }, wantPanic: true},
@@ -148,5 +148,44 @@ func TestBindWholeGPUs(t *testing.T) {
 	s.state.read(func(v view) { u = v.usage("n") })
 	if u.GPUs != 2 {
 		t.Errorf("usage after bind = %+v, want 2 GPUs charged", u)
+	}
+}
+
+// TestBindRefusesWhatTheSchedulerWouldNotAsk: /bind binds with the extender's own pods/binding
+// right, so anyone who can reach it must not be able to bind any pod anywhere: a pod that is
+// bound, not pending, being deleted or of another scheduler is refused, as is a node that does
+// not pass the filter now; nothing is bound.
+func TestBindRefusesWhatTheSchedulerWouldNotAsk(t *testing.T) {
+	sick := `{"GPU-n-0":{"index":0,"health":"Unhealthy"},"GPU-n-1":{"index":1,"health":"Unhealthy"}}`
+	bound := pod("bound", "n", scheduling.ResourceGPU, 1, nil)
+	done := pod("done", "", scheduling.ResourceGPU, 1, nil)
+	done.Status.Phase = corev1.PodSucceeded
+	other := pod("other", "", scheduling.ResourceGPU, 1, nil)
+	other.Spec.SchedulerName = "volcano"
+	deleting := pod("deleting", "", scheduling.ResourceGPU, 1, nil)
+	now := metav1.Now()
+	deleting.DeletionTimestamp, deleting.Finalizers = &now, []string{"x"}
+	s, client := started(t, Options{Bind: true}, node("n", 8, nil), node("sick", 2, map[string]string{gpuhealthv1.HealthKey: sick}),
+		bound, done, other, deleting, pod("fine", "", scheduling.ResourceGPU, 1, nil))
+	for _, tc := range []struct{ pod, node, want string }{
+		{"bound", "n", "already bound to n"},
+		{"done", "n", "is Succeeded, not Pending"},
+		{"other", "n", `asks for scheduler "volcano"; this extender serves default-scheduler`},
+		{"deleting", "n", "is being deleted"},
+		{"fine", "sick", "node sick does not pass the filter now"},
+	} {
+		err := s.Bind(t.Context(), &extenderv1.ExtenderBindingArgs{PodName: tc.pod, PodNamespace: "default", Node: tc.node})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("bind %s to %s: %v, want refused: %s", tc.pod, tc.node, err, tc.want)
+		}
+	}
+	for _, a := range client.Actions() {
+		if a.GetSubresource() == "binding" {
+			t.Errorf("bound although refused: %v", a)
+		}
+	}
+	// The scheduler's own request goes through.
+	if err := s.Bind(t.Context(), &extenderv1.ExtenderBindingArgs{PodName: "fine", PodNamespace: "default", Node: "n"}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -15,9 +15,9 @@ import (
 // Handler serves /filter, /prioritize, /bind, /healthz and /metrics.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /filter", s.timed(verbFilter, s.serveFilter))
-	mux.HandleFunc("POST /prioritize", s.timed(verbPrioritize, s.servePrioritize))
-	mux.HandleFunc("POST /bind", s.timed(verbBind, s.serveBind))
+	mux.HandleFunc("POST /filter", s.scheduler(s.timed(verbFilter, s.serveFilter)))
+	mux.HandleFunc("POST /prioritize", s.scheduler(s.timed(verbPrioritize, s.servePrioritize)))
+	mux.HandleFunc("POST /bind", s.scheduler(s.timed(verbBind, s.serveBind)))
 	mux.Handle("GET /metrics", s.metrics.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.ready.Load() {
@@ -27,6 +27,29 @@ func (s *Server) Handler() http.Handler {
 		_, _ = w.Write([]byte("ok"))
 	})
 	return mux
+}
+
+// scheduler admits a scheduler call: with client authentication on (Options.TLS.ClientCAs) only
+// from a client whose certificate verified, and only while fewer than Options.MaxConcurrent calls
+// are being served (503 otherwise, at once, without reading the body).
+func (s *Server) scheduler(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.opts.TLS != nil && s.opts.TLS.ClientCAs != nil && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
+			s.metrics.refused.WithLabelValues("unauthenticated").Inc()
+			http.Error(w, "a client certificate signed by the extender's client CA (--client-ca-file) is required", http.StatusUnauthorized)
+			return
+		}
+		select {
+		case s.inFlight <- struct{}{}:
+			defer func() { <-s.inFlight }()
+		default:
+			s.metrics.refused.WithLabelValues("busy").Inc()
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "too many calls in flight", http.StatusServiceUnavailable)
+			return
+		}
+		next(w, r)
+	}
 }
 
 // timed serves a verb with serve, which says whether it answered an error, and records how long

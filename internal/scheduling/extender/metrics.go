@@ -20,6 +20,7 @@ const (
 //	gpuhealth_extender_request_duration_seconds{verb}  time to answer filter, prioritize, bind
 //	gpuhealth_extender_request_errors_total{verb}      calls answered with an error
 //	gpuhealth_extender_filter_nodes_total{result}      nodes /filter passed or failed
+//	gpuhealth_extender_refused_total{reason}           calls refused unread: unauthenticated, busy
 //
 // Every label value is known in advance and starts at zero, so that rate() sees the first call.
 type metrics struct {
@@ -27,6 +28,7 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 	errors   *prometheus.CounterVec
 	filtered *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 	// filteredPassed and filteredFailed are filtered's two series, looked up once.
 	filteredPassed, filteredFailed prometheus.Counter
 }
@@ -48,13 +50,18 @@ func newMetrics() *metrics {
 		filtered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpuhealth_extender_filter_nodes_total", Help: "Nodes /filter passed or failed, by result.",
 		}, []string{"result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpuhealth_extender_refused_total", Help: "Scheduler calls refused before reading them: without a verified client certificate (unauthenticated), or over the concurrency limit (busy).",
+		}, []string{"reason"}),
 	}
-	m.registry.MustRegister(m.duration, m.errors, m.filtered,
+	m.registry.MustRegister(m.duration, m.errors, m.filtered, m.refused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, verb := range []string{verbFilter, verbPrioritize, verbBind} {
 		m.duration.WithLabelValues(verb)
 		m.errors.WithLabelValues(verb)
 	}
+	m.refused.WithLabelValues("unauthenticated")
+	m.refused.WithLabelValues("busy")
 	m.filteredPassed = m.filtered.WithLabelValues("passed")
 	m.filteredFailed = m.filtered.WithLabelValues("failed")
 	return m

@@ -15,11 +15,13 @@ package extender
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -27,9 +29,23 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 )
 
-// DefaultMaxRequestBytes bounds a request body. With nodeCacheCapable: false the scheduler sends
-// every candidate Node object; 5,000 nodes of ~20 KiB each fit.
-const DefaultMaxRequestBytes = 128 << 20
+// DefaultMaxRequestBytes bounds a request body: a nodeCacheCapable request (the pod and node
+// names; the chart configures that) of 5,000 nodes is far smaller. With nodeCacheCapable: false
+// the scheduler sends whole Node objects: raise --max-request-bytes then.
+const DefaultMaxRequestBytes = 8 << 20
+
+// DefaultMaxConcurrent bounds the requests served at once; more are answered 503 at once, so a
+// flood of slow clients holds at most this many bodies in memory.
+const DefaultMaxConcurrent = 64
+
+// Timeouts of a connection: a request must arrive whole within readTimeout and its answer be
+// written within writeTimeout (kube-scheduler's httpTimeout is 5 s by default); a kept-alive
+// connection may idle idleTimeout.
+const (
+	readTimeout  = 30 * time.Second
+	writeTimeout = 30 * time.Second
+	idleTimeout  = 2 * time.Minute
+)
 
 // Defaults of Options.
 const (
@@ -55,6 +71,15 @@ type Options struct {
 	MaxRequestBytes int64
 	// ShutdownTimeout bounds draining requests on shutdown; 0 means 10 s.
 	ShutdownTimeout time.Duration
+	// MaxConcurrent bounds the scheduler calls served at once; 0 means DefaultMaxConcurrent.
+	MaxConcurrent int
+	// SchedulerNames are the schedulers whose pods /bind binds (default: "default-scheduler").
+	SchedulerNames []string
+	// TLS, when set, serves HTTPS; with TLS.ClientCAs set, /filter, /prioritize and /bind need a
+	// client certificate that verifies against them (kube-scheduler's tlsConfig certFile and
+	// keyFile), while /healthz and /metrics do not (the kubelet's probes and Prometheus present
+	// none). Nil serves plain HTTP (`gpuhealth extender --insecure`: loopback demos and tests).
+	TLS *tls.Config
 }
 
 // Server answers the scheduler. Create it with New, then Start it (or use Run).
@@ -72,7 +97,9 @@ type Server struct {
 	bindMu sync.Mutex
 	// buffers holds *filterBuffers between /filter calls.
 	buffers sync.Pool
-	logger  klog.Logger
+	// inFlight holds a token per scheduler call being served (Options.MaxConcurrent).
+	inFlight chan struct{}
+	logger   klog.Logger
 }
 
 // New returns a Server that reads the cluster through client.
@@ -86,7 +113,13 @@ func New(client kubernetes.Interface, opts Options) *Server {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	s := &Server{client: client, opts: opts, state: newState(), metrics: newMetrics(), logger: klog.Background()}
+	if opts.MaxConcurrent <= 0 {
+		opts.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if len(opts.SchedulerNames) == 0 {
+		opts.SchedulerNames = []string{corev1.DefaultSchedulerName}
+	}
+	s := &Server{inFlight: make(chan struct{}, opts.MaxConcurrent), client: client, opts: opts, state: newState(), metrics: newMetrics(), logger: klog.Background()}
 	if opts.Requeue {
 		s.requeue = newRequeuer(client, opts.Clock)
 	}
@@ -125,6 +158,10 @@ func Run(ctx context.Context, ln net.Listener, client kubernetes.Interface, opts
 		return err
 	}
 	klog.FromContext(ctx).Info("Serving the scheduler extender", "address", ln.Addr().String(), "bind", s.opts.Bind)
-	return httpserve.Serve(ctx, ln, s.Handler(),
-		httpserve.WithShutdownTimeout(s.opts.ShutdownTimeout), httpserve.WithReadHeaderTimeout(readHeaderTimeout))
+	serveOpts := []httpserve.Option{httpserve.WithShutdownTimeout(s.opts.ShutdownTimeout), httpserve.WithReadHeaderTimeout(readHeaderTimeout),
+		httpserve.WithTimeouts(readTimeout, writeTimeout, idleTimeout)}
+	if s.opts.TLS != nil {
+		serveOpts = append(serveOpts, httpserve.WithTLS(s.opts.TLS))
+	}
+	return httpserve.Serve(ctx, ln, s.Handler(), serveOpts...)
 }

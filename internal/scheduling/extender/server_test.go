@@ -39,12 +39,16 @@ func sharingNode(name string, cards, perCard int64, ann map[string]string) *core
 }
 
 func pod(name, nodeName string, res corev1.ResourceName, n int64, ann map[string]string) *corev1.Pod {
+	phase := corev1.PodRunning
+	if nodeName == "" {
+		phase = corev1.PodPending
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name), Annotations: ann},
 		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{
 			Name: "c", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{res: qty(n)}},
 		}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+		Status: corev1.PodStatus{Phase: phase},
 	}
 }
 
