@@ -235,7 +235,8 @@ func TestCounterWritesTheClusterGPUCount(t *testing.T) {
 }
 
 func TestPhysicalGPUs(t *testing.T) {
-	for in, want := range map[string]int{"": 0, "{}": 0, "[1]": 0, gpus("x", 3): 3} {
+	// One node's annotation claiming 6,121 GPUs counts for MaxGPUsPerNode.
+	for in, want := range map[string]int{"": 0, "{}": 0, "[1]": 0, gpus("x", 3): 3, gpus("x", 6121): MaxGPUsPerNode} {
 		if got := PhysicalGPUs(in); got != want {
 			t.Errorf("PhysicalGPUs(%q) = %d, want %d", in, got, want)
 		}
