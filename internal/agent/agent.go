@@ -60,6 +60,12 @@ type Backend interface {
 	Run(ctx context.Context, sink Sink) error
 }
 
+// Staller is a Backend that can tell a hung call into its driver (gpunvml.Backend.Stalled):
+// /healthz fails while Stalled reports one, so that the kubelet restarts the agent.
+type Staller interface {
+	Stalled(now time.Time) error
+}
+
 // Options configure an agent. NodeName, Client, Backend and Policy are required.
 type Options struct {
 	NodeName string
@@ -424,7 +430,15 @@ func (s *meteredSink) SetUnmonitored(uuid string, unmonitored bool) {
 func serve(ctx context.Context, opts Options, writers []*report.Writer, checkpointSaved func() bool) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if st, ok := opts.Backend.(Staller); ok {
+			if err := st.Stalled(opts.Clock.Now()); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
 	var ready atomic.Bool // once ready, always ready: later sync errors are retried, not fatal
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready.Load() {

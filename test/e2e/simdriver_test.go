@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -142,6 +143,23 @@ func TestAgentOnTheSimulatedDriver(t *testing.T) {
 	eventually(t, "GPU 0 unhealthy too", func(ctx context.Context) (bool, string, error) {
 		ann, err := nodeAnnotations(ctx, c, node)
 		return err == nil && ann[gpuhealthv1.UnhealthyIDsKey] == "0,2", fmt.Sprintf("ids=%q", ann[gpuhealthv1.UnhealthyIDsKey]), err
+	})
+
+	// GPU 3 wedges: every call on it hangs. The sampler's round hangs with it, and once it has
+	// run past three sample periods and the margin /healthz fails, so that the kubelet would
+	// restart the agent; it answers again once the call returns.
+	if code, err := httpGetStatus(metrics + "/healthz"); code != 200 {
+		t.Fatalf("/healthz before the hang: %d %v", code, err)
+	}
+	sd.inject("{gpu: 3, hang: 45s}")
+	eventuallyWithin(t, 90*time.Second, "/healthz failing on the hung call", func(context.Context) (bool, string, error) {
+		code, _ := httpGetStatus(metrics + "/healthz")
+		body, _ := httpGet(metrics + "/healthz")
+		return code == 503 && strings.Contains(body, "sampling round has been in NVML"), fmt.Sprintf("%d %s", code, body), nil
+	})
+	eventuallyWithin(t, 90*time.Second, "/healthz ok once the call returned", func(context.Context) (bool, string, error) {
+		code, err := httpGetStatus(metrics + "/healthz")
+		return code == 200, fmt.Sprintf("%d %v", code, err), nil
 	})
 }
 

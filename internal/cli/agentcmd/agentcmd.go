@@ -158,6 +158,9 @@ func (n nvmlAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
 func (n nvmlAgentBackend) SourceName() string { return "nvml" }
 func (n nvmlAgentBackend) Up() bool           { return n.b.Up() }
 
+// Stalled: /healthz fails while an NVML call hangs (agent.Staller).
+func (n nvmlAgentBackend) Stalled(now time.Time) error { return n.b.Stalled(now) }
+
 func (n nvmlAgentBackend) Resetter(command []string) (gpu.Resetter, error) {
 	return n.b.CommandResetter(command)
 }

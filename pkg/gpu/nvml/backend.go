@@ -92,6 +92,9 @@ type Backend struct {
 	eventsOff string
 
 	stats stats
+	// sampling and waiting record since when a sampling round, and an EventSet.Wait, have been in
+	// NVML (Stalled).
+	sampling, waiting inFlight
 
 	// gate coordinates Run's loops with resets (see session.go); session serialises resets, the
 	// re-initialisations after them and Close. closed is set by Close, under session.

@@ -34,7 +34,9 @@ func (w *watcher) step(ctx context.Context, timeoutMs uint32) bool {
 	if w.set == nil {
 		return !w.rebuild()
 	}
+	w.b.waiting.begin(w.b.opts.clock.Now())
 	data, ret := w.set.Wait(timeoutMs)
+	w.b.waiting.end()
 	switch ret {
 	case nvml.SUCCESS:
 		w.resetBackoff()

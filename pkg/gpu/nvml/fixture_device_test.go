@@ -53,6 +53,11 @@ func (f *fixture) wireDevice(i int, st *gpuState) {
 	}
 	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) {
 		f.mu.Lock()
+		if hang := st.hang; hang != nil { // a wedged GPU: the call returns when the test says
+			f.mu.Unlock()
+			<-hang
+			f.mu.Lock()
+		}
 		defer f.mu.Unlock()
 		return st.temperature, f.answer(st, gpunvml.ReadingTemperature)
 	}

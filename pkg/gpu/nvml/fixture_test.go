@@ -28,6 +28,8 @@ const samplePeriod = 10 * time.Second
 
 // gpuState is what one mocked GPU answers. Fields are guarded by fixture.mu.
 type gpuState struct {
+	// hang, when set, makes GetTemperature block until it is closed.
+	hang                   chan struct{}
 	corrected, uncorrected uint64
 	rowsPending            bool
 	rowsFailure            bool

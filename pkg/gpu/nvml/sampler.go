@@ -17,7 +17,9 @@ func (b *Backend) sampleLoop(ctx context.Context, sink Sink) error {
 		}
 		// The period runs from the start of a round, so slow reads do not stretch it.
 		timer := b.opts.clock.NewTimer(b.opts.samplePeriod)
+		b.sampling.begin(b.opts.clock.Now())
 		b.sampleAll(sink)
+		b.sampling.end()
 		b.gate.leave()
 		select {
 		case <-ctx.Done():

@@ -329,6 +329,35 @@ func TestLowerECCTotalsAreCorroborated(t *testing.T) {
 	}
 }
 
+// A call that hangs in NVML (a wedged GPU) is reported by Stalled once it has run past three
+// sample periods and the margin, and no longer once it returns.
+func TestStalledReportsAHungCall(t *testing.T) {
+	f := newFixture(t)
+	b := f.open()
+	f.run(b, newRecorder())
+	if err := b.Stalled(f.clock.Now()); err != nil {
+		t.Fatalf("Stalled while running well: %v", err)
+	}
+	hang := make(chan struct{})
+	f.update(2, func(s *gpuState) { s.hang = hang })
+	f.clock.Step(samplePeriod) // the next round starts and hangs in GPU 2's temperature
+	// (The fixture's EventSet.Wait blocks until the test answers it, so only the sampler's
+	// stall is looked at here.)
+	samplerStalled := func(at time.Time) bool {
+		err := b.Stalled(at)
+		return err != nil && strings.Contains(err.Error(), "sampling round has been in NVML")
+	}
+	waitFor(t, "the round to start", func() bool { return samplerStalled(f.clock.Now().Add(time.Hour)) })
+	if samplerStalled(f.clock.Now()) {
+		t.Error("stalled at once; a slow call is no hung one yet")
+	}
+	if !samplerStalled(f.clock.Now().Add(3*samplePeriod + time.Minute)) {
+		t.Errorf("not stalled after the limit: %v", b.Stalled(f.clock.Now().Add(3*samplePeriod+time.Minute)))
+	}
+	close(hang)
+	waitFor(t, "the round to end", func() bool { return !samplerStalled(f.clock.Now().Add(time.Hour)) })
+}
+
 // A temperature no GPU can have (4,294,967,295 °C, a driver's glitch) is no reading, not a GPU
 // at its shutdown temperature.
 func TestImplausibleTemperatureIgnored(t *testing.T) {
