@@ -205,6 +205,7 @@ func BenchmarkExtenderFilter(b *testing.B) {
 func BenchmarkExtenderFilterNodeObjects(b *testing.B) {
 	nodes, pods := benchCluster(b)
 	s := benchServer(b, nodes, pods)
+	s.opts.MaxRequestBytes = 128 << 20 // --max-request-bytes, as nodeCacheCapable: false needs (the default is 8 MiB)
 	list := &corev1.NodeList{}
 	for _, n := range nodes {
 		list.Items = append(list.Items, *n)
