@@ -128,6 +128,9 @@ type gpu struct {
 	// lost is set once the backend has reported the GPU lost: it is not registered on a new
 	// event set again.
 	lost atomic.Bool
+	// resetRequired is set once a sampling round's readings answered ERROR_RESET_REQUIRED, until
+	// a round reads the GPU again: the driver's own evidence of a reset (SignalReset then).
+	resetRequired atomic.Bool
 	// resetDone is set by CommandResetter after a reset, until the sampler reports it.
 	resetDone atomic.Bool
 

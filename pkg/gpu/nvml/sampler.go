@@ -45,8 +45,18 @@ func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 	b.emitCommandReset(g, base, sink)
 	if kind, ok := r.fault(); ok {
 		b.log.Info("GPU is broken", "gpu", g.dev.UUID, "signal", kind, "errors", strings.Join(r.Errors, "; "))
+		if kind == health.SignalResetRequired {
+			g.resetRequired.Store(true) // the sampler's own readings said so: they tell when it is over
+		}
 		b.reportBroken(g, kind, r.Time, sink)
 		return
+	}
+	if g.resetRequired.Swap(false) {
+		// The driver answered ERROR_RESET_REQUIRED and now reads the GPU again: its own evidence
+		// that the GPU was reset, which clears what a reset clears (an inferred reset would not).
+		b.log.Info("GPU reads again after answering RESET_REQUIRED: the driver says it was reset", "gpu", g.dev.UUID)
+		b.stats.add(func(s *Stats) { s.Resets++ })
+		sink.Signal(with(base, health.SignalReset))
 	}
 	if len(r.Errors) > 0 {
 		b.stats.add(func(s *Stats) { s.SampleErrors += uint64(len(r.Errors)) })
