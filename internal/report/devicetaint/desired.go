@@ -144,9 +144,11 @@ func (s *Syncer) rule(name string, d health.DeviceStatus, t dradevices.Device) *
 	}
 }
 
-// ensureNodeRef reads the Node once, for the owner reference every rule carries.
+// ensureNodeRef reads the Node for the owner reference every rule carries.
 func (s *Syncer) ensureNodeRef(ctx context.Context) error {
-	if s.nodeRef != nil {
+	// The Node is read again with every relist: a Node deleted and registered again (a new UID)
+	// would otherwise leave the rules owned by the old one, which the garbage collector deletes.
+	if s.nodeRef != nil && s.fresh && s.opts.Clock.Since(s.listed) < s.opts.Relist {
 		return nil
 	}
 	node, err := s.client.CoreV1().Nodes().Get(ctx, s.nodeName, metav1.GetOptions{})

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -296,4 +297,43 @@ func TestTaintMatchesDeviceTaintRule(t *testing.T) {
 
 func draStatus(h health.Severity, c health.Condition) health.DeviceStatus {
 	return health.DeviceStatus{Device: health.Device{UUID: "GPU-a"}, Health: h, Evict: c.Evict, Conditions: []health.Condition{c}}
+}
+
+// TestRulesFollowTheNodesUID: a Node deleted and registered again has a new UID; the rules
+// owned by the old one would be garbage-collected, so at the next relist the syncer reads the
+// Node again and gives its rules the new owner.
+func TestRulesFollowTheNodesUID(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-old"}}, slice("n1", "GPU-a"))
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
+	s := devicetaint.New(adapt.Clientset(client), "n1", devicetaint.Options{Relist: time.Minute, Clock: clk})
+	start(t, s)
+	sick := health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Unhealthy, false, xid79)}}
+	owner := func() types.UID {
+		t.Helper()
+		r, err := client.ResourceV1().DeviceTaintRules().Get(ctx, devicetaint.RuleName("GPU-a"), metav1.GetOptions{})
+		if err != nil || len(r.OwnerReferences) != 1 {
+			t.Fatalf("rule: %v %+v", err, r)
+		}
+		return r.OwnerReferences[0].UID
+	}
+	if _, err := s.Sync(ctx, sick); err != nil {
+		t.Fatal(err)
+	}
+	if got := owner(); got != "uid-old" {
+		t.Fatalf("owner %s", got)
+	}
+	if err := client.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-new"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	clk.SetTime(clk.Now().Add(time.Minute))
+	if n, err := s.Sync(ctx, sick); err != nil || n != 1 {
+		t.Fatalf("Sync after the Node came back = %d, %v; want the rule rewritten", n, err)
+	}
+	if got := owner(); got != "uid-new" {
+		t.Errorf("owner %s after the Node was registered again, want uid-new", got)
+	}
 }
