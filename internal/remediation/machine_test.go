@@ -644,3 +644,32 @@ func TestFailedAttemptsBackOff(t *testing.T) {
 		r.wantPhase(0, PhaseResetting)
 	}
 }
+
+// TestWaitsSayWhyOnce: a GPU that cannot get a slot (the slot namespace missing: the agent run
+// outside the chart) or cannot learn who holds it says so in a Waiting event once per reason,
+// instead of staying at "Started" with nothing after it; a new reason is said again.
+func TestWaitsSayWhyOnce(t *testing.T) {
+	r := newRig(t, Config{})
+	r.env.takeErr = errors.New(`namespaces "gpuhealth-system" not found`)
+	sick := snap(status(gpu(0), xid48))
+	for range 5 {
+		r.step(sick)
+		r.clock.Step(time.Minute)
+	}
+	var waits []string
+	for _, e := range r.log {
+		if e.Kind == KindWaiting {
+			waits = append(waits, e.Message)
+		}
+	}
+	if len(waits) != 1 || !strings.Contains(waits[0], `cannot take a remediation slot: namespaces "gpuhealth-system" not found`) {
+		t.Fatalf("waiting events %q, want one naming the missing namespace", waits)
+	}
+	r.env.takeErr = nil
+	r.env.budget = 0
+	r.step(sick)
+	r.step(sick)
+	if last := r.log[len(r.log)-1]; last.Kind != KindWaiting || !strings.Contains(last.Message, "cluster-wide remediation slot") {
+		t.Errorf("last event %+v, want the slot wait said", last)
+	}
+}

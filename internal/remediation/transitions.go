@@ -96,12 +96,20 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			}
 			delete(m.notBefore, dev.UUID)
 			later := func() { m.notBefore[dev.UUID] = now.Add(m.cfg.Recheck) }
+			// wait records why the GPU waits and says it once per reason (an Event, the log and
+			// the events metric through the controller): nothing waits silently.
+			wait := func(msg string) []Event {
+				later()
+				if msg != st.Message {
+					st.Message = msg
+					emit(KindWaiting, false, "%s", msg)
+				}
+				return events
+			}
 			holders, err := m.env.Holders(ctx, dev, in.migs)
 			if err != nil {
 				// Not knowing who holds the GPU is never a reason to reset it.
-				st.Message = "cannot tell whether a pod holds the GPU: " + err.Error()
-				later()
-				return events
+				return wait("cannot tell whether a pod holds the GPU: " + err.Error())
 			}
 			if len(holders) > 0 {
 				later()
@@ -130,14 +138,10 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			}
 			ok, err := m.env.TakeSlot(ctx, dev.UUID)
 			if err != nil {
-				st.Message = "cannot take a remediation slot: " + err.Error()
-				later()
-				return events
+				return wait("cannot take a remediation slot: " + err.Error())
 			}
 			if !ok {
-				st.Message = "waiting for a cluster-wide remediation slot"
-				later()
-				return events
+				return wait("waiting for a cluster-wide remediation slot")
 			}
 			st.Attempts = append(st.Attempts, now)
 			enter(PhaseResetting, "")
