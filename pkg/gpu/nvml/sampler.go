@@ -133,23 +133,20 @@ func (b *Backend) emitECC(g *gpu, e ECCReading, base health.Signal, sink Sink) {
 				"corrected", e.Corrected, "previousCorrected", g.ecc.corrected, "uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
 			return
 		}
+		first, now := e, *again.ECC
+		e = now
+		totals := []any{"gpu", g.dev.UUID, "corrected", now.Corrected, "previousCorrected", g.ecc.corrected,
+			"uncorrected", now.Uncorrected, "previousUncorrected", g.ecc.uncorrected}
 		switch {
-		case !lower(*again.ECC):
+		case !lower(now):
 			b.log.Info("volatile ECC totals read lower once, then back: a glitch, not a reset", "gpu", g.dev.UUID,
-				"glitchCorrected", e.Corrected, "glitchUncorrected", e.Uncorrected, "corrected", again.ECC.Corrected, "uncorrected", again.ECC.Uncorrected)
+				"glitchCorrected", first.Corrected, "glitchUncorrected", first.Uncorrected, "corrected", now.Corrected, "uncorrected", now.Uncorrected)
 			b.stats.add(func(s *Stats) { s.Glitches++ })
-			e = *again.ECC
-		case again.ECC.Uncorrected != 0 || again.ECC.Corrected > eccNearZero:
-			e = *again.ECC
-			b.log.Info("volatile ECC totals went down but not back to zero: no reset does that, not taken as one", "gpu", g.dev.UUID,
-				"corrected", e.Corrected, "previousCorrected", g.ecc.corrected,
-				"uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
+		case now.Uncorrected != 0 || now.Corrected > eccNearZero:
+			b.log.Info("volatile ECC totals went down but not back to zero: no reset does that, not taken as one", totals...)
 			b.stats.add(func(s *Stats) { s.Glitches++ })
 		default:
-			e = *again.ECC
-			b.log.Info("volatile ECC totals went back to zero: the GPU was reset (inferred: clears only the uncorrected-ECC condition)", "gpu", g.dev.UUID,
-				"corrected", e.Corrected, "previousCorrected", g.ecc.corrected,
-				"uncorrected", e.Uncorrected, "previousUncorrected", g.ecc.uncorrected)
+			b.log.Info("volatile ECC totals went back to zero: the GPU was reset (inferred: clears only the uncorrected-ECC condition)", totals...)
 			b.stats.add(func(s *Stats) { s.Resets++ })
 			reset := with(base, health.SignalReset)
 			reset.Inferred = true
