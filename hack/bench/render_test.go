@@ -12,7 +12,8 @@ import (
 
 // testdata/results.json holds figures that reproduce the docs/benchmarks.md of 2026-11-30 (with
 // several runs around each median) plus one run of the agent container part and three of the
-// simulated driver's benchmarks (2026-12-01), and
+// simulated driver's benchmarks (2026-12-01) and five of BenchmarkExtenderFilterWithSlowClients
+// (2026-12-02), and
 // testdata/benchmarks.golden.md that document: the
 // renderer keeps the page's shape. After changing the page's text on purpose, write the new
 // golden with `go run ./hack/bench -render hack/bench/testdata/results.json -out
@@ -53,7 +54,7 @@ func TestRenderParts(t *testing.T) {
 		fleetRuns int      // rows of the fleet's per-run table
 	}{
 		{"library only", []string{partLibrary}, []string{"library", "library", "library", "kernel log: parse", "kernel log: start-up replay", "extender", "extender",
-			"simulated driver: one library call", "simulated driver: 64 GPUs"}, 0},
+			"extender: /filter over loopback while 8 slow clients", "simulated driver: one library call", "simulated driver: 64 GPUs"}, 0},
 		{"latency only", []string{partLatency}, []string{"signal → object: fault -> volcano", "signal → object: fault -> DeviceTaintRule",
 			"signal → object: recovery -> annotation", "signal → object: recovery -> DeviceTaintRule", "API writes"}, 0},
 		{"agent and the breaker run", []string{partAgent, partFleetBreaker}, []string{"agent: idle", "agent: XID storm, 8 simulated GPUs, 99,973 XIDs/s",
@@ -105,6 +106,8 @@ func TestRenderMissing(t *testing.T) {
 	}{
 		{"a benchmark's unit", without(func(f figure.Figure) bool { return f.Name == benchFilter && f.Unit == "p99-ms" }),
 			"no figure BenchmarkExtenderFilter in p99-ms (part library)"},
+		{"a unit of the slow clients' benchmark", without(func(f figure.Figure) bool { return f.Name == benchFilterSlowClients && f.Unit == "p99-ratio" }),
+			"no figure BenchmarkExtenderFilterWithSlowClients in p99-ratio (part library)"},
 		{"a scenario of the agent", without(func(f figure.Figure) bool { return f.Part == partAgent && f.Labels[labelScenario] == scenarioStorm }),
 			"no figure xid_rate{scenario=storm} in XIDs/s (part agent)"},
 		{"the kubelet's view of the idle container", without(func(f figure.Figure) bool {
@@ -148,6 +151,31 @@ func TestRenderMissing(t *testing.T) {
 				t.Error("rendered something next to the error")
 			}
 		})
+	}
+}
+
+// Results from before BenchmarkExtenderFilterWithSlowClients existed render without its row.
+func TestRenderWithoutTheSlowClients(t *testing.T) {
+	res, err := loadResults("testdata/results.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	with, _, err := render(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Figures = slices.DeleteFunc(slices.Clone(res.Figures), func(f figure.Figure) bool { return f.Name == benchFilterSlowClients })
+	table, _, err := render(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const row = "| extender: /filter over loopback while 8 slow clients"
+	if !strings.Contains(with, row) || strings.Contains(table, row) {
+		t.Errorf("the slow clients' row: with its figures %v, without them %v; want it only with them",
+			strings.Contains(with, row), strings.Contains(table, row))
+	}
+	if got, want := strings.Count(table, "\n"), strings.Count(with, "\n")-1; got != want {
+		t.Errorf("%d lines without the slow clients, want %d:\n%s", got, want, table)
 	}
 }
 

@@ -14,9 +14,11 @@ import (
 )
 
 // measureLibrary runs the library, kernel-log and extender benchmarks (testing.B, five times, one core) and
-// turns every result into figures: one per benchmark, unit and run.
+// turns every result into figures: one per benchmark, unit and run. The extender's include
+// BenchmarkExtenderFilterWithSlowClients, about 8 s a run: its one iteration serves the extender
+// over loopback and times /filter with and without slow clients.
 func measureLibrary(ctx context.Context, o options) ([]figure.Figure, error) {
-	progress("library, extender and simulated-driver benchmarks (go test -bench, -count 5, one core; about a minute)")
+	progress("library, extender and simulated-driver benchmarks (go test -bench, -count 5, one core; about two minutes)")
 	raw := filepath.Join(o.Raw, "bench.txt")
 	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", ".", "-benchmem", "-count", "5", "-cpu", "1",
 		"./pkg/health/...", "./pkg/gpu/kmsg/...", "./internal/scheduling/...", "./internal/simdriver/...")
