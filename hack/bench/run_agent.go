@@ -16,11 +16,10 @@ import (
 	"syscall"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
-	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
@@ -311,16 +310,7 @@ func agentKubeconfig(ctx context.Context, c *controlplane.Cluster, dir string) (
 		return "", err
 	}
 	admin := c.Admin()
-	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: agent.ClusterRoleRules()}
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		return "", err
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: name}},
-	}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+	if err := agenttest.Grant(ctx, admin, name, ns, name); err != nil {
 		return "", err
 	}
 	cfg, err := c.ServiceAccountConfig(ctx, ns, name)

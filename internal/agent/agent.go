@@ -74,9 +74,9 @@ type Options struct {
 	Policy   *health.Policy
 	// BootID identifies the current boot, for the checkpoint.
 	BootID string
-	// BootTime is when the node booted. When the checkpoint is missing or unusable, sticky
-	// faults this agent reported on its Node after that time are restored from there; zero
-	// turns that fallback off.
+	// BootTime is when the node booted. Sticky faults this agent reported on its Node after
+	// that time are restored from there when the checkpoint is missing or unusable, and merged
+	// when the report is newer than the checkpoint; zero turns that fallback off.
 	BootTime time.Time
 	Agent    config.AgentConfig
 	// MetricsAddress serves /metrics, /healthz and /readyz; empty turns the server off.
@@ -141,14 +141,7 @@ func Run(ctx context.Context, opts Options) error {
 	} else if restored {
 		logger.Info("Restored the checkpoint", "path", checkpointPath)
 	}
-	if !restored && !opts.BootTime.IsZero() {
-		n, err := restoreFromNode(ctx, opts.Client, opts.NodeName, monitor, opts.BootID, opts.BootTime, opts.Clock.Now())
-		if err != nil {
-			logger.Error(err, "Could not restore faults from the node's annotation either")
-		} else if n > 0 {
-			logger.Info("Restored sticky faults from the node's gpu-health annotation", "gpus", n)
-		}
-	}
+	restoreFromNodeReport(ctx, opts, monitor, checkpointPath, restored)
 
 	// Metrics show GPUs under repair as the reporters do (rem is set below, before the server
 	// that scrapes them starts).
@@ -345,6 +338,11 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 					recorder.Eventf(nodeRef, corev1.EventTypeWarning, "NoDRADevice",
 						"GPU %d (%s) is %s but no device of driver %s on this node has %s=%s; it cannot be tainted",
 						d.Device.Index, d.Device.UUID, d.Health, cfg.DriverName, cfg.UUIDAttribute, d.Device.UUID)
+				},
+				NameTaken: func(name, holder string) {
+					recorder.Eventf(nodeRef, corev1.EventTypeWarning, "DeviceTaintRuleNameTaken",
+						"the DeviceTaintRule name %s is held by a rule labelled for node %q, which this node's agent may not change; this node's rule is created under a generated name instead (see its %s annotation)",
+						name, holder, devicetaint.KeyAnnotation)
 				},
 				Breaker:     breakerOrNil(cb),
 				HeldChanged: heldChanged,

@@ -1,25 +1,65 @@
 package agent
 
-import rbacv1 "k8s.io/api/rbac/v1"
+import (
+	"slices"
 
-// ClusterRoleRules are the least privileges the agent needs; the e2e tests run the agent with
-// exactly these, and the Helm chart's ClusterRole must match them.
-func ClusterRoleRules() []rbacv1.PolicyRule {
-	return []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}},
-		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
-		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"devicetaintrules"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
-		// The claimstatus reporter finds claims through the pods bound to the node (a watch
-		// selected by spec.nodeName) and reads each claim by name.
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
-		// The API server's per-driver check for status.devices: only for claims allocated on
-		// the agent's own node (its token is bound to a pod there), only for the GPU driver.
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, Verbs: []string{"associated-node:patch"}, ResourceNames: []string{DefaultDriverName}},
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/gpuhealth/gpuhealth/internal/remediation"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+// ClusterRoleRulesFor are the least privileges the agent needs cluster-wide with these reporters
+// (and remediation on or off): RBAC cannot name "the Node I run on", so these are cluster-wide,
+// and the chart's admission policy narrows every write to the agent's own Node and its own
+// DeviceTaintRules. Pods and ResourceClaims are readable only when a part that needs them runs.
+// The Helm chart's ClusterRole must match (test/helm checks every reporter set).
+func ClusterRoleRulesFor(reporters []string, remediationOn bool) []rbacv1.PolicyRule {
+	on := func(r string) bool { return slices.Contains(reporters, r) }
+	// Every reporter reads its own Node (the shared cache, the drains annotation); the annotation,
+	// Volcano and HAMi reporters patch its annotations.
+	rules := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}}}
+	if on(config.ReporterCondition) {
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}})
 	}
+	if on(config.ReporterDeviceTaint) || on(config.ReporterClaimStatus) {
+		// Finding each GPU's DRA device by its UUID attribute.
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch"}})
+	}
+	if on(config.ReporterDeviceTaint) {
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"devicetaintrules"}, Verbs: []string{"get", "list", "create", "update", "delete"}})
+	}
+	if on(config.ReporterClaimStatus) || remediationOn {
+		// The claimstatus reporter and remediation (who holds a GPU) find claims through the pods
+		// bound to the node (selected by spec.nodeName) and read each claim by name.
+		rules = append(rules,
+			rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+			rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}})
+	}
+	if on(config.ReporterClaimStatus) {
+		rules = append(rules,
+			rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
+			// The API server's per-driver check for status.devices: only for claims allocated on
+			// the agent's own node (its token is bound to a pod there), only for the GPU driver.
+			rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, Verbs: []string{"associated-node:patch"}, ResourceNames: []string{DefaultDriverName}})
+	}
+	return rules
+}
+
+// ClusterRoleRules are the agent's cluster-wide rules with every reporter and remediation on:
+// what the e2e tests grant the agents they run.
+func ClusterRoleRules() []rbacv1.PolicyRule {
+	return ClusterRoleRulesFor(config.KnownReporters(), true)
+}
+
+// EventsNamespace is where every Event the agent writes goes: they are all about its Node, and
+// Events about cluster-scoped objects live in the default namespace.
+const EventsNamespace = "default"
+
+// EventsRoleRules are what the agent needs in EventsNamespace (a Role, so that it cannot write
+// Events into any other namespace).
+func EventsRoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}}
 }
 
 // DefaultDriverName is the DRA driver the default ClusterRole lets the agent write claim status
@@ -37,18 +77,26 @@ const (
 
 // BreakerRoleRules are the permissions the circuit breaker needs in its namespace (a Role, not a
 // ClusterRole): reading the ConfigMap with the cluster's GPU count and the acknowledgement, and
-// taking slots (Leases).
+// taking slots by creating Leases (create cannot be limited by name: the admission policy lets an
+// agent create only slot Leases that name its own node). Agents never change or delete a
+// breaker slot: the breaker controller's Sweeper deletes those that stopped counting.
 func BreakerRoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create", "update"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create"}},
 	}
 }
 
-// RemediationRoleRules are the permissions remediation needs in its namespace (a Role): its
-// slots (Leases), which it also deletes when a repair ends.
-func RemediationRoleRules() []rbacv1.PolicyRule {
+// RemediationRoleRules are the permissions remediation needs in its namespace (a Role) with at
+// most maxConcurrent repairs at once: its slots (Leases), which it deletes by name when a repair
+// ends (the admission policy: only its own node's).
+func RemediationRoleRules(maxConcurrent int) []rbacv1.PolicyRule {
+	names := make([]string, maxConcurrent)
+	for k := range names {
+		names[k] = remediation.SlotName(k)
+	}
 	return []rbacv1.PolicyRule{
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"delete"}, ResourceNames: names},
 	}
 }

@@ -10,10 +10,13 @@
 //
 //   - The budget is made of slots: coordination.k8s.io Leases named gpuhealth-breaker-slot-<k>
 //     for k below the budget, in the breaker's namespace. An agent admits a GPU by creating a free
-//     slot (or taking over one whose acquireTime left the window), which the API server does
-//     atomically: two agents can never hold the same slot, so the budget cannot be overrun, and
-//     agents racing for different slots do not conflict (one shared object with optimistic
-//     concurrency admitted one GPU per round, and a 400-GPU wave took 28 s).
+//     slot, which the API server does atomically: two agents can never hold the same slot, so
+//     the budget cannot be overrun, and agents racing for different slots do not conflict (one
+//     shared object with optimistic concurrency admitted one GPU per round, and a 400-GPU wave
+//     took 28 s). A slot counts from its creationTimestamp, the API server's time, not any time
+//     an agent wrote; slots that left the window are deleted by the controller's Sweeper, never
+//     taken over, and the admission policy lets an agent create only slots naming its own node
+//     and change or delete none (see SlotPool).
 //   - The cluster's GPU count comes from one place: the Counter (`gpuhealth breaker controller`,
 //     one leader-elected Deployment) watches the Nodes' gpu-health annotations and writes the
 //     count into the ConfigMap gpuhealth-circuit-breaker. Agents only watch that ConfigMap by name,
@@ -82,7 +85,9 @@ type Breaker struct {
 	held        []string
 	recheckAt   time.Time // when a pending re-check fires (zero: none pending)
 	warnedCount bool
-	stopped     bool
+	// warnedUnswept: the warning that unswept slots block the budget was logged.
+	warnedUnswept bool
+	stopped       bool
 }
 
 // New returns a Breaker for the agent on nodeName.
@@ -170,7 +175,7 @@ func Holder(node, uuid string) string { return node + "/" + uuid }
 
 // ListSlots returns every slot Lease in the namespace, live or not, by index.
 func ListSlots(ctx context.Context, client kube.Interface, namespace string) ([]Slot, error) {
-	return breakerSlots(client, namespace).List(ctx)
+	return BreakerSlots(client, namespace).List(ctx)
 }
 
 // Live reports whether a slot still counts: taken after cutoff (the window's start or the last
@@ -198,7 +203,6 @@ func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
 		return true, nil
 	}
 	budget := b.Budget(total)
-	holder := Holder(b.nodeName, uuid)
 	for range 5 {
 		now := b.opts.Clock.Now()
 		cutoff := Cutoff(now, b.opts.Window, acknowledged)
@@ -225,16 +229,24 @@ func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
 			b.scheduleRecheck(oldest.Add(b.opts.Window))
 			return false, nil
 		}
-		// Try a few free slots in random order: agents racing through a wave spread out.
+		// Try a few free slots in random order: agents racing through a wave spread out. A slot
+		// that stopped counting is not free until the breaker controller's Sweeper deletes it.
 		var free []int
 		for k := range budget {
-			if s, ok := taken[k]; !ok || !s.Live(cutoff) {
+			if _, ok := taken[k]; !ok {
 				free = append(free, k)
 			}
 		}
+		if len(free) == 0 {
+			// Room in the budget, but only behind slots that no longer count: the breaker
+			// controller's Sweeper deletes them as they leave the window. Look again shortly.
+			b.scheduleRecheck(now.Add(sweepGrace))
+			b.warnUnswept(ctx)
+			return false, nil
+		}
 		rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
 		for _, k := range free[:min(len(free), 3)] {
-			ok, err := b.take(ctx, k, taken, holder, now)
+			ok, err := b.take(ctx, k, taken, uuid, now)
 			if err != nil {
 				return false, err
 			}
@@ -246,11 +258,10 @@ func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
 	return false, errSlotsBusy
 }
 
-// take tries to hold slot k: create it when it does not exist, take it over (an update on the
-// version read, so that only one agent can) when it left the window. It reports whether it got
-// the slot; losing a race is not an error.
-func (b *Breaker) take(ctx context.Context, k int, taken map[int]Slot, holder string, now time.Time) (bool, error) {
-	ok, err := breakerSlots(b.client, b.opts.Namespace).Take(ctx, k, taken, holder, now, 0)
+// take tries to hold slot k for the GPU by creating it. It reports whether it got the slot;
+// losing a race is not an error.
+func (b *Breaker) take(ctx context.Context, k int, taken map[int]Slot, uuid string, now time.Time) (bool, error) {
+	ok, err := BreakerSlots(b.client, b.opts.Namespace).Take(ctx, k, taken, b.nodeName, uuid, now, 0)
 	if err != nil {
 		return false, fmt.Errorf("circuit breaker: %w", err)
 	}
@@ -281,15 +292,28 @@ func (b *Breaker) scheduleRecheck(at time.Time) {
 	}()
 }
 
+// sweepGrace is how soon the breaker looks again when only unswept slots stand in the way.
+const sweepGrace = 5 * time.Second
+
+func (b *Breaker) warnUnswept(ctx context.Context) {
+	b.warnOnce(ctx, &b.warnedUnswept, "Warning: the circuit breaker has room in its budget, but only behind slots of other nodes that no longer count; "+
+		"holding escalations until the breaker controller sweeps them (is `gpuhealth breaker controller` running?)", "namespace", b.opts.Namespace)
+}
+
 func (b *Breaker) warnNoCount(ctx context.Context) {
+	b.warnOnce(ctx, &b.warnedCount, "The circuit breaker has no cluster GPU count yet (is `gpuhealth breaker controller` running?); admitting every escalation",
+		"configMap", b.opts.Namespace+"/"+ConfigMapName)
+}
+
+// warnOnce logs msg the first time *warned is false.
+func (b *Breaker) warnOnce(ctx context.Context, warned *bool, msg string, kv ...any) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.warnedCount {
+	if *warned {
 		return
 	}
-	b.warnedCount = true
-	klog.FromContext(ctx).Info("The circuit breaker has no cluster GPU count yet (is `gpuhealth breaker controller` running?); admitting every escalation",
-		"configMap", b.opts.Namespace+"/"+ConfigMapName)
+	*warned = true
+	klog.FromContext(ctx).Info(msg, kv...)
 }
 
 // SetHeld records which of this node's GPUs the breaker holds back now and reports whether that
@@ -312,12 +336,40 @@ func (b *Breaker) Held() []string {
 	return slices.Clone(b.held)
 }
 
-// Acknowledge lets the held GPUs through: slots taken before now no longer count.
-func Acknowledge(ctx context.Context, client kube.Interface, namespace string, now time.Time) error {
-	return updateConfigMap(ctx, client, namespace, "gpuhealth-breaker", func(data map[string]string) bool {
-		data[AcknowledgedAtKey] = now.UTC().Format(time.RFC3339Nano)
-		return true
-	})
+// Acknowledge lets the held GPUs through: slots taken before the acknowledgement no longer
+// count. Slots are dated by the API server, so the acknowledgement is too: it is written with now
+// (the caller's clock) and then again with the time the API server recorded for that write (its
+// managedFields entry), when the two differ by a second or more. It returns the time written.
+func Acknowledge(ctx context.Context, client kube.Interface, namespace string, now time.Time) (time.Time, error) {
+	const manager = "gpuhealth-breaker"
+	ack := now.UTC()
+	write := func(at time.Time) error {
+		return updateConfigMap(ctx, client, namespace, manager, func(data map[string]string) bool {
+			data[AcknowledgedAtKey] = at.Format(time.RFC3339Nano)
+			return true
+		})
+	}
+	if err := write(ack); err != nil {
+		return time.Time{}, err
+	}
+	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		return ack, nil // acknowledged at the caller's time
+	}
+	for _, f := range cm.ManagedFields {
+		if f.Manager != manager || f.Time == nil {
+			continue
+		}
+		// The server's time has whole seconds; its end covers every slot it dated before.
+		server := f.Time.Add(time.Second - time.Nanosecond).UTC()
+		if d := server.Sub(ack); d >= time.Second || d <= -time.Second {
+			if err := write(server); err != nil {
+				return time.Time{}, err
+			}
+			ack = server
+		}
+	}
+	return ack, nil
 }
 
 // updateConfigMap applies change to the breaker's ConfigMap, creating it if needed; change

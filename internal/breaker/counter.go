@@ -1,15 +1,20 @@
 package breaker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/metadata"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -20,19 +25,31 @@ import (
 )
 
 // Counter keeps the cluster's GPU count in the breaker's ConfigMap: the physical GPUs the agents
-// report in their Nodes' gpu-health annotations (MIG instances are not counted twice). It watches
-// the Nodes' metadata only, once for the whole cluster, and writes when the count changes. Run it
-// in one place (`gpuhealth breaker controller` elects a leader among its replicas).
+// report in their Nodes' gpu-health annotations (MIG instances are not counted twice), each node
+// capped at what others than its agent say it has: its ResourceSlices of Driver (the DRA driver's
+// GPUs, by PCI address) or its capacity of CapacityResources (the device plugins'), whichever is
+// larger, and never more than MaxGPUsPerNode. An agent writes its own annotation, so without the
+// cap one node could raise the breaker's budget for the whole cluster. It watches the Nodes and
+// the driver's ResourceSlices once for the whole cluster, keeping only what it counts, and writes
+// when the count changes. Run it in one place (`gpuhealth breaker controller` elects a leader
+// among its replicas).
 type Counter struct {
 	Client    kube.Interface
-	Metadata  metadata.Interface
 	Namespace string
-	Clock     clock.PassiveClock
+	// Driver is the DRA driver whose ResourceSlices bound a node's count (default gpu.nvidia.com).
+	Driver string
+	// CapacityResources are the extended resources whose capacity bounds a node's count (default
+	// DefaultCapacityResources); a name ending in "*" is a prefix.
+	CapacityResources []string
+	Clock             clock.PassiveClock
 	// Counted, when set, is called with every count written (for metrics).
 	Counted func(gpus int)
 }
 
-var nodesResource = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+// DefaultCapacityResources are what GPU device plugins advertise: NVIDIA's whole GPUs and MIG
+// devices (HAMi's too), and Volcano's GPU shares. Shares and MIG devices outnumber GPUs, so they
+// can only loosen the cap, never count a node short.
+var DefaultCapacityResources = []string{"nvidia.com/gpu", "nvidia.com/mig-*", "volcano.sh/vgpu-number"}
 
 // Run counts until ctx is done.
 func (c *Counter) Run(ctx context.Context) error {
@@ -41,13 +58,27 @@ func (c *Counter) Run(ctx context.Context) error {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
+	driver := cmp.Or(c.Driver, "gpu.nvidia.com")
+	resources := c.CapacityResources
+	if resources == nil {
+		resources = DefaultCapacityResources
+	}
 	var informers kube.Informers
-	inf := informers.Add(kube.NewInformer(c.Metadata, c.Metadata.Resource(nodesResource), &metav1.PartialObjectMetadata{}, nil))
+	nodes := informers.Add(kube.NewInformer(c.Client, c.Client.CoreV1().Nodes(), &corev1.Node{}, nil))
+	slices := informers.Add(kube.NewInformer(c.Client, c.Client.ResourceV1().ResourceSlices(), &resourceapi.ResourceSlice{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.driver", driver).String()
+	}))
+	// Keep only what is counted: a Node's gpu-health annotation and its GPU capacities.
+	if err := nodes.SetTransform(func(obj any) (any, error) { return countedNode(obj, resources), nil }); err != nil {
+		return err
+	}
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "breaker-counter"})
 	defer queue.ShutDown()
-	if _, err := inf.AddEventHandler(dradevices.OnAnyChange(func() { queue.Add("count") })); err != nil {
-		return err
+	for _, inf := range []cache.SharedIndexInformer{nodes, slices} {
+		if _, err := inf.AddEventHandler(dradevices.OnAnyChange(func() { queue.Add("count") })); err != nil {
+			return err
+		}
 	}
 	informers.Start(ctx)
 	defer informers.Shutdown()
@@ -66,19 +97,27 @@ func (c *Counter) Run(ctx context.Context) error {
 		if quit {
 			return nil
 		}
-		objs := inf.GetStore().List()
+		sliceGPUs := gpusInSlices(slices.GetStore().List(), driver)
+		objs := nodes.GetStore().List()
 		var err error
 		total := 0
 		for _, obj := range objs {
-			if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
-				n, claimed := physicalGPUs(m.Annotations[gpuhealthv1.HealthKey])
-				if claimed > n && !warned[m.Name] {
-					logger.Info("Warning: a node's annotation claims more GPUs than any node has; counting it for the most", "node", m.Name,
-						"claimed", claimed, "counted", n)
-					warned[m.Name] = true
-				}
-				total += n
+			n, ok := obj.(*corev1.Node)
+			if !ok {
+				continue
 			}
+			claimed := physicalGPUs(n.Annotations[gpuhealthv1.HealthKey])
+			bound := max(sliceGPUs[n.Name], capacityGPUs(n, resources))
+			if bound == 0 {
+				bound = MaxGPUsPerNode // nothing else describes the node's GPUs: only the hard cap
+			}
+			counted := min(claimed, bound, MaxGPUsPerNode)
+			if claimed > counted && !warned[n.Name] {
+				logger.Info("Warning: a node's annotation claims more GPUs than its ResourceSlices and capacity say it has; counting it for what they say", "node", n.Name,
+					"claimed", claimed, "counted", counted, "resourceSliceGPUs", sliceGPUs[n.Name], "capacityGPUs", capacityGPUs(n, resources))
+				warned[n.Name] = true
+			}
+			total += counted
 		}
 		if total != last {
 			err = updateConfigMap(ctx, c.Client, c.Namespace, "gpuhealth-breaker-counter", func(data map[string]string) bool {
@@ -107,6 +146,66 @@ func (c *Counter) Run(ctx context.Context) error {
 	}
 }
 
+// countedNode is a Node reduced to what the Counter reads: its name, gpu-health annotation and
+// the capacities of resources.
+func countedNode(obj any, resources []string) any {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj // a tombstone
+	}
+	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Namespace: n.Namespace, ResourceVersion: n.ResourceVersion, UID: n.UID}}
+	if v, ok := n.Annotations[gpuhealthv1.HealthKey]; ok {
+		out.Annotations = map[string]string{gpuhealthv1.HealthKey: v}
+	}
+	for name, q := range n.Status.Capacity {
+		if matchesResource(string(name), resources) {
+			if out.Status.Capacity == nil {
+				out.Status.Capacity = corev1.ResourceList{}
+			}
+			out.Status.Capacity[name] = q
+		}
+	}
+	return out
+}
+
+func matchesResource(name string, resources []string) bool {
+	for _, r := range resources {
+		if p, ok := strings.CutSuffix(r, "*"); ok && strings.HasPrefix(name, p) || name == r {
+			return true
+		}
+	}
+	return false
+}
+
+// capacityGPUs is the node's capacity of the GPU resources: an upper bound of its GPUs.
+func capacityGPUs(n *corev1.Node, resources []string) int {
+	total := int64(0)
+	for name, q := range n.Status.Capacity {
+		if matchesResource(string(name), resources) {
+			total += max(q.Value(), 0)
+		}
+	}
+	return int(min(total, math.MaxInt32))
+}
+
+// gpusInSlices counts the physical GPUs each node's ResourceSlices of driver publish: the
+// distinct PCI addresses (a GPU's MIG partitions and VFIO device share it), and the distinct
+// UUIDs of devices with neither an address nor a parent.
+func gpusInSlices(objs []any, driver string) map[string]int {
+	byNode := map[string][]*resourceapi.ResourceSlice{}
+	for _, o := range objs {
+		if s, ok := o.(*resourceapi.ResourceSlice); ok && s.Spec.NodeName != nil {
+			byNode[*s.Spec.NodeName] = append(byNode[*s.Spec.NodeName], s)
+		}
+	}
+	out := make(map[string]int, len(byNode))
+	for node, list := range byNode {
+		catalog, _ := dradevices.NewCatalog(list, node, driver, dradevices.DefaultAttributes())
+		out[node] = catalog.PhysicalGPUs()
+	}
+	return out
+}
+
 // MaxGPUsPerNode is the most GPUs one node's annotation counts for: more than any server holds
 // (a scenario's 64 included). The count is the breaker's budget, and the annotation is the node's
 // own word: without a cap one 256 KiB annotation counted 6,121 GPUs and raised a 1,000-GPU
@@ -116,15 +215,14 @@ const MaxGPUsPerNode = 64
 // PhysicalGPUs counts the GPUs (not MIG instances) in a gpu-health annotation, at most
 // MaxGPUsPerNode; a malformed or absent annotation counts none.
 func PhysicalGPUs(healthJSON string) int {
-	n, _ := physicalGPUs(healthJSON)
-	return n
+	return min(physicalGPUs(healthJSON), MaxGPUsPerNode)
 }
 
-// physicalGPUs is PhysicalGPUs and the uncapped count, for the warning.
-func physicalGPUs(healthJSON string) (capped, claimed int) {
+// physicalGPUs is the uncapped count of PhysicalGPUs.
+func physicalGPUs(healthJSON string) int {
 	var s map[string]gpuhealthv1.GPUSummary
 	if json.Unmarshal([]byte(healthJSON), &s) != nil {
-		return 0, 0
+		return 0
 	}
 	n := 0
 	for _, g := range s {
@@ -132,5 +230,5 @@ func physicalGPUs(healthJSON string) (capped, claimed int) {
 			n++
 		}
 	}
-	return min(n, MaxGPUsPerNode), n
+	return n
 }

@@ -17,22 +17,37 @@ import (
 )
 
 // SlotPool is a budget made of Lease slots, <Prefix><k>, labelled Label: taking slot k is
-// creating its Lease (or taking over one that no longer counts, by an update on the version
-// read), which the API server does atomically, so two holders never share a slot and holders
-// racing for different slots do not conflict. The circuit breaker counts its slots by age
-// (Slot.Live); remediation gives its slots a duration (Slot.Expires) and releases them.
+// creating its Lease, which the API server does atomically, so two holders never share a slot
+// and holders racing for different slots do not conflict.
+//
+// A slot's time is the API server's: its creationTimestamp, never a time the holder wrote
+// (acquireTime is written for people reading the Lease, and ignored). Otherwise one agent could
+// date its slots 2099 and hold the budget forever, beyond the reach of an acknowledgement. For
+// the same reason slots are never taken over by an update: a slot that stopped counting is
+// deleted (by the breaker controller's Sweeper, or by its holder in a pool whose owners release)
+// and created again, and the admission policy lets an agent create only slots that name its own
+// node and delete only those. The circuit breaker counts its slots by age (Slot.Live); remediation gives
+// its slots a duration (Slot.Expires) and releases them.
 type SlotPool struct {
 	Client       kube.Interface
 	Namespace    string
 	Prefix       string
 	Label        string
 	FieldManager string
+	// OwnerReleases: holders delete their own slots (remediation's, at the end of a repair, and
+	// when one expired), so Take may delete its node's expired slot before taking it again.
+	// Breaker slots are left to the Sweeper: agents are not granted delete on them.
+	OwnerReleases bool
 }
 
 // breakerSlots is the circuit breaker's pool in namespace.
-func breakerSlots(client kube.Interface, namespace string) SlotPool {
+func BreakerSlots(client kube.Interface, namespace string) SlotPool {
 	return SlotPool{Client: client, Namespace: namespace, Prefix: SlotPrefix, Label: SlotLabel, FieldManager: "gpuhealth-agent"}
 }
+
+// MaxSlotDuration is the longest a slot taken with a duration counts for, whatever its Lease
+// says (the admission policy refuses longer ones from agents).
+const MaxSlotDuration = 24 * time.Hour
 
 // List returns every slot Lease of the pool, live or not, by index.
 func (p SlotPool) List(ctx context.Context) ([]Slot, error) {
@@ -44,16 +59,13 @@ func (p SlotPool) List(ctx context.Context) ([]Slot, error) {
 	for i := range list.Items {
 		l := &list.Items[i]
 		idx, err := strconv.Atoi(strings.TrimPrefix(l.Name, p.Prefix))
-		if err != nil || !strings.HasPrefix(l.Name, p.Prefix) {
+		if err != nil || idx < 0 || !strings.HasPrefix(l.Name, p.Prefix) {
 			continue
 		}
-		s := Slot{Index: idx, lease: l}
+		s := Slot{Index: idx, At: l.CreationTimestamp.Time, lease: l}
 		s.Node, s.UUID, _ = strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "/")
-		if l.Spec.AcquireTime != nil {
-			s.At = l.Spec.AcquireTime.Time
-		}
-		if d := l.Spec.LeaseDurationSeconds; d != nil && l.Spec.AcquireTime != nil {
-			s.Expires = s.At.Add(time.Duration(*d) * time.Second)
+		if d := l.Spec.LeaseDurationSeconds; d != nil {
+			s.Expires = s.At.Add(min(time.Duration(max(*d, 0))*time.Second, MaxSlotDuration))
 		}
 		slots = append(slots, s)
 	}
@@ -61,41 +73,43 @@ func (p SlotPool) List(ctx context.Context) ([]Slot, error) {
 	return slots, nil
 }
 
-// Take tries to hold slot k for holder from now, for duration (zero: no expiry): create it when
-// it is not in taken, take it over otherwise. It reports whether it got the slot; losing a race
-// is not an error.
-func (p SlotPool) Take(ctx context.Context, k int, taken map[int]Slot, holder string, now time.Time, duration time.Duration) (bool, error) {
-	leases := p.Client.CoordinationV1().Leases(p.Namespace)
+// Take tries to hold slot k for holder node/uuid, for duration (zero: no expiry). taken is the
+// pool as listed; a slot k in it must no longer count, and be node's own in a pool whose owners
+// release (Take deletes it first); any other is not Take's to delete (the Sweeper removes it),
+// so Take reports false. It reports whether it got the slot; losing a race is not an error.
+func (p SlotPool) Take(ctx context.Context, k int, taken map[int]Slot, node, uuid string, now time.Time, duration time.Duration) (bool, error) {
+	if s, ok := taken[k]; ok {
+		if !p.OwnerReleases || s.Node != node {
+			return false, nil
+		}
+		if err := p.Release(ctx, s); err != nil {
+			return false, err
+		}
+	}
+	holder := Holder(node, uuid)
 	spec := coordinationv1.LeaseSpec{HolderIdentity: &holder, AcquireTime: ptr.To(metav1.NewMicroTime(now))}
 	if duration > 0 {
 		spec.LeaseDurationSeconds = ptr.To(int32(max(1, duration/time.Second)))
 		spec.RenewTime = spec.AcquireTime
 	}
-	var err error
-	if s, ok := taken[k]; ok {
-		l := s.lease.DeepCopy()
-		l.Spec = spec
-		_, err = leases.Update(ctx, l, metav1.UpdateOptions{FieldManager: p.FieldManager})
-	} else {
-		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: p.Prefix + strconv.Itoa(k), Namespace: p.Namespace,
-				Labels: map[string]string{p.Label: "true", "app.kubernetes.io/managed-by": "gpuhealth"}},
-			Spec: spec,
-		}
-		_, err = leases.Create(ctx, l, metav1.CreateOptions{FieldManager: p.FieldManager})
+	l := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: p.Prefix + strconv.Itoa(k), Namespace: p.Namespace,
+			Labels: map[string]string{p.Label: "true", "app.kubernetes.io/managed-by": "gpuhealth"}},
+		Spec: spec,
 	}
+	_, err := p.Client.CoordinationV1().Leases(p.Namespace).Create(ctx, l, metav1.CreateOptions{FieldManager: p.FieldManager})
 	switch {
 	case err == nil:
 		return true, nil
-	case apierrors.IsAlreadyExists(err), apierrors.IsConflict(err), apierrors.IsNotFound(err):
+	case apierrors.IsAlreadyExists(err):
 		return false, nil // someone else got there first
 	default:
 		return false, fmt.Errorf("take slot %s%d: %w", p.Prefix, k, err)
 	}
 }
 
-// Release deletes a slot, only if it is still the version listed: a slot someone took over since
-// is theirs.
+// Release deletes a slot, only if it is still the version listed: a slot deleted and taken again
+// since is someone else's.
 func (p SlotPool) Release(ctx context.Context, s Slot) error {
 	err := p.Client.CoordinationV1().Leases(p.Namespace).Delete(ctx, s.lease.Name, metav1.DeleteOptions{
 		Preconditions: &metav1.Preconditions{UID: &s.lease.UID, ResourceVersion: &s.lease.ResourceVersion},

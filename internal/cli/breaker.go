@@ -19,13 +19,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/metadata"
+
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
+	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
@@ -68,10 +69,11 @@ chart runs it when the breaker is on).`,
 			if err != nil {
 				return badInput(err)
 			}
-			if err := breaker.Acknowledge(cmd.Context(), adapt.Clientset(client), namespace, time.Now()); err != nil {
+			at, err := breaker.Acknowledge(cmd.Context(), adapt.Clientset(client), namespace, time.Now())
+			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), "acknowledged: the agents let held GPUs through")
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "acknowledged at %s (the API server's time): the agents let held GPUs through\n", at.Format(time.RFC3339))
 			return err
 		},
 	}
@@ -130,24 +132,32 @@ const (
 
 func newBreakerControllerCommand() *cobra.Command {
 	var (
-		kubeconfig, namespace, metricsAddress string
-		leaderElect                           bool
-		logs                                  logOptions
+		kubeconfig, namespace, metricsAddress, driver string
+		capacityResources                             []string
+		window                                        time.Duration
+		leaderElect                                   bool
+		logs                                          logOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "controller [--kubeconfig FILE] [--namespace NS] [--leader-elect]",
-		Short: "Keep the cluster's GPU count in the circuit breaker's ConfigMap (a Deployment; the chart runs it)",
-		Long: `controller watches the Nodes' metadata once for the whole cluster, counts the physical GPUs the
-agents report in their gpuhealth.dev/gpu-health annotations, and writes the count into the
-ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker's budget. With
+		Short: "Keep the cluster's GPU count in the circuit breaker's ConfigMap and sweep stale slots (a Deployment; the chart runs it)",
+		Long: `controller watches the Nodes and the DRA driver's ResourceSlices once for the whole cluster,
+counts the physical GPUs the agents report in their gpuhealth.dev/gpu-health annotations (each
+node at most what its ResourceSlices or GPU capacity say), and writes the count into the
+ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker's budget. It
+also deletes the slots that stopped counting: the breaker's once they leave --window (or an
+acknowledgement), remediation's once they expire (agents may delete only their own). With
 --leader-elect (default) its replicas elect one leader through the Lease ` + LeaderElectionLease + `.
 --metrics-address serves /healthz (failing when a leader stopped renewing its lease) and /metrics
-(gpuhealth_breaker_cluster_gpus, gpuhealth_breaker_leader).`,
+(gpuhealth_breaker_cluster_gpus, gpuhealth_breaker_leader, gpuhealth_breaker_slots_swept_total).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, err := logs.context(cmd)
 			if err != nil {
 				return err
+			}
+			if window <= 0 {
+				return badInput(fmt.Errorf("--window must be positive, not %v", window))
 			}
 			cfg, err := componentConfig(kubeconfig, "gpuhealth-breaker-controller", breakerControllerQPS, breakerControllerBurst)
 			if err != nil {
@@ -157,12 +167,23 @@ ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker
 			if err != nil {
 				return badInput(err)
 			}
-			meta, err := metadata.NewForConfig(cfg)
-			if err != nil {
-				return badInput(err)
-			}
+			kc := adapt.Clientset(client)
 			m := breaker.NewControllerMetrics()
-			counter := &breaker.Counter{Client: adapt.Clientset(client), Metadata: meta, Namespace: namespace, Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }}
+			counter := &breaker.Counter{Client: kc, Namespace: namespace, Driver: driver, CapacityResources: capacityResources,
+				Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }}
+			sweeper := &breaker.Sweeper{
+				Pools: []breaker.SweptPool{
+					breaker.BreakerPool(breaker.BreakerSlots(kc, namespace), window, breaker.AcknowledgedAt(kc, namespace)),
+					breaker.ExpiringPool(remediation.SlotPool(kc, namespace)),
+				},
+				Swept: func(prefix string, n int) { m.SlotsSwept.WithLabelValues(prefix).Add(float64(n)) },
+			}
+			work := func(ctx context.Context) error {
+				g, ctx := errgroup.WithContext(ctx)
+				g.Go(func() error { return counter.Run(ctx) })
+				g.Go(func() error { return sweeper.Run(ctx) })
+				return g.Wait()
+			}
 			watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 			g, ctx := errgroup.WithContext(ctx)
 			if metricsAddress != "" {
@@ -171,12 +192,12 @@ ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker
 			g.Go(func() error {
 				if !leaderElect {
 					m.Leader.Set(1)
-					return counter.Run(ctx)
+					return work(ctx)
 				}
 				return runLeaderElected(ctx, breakerElection(client, namespace, breakerIdentity(), watchdog), func(ctx context.Context) error {
 					m.Leader.Set(1)
 					defer m.Leader.Set(0)
-					return counter.Run(ctx)
+					return work(ctx)
 				})
 			})
 			return g.Wait()
@@ -184,7 +205,10 @@ ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
-	f.StringVarP(&namespace, "namespace", "n", cmp.Or(os.Getenv("POD_NAMESPACE"), config.DefaultBreakerNamespace), "namespace of the circuit breaker's ConfigMap and slots")
+	f.StringVarP(&namespace, "namespace", "n", cmp.Or(os.Getenv("POD_NAMESPACE"), config.DefaultBreakerNamespace), "namespace of the circuit breaker's ConfigMap and slots (and remediation's slots)")
+	f.DurationVar(&window, "window", config.DefaultBreakerWindow, "the agents' circuitBreaker.window: a breaker slot older than this is deleted")
+	f.StringVar(&driver, "driver", "gpu.nvidia.com", "the DRA driver whose ResourceSlices bound each node's GPU count")
+	f.StringSliceVar(&capacityResources, "capacity-resources", breaker.DefaultCapacityResources, "extended resources whose capacity bounds each node's GPU count (a trailing * is a prefix)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "elect one leader among the replicas")
 	f.StringVar(&metricsAddress, "metrics-address", ":9403", "address to serve /healthz and /metrics on (empty: none)")
 	logs.addFlags(f)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -21,8 +22,9 @@ const (
 
 // Budget lets at most Max GPUs of the cluster be in remediation (reset or probation) at once.
 // A slot is held from the reset until probation ends and is then deleted; it also carries a
-// duration (the longest a repair can hold it: reset timeout plus probation, plus a margin), so
-// the slot of an agent that died mid-repair frees itself.
+// duration (the longest a repair can hold it: reset timeout plus probation, plus a margin,
+// counted from the slot's creation by the API server's clock), so the slot of an agent that
+// died mid-repair stops counting; the breaker controller's Sweeper then deletes it.
 type Budget struct {
 	pool  breaker.SlotPool
 	node  string
@@ -34,16 +36,23 @@ type Budget struct {
 // NewBudget returns the budget of the agent on node.
 func NewBudget(client kube.Interface, namespace, node string, maxConcurrent int, hold time.Duration, clk clock.PassiveClock) *Budget {
 	return &Budget{
-		pool: breaker.SlotPool{Client: client, Namespace: namespace, Prefix: SlotPrefix, Label: SlotLabel, FieldManager: "gpuhealth-agent"},
+		pool: SlotPool(client, namespace),
 		node: node, max: maxConcurrent, hold: hold, clock: clk,
 	}
 }
+
+// SlotPool is the remediation slot pool in namespace: the agents release their own slots.
+func SlotPool(client kube.Interface, namespace string) breaker.SlotPool {
+	return breaker.SlotPool{Client: client, Namespace: namespace, Prefix: SlotPrefix, Label: SlotLabel, FieldManager: "gpuhealth-agent", OwnerReleases: true}
+}
+
+// SlotName is the name of remediation slot k.
+func SlotName(k int) string { return SlotPrefix + strconv.Itoa(k) }
 
 var errSlotsBusy = errors.New("remediation budget: lost every race for a free slot; retrying")
 
 // TakeSlot takes a free slot for the GPU, or confirms the one it holds.
 func (b *Budget) TakeSlot(ctx context.Context, uuid string) (bool, error) {
-	holder := breaker.Holder(b.node, uuid)
 	for range 5 {
 		now := b.clock.Now()
 		slots, err := b.pool.List(ctx)
@@ -65,15 +74,20 @@ func (b *Budget) TakeSlot(ctx context.Context, uuid string) (bool, error) {
 		if live >= b.max {
 			return false, nil
 		}
+		// An expired slot is free if it is this node's (Take deletes it first); another node's
+		// waits for the breaker controller's Sweeper.
 		var free []int
 		for k := range b.max {
-			if s, ok := taken[k]; !ok || !s.Expires.After(now) {
+			if s, ok := taken[k]; !ok || (!s.Expires.After(now) && s.Node == b.node) {
 				free = append(free, k)
 			}
 		}
+		if len(free) == 0 {
+			return false, nil
+		}
 		rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
 		for _, k := range free[:min(len(free), 3)] {
-			ok, err := b.pool.Take(ctx, k, taken, holder, now, b.hold)
+			ok, err := b.pool.Take(ctx, k, taken, b.node, uuid, now, b.hold)
 			if err != nil || ok {
 				return ok, err
 			}

@@ -10,12 +10,13 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
+	"github.com/gpuhealth/gpuhealth/internal/kube/kubetest"
 )
 
 func TestBudgetAdmitsAtMostMaxAndReleases(t *testing.T) {
 	ctx := t.Context()
-	client := fake.NewClientset()
 	clk := testingclock.NewFakeClock(t0)
+	client := kubetest.StampCreation(fake.NewClientset(), "leases", clk)
 	a := NewBudget(adapt.Clientset(client), "ops", "n1", 2, 10*time.Minute, clk)
 	b := NewBudget(adapt.Clientset(client), "ops", "n2", 2, 10*time.Minute, clk)
 	take := func(bud *Budget, uuid string, want bool) {
@@ -49,8 +50,8 @@ func TestBudgetAdmitsAtMostMaxAndReleases(t *testing.T) {
 
 func TestBudgetSlotOfADeadAgentExpires(t *testing.T) {
 	ctx := t.Context()
-	client := fake.NewClientset()
 	clk := testingclock.NewFakeClock(t0)
+	client := kubetest.StampCreation(fake.NewClientset(), "leases", clk)
 	dead := NewBudget(adapt.Clientset(client), "ops", "n1", 1, 5*time.Minute, clk)
 	other := NewBudget(adapt.Clientset(client), "ops", "n2", 1, 5*time.Minute, clk)
 	if ok, err := dead.TakeSlot(ctx, "GPU-a"); !ok || err != nil {
@@ -61,8 +62,16 @@ func TestBudgetSlotOfADeadAgentExpires(t *testing.T) {
 		t.Fatal("took a live slot")
 	}
 	clk.Step(time.Second)
+	// Expired, but another node's: only the breaker controller's Sweeper deletes it.
+	if ok, _ := other.TakeSlot(ctx, "GPU-b"); ok {
+		t.Fatal("took another node's expired slot before it was swept")
+	}
+	sweeper := &breaker.Sweeper{Pools: []breaker.SweptPool{breaker.ExpiringPool(SlotPool(adapt.Clientset(client), "ops"))}}
+	if _, err := sweeper.Sweep(ctx, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
 	if ok, err := other.TakeSlot(ctx, "GPU-b"); !ok || err != nil {
-		t.Fatalf("expired slot not taken over: %v %v", ok, err)
+		t.Fatalf("swept slot not taken: %v %v", ok, err)
 	}
 	// The dead agent's late release must not free the slot someone else took over.
 	if err := dead.ReleaseSlot(ctx, "GPU-a"); err != nil {
@@ -70,5 +79,25 @@ func TestBudgetSlotOfADeadAgentExpires(t *testing.T) {
 	}
 	if ok, _ := dead.TakeSlot(ctx, "GPU-c"); ok {
 		t.Fatal("the slot taken over was released by its old holder")
+	}
+}
+
+// TestBudgetRetakesItsOwnExpiredSlot: an agent that restarts after its repair's slot expired
+// deletes its own slot and takes it again (agents may delete only their own node's slots).
+func TestBudgetRetakesItsOwnExpiredSlot(t *testing.T) {
+	ctx := t.Context()
+	clk := testingclock.NewFakeClock(t0)
+	client := kubetest.StampCreation(fake.NewClientset(), "leases", clk)
+	b := NewBudget(adapt.Clientset(client), "ops", "n1", 1, 5*time.Minute, clk)
+	if ok, err := b.TakeSlot(ctx, "GPU-a"); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	clk.Step(6 * time.Minute)
+	if ok, err := b.TakeSlot(ctx, "GPU-b"); !ok || err != nil {
+		t.Fatalf("own expired slot not taken again: %v %v", ok, err)
+	}
+	slots, err := SlotPool(adapt.Clientset(client), "ops").List(ctx)
+	if err != nil || len(slots) != 1 || slots[0].UUID != "GPU-b" || !slots[0].At.Equal(clk.Now()) {
+		t.Fatalf("slots %+v, %v; want GPU-b's, created now", slots, err)
 	}
 }

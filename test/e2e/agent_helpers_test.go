@@ -21,14 +21,13 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/agent/agenttest"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
@@ -78,16 +77,7 @@ func agentKubeconfig(t *testing.T, c *controlplane.Cluster) string {
 	if _, err := c.CreateNamespace(ctx, agentNamespace); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gpuhealth-agent"}, Rules: agent.ClusterRoleRules()}
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "gpuhealth-agent"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "gpuhealth-agent"},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: agentNamespace, Name: "gpuhealth-agent"}},
-	}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := agenttest.Grant(ctx, admin, "gpuhealth-agent", agentNamespace, "gpuhealth-agent"); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := c.ServiceAccountConfig(ctx, agentNamespace, "gpuhealth-agent")

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -31,7 +32,9 @@ func rules(ctx context.Context, c *controlplane.Cluster, node string) (map[strin
 	}
 	out := map[string]resourcev1.DeviceTaintRule{}
 	for _, r := range list.Items {
-		out[r.Name] = r
+		// By the name the rule stands for: one created under a generated name (its own was held
+		// by another node's rule) says which in its key annotation.
+		out[cmp.Or(r.Annotations[devicetaint.KeyAnnotation], r.Name)] = r
 	}
 	return out, nil
 }
@@ -78,9 +81,9 @@ func TestAgentReportsFaultsAndRecovery(t *testing.T) {
 			return false, "", err
 		}
 		want := map[string]string{
-			devicetaint.RuleName(uuids[3]): "gpuhealth.dev/xid=48:NoSchedule",
-			devicetaint.RuleName(uuids[5]): "gpuhealth.dev/thermal=TemperatureAtSlowdown:None",
-			devicetaint.RuleName(uuids[6]): "gpuhealth.dev/xid=79:NoSchedule", // NoExecute is opt-in
+			devicetaint.RuleName(node, uuids[3]): "gpuhealth.dev/xid=48:NoSchedule",
+			devicetaint.RuleName(node, uuids[5]): "gpuhealth.dev/thermal=TemperatureAtSlowdown:None",
+			devicetaint.RuleName(node, uuids[6]): "gpuhealth.dev/xid=79:NoSchedule", // NoExecute is opt-in
 		}
 		ok := ann[gpuhealthv1.UnhealthyIDsKey] == "3,6" && cond.Status == corev1.ConditionTrue && len(rs) == len(want)
 		for name, taint := range want {
@@ -100,7 +103,7 @@ func TestAgentReportsFaultsAndRecovery(t *testing.T) {
 		if err != nil {
 			return false, "", err
 		}
-		_, only79 := rs[devicetaint.RuleName(uuids[6])]
+		_, only79 := rs[devicetaint.RuleName(node, uuids[6])]
 		return ann[gpuhealthv1.UnhealthyIDsKey] == "6" && len(rs) == 1 && only79,
 			fmt.Sprintf("ids=%q rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs)), nil
 	})
@@ -142,7 +145,7 @@ func TestAgentRestartKeepsStateWithoutWrites(t *testing.T) {
 	})
 	first.kill()
 
-	rule, err := c.Admin().ResourceV1().DeviceTaintRules().Get(ctx, devicetaint.RuleName(uuids[2]), metav1.GetOptions{})
+	rule, err := c.Admin().ResourceV1().DeviceTaintRules().Get(ctx, devicetaint.RuleName(node, uuids[2]), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +198,7 @@ func TestAgentReconcilesStaleStateAtStart(t *testing.T) {
 	if _, err := c.Admin().CoreV1().Nodes().Patch(ctx, node, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	stale := controlplane.GPUDeviceTaintRule(devicetaint.RuleName(uuids[1]), node, "gpu-1", resourcev1.DeviceTaint{Key: "gpuhealth.dev/xid", Value: "48", Effect: resourcev1.DeviceTaintEffectNoSchedule})
+	stale := controlplane.GPUDeviceTaintRule(devicetaint.RuleName(node, uuids[1]), node, "gpu-1", resourcev1.DeviceTaint{Key: "gpuhealth.dev/xid", Value: "48", Effect: resourcev1.DeviceTaintEffectNoSchedule})
 	stale.Labels = map[string]string{devicetaint.NodeLabel: node, devicetaint.UUIDLabel: uuids[1]}
 	if _, err := c.Admin().ResourceV1().DeviceTaintRules().Create(ctx, stale, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -359,7 +362,7 @@ func TestAgentConvergesAfterAPIServerRestart(t *testing.T) {
 		if err != nil {
 			return false, "", nil
 		}
-		_, ok := rs[devicetaint.RuleName(uuids[1])]
+		_, ok := rs[devicetaint.RuleName(node, uuids[1])]
 		return ann[gpuhealthv1.UnhealthyIDsKey] == "1" && ok && len(rs) == 1,
 			fmt.Sprintf("ids=%q rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs)), nil
 	})

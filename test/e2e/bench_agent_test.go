@@ -209,7 +209,7 @@ func TestBenchSignalToObject(t *testing.T) {
 	at := time.Now()
 	for i := range faults {
 		gpu := i % len(uuids)
-		rule := devicetaint.RuleName(uuids[gpu])
+		rule := devicetaint.RuleName(node, uuids[gpu])
 		at = at.Add(time.Second)
 		trace.reset()
 		start := time.Now()

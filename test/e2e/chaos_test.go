@@ -43,7 +43,7 @@ func expectedState(t *testing.T, node string, gpus int, body string) (ids string
 			unhealthy = append(unhealthy, strconv.Itoa(d.Index))
 		}
 		if d.Health != "Healthy" {
-			ruled = append(ruled, devicetaint.RuleName(d.UUID))
+			ruled = append(ruled, devicetaint.RuleName(node, d.UUID))
 		}
 	}
 	slices.Sort(ruled)

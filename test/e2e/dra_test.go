@@ -129,7 +129,7 @@ func TestDRAPathAvoidsSickGPUs(t *testing.T) {
 		if err != nil {
 			return false, "", err
 		}
-		r3, r5 := rs[devicetaint.RuleName(uuids[3])], rs[devicetaint.RuleName(uuids[5])]
+		r3, r5 := rs[devicetaint.RuleName(sick, uuids[3])], rs[devicetaint.RuleName(sick, uuids[5])]
 		return r3.Spec.Taint.Effect == resourcev1.DeviceTaintEffectNoExecute && r5.Spec.Taint.Effect == resourcev1.DeviceTaintEffectNone,
 			fmt.Sprint(ruleNames(rs)), nil
 	})

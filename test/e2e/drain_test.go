@@ -81,7 +81,7 @@ func TestDrainUndrainAndStatus(t *testing.T) {
 			if err != nil {
 				return false, "", err
 			}
-			r, ok := rs[devicetaint.RuleName(uuids[2])]
+			r, ok := rs[devicetaint.RuleName(node, uuids[2])]
 			return ann[gpuhealthv1.UnhealthyIDsKey] == "2" && ok && r.Spec.Taint.Key == "gpuhealth.dev/admin-drain",
 				fmt.Sprintf("ids=%q rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs)), nil
 		})

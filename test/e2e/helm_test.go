@@ -12,6 +12,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,6 +29,8 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -50,8 +53,10 @@ const (
 // nothing else. Finally a real agent runs under exactly these permissions and reports a fault.
 func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	t.Parallel()
-	// The breaker on too, so that its controller's objects are applied to a real API server.
-	manifest := renderChart(t, helm.Options{Release: helmRelease, Namespace: helmNamespace, Set: []string{"config.agent.circuitBreaker.enabled=true"}})
+	// The breaker and remediation on too, so that their Roles, the controller's objects and the
+	// policy's Lease rules are applied to a real API server.
+	manifest := renderChart(t, helm.Options{Release: helmRelease, Namespace: helmNamespace,
+		Set: []string{"config.agent.circuitBreaker.enabled=true", "config.remediation.enabled=true", "config.remediation.maxConcurrent=2"}})
 	// Only the controllers the test needs: the policy's type checker, and the ServiceAccount
 	// controller the harness waits for.
 	c := controlplane.StartT(t, controlplane.Options{
@@ -89,6 +94,17 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	if _, err := admin.ResourceV1().DeviceTaintRules().Create(ctx, ruleOfB, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Slots of B's, and the breaker controller's leader Lease, for A's agent to leave alone.
+	slotOfB := slotLease(breaker.SlotPrefix+"0", nodeB, 0)
+	repairOfB := slotLease(remediation.SlotName(0), nodeB, 300)
+	leader := slotLease("gpuhealth-breaker-controller", "controller-0", 15)
+	for _, l := range []*coordinationv1.Lease{slotOfB, repairOfB, leader} {
+		if _, err := admin.CoordinationV1().Leases(helmNamespace).Create(ctx, l, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A's rules must be named after its node (the policy), as devicetaint.RuleName does.
+	own := func(name string) string { return devicetaint.RulePrefix(nodeA) + name }
 
 	// The policy takes effect once the API server's policy informer has it; wait for a denial.
 	waitDenied(t, "the policy to be enforced", func(ctx context.Context) error {
@@ -146,13 +162,13 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 			return patchNode(ctx, asA, nodeB, conditionPatch(string(nodecondition.Type), "True"), "status")
 		}, "may not change Node " + nodeB},
 		{"rule labelled for the other node", func(ctx context.Context) error {
-			return createRule(ctx, asA, policyRule("a-writes-b", nodeB, nodeB))
+			return createRule(ctx, asA, policyRule(own("writes-b"), nodeB, nodeB))
 		}, "not one labelled for \"" + nodeB + "\""},
 		{"rule labelled for its node, selecting the other node's pool", func(ctx context.Context) error {
-			return createRule(ctx, asA, policyRule("a-taints-b", nodeA, nodeB))
+			return createRule(ctx, asA, policyRule(own("taints-b"), nodeA, nodeB))
 		}, "DRA pool " + nodeA},
 		{"rule labelled for its node, selecting every pool", func(ctx context.Context) error {
-			r := policyRule("a-taints-all", nodeA, nodeA)
+			r := policyRule(own("taints-all"), nodeA, nodeA)
 			r.Spec.DeviceSelector.Pool = nil
 			return createRule(ctx, asA, r)
 		}, "DRA pool " + nodeA},
@@ -161,18 +177,24 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			r := policyRule("a-owned-by-b", nodeA, nodeA)
+			r := policyRule(own("owned-by-b"), nodeA, nodeA)
 			r.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: nodeB, UID: b.UID}}
 			return createRule(ctx, asA, r)
 		}, "owned only by its own Node"},
 		{"rule labelled for its node", func(ctx context.Context) error {
-			return createRule(ctx, asA, policyRule("a-own", nodeA, nodeA))
+			return createRule(ctx, asA, policyRule(own("gpu-a"), nodeA, nodeA))
 		}, ""},
+		{"rule under the name of the other node's GPU (to keep B's own create failing)", func(ctx context.Context) error {
+			return createRule(ctx, asA, policyRule(devicetaint.RuleName(nodeB, "GPU-b1"), nodeA, nodeA))
+		}, "may create only DeviceTaintRules named " + devicetaint.RulePrefix(nodeA)},
+		{"rule under a name of no node", func(ctx context.Context) error {
+			return createRule(ctx, asA, policyRule("gpuhealth-gpu-b1", nodeA, nodeA))
+		}, "may create only DeviceTaintRules named"},
 		{"relabel its rule for the other node", func(ctx context.Context) error {
-			return updateRule(ctx, asA, "a-own", func(r *resourcev1.DeviceTaintRule) { r.Labels[devicetaint.NodeLabel] = nodeB })
+			return updateRule(ctx, asA, own("gpu-a"), func(r *resourcev1.DeviceTaintRule) { r.Labels[devicetaint.NodeLabel] = nodeB })
 		}, "not one labelled for \"" + nodeB + "\""},
 		{"update its rule", func(ctx context.Context) error {
-			return updateRule(ctx, asA, "a-own", func(r *resourcev1.DeviceTaintRule) { r.Spec.Taint.Value = "79" })
+			return updateRule(ctx, asA, own("gpu-a"), func(r *resourcev1.DeviceTaintRule) { r.Spec.Taint.Value = "79" })
 		}, ""},
 		{"update the other node's rule", func(ctx context.Context) error {
 			return updateRule(ctx, asA, ruleOfB.Name, func(r *resourcev1.DeviceTaintRule) { r.Spec.Taint.Value = "0" })
@@ -181,8 +203,55 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 			return asA.ResourceV1().DeviceTaintRules().Delete(ctx, ruleOfB.Name, metav1.DeleteOptions{})
 		}, "not one labelled for \"" + nodeB + "\""},
 		{"delete its rule", func(ctx context.Context) error {
-			return asA.ResourceV1().DeviceTaintRules().Delete(ctx, "a-own", metav1.DeleteOptions{})
+			return asA.ResourceV1().DeviceTaintRules().Delete(ctx, own("gpu-a"), metav1.DeleteOptions{})
 		}, ""},
+		// The circuit breaker's and remediation's slots (Leases in the release namespace).
+		{"take a breaker slot for its own GPU", func(ctx context.Context) error {
+			return createLease(ctx, asA, slotLease(breaker.SlotPrefix+"1", nodeA, 0))
+		}, ""},
+		{"take a breaker slot for the other node", func(ctx context.Context) error {
+			return createLease(ctx, asA, slotLease(breaker.SlotPrefix+"2", nodeB, 0))
+		}, "may take slots only for its own node"},
+		{"take a breaker slot dated 2099 (counts from its creation anyway)", func(ctx context.Context) error {
+			l := slotLease(breaker.SlotPrefix+"3", nodeA, 0)
+			l.Spec.AcquireTime = ptr.To(metav1.NewMicroTime(time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)))
+			return createLease(ctx, asA, l)
+		}, ""},
+		{"take over the other node's breaker slot", func(ctx context.Context) error {
+			return updateLease(ctx, asA, slotOfB.Name, func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptr.To(nodeA + "/GPU-a0") })
+		}, "Forbidden"}, // RBAC: agents never update Leases
+		{"re-date its own breaker slot", func(ctx context.Context) error {
+			return updateLease(ctx, asA, breaker.SlotPrefix+"1", func(l *coordinationv1.Lease) { l.Spec.AcquireTime = ptr.To(metav1.NewMicroTime(time.Now())) })
+		}, "Forbidden"},
+		{"delete the other node's breaker slot", func(ctx context.Context) error {
+			return asA.CoordinationV1().Leases(helmNamespace).Delete(ctx, slotOfB.Name, metav1.DeleteOptions{})
+		}, "Forbidden"}, // RBAC: only the controller sweeps breaker slots
+		{"take a remediation slot for its own GPU", func(ctx context.Context) error {
+			return createLease(ctx, asA, slotLease(remediation.SlotName(1), nodeA, 300))
+		}, ""},
+		{"take a remediation slot for a decade", func(ctx context.Context) error {
+			return createLease(ctx, asA, slotLease(remediation.SlotPrefix+"7", nodeA, 10*365*86400))
+		}, "at most a day"},
+		{"delete the other node's remediation slot", func(ctx context.Context) error {
+			return asA.CoordinationV1().Leases(helmNamespace).Delete(ctx, repairOfB.Name, metav1.DeleteOptions{})
+		}, "may delete only its own node's slots"},
+		{"delete its own remediation slot", func(ctx context.Context) error {
+			return asA.CoordinationV1().Leases(helmNamespace).Delete(ctx, remediation.SlotName(1), metav1.DeleteOptions{})
+		}, ""},
+		{"create a Lease that is no slot", func(ctx context.Context) error {
+			return createLease(ctx, asA, slotLease("not-a-slot", nodeA, 15))
+		}, "slot Leases"},
+		{"delete the breaker controller's leader Lease", func(ctx context.Context) error {
+			return asA.CoordinationV1().Leases(helmNamespace).Delete(ctx, leader.Name, metav1.DeleteOptions{})
+		}, "Forbidden"},
+		{"write an Event outside the default namespace", func(ctx context.Context) error {
+			_, err := asA.CoreV1().Events(helmNamespace).Create(ctx, &corev1.Event{
+				ObjectMeta:     metav1.ObjectMeta{Name: "forged", Namespace: helmNamespace},
+				InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: helmNamespace, Name: "victim"},
+				Reason:         "Forged", Message: "x", Type: corev1.EventTypeWarning,
+			}, metav1.CreateOptions{})
+			return err
+		}, "Forbidden"},
 		{"node B's agent: its own node", func(ctx context.Context) error {
 			return patchAnnotations(ctx, asB, nodeB, owned)
 		}, ""},
@@ -207,9 +276,11 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 				t.Fatalf("want success, got %v", err)
 			case tc.denied != "" && err == nil:
 				t.Fatalf("want denied by %s (%q), got success", helmPolicy, tc.denied)
-			case tc.denied != "" && !deniedByPolicy(err):
+			case tc.denied == "Forbidden" && !apierrors.IsForbidden(err):
+				t.Fatalf("want Forbidden (RBAC), got %v", err)
+			case tc.denied != "" && tc.denied != "Forbidden" && !deniedByPolicy(err):
 				t.Fatalf("want denied by %s, got %v", helmPolicy, err)
-			case tc.denied != "" && !strings.Contains(err.Error(), tc.denied):
+			case tc.denied != "" && tc.denied != "Forbidden" && !strings.Contains(err.Error(), tc.denied):
 				t.Fatalf("denial %q does not mention %q", err, tc.denied)
 			}
 		})
@@ -229,6 +300,13 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.UnhealthyIDsKey: nil, gpuhealthv1.HealthKey: nil})
+	// Someone (an admin, or another node's agent where the policy is off) holds the name of the
+	// rule A's agent is about to write, labelled for B: A's agent may not change it, so it writes
+	// its rule under a generated name and says so in an Event.
+	squatted := devicetaint.RuleName(nodeA, uuidsA[1])
+	if _, err := admin.ResourceV1().DeviceTaintRules().Create(ctx, policyRule(squatted, nodeB, nodeB), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	startAgent(t, agentSetup{
 		node: nodeA, gpus: 2, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
 		scenario: "events:\n  - {at: 1s, gpu: 1, xid: 48}\n",
@@ -246,10 +324,20 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		if err != nil {
 			return false, "", err
 		}
-		r, ok := rs[devicetaint.RuleName(uuidsA[1])]
-		return ann[gpuhealthv1.UnhealthyIDsKey] == "1" && ok && r.Spec.Taint.Value == "48" && cond.Status == corev1.ConditionTrue,
+		r, ok := rs[squatted]
+		return ann[gpuhealthv1.UnhealthyIDsKey] == "1" && ok && r.Name != squatted && r.Spec.Taint.Value == "48" && cond.Status == corev1.ConditionTrue,
 			fmt.Sprintf("ids=%q rules=%v condition=%q", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs), cond.Status), nil
 	})
+	eventually(t, "the Event that the rule's name was taken", func(ctx context.Context) (bool, string, error) {
+		list, err := admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + nodeA + ",reason=DeviceTaintRuleNameTaken"})
+		if err != nil {
+			return false, "", err
+		}
+		return len(list.Items) == 1 && strings.Contains(list.Items[0].Message, squatted), fmt.Sprint(len(list.Items), " events"), nil
+	})
+	if r, err := admin.ResourceV1().DeviceTaintRules().Get(ctx, squatted, metav1.GetOptions{}); err != nil || r.Labels[devicetaint.NodeLabel] != nodeB {
+		t.Errorf("the rule holding the name was changed: %v %+v", err, r)
+	}
 }
 
 // renderChart runs helm template, skipping the test when no helm can be built.
@@ -423,6 +511,33 @@ func policyRule(name, labelNode, pool string) *resourcev1.DeviceTaintRule {
 		resourcev1.DeviceTaint{Key: "gpuhealth.dev/xid", Value: "48", Effect: resourcev1.DeviceTaintEffectNoSchedule})
 	r.Labels = map[string]string{devicetaint.NodeLabel: labelNode}
 	return r
+}
+
+// slotLease is a slot Lease held for node's GPU, for seconds (0: no duration).
+func slotLease(name, node string, seconds int32) *coordinationv1.Lease {
+	l := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: helmNamespace},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To(breaker.Holder(node, "GPU-"+node))},
+	}
+	if seconds > 0 {
+		l.Spec.LeaseDurationSeconds = &seconds
+	}
+	return l
+}
+
+func createLease(ctx context.Context, cs kubernetes.Interface, l *coordinationv1.Lease) error {
+	_, err := cs.CoordinationV1().Leases(l.Namespace).Create(ctx, l, metav1.CreateOptions{})
+	return err
+}
+
+func updateLease(ctx context.Context, cs kubernetes.Interface, name string, change func(*coordinationv1.Lease)) error {
+	l, err := cs.CoordinationV1().Leases(helmNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	change(l)
+	_, err = cs.CoordinationV1().Leases(helmNamespace).Update(ctx, l, metav1.UpdateOptions{})
+	return err
 }
 
 func createRule(ctx context.Context, cs kubernetes.Interface, r *resourcev1.DeviceTaintRule) error {

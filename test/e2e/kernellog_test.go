@@ -43,9 +43,9 @@ func TestAgentKernelLogLinesReachTheNode(t *testing.T) {
 		if err != nil {
 			return false, "", err
 		}
-		_, r2 := rs[devicetaint.RuleName(uuids[2])]
-		_, r5 := rs[devicetaint.RuleName(uuids[5])]
-		_, r4 := rs[devicetaint.RuleName(uuids[4])]
+		_, r2 := rs[devicetaint.RuleName(node, uuids[2])]
+		_, r5 := rs[devicetaint.RuleName(node, uuids[5])]
+		_, r4 := rs[devicetaint.RuleName(node, uuids[4])]
 		return ann[gpuhealthv1.UnhealthyIDsKey] == "2,5" && r2 && r5 && !r4 && len(rs) == 2,
 			fmt.Sprintf("ids=%q rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs)), nil
 	})

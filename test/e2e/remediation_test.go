@@ -22,15 +22,17 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 	"github.com/gpuhealth/gpuhealth/test/helm"
 )
 
-// remediationRBAC gives the agents exactly agent.RemediationRoleRules in their namespace.
+// remediationRBAC gives the agents exactly agent.RemediationRoleRules in their namespace, for
+// the largest maxConcurrent the tests use.
 func remediationRBAC(t *testing.T, c *controlplane.Cluster) {
 	t.Helper()
 	ctx := t.Context()
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: "gpuhealth-agent-remediation"}, Rules: agent.RemediationRoleRules()}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: "gpuhealth-agent-remediation"}, Rules: agent.RemediationRoleRules(maxConcurrentInTests)}
 	if _, err := c.Admin().RbacV1().Roles(agentNamespace).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
@@ -45,6 +47,10 @@ func remediationRBAC(t *testing.T, c *controlplane.Cluster) {
 }
 
 // remediationConfig is the HealthConfig section the e2e agents repair with: 5 s probation.
+// maxConcurrentInTests bounds the maxConcurrent of remediationConfig: the agents' Role may delete
+// only that many slots by name.
+const maxConcurrentInTests = 4
+
 func remediationConfig(maxAttempts, maxConcurrent int, podResourcesSocket string) string {
 	return fmt.Sprintf("remediation:\n  enabled: true\n  maxAttempts: %d\n  maxConcurrent: %d\n  probation: 5s\n  window: 10m\n  resetTimeout: 20s\n  namespace: %s\n  podResourcesSocket: %q\n",
 		maxAttempts, maxConcurrent, agentNamespace, podResourcesSocket)
@@ -77,14 +83,11 @@ func waitPhase(t *testing.T, c *controlplane.Cluster, node, uuid, phase string) 
 
 // ruleEffect returns the effect of gpuhealth's DeviceTaintRule for the GPU, "" when there is none.
 func ruleEffect(ctx context.Context, c *controlplane.Cluster, uuid string) (string, error) {
-	r, err := c.Admin().ResourceV1().DeviceTaintRules().Get(ctx, devicetaint.RuleName(uuid), metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return "", nil
-	}
-	if err != nil {
+	list, err := c.Admin().ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: devicetaint.UUIDLabel + "=" + dra.LabelValue(uuid)})
+	if err != nil || len(list.Items) == 0 {
 		return "", err
 	}
-	return string(r.Spec.Taint.Effect), nil
+	return string(list.Items[0].Spec.Taint.Effect), nil
 }
 
 func waitRuleGone(t *testing.T, c *controlplane.Cluster, uuid string) time.Time {

@@ -84,7 +84,7 @@ func bareWave(t *testing.T, admin kubernetes.Interface, agentCfg *rest.Config, f
 			t.Fatal(err)
 		}
 		for _, g := range gpus {
-			name := devicetaint.RuleName(n.uuids[g])
+			name := devicetaint.RuleName(n.name, n.uuids[g])
 			rule, err := admin.ResourceV1().DeviceTaintRules().Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)

@@ -32,7 +32,6 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -216,14 +215,10 @@ func TestFleet(t *testing.T) {
 	if withBreaker {
 		// The breaker's controller counts the cluster's GPUs from the agents' annotations, as
 		// the chart's Deployment does.
-		meta, err := metadata.NewForConfig(adminCfg)
-		if err != nil {
-			t.Fatal(err)
-		}
 		counterCtx, stopCounter := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
 		counterDone := make(chan error, 1)
 		go func() {
-			counterDone <- (&breaker.Counter{Client: adapt.Clientset(admin), Metadata: meta, Namespace: agentNamespace}).Run(counterCtx)
+			counterDone <- (&breaker.Counter{Client: adapt.Clientset(admin), Namespace: agentNamespace}).Run(counterCtx)
 		}()
 		t.Cleanup(func() {
 			stopCounter()
@@ -338,16 +333,7 @@ func agentConfig(t *testing.T, c *controlplane.Cluster, admin kubernetes.Interfa
 	if _, err := c.CreateNamespace(ctx, agentNamespace); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: agentAccount}, Rules: agent.ClusterRoleRules()}
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: agentAccount},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: agentAccount},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: agentNamespace, Name: agentAccount}},
-	}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+	if err := agenttest.Grant(ctx, admin, agentAccount, agentNamespace, agentAccount); err != nil {
 		t.Fatal(err)
 	}
 	if breaker {
@@ -358,7 +344,7 @@ func agentConfig(t *testing.T, c *controlplane.Cluster, admin kubernetes.Interfa
 		rb := &rbacv1.RoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Namespace: agentNamespace, Name: role.Name},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
-			Subjects:   binding.Subjects,
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: agentNamespace, Name: agentAccount}},
 		}
 		if _, err := admin.RbacV1().RoleBindings(agentNamespace).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -603,7 +589,7 @@ func waveTargets(fleet []*fleetNode) (failing map[*fleetNode][]int, wantIDs map[
 				continue
 			}
 			failing[n] = append(failing[n], g)
-			wantRules[devicetaint.RuleName(n.uuids[g])] = true
+			wantRules[devicetaint.RuleName(n.name, n.uuids[g])] = true
 		}
 	}
 	for n, idx := range failing {

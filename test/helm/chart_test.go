@@ -108,13 +108,40 @@ func TestLint(t *testing.T) {
 }
 
 // TestAgentClusterRoleIsLeastPrivilege: the chart grants the agent exactly the rules the agent
-// declares it needs (and that the e2e tests run it with), no more.
+// declares it needs for the reporters and remediation it runs (and that the e2e tests run it
+// with), no more: no pod or claim access without a part that reads them. Events are allowed
+// only in the default namespace, where Events about its Node go.
 func TestAgentClusterRoleIsLeastPrivilege(t *testing.T) {
 	requireHelm(t)
-	var role rbacv1.ClusterRole
-	render(t).get(t, "ClusterRole", "gpuhealth-agent", &role)
-	if want := agent.ClusterRoleRules(); !equality.Semantic.DeepEqual(role.Rules, want) {
-		t.Errorf("chart's agent ClusterRole rules differ from agent.ClusterRoleRules():\n got %s\nwant %s", rulesString(role.Rules), rulesString(want))
+	for _, tc := range []struct {
+		name        string
+		set         []string
+		reporters   []string
+		remediation bool
+	}{
+		{"defaults", nil, config.AllReporters(), false},
+		{"Volcano only: no pods, claims, slices or rules", []string{"config.agent.reporters={annotation}"}, []string{"annotation"}, false},
+		{"rules and condition", []string{"config.agent.reporters={devicetaint,condition}"}, []string{"devicetaint", "condition"}, false},
+		{"HAMi with remediation: pods and claims for the holders", []string{"config.agent.reporters={hami,condition}", "config.remediation.enabled=true"}, []string{"hami", "condition"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := render(t, tc.set...)
+			var role rbacv1.ClusterRole
+			r.get(t, "ClusterRole", "gpuhealth-agent", &role)
+			if want := agent.ClusterRoleRulesFor(tc.reporters, tc.remediation); !equality.Semantic.DeepEqual(role.Rules, want) {
+				t.Errorf("chart's agent ClusterRole rules differ from agent.ClusterRoleRulesFor(%v, %v):\n got %s\nwant %s", tc.reporters, tc.remediation, rulesString(role.Rules), rulesString(want))
+			}
+			var events rbacv1.Role
+			r.get(t, "Role", "gpuhealth-agent-events", &events)
+			if want := agent.EventsRoleRules(); events.Namespace != agent.EventsNamespace || !equality.Semantic.DeepEqual(events.Rules, want) {
+				t.Errorf("events Role in %q with %s, want %q with %s", events.Namespace, rulesString(events.Rules), agent.EventsNamespace, rulesString(want))
+			}
+			var binding rbacv1.RoleBinding
+			r.get(t, "RoleBinding", "gpuhealth-agent-events", &binding)
+			if binding.Namespace != agent.EventsNamespace || binding.RoleRef.Name != events.Name || len(binding.Subjects) != 1 || binding.Subjects[0].Name != "gpuhealth-agent" {
+				t.Errorf("events RoleBinding = %+v", binding)
+			}
+		})
 	}
 }
 
@@ -135,10 +162,14 @@ func TestCircuitBreakerRoleIsLeastPrivilege(t *testing.T) {
 		t.Errorf("breaker RoleBinding = %+v", binding)
 	}
 
-	// The breaker's controller: least privilege, and the Deployment runs it in the namespace.
+	// The breaker's controller: least privilege, and the Deployment runs it in the namespace. It
+	// also sweeps remediation's slots, so it runs with either.
 	const controller = "gpuhealth-breaker-controller"
 	if render(t).has("Deployment", controller) {
-		t.Error("the breaker controller is rendered although the breaker is off")
+		t.Error("the breaker controller is rendered although the breaker and remediation are off")
+	}
+	if !render(t, "config.remediation.enabled=true").has("Deployment", controller) {
+		t.Error("the breaker controller is not rendered with remediation on: nothing would sweep its expired slots")
 	}
 	var clusterRole rbacv1.ClusterRole
 	r.get(t, "ClusterRole", controller, &clusterRole)
@@ -153,7 +184,8 @@ func TestCircuitBreakerRoleIsLeastPrivilege(t *testing.T) {
 	var dep appsv1.Deployment
 	r.get(t, "Deployment", controller, &dep)
 	ctr := dep.Spec.Template.Spec.Containers[0]
-	if len(ctr.Args) < 3 || ctr.Args[0] != "breaker" || ctr.Args[1] != "controller" || ctr.Args[2] != "--metrics-address=:9403" {
+	if len(ctr.Args) < 5 || ctr.Args[0] != "breaker" || ctr.Args[1] != "controller" || ctr.Args[2] != "--metrics-address=:9403" ||
+		ctr.Args[3] != "--window=10m" || ctr.Args[4] != "--driver=gpu.nvidia.com" {
 		t.Errorf("breaker controller args = %v", ctr.Args)
 	}
 	if ctr.LivenessProbe == nil || ctr.LivenessProbe.HTTPGet == nil || ctr.LivenessProbe.HTTPGet.Path != "/healthz" {

@@ -27,8 +27,13 @@ func TestRemediationChart(t *testing.T) {
 	r := render(t, "config.remediation.enabled=true")
 	var role rbacv1.Role
 	r.get(t, "Role", "gpuhealth-agent-remediation", &role)
-	if want := agent.RemediationRoleRules(); !equality.Semantic.DeepEqual(role.Rules, want) {
-		t.Errorf("chart's remediation Role rules differ from agent.RemediationRoleRules():\n got %s\nwant %s", rulesString(role.Rules), rulesString(want))
+	if want := agent.RemediationRoleRules(1); !equality.Semantic.DeepEqual(role.Rules, want) {
+		t.Errorf("chart's remediation Role rules differ from agent.RemediationRoleRules(1):\n got %s\nwant %s", rulesString(role.Rules), rulesString(want))
+	}
+	var three rbacv1.Role
+	render(t, "config.remediation.enabled=true", "config.remediation.maxConcurrent=3").get(t, "Role", "gpuhealth-agent-remediation", &three)
+	if want := agent.RemediationRoleRules(3); !equality.Semantic.DeepEqual(three.Rules, want) {
+		t.Errorf("with maxConcurrent 3 the remediation Role differs from agent.RemediationRoleRules(3):\n got %s\nwant %s", rulesString(three.Rules), rulesString(want))
 	}
 	var binding rbacv1.RoleBinding
 	r.get(t, "RoleBinding", "gpuhealth-agent-remediation", &binding)

@@ -18,7 +18,15 @@ type Catalog struct {
 	parent map[string][]Device // by the parent UUID attribute (lower case)
 	bus    map[string][]Device // by the PCI bus ID attribute (normalized)
 	known  map[Device]bool
+	// gpus are the physical GPUs: "bus:<address>", or "uuid:<uuid>" for a device with neither an
+	// address nor a parent.
+	gpus map[string]bool
 }
+
+// PhysicalGPUs is how many GPUs the devices belong to: one per PCI address (a GPU, its MIG
+// partitions and its VFIO device share one), plus a device with neither an address nor a
+// parent UUID for itself.
+func (c *Catalog) PhysicalGPUs() int { return len(c.gpus) }
 
 // Problem is something in the slices that keeps a device, or one of its attributes, from being
 // matched as published. Matching carries on without it.
@@ -39,7 +47,7 @@ func (p Problem) String() string {
 // published twice or a UUID on more than one device (which is still matched: tainting both is
 // the safe side).
 func NewCatalog(list []*resourceapi.ResourceSlice, node, driver string, attrs Attributes) (*Catalog, []Problem) {
-	c := &Catalog{own: map[string][]Device{}, parent: map[string][]Device{}, bus: map[string][]Device{}, known: map[Device]bool{}}
+	c := &Catalog{own: map[string][]Device{}, parent: map[string][]Device{}, bus: map[string][]Device{}, known: map[Device]bool{}, gpus: map[string]bool{}}
 	var problems []Problem
 	for _, slice := range newest(list, node, driver) {
 		for i := range slice.Spec.Devices {
@@ -114,6 +122,12 @@ func (c *Catalog) add(key Device, dev *resourceapi.Device, driver string, attrs 
 	}
 	if bus != "" {
 		c.bus[bus] = append(c.bus[bus], key)
+	}
+	switch {
+	case bus != "":
+		c.gpus["bus:"+bus] = true
+	case uuid != "" && parent == "":
+		c.gpus["uuid:"+uuid] = true
 	}
 	if uuid == "" && parent == "" && bus == "" && len(problems) == 0 {
 		problems = append(problems, Problem{Pool: key.Pool, Device: key.Name,

@@ -31,7 +31,7 @@ func (s *Syncer) applyBreaker(ctx context.Context, desired map[string]*resourcea
 	}
 	now := map[string]resourceapi.DeviceTaintEffect{}
 	for _, r := range existing {
-		now[r.Name] = r.Spec.Taint.Effect
+		now[ruleKey(r)] = r.Spec.Taint.Effect
 	}
 	type answer struct {
 		ok  bool

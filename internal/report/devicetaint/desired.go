@@ -20,9 +20,46 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// RuleName is the DeviceTaintRule name for a device UUID.
-func RuleName(uuid string) string {
-	return "gpuhealth-" + strings.Trim(invalidName.ReplaceAllString(strings.ToLower(uuid), "-"), "-")
+// RuleName is the DeviceTaintRule name of node's GPU or MIG device uuid: gpuhealth-<node>-<uuid>.
+// Names are cluster-wide, so they carry the node: with the UUID alone, another node's agent could
+// take a GPU's name first and keep its rule from ever being written. The admission policy lets an
+// agent create only rules under its own node's prefix (RulePrefix). A name too long for an object
+// name ends in a hash of the UUID instead.
+func RuleName(node, uuid string) string {
+	name := RulePrefix(node) + strings.Trim(invalidName.ReplaceAllString(strings.ToLower(uuid), "-"), "-")
+	if len(name) > maxRuleName || len(validation.IsDNS1123Subdomain(name)) > 0 {
+		name = RulePrefix(node) + hash(uuid)
+	}
+	return name
+}
+
+// RulePrefix starts the name of every rule of node's agent.
+func RulePrefix(node string) string {
+	if len(node) > MaxPrefixedNode {
+		return "gpuhealth-" + hash(node) + "-"
+	}
+	return "gpuhealth-" + node + "-"
+}
+
+// MaxPrefixedNode is the longest node name a rule name carries whole, leaving room for a hash of
+// the UUID (the admission policy knows the same number).
+const MaxPrefixedNode = maxRuleName - len("gpuhealth--") - 8
+
+// maxRuleName leaves room for the random suffix of a rule created under another name when a
+// foreign object holds its own (see Syncer.create).
+const maxRuleName = validation.DNS1123SubdomainMaxLength - 6
+
+// KeyAnnotation holds a rule's own name (RuleName, or the name after it for a device reached
+// through its GPU) on a rule that had to be created under another: the syncer matches rules to
+// devices by it.
+const KeyAnnotation = "gpuhealth.dev/rule-key"
+
+// ruleKey is the name a rule stands for: its KeyAnnotation, else its name.
+func ruleKey(r *resourceapi.DeviceTaintRule) string {
+	if k := r.Annotations[KeyAnnotation]; k != "" {
+		return k
+	}
+	return r.Name
 }
 
 var invalidName = regexp.MustCompile(`[^a-z0-9-]+`)
@@ -61,7 +98,7 @@ func (s *Syncer) desiredRules(ctx context.Context, snap health.Snapshot, catalog
 	desired := make(map[string]*resourceapi.DeviceTaintRule, len(devs))
 	for _, dev := range devs {
 		a := assigned[dev]
-		name := RuleName(a.Status.Device.UUID)
+		name := RuleName(s.nodeName, a.Status.Device.UUID)
 		if _, taken := desired[name]; !a.Own || taken {
 			name = deviceRuleName(name, dev, s.nodeName)
 		}
@@ -75,14 +112,17 @@ func (s *Syncer) desiredRules(ctx context.Context, snap health.Snapshot, catalog
 
 // deviceRuleName is base followed by the device's name, and its pool's when that is not the
 // node's. Device names are DNS labels; a pool name may hold characters a rule name cannot, so
-// a hash of it keeps two pools apart.
+// a hash of it keeps two pools apart. Every name keeps base's node prefix.
 func deviceRuleName(base string, dev dradevices.Device, node string) string {
 	name := base + "-" + dev.Name
 	if dev.Pool != node {
 		name = base + "-" + strings.Trim(invalidName.ReplaceAllString(strings.ToLower(dev.Pool), "-"), "-") + "-" + dev.Name + "-" + hash(dev.Pool)
 	}
-	if len(name) > validation.DNS1123SubdomainMaxLength || len(validation.IsDNS1123Subdomain(name)) > 0 {
+	if len(name) > maxRuleName || len(validation.IsDNS1123Subdomain(name)) > 0 {
 		name = base + "-" + hash(dev.Pool+"/"+dev.Name)
+	}
+	if len(name) > maxRuleName {
+		name = RulePrefix(node) + hash(base+"/"+dev.Pool+"/"+dev.Name)
 	}
 	return name
 }
@@ -129,7 +169,8 @@ func (s *Syncer) rule(name string, d health.DeviceStatus, t dradevices.Device) *
 	driver, pool, device := s.opts.Driver, t.Pool, t.Name
 	return &resourceapi.DeviceTaintRule{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: name,
+			Name:        name,
+			Annotations: map[string]string{KeyAnnotation: name},
 			Labels: map[string]string{
 				NodeLabel:      s.nodeName,
 				UUIDLabel:      dra.LabelValue(d.Device.UUID),

@@ -80,7 +80,7 @@ func TestSyncTaintsEveryDeviceTheDriverPublishesForASickGPU(t *testing.T) {
 		return status(d.UUID, d.Index, health.Unhealthy, false, health.Condition{Type: health.ConditionXID, Code: code, Severity: health.Unhealthy, Reason: "XID"})
 	}
 	withDevice := func(s health.DeviceStatus, d health.Device) health.DeviceStatus { s.Device = d; return s }
-	base := devicetaint.RuleName
+	base := func(uuid string) string { return devicetaint.RuleName("n1", uuid) }
 	for _, tc := range []struct {
 		name      string
 		slices    []*resourceapi.ResourceSlice
@@ -185,7 +185,7 @@ func TestRulesFollowTheDriverRepublishing(t *testing.T) {
 		if _, err := s.Sync(ctx, snap); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := client.ResourceV1().DeviceTaintRules().Get(ctx, devicetaint.RuleName("GPU-a")+"-gpu-7-mig-1g10gb-19-0", metav1.GetOptions{}); err == nil {
+		if _, err := client.ResourceV1().DeviceTaintRules().Get(ctx, devicetaint.RuleName("n1", "GPU-a")+"-gpu-7-mig-1g10gb-19-0", metav1.GetOptions{}); err == nil {
 			return
 		}
 	}

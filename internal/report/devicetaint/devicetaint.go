@@ -19,8 +19,10 @@
 //     eviction when the agent is configured to evict (off by default);
 //   - timeAdded set by the API server when the rule is created or its effect changes.
 //
-// Rules are labelled with the node and the GPU UUID and owned by the Node, so they go away with
-// it. A GPU with no matching DRA device is reported through Options.Unmatched, never an error.
+// Rules are named after the node and the GPU (gpuhealth-<node>-<uuid>, see RuleName), labelled
+// with both and owned by the Node, so they go away with it. A name another node's rule holds is
+// not fought over: the rule is created under a generated name and Options.NameTaken says so. A
+// GPU with no matching DRA device is reported through Options.Unmatched, never an error.
 //
 // The syncer does not watch rules, because at fleet scale that costs the API server one
 // dispatch per agent for every rule event in the cluster; it keeps its own view, listed at start
@@ -78,6 +80,9 @@ type Options struct {
 	// Unmatched is called, once per device and state, for a device that is not Healthy but has
 	// no DRA device to taint.
 	Unmatched func(d health.DeviceStatus)
+	// NameTaken is called, once per rule, when a rule of another node (or of none) holds a rule's
+	// name, so that the rule has to be created under another (see RuleName).
+	NameTaken func(name, holderNode string)
 	// Breaker, when set, must admit every escalation to NoSchedule or NoExecute; HeldChanged is
 	// called with this node's held-back GPUs whenever that set changes.
 	Breaker     Breaker
@@ -103,6 +108,8 @@ type Syncer struct {
 	nodeRef  *metav1.OwnerReference
 	// reported remembers which unmatched devices were reported, keyed by UUID and health.
 	reported map[string]health.Severity
+	// taken remembers the rule names NameTaken was called for.
+	taken map[string]bool
 
 	// devices comes from an informer cache of this node's ResourceSlices (watched with field
 	// selectors the API server indexes). The rules are not watched: DeviceTaintRules are
@@ -137,7 +144,7 @@ func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Syncer{client: client, nodeName: nodeName, opts: opts, reported: map[string]health.Severity{}}
+	return &Syncer{client: client, nodeName: nodeName, opts: opts, reported: map[string]health.Severity{}, taken: map[string]bool{}}
 }
 
 func (o Options) attributes() dradevices.Attributes {

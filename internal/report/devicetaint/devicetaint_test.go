@@ -3,6 +3,9 @@ package devicetaint_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -116,9 +120,9 @@ func TestSyncCreatesUpdatesAndDeletesRules(t *testing.T) {
 	if n := sync(1, status("GPU-a", 0, health.Degraded, false, thermal), status("GPU-b", 1, health.Healthy, false)); n != 1 {
 		t.Fatalf("first fault: %d writes, want 1", n)
 	}
-	r, ok := rules()[devicetaint.RuleName("GPU-a")]
+	r, ok := rules()[devicetaint.RuleName("n1", "GPU-a")]
 	if !ok {
-		t.Fatalf("no rule %s; rules: %v", devicetaint.RuleName("GPU-a"), rules())
+		t.Fatalf("no rule %s; rules: %v", devicetaint.RuleName("n1", "GPU-a"), rules())
 	}
 	sel := r.Spec.DeviceSelector
 	if *sel.Driver != devicetaint.DefaultDriver || *sel.Pool != "n1" || *sel.Device != "gpu-0" ||
@@ -133,7 +137,7 @@ func TestSyncCreatesUpdatesAndDeletesRules(t *testing.T) {
 	if n := sync(1, status("GPU-a", 0, health.Unhealthy, true, xid79, thermal)); n != 1 {
 		t.Errorf("escalation: %d writes, want 1 (an update)", n)
 	}
-	if got := rules()[devicetaint.RuleName("GPU-a")].Spec.Taint; got.Effect != resourceapi.DeviceTaintEffectNoExecute || got.Key != "gpuhealth.dev/xid" {
+	if got := rules()[devicetaint.RuleName("n1", "GPU-a")].Spec.Taint; got.Effect != resourceapi.DeviceTaintEffectNoExecute || got.Key != "gpuhealth.dev/xid" {
 		t.Errorf("escalated taint = %+v, want NoExecute gpuhealth.dev/xid", got)
 	}
 	if n := sync(0, status("GPU-a", 0, health.Healthy, false), status("GPU-z", 7, health.Unhealthy, false, xid79)); n != 1 {
@@ -198,13 +202,82 @@ func TestSyncBeforeStartIsAnError(t *testing.T) {
 }
 
 func TestRuleNameIsAValidName(t *testing.T) {
-	for uuid, want := range map[string]string{
-		"GPU-76f99748-0f9a-e5e5-c69b-1e46cae6e125": "gpuhealth-gpu-76f99748-0f9a-e5e5-c69b-1e46cae6e125",
-		"MIG-A/B_C": "gpuhealth-mig-a-b-c",
+	long := strings.Repeat("a", 240)
+	for _, tc := range []struct{ node, uuid, want string }{
+		{"n1", "GPU-76f99748-0f9a-e5e5-c69b-1e46cae6e125", "gpuhealth-n1-gpu-76f99748-0f9a-e5e5-c69b-1e46cae6e125"},
+		{"n1", "MIG-A/B_C", "gpuhealth-n1-mig-a-b-c"},
+		{"gpu-07.rack-3.example", "GPU-a", "gpuhealth-gpu-07.rack-3.example-gpu-a"},
+		{long[:devicetaint.MaxPrefixedNode], "GPU-a", "gpuhealth-" + long[:devicetaint.MaxPrefixedNode] + "-"}, // a hash of the UUID follows
+		{long, "GPU-a", "gpuhealth-"}, // hashes of the node and the UUID
 	} {
-		if got := devicetaint.RuleName(uuid); got != want {
-			t.Errorf("RuleName(%q) = %q, want %q", uuid, got, want)
+		got := devicetaint.RuleName(tc.node, tc.uuid)
+		if !strings.HasPrefix(got, tc.want) || (len(tc.node) < 100 && got != tc.want) {
+			t.Errorf("RuleName(%q, %q) = %q, want %q", tc.node, tc.uuid, got, tc.want)
 		}
+		if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 || len(got) > validation.DNS1123SubdomainMaxLength-6 {
+			t.Errorf("RuleName(%q, %q) = %q (%d characters) is no name to create under: %v", tc.node, tc.uuid, got, len(got), errs)
+		}
+		if !strings.HasPrefix(got, devicetaint.RulePrefix(tc.node)) {
+			t.Errorf("RuleName(%q, %q) = %q lacks the node's prefix, which the admission policy requires", tc.node, tc.uuid, got)
+		}
+	}
+}
+
+// TestANameHeldByAnotherNodeIsNotFoughtOver: another node's agent (or anyone) created a rule
+// under this node's GPU's name; this node's agent may not change it (the admission policy
+// denies), so it creates its rule under a generated name, says so once, and keeps matching the
+// rule by its key: the next syncs write nothing, recovery deletes it.
+func TestANameHeldByAnotherNodeIsNotFoughtOver(t *testing.T) {
+	ctx := context.Background()
+	name := devicetaint.RuleName("n1", "GPU-a")
+	squatter := &resourceapi.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{devicetaint.NodeLabel: "n2"}}}
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "uid-n1"}}, slice("n1", "GPU-a"), squatter)
+	generated := 0
+	client.PrependReactor("create", "devicetaintrules", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		r := a.(k8stesting.CreateAction).GetObject().(*resourceapi.DeviceTaintRule)
+		if r.Name == "" && r.GenerateName != "" { // the fake clientset does not generate names
+			generated++
+			r.Name = r.GenerateName + "x" + strconv.Itoa(generated)
+		}
+		return false, nil, nil
+	})
+	var taken []string
+	s := devicetaint.New(adapt.Clientset(client), "n1", devicetaint.Options{NameTaken: func(name, holder string) { taken = append(taken, name+" by "+holder) }})
+	start(t, s)
+	sick := health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Unhealthy, false, xid79)}}
+	if n, err := s.Sync(ctx, sick); err != nil || n != 1 {
+		t.Fatalf("Sync = %d, %v; want the rule created under another name", n, err)
+	}
+	rules, err := client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: devicetaint.NodeLabel + "=n1"})
+	if err != nil || len(rules.Items) != 1 {
+		t.Fatalf("rules of n1: %v %v", err, rules)
+	}
+	r := rules.Items[0]
+	if r.Name != name+"-x1" || r.Annotations[devicetaint.KeyAnnotation] != name || r.Spec.Taint.Key != "gpuhealth.dev/xid" {
+		t.Errorf("rule %s %v %+v, want %s-x1 with key %s", r.Name, r.Annotations, r.Spec.Taint, name, name)
+	}
+	if want := []string{name + " by n2"}; !slices.Equal(taken, want) {
+		t.Errorf("NameTaken calls %v, want %v", taken, want)
+	}
+	for range 2 { // also after a relist: the key matches the rule
+		if n, err := s.Sync(ctx, sick); err != nil || n != 0 {
+			t.Fatalf("Sync again = %d, %v; want nothing to write", n, err)
+		}
+		s2 := devicetaint.New(adapt.Clientset(client), "n1", devicetaint.Options{})
+		start(t, s2)
+		if n, err := s2.Sync(ctx, sick); err != nil || n != 0 {
+			t.Fatalf("a new syncer's Sync = %d, %v; want nothing to write", n, err)
+		}
+	}
+	healthy := health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Healthy, false)}}
+	if n, err := s.Sync(ctx, healthy); err != nil || n != 1 {
+		t.Fatalf("Sync healthy = %d, %v; want the rule deleted", n, err)
+	}
+	if _, err := client.ResourceV1().DeviceTaintRules().Get(ctx, name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the other node's rule was touched: %v", err)
+	}
+	if generated != 1 {
+		t.Errorf("%d rules created under generated names, want 1", generated)
 	}
 }
 
@@ -234,7 +307,7 @@ func TestRulesChangedByHandAreRepairedAtTheNextRelist(t *testing.T) {
 	if lists != 1 {
 		t.Errorf("%d lists for two syncs, want 1 (the start-up reconcile)", lists)
 	}
-	name := devicetaint.RuleName("GPU-a")
+	name := devicetaint.RuleName("n1", "GPU-a")
 	if err := client.ResourceV1().DeviceTaintRules().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +384,7 @@ func TestRulesFollowTheNodesUID(t *testing.T) {
 	sick := health.Snapshot{Devices: []health.DeviceStatus{status("GPU-a", 0, health.Unhealthy, false, xid79)}}
 	owner := func() types.UID {
 		t.Helper()
-		r, err := client.ResourceV1().DeviceTaintRules().Get(ctx, devicetaint.RuleName("GPU-a"), metav1.GetOptions{})
+		r, err := client.ResourceV1().DeviceTaintRules().Get(ctx, devicetaint.RuleName("n1", "GPU-a"), metav1.GetOptions{})
 		if err != nil || len(r.OwnerReferences) != 1 {
 			t.Fatalf("rule: %v %+v", err, r)
 		}
