@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -324,11 +325,25 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 			conditionWriter.Trigger()
 		}
 	}
+	// One reporter carries the node's heartbeat, so that it costs one write per period: the
+	// condition reporter (lastHeartbeatTime and the annotation in one patch), else the
+	// annotation reporter.
+	beat := report.NewHeartbeat(time.Duration(*cfg.Heartbeat))
+	beatOwner := config.ReporterCondition
+	if !slices.Contains(cfg.Reporters, beatOwner) {
+		beatOwner = config.ReporterAnnotation
+	}
+	beatFor := func(name string) report.Heartbeat {
+		if name == beatOwner {
+			return beat
+		}
+		return report.Heartbeat{}
+	}
 	for _, name := range cfg.Reporters {
 		var s report.Syncer
 		switch name {
 		case config.ReporterAnnotation:
-			s = annotation.New(opts.Client, opts.NodeName, annotation.Options{Nodes: caches.nodes})
+			s = annotation.New(opts.Client, opts.NodeName, annotation.Options{Nodes: caches.nodes, Heartbeat: beatFor(name), Clock: opts.Clock})
 		case config.ReporterDeviceTaint:
 			s = devicetaint.New(opts.Client, opts.NodeName, devicetaint.Options{
 				Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, ParentUUIDAttribute: cfg.ParentUUIDAttribute,
@@ -350,7 +365,7 @@ func newWriters(opts Options, cfg config.AgentConfig, caches sharedCaches, m *me
 				Clock:       opts.Clock,
 			})
 		case config.ReporterCondition:
-			o := nodecondition.Options{Nodes: caches.nodes, Clock: opts.Clock, RebootRequired: opts.Remediation.Config.Enabled}
+			o := nodecondition.Options{Nodes: caches.nodes, Clock: opts.Clock, RebootRequired: opts.Remediation.Config.Enabled, Heartbeat: beatFor(name)}
 			if cb != nil { // a nil *Breaker must not become a non-nil interface
 				o.Breaker = cb
 			}

@@ -375,3 +375,51 @@ func TestPhysicalGPUs(t *testing.T) {
 		}
 	}
 }
+
+// TestCounterLeavesStaleNodesOut: a node whose agent stopped confirming its report counts for no
+// GPUs (nor does an unreadable heartbeat); it is counted again once it reports, and without
+// StaleAfter every node counts.
+func TestCounterLeavesStaleNodesOut(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	beat := func(n *corev1.Node, v string) *corev1.Node { n.Annotations[gpuhealthv1.HeartbeatKey] = v; return n }
+	client := fake.NewClientset(
+		beat(node("alive", gpus("alive", 8), nil), gpuhealthv1.FormatHeartbeat(time.Now())),
+		beat(node("dead", gpus("dead", 8), nil), gpuhealthv1.FormatHeartbeat(time.Now().Add(-time.Hour))),
+		beat(node("garbage", gpus("garbage", 8), nil), "now-ish"),
+		node("old-agent", gpus("old-agent", 2), nil),
+	)
+	var stale atomic.Int32
+	done := make(chan error, 1)
+	go func() {
+		done <- (&Counter{Client: adapt.Clientset(client), Namespace: ns, StaleAfter: 15 * time.Minute, Stale: func(n int) { stale.Store(int32(n)) }}).Run(ctx)
+	}()
+	waitCM := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			cm, err := client.CoreV1().ConfigMaps(ns).Get(ctx, ConfigMapName, metav1.GetOptions{})
+			if err == nil && cm.Data[ClusterGPUsKey] == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("count never became %s: %v %v", want, cm, err)
+			}
+		}
+	}
+	waitCM("10")
+	if stale.Load() != 2 {
+		t.Errorf("%d stale nodes reported, want 2", stale.Load())
+	}
+	dead, err := client.CoreV1().Nodes().Get(ctx, "dead", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Nodes().Update(ctx, beat(dead, gpuhealthv1.FormatHeartbeat(time.Now())), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCM("18")
+	cancel()
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+}

@@ -41,7 +41,13 @@ type Counter struct {
 	// CapacityResources are the extended resources whose capacity bounds a node's count (default
 	// DefaultCapacityResources); a name ending in "*" is a prefix.
 	CapacityResources []string
-	Clock             clock.PassiveClock
+	// StaleAfter: a node whose agent's heartbeat is older (or unreadable) counts for no GPUs:
+	// its report means nothing, and its GPUs can be neither admitted nor held. 0 counts every
+	// node. Nodes without a heartbeat count as before.
+	StaleAfter time.Duration
+	Clock      clock.PassiveClock
+	// Stale, when set, is called with the stale nodes of every count (for metrics).
+	Stale func(nodes int)
 	// Counted, when set, is called with every count written (for metrics).
 	Counted func(gpus int)
 }
@@ -100,10 +106,15 @@ func (c *Counter) Run(ctx context.Context) error {
 		sliceGPUs := gpusInSlices(slices.GetStore().List(), driver)
 		objs := nodes.GetStore().List()
 		var err error
-		total := 0
+		total, stale := 0, 0
+		now := clk.Now()
 		for _, obj := range objs {
 			n, ok := obj.(*corev1.Node)
 			if !ok {
+				continue
+			}
+			if gpuhealthv1.JudgeHeartbeat(n.Annotations, now, c.StaleAfter).Stale {
+				stale++
 				continue
 			}
 			claimed := physicalGPUs(n.Annotations[gpuhealthv1.HealthKey])
@@ -118,6 +129,9 @@ func (c *Counter) Run(ctx context.Context) error {
 				warned[n.Name] = true
 			}
 			total += counted
+		}
+		if c.Stale != nil {
+			c.Stale(stale)
 		}
 		if total != last {
 			err = updateConfigMap(ctx, c.Client, c.Namespace, "gpuhealth-breaker-counter", func(data map[string]string) bool {
@@ -141,6 +155,10 @@ func (c *Counter) Run(ctx context.Context) error {
 			queue.AddRateLimited(key)
 		} else {
 			queue.Forget(key)
+			if c.StaleAfter > 0 {
+				// A node goes stale by its silence, which no event announces: count again.
+				queue.AddAfter(key, min(time.Minute, c.StaleAfter/3))
+			}
 		}
 		queue.Done(key)
 	}
@@ -154,8 +172,13 @@ func countedNode(obj any, resources []string) any {
 		return obj // a tombstone
 	}
 	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Namespace: n.Namespace, ResourceVersion: n.ResourceVersion, UID: n.UID}}
-	if v, ok := n.Annotations[gpuhealthv1.HealthKey]; ok {
-		out.Annotations = map[string]string{gpuhealthv1.HealthKey: v}
+	for _, k := range []string{gpuhealthv1.HealthKey, gpuhealthv1.HeartbeatKey} {
+		if v, ok := n.Annotations[k]; ok {
+			if out.Annotations == nil {
+				out.Annotations = map[string]string{}
+			}
+			out.Annotations[k] = v
+		}
 	}
 	for name, q := range n.Status.Capacity {
 		if matchesResource(string(name), resources) {

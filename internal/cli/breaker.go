@@ -27,6 +27,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
@@ -134,7 +135,7 @@ func newBreakerControllerCommand() *cobra.Command {
 	var (
 		kubeconfig, namespace, metricsAddress, driver string
 		capacityResources                             []string
-		window                                        time.Duration
+		window, staleAfter                            time.Duration
 		leaderElect                                   bool
 		logs                                          logOptions
 	)
@@ -143,7 +144,8 @@ func newBreakerControllerCommand() *cobra.Command {
 		Short: "Keep the cluster's GPU count in the circuit breaker's ConfigMap and sweep stale slots (a Deployment; the chart runs it)",
 		Long: `controller watches the Nodes and the DRA driver's ResourceSlices once for the whole cluster,
 counts the physical GPUs the agents report in their gpuhealth.dev/gpu-health annotations (each
-node at most what its ResourceSlices or GPU capacity say), and writes the count into the
+node at most what its ResourceSlices or GPU capacity say, a node whose agent's heartbeat is older
+than --stale-after not at all), and writes the count into the
 ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker's budget. It
 also deletes the slots that stopped counting: the breaker's once they leave --window (or an
 acknowledgement), remediation's once they expire (agents may delete only their own). With
@@ -169,8 +171,8 @@ acknowledgement), remediation's once they expire (agents may delete only their o
 			}
 			kc := adapt.Clientset(client)
 			m := breaker.NewControllerMetrics()
-			counter := &breaker.Counter{Client: kc, Namespace: namespace, Driver: driver, CapacityResources: capacityResources,
-				Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }}
+			counter := &breaker.Counter{Client: kc, Namespace: namespace, Driver: driver, CapacityResources: capacityResources, StaleAfter: staleAfter,
+				Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }, Stale: func(n int) { m.StaleNodes.Set(float64(n)) }}
 			sweeper := &breaker.Sweeper{
 				Pools: []breaker.SweptPool{
 					breaker.BreakerPool(breaker.BreakerSlots(kc, namespace), window, breaker.AcknowledgedAt(kc, namespace)),
@@ -208,6 +210,7 @@ acknowledgement), remediation's once they expire (agents may delete only their o
 	f.StringVarP(&namespace, "namespace", "n", cmp.Or(os.Getenv("POD_NAMESPACE"), config.DefaultBreakerNamespace), "namespace of the circuit breaker's ConfigMap and slots (and remediation's slots)")
 	f.DurationVar(&window, "window", config.DefaultBreakerWindow, "the agents' circuitBreaker.window: a breaker slot older than this is deleted")
 	f.StringVar(&driver, "driver", "gpu.nvidia.com", "the DRA driver whose ResourceSlices bound each node's GPU count")
+	f.DurationVar(&staleAfter, "stale-after", gpuhealthv1.DefaultStaleAfter, "a node whose agent's heartbeat is older (or unreadable) is left out of the count (0: count every node)")
 	f.StringSliceVar(&capacityResources, "capacity-resources", breaker.DefaultCapacityResources, "extended resources whose capacity bounds each node's GPU count (a trailing * is a prefix)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "elect one leader among the replicas")
 	f.StringVar(&metricsAddress, "metrics-address", ":9403", "address to serve /healthz and /metrics on (empty: none)")

@@ -59,7 +59,7 @@ func TestResolveGPU(t *testing.T) {
 func TestStatusRowsAndTable(t *testing.T) {
 	drains := `{"GPU-a":{"index":0,"reason":"fan noise","by":"alice","at":"2026-11-29T00:00:00Z"},"GPU-gone":{"index":5,"reason":"RMA","by":"bob"}}`
 	nodes := []corev1.Node{*gpuNodeObject(drains), {ObjectMeta: metav1.ObjectMeta{Name: "n0-bad", Annotations: map[string]string{gpuhealthv1.HealthKey: "{not json"}}}}
-	rows := collectStatus(nodes, klog.Background())
+	rows := collectStatus(nodes, klog.Background(), time.Now(), 0)
 	if len(rows) != 4 {
 		t.Fatalf("%d rows, want 4 (two GPUs, a MIG instance, a drain for a GPU not reported): %+v", len(rows), rows)
 	}

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 // Client limits of the extender: informers cost one LIST and a WATCH each; the rest is one GET,
@@ -31,6 +33,7 @@ func newExtenderCommand() *cobra.Command {
 		schedulerNames            []string
 		certFile, keyFile, caFile string
 		insecure                  bool
+		staleAfter                time.Duration
 		logs                      logOptions
 	)
 	cmd := &cobra.Command{
@@ -87,7 +90,7 @@ the --scheduler-name schedulers onto a node that passes the filter now. See docs
 				klog.FromContext(ctx).Info("Warning: --insecure: serving plain HTTP, and anyone who reaches the address may call /filter and /bind")
 			}
 			return extender.Run(ctx, ln, client, extender.Options{Bind: bind, Requeue: requeue, MaxRequestBytes: maxRequestBytes,
-				MaxConcurrent: maxConcurrent, SchedulerNames: schedulerNames, TLS: tlsConfig})
+				MaxConcurrent: maxConcurrent, SchedulerNames: schedulerNames, TLS: tlsConfig, StaleAfter: staleAfter})
 		},
 	}
 	f := cmd.Flags()
@@ -97,6 +100,7 @@ the --scheduler-name schedulers onto a node that passes the filter now. See docs
 	f.BoolVar(&requeue, "requeue", false, "when a node's GPUs recover, annotate the pending pods rejected there for GPU health so that the scheduler retries them (needs patch on pods; default: the value of --bind)")
 	f.Int64Var(&maxRequestBytes, "max-request-bytes", extender.DefaultMaxRequestBytes, "largest request body accepted (nodeCacheCapable requests carry node names only; raise it for nodeCacheCapable: false)")
 	f.IntVar(&maxConcurrent, "max-concurrent-requests", extender.DefaultMaxConcurrent, "scheduler calls served at once; more are answered 503 at once")
+	f.DurationVar(&staleAfter, "stale-after", gpuhealthv1.DefaultStaleAfter, "a node whose agent's heartbeat is older (or unreadable) gets no GPU pods, saying why (0: trust every report)")
 	f.StringSliceVar(&schedulerNames, "scheduler-name", []string{"default-scheduler"}, "schedulers whose pods /bind binds (the spec.schedulerName of the profiles that call this extender)")
 	f.StringVar(&certFile, "tls-cert-file", "", "the serving certificate (PEM; with its chain)")
 	f.StringVar(&keyFile, "tls-private-key-file", "", "the serving certificate's private key (PEM)")

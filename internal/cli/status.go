@@ -48,11 +48,21 @@ type GPUStatus struct {
 	ExternalTaints []ExternalTaint `json:"externalTaints,omitempty"`
 	// Remediation is where the GPU's automatic repair stands (absent: none under way).
 	Remediation *gpuhealthv1.GPURemediation `json:"remediation,omitempty"`
+	// Heartbeat is when the node's agent last confirmed its report (absent: it does not send
+	// heartbeats). Stale: older than --stale-after (or unreadable); Health is then "Unknown" and
+	// ReportedHealth what the stopped agent last said.
+	Heartbeat      *time.Time `json:"heartbeat,omitempty"`
+	Stale          bool       `json:"stale,omitempty"`
+	ReportedHealth string     `json:"reportedHealth,omitempty"`
 }
+
+// HealthUnknown is a row's health when the node's report is stale.
+const HealthUnknown = "Unknown"
 
 func newStatusCommand() *cobra.Command {
 	var kubeconfig, node, output, driver string
 	var problems bool
+	var staleAfter time.Duration
 	cmd := &cobra.Command{
 		Use:   "status [--node NODE] [-o table|wide|json]",
 		Short: "Show the health of every GPU in the cluster",
@@ -61,6 +71,8 @@ prints one row per GPU: node, index, UUID, model, health, reasons, since when, a
 administrator drained it. Taints that other writers put on a GPU's DRA devices (the DRA
 driver's own taints in its ResourceSlices, DeviceTaintRules that are not gpuhealth's) show as
 reasons "external:<key>": they keep the device out of scheduling whatever gpuhealth says.
+A node whose agent's heartbeat (gpuhealth.dev/gpu-health-heartbeat) is older than --stale-after
+shows its GPUs as "Unknown (stale since ...)": its agent stopped, and its last word proves nothing.
 -o wide adds MIG instances, PCI bus IDs and drain details; -o json prints {"gpus": [...]}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -90,7 +102,7 @@ reasons "external:<key>": they keep the device out of scheduling whatever gpuhea
 				nodes = list.Items
 			}
 			logger := klog.FromContext(ctx)
-			gpus := collectStatus(nodes, logger)
+			gpus := collectStatus(nodes, logger, time.Now(), staleAfter)
 			if view, err := readDRAView(ctx, client, driver); err != nil {
 				logger.Info("Not showing other writers' DRA taints", "err", err)
 			} else {
@@ -98,7 +110,7 @@ reasons "external:<key>": they keep the device out of scheduling whatever gpuhea
 			}
 			if problems {
 				gpus = slices.DeleteFunc(gpus, func(g GPUStatus) bool {
-					return g.Health == health.Healthy.String() && !g.Drained && len(g.ExternalTaints) == 0
+					return g.Health == health.Healthy.String() && !g.Drained && len(g.ExternalTaints) == 0 && !g.Stale
 				})
 			}
 			switch output {
@@ -118,14 +130,17 @@ reasons "external:<key>": they keep the device out of scheduling whatever gpuhea
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, wide or json")
 	cmd.Flags().BoolVar(&problems, "problems", false, "only GPUs that are not Healthy, are drained or carry other writers' taints")
 	cmd.Flags().StringVar(&driver, "driver-name", config.DefaultDriverName, "the DRA driver whose devices carry the GPUs")
+	cmd.Flags().DurationVar(&staleAfter, "stale-after", gpuhealthv1.DefaultStaleAfter, "a node whose agent's heartbeat is older shows its GPUs as Unknown (0: trust every report)")
 	return cmd
 }
 
-// collectStatus builds the rows from the Nodes' annotations. A node whose annotations cannot be
-// read is reported in the log and skipped; the others still count.
-func collectStatus(nodes []corev1.Node, logger klog.Logger) []GPUStatus {
+// collectStatus builds the rows from the Nodes' annotations, judging their heartbeats at now
+// against staleAfter. A node whose annotations cannot be read is reported in the log and skipped;
+// the others still count.
+func collectStatus(nodes []corev1.Node, logger klog.Logger, now time.Time, staleAfter time.Duration) []GPUStatus {
 	gpus := []GPUStatus{}
 	for _, n := range nodes {
+		first := len(gpus)
 		summaries := map[string]gpuhealthv1.GPUSummary{}
 		if v := n.Annotations[gpuhealthv1.HealthKey]; v != "" {
 			if err := json.Unmarshal([]byte(v), &summaries); err != nil {
@@ -156,17 +171,32 @@ func collectStatus(nodes []corev1.Node, logger klog.Logger) []GPUStatus {
 		// A drain the agent has not reported yet (or for a GPU it no longer sees) still shows.
 		for uuid, d := range drains {
 			if _, ok := summaries[uuid]; !ok {
-				row := GPUStatus{Node: n.Name, Index: d.Index, UUID: uuid, Health: "Unknown"}
+				row := GPUStatus{Node: n.Name, Index: d.Index, UUID: uuid, Health: HealthUnknown}
 				markDrained(&row, d)
 				gpus = append(gpus, row)
 			}
 		}
+		markStale(gpus[first:], gpuhealthv1.JudgeHeartbeat(n.Annotations, now, staleAfter))
 	}
 	slices.SortFunc(gpus, func(a, b GPUStatus) int {
 		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Index, b.Index),
 			cmp.Compare(a.ParentUUID, b.ParentUUID), cmp.Compare(a.UUID, b.UUID))
 	})
 	return gpus
+}
+
+// markStale gives a node's rows its heartbeat, and makes them Unknown when it is stale.
+func markStale(rows []GPUStatus, s gpuhealthv1.Staleness) {
+	for i := range rows {
+		r := &rows[i]
+		if !s.Heartbeat.IsZero() {
+			at := s.Heartbeat
+			r.Heartbeat = &at
+		}
+		if s.Stale {
+			r.Stale, r.ReportedHealth, r.Health = true, r.Health, HealthUnknown
+		}
+	}
 }
 
 func markDrained(row *GPUStatus, d gpuhealthv1.Drain) {
@@ -214,7 +244,14 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 		if g.Remediation != nil {
 			repair = g.Remediation.Short()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%t\t%s", g.Node, index, g.UUID, model, g.Health, reasons, since, g.Drained, repair)
+		healthText := g.Health
+		if g.Stale {
+			healthText = HealthUnknown + " (stale: no heartbeat)"
+			if g.Heartbeat != nil {
+				healthText = fmt.Sprintf("%s (stale since %s, was %s)", HealthUnknown, g.Heartbeat.UTC().Format(time.RFC3339), g.ReportedHealth)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%t\t%s", g.Node, index, g.UUID, model, healthText, reasons, since, g.Drained, repair)
 		if wide {
 			fmt.Fprintf(tw, "\t%s\t%t\t%s\t%s", cmp.Or(g.PCIBusID, "<none>"), g.Evict, cmp.Or(g.DrainedBy, "<none>"), cmp.Or(g.DrainReason, "<none>"))
 		}

@@ -15,7 +15,7 @@ import (
 func TestStatusShowsRemediation(t *testing.T) {
 	n := gpuNodeObject("")
 	n.Annotations[gpuhealthv1.RemediationKey] = `{"GPU-b":{"phase":"Probation","since":"2026-11-29T23:59:00Z","attempts":1,"maxAttempts":3,"fault":"XID79"}}`
-	rows := collectStatus([]corev1.Node{*n}, klog.Background())
+	rows := collectStatus([]corev1.Node{*n}, klog.Background(), time.Now(), 0)
 	var table bytes.Buffer
 	if err := writeStatusTable(&table, rows, false, time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)); err != nil {
 		t.Fatal(err)
@@ -34,7 +34,7 @@ func TestStatusShowsRemediation(t *testing.T) {
 	}
 	// A malformed annotation is logged and ignored, the rows still show.
 	n.Annotations[gpuhealthv1.RemediationKey] = "{"
-	if rows := collectStatus([]corev1.Node{*n}, klog.Background()); len(rows) == 0 || rows[0].Remediation != nil {
+	if rows := collectStatus([]corev1.Node{*n}, klog.Background(), time.Now(), 0); len(rows) == 0 || rows[0].Remediation != nil {
 		t.Errorf("rows %+v", rows)
 	}
 }

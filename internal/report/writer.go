@@ -30,6 +30,13 @@ type Starter interface {
 	Start(ctx context.Context, trigger func()) error
 }
 
+// Pacer is implemented by syncers with a write of their own due at a time (a heartbeat): after a
+// successful Sync the Writer syncs again by NextSync, when that comes before the resync. Zero
+// means nothing is due.
+type Pacer interface {
+	NextSync() time.Time
+}
+
 // Observer receives what a Writer does, for metrics.
 type Observer interface {
 	// ObserveSync reports one Sync: the writes it made, how long it took on the Writer's clock
@@ -193,6 +200,12 @@ func (w *Writer) processNext(ctx context.Context, logger klog.Logger) bool {
 		logger.V(2).Info("Synced", "writes", writes)
 	}
 	w.queue.Forget(key)
-	w.queue.AddAfter(key, w.opts.Resync)
+	next := w.opts.Resync
+	if p, ok := w.syncer.(Pacer); ok {
+		if at := p.NextSync(); !at.IsZero() {
+			next = min(next, max(at.Sub(w.opts.Clock.Now()), 0))
+		}
+	}
+	w.queue.AddAfter(key, next)
 	return true
 }

@@ -267,3 +267,28 @@ func TestWriterWaitSettled(t *testing.T) {
 		t.Error("WaitSettled: an older report is not settled once a later one is")
 	}
 }
+
+// pacedSyncer is a countingSyncer with a write of its own due 2s after now (a heartbeat).
+type pacedSyncer struct {
+	countingSyncer
+	clk clock.PassiveClock
+}
+
+func (s *pacedSyncer) NextSync() time.Time { return s.clk.Now().Add(2 * time.Second) }
+
+// TestWriterSyncsWhenAPacerIsDue: a syncer with a heartbeat due before the resync is synced by
+// then; one due later waits for the resync.
+func TestWriterSyncsWhenAPacerIsDue(t *testing.T) {
+	for _, tc := range []struct {
+		resync, want time.Duration
+	}{{time.Hour, 2 * time.Second}, {time.Second, time.Second}} {
+		clk := newTimerClock()
+		s := &pacedSyncer{clk: clk}
+		w := report.NewWriter(s, report.WriterOptions{Resync: tc.resync, Clock: clk})
+		ctx := run(t, w)
+		_ = w.Report(ctx, health.Snapshot{})
+		if d := clk.nextTimer(t); d != tc.want {
+			t.Errorf("resync %v: the Writer waits %v, want %v", tc.resync, d, tc.want)
+		}
+	}
+}

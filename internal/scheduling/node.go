@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -95,6 +96,26 @@ type NodeGPUs struct {
 	GPUs []GPU
 	// Unhealthy and Degraded count GPUs by health (drained ones are Unhealthy).
 	Unhealthy, Degraded int
+	// Heartbeat is when the node's agent last confirmed its report (gpuhealthv1.HeartbeatKey;
+	// zero: no heartbeat, an agent without them). HeartbeatUnreadable: the key holds no time,
+	// which readers take for a stale report.
+	Heartbeat           time.Time
+	HeartbeatUnreadable bool
+}
+
+// Stale reports whether the node's report is older than staleAfter at now (0: never), and says
+// since when.
+func (n *NodeGPUs) Stale(now time.Time, staleAfter time.Duration) (bool, string) {
+	switch {
+	case staleAfter <= 0:
+		return false, ""
+	case n.HeartbeatUnreadable:
+		return true, "the gpuhealth report of this node is stale: its heartbeat annotation is unreadable"
+	case n.Heartbeat.IsZero() || now.Sub(n.Heartbeat) <= staleAfter:
+		return false, ""
+	}
+	return true, "the gpuhealth report of this node is stale since " + n.Heartbeat.UTC().Format(time.RFC3339) +
+		" (its agent stopped confirming it); GPU pods are not placed on it"
 }
 
 // ParseNode reads a node's GPU capacity and health annotations. It never fails: unusable entries
@@ -139,6 +160,14 @@ func ParseNode(node *corev1.Node) (NodeGPUs, []string) {
 	}
 	if v, ok := ann[gpuhealthv1.HAMiCordonKey]; ok {
 		parseCordon(v, n.GPUs, uuids, &w)
+	}
+	if v, ok := ann[gpuhealthv1.HeartbeatKey]; ok {
+		t, err := gpuhealthv1.ParseHeartbeat(v)
+		if err != nil {
+			w.add(gpuhealthv1.HeartbeatKey, "%v: the report counts as stale", err)
+			n.HeartbeatUnreadable = true
+		}
+		n.Heartbeat = t
 	}
 	for _, g := range n.GPUs {
 		switch g.Health {

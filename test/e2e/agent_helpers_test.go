@@ -140,6 +140,8 @@ type agentSetup struct {
 	breakerFraction float64
 	// topConfig is appended to the HealthConfig at the top level (a remediation section).
 	topConfig string
+	// heartbeat, when set, is agent.heartbeat.
+	heartbeat time.Duration
 }
 
 // startAgent writes the scenario and config and starts an agent, stopped when the test ends.
@@ -158,6 +160,9 @@ func startAgent(t *testing.T, s agentSetup) *agentProcess {
 	}
 	if s.breakerFraction > 0 {
 		cfg += fmt.Sprintf("  circuitBreaker: {enabled: true, maxFraction: %v, window: 10m, namespace: %s}\n", s.breakerFraction, agentNamespace)
+	}
+	if s.heartbeat > 0 {
+		cfg += fmt.Sprintf("  heartbeat: %v\n", s.heartbeat)
 	}
 	cfg += s.topConfig
 	if err := os.WriteFile(configPath, []byte(cfg), 0o644); err != nil {

@@ -464,6 +464,12 @@ func TestExtender(t *testing.T) {
 			if got := slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--bind"); got != bind {
 				t.Errorf("--bind in args: %t, want %t", got, bind)
 			}
+			// Slow clients and large bodies: the runtime must know the limit it lives under.
+			if !slices.ContainsFunc(d.Spec.Template.Spec.Containers[0].Env, func(e corev1.EnvVar) bool {
+				return e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory"
+			}) {
+				t.Errorf("the extender has no GOMEMLIMIT from its memory limit: env %+v", d.Spec.Template.Spec.Containers[0].Env)
+			}
 			var svc corev1.Service
 			r.get(t, "Service", "gpuhealth-extender", &svc)
 

@@ -8,9 +8,10 @@
 //
 // The condition is written with a strategic merge patch of nodes/status that touches only this
 // condition (the kubelet's conditions are left alone), and only when type, status, reason or
-// message differ from what the Node has (read from the agent's shared cache, nodecache). A
-// change to the condition by someone else is repaired at once. lastTransitionTime changes only
-// when status does.
+// message differ from what the Node has (read from the agent's shared cache, nodecache), or when
+// the node's heartbeat is due (Options.Heartbeat: lastHeartbeatTime and the
+// gpuhealth.dev/gpu-health-heartbeat annotation, in the same patch). A change to the condition
+// by someone else is repaired at once. lastTransitionTime changes only when status does.
 //
 // Events records a Node Event for every health transition of a GPU.
 package nodecondition
@@ -65,6 +66,10 @@ type Options struct {
 	Breaker Breaker
 	// RebootRequired adds the GPURebootRequired condition (with remediation on).
 	RebootRequired bool
+	// Heartbeat, when its period is set, makes this syncer carry the node's heartbeat: every
+	// period, even without a change, it writes the conditions' lastHeartbeatTime and the
+	// gpuhealth.dev/gpu-health-heartbeat annotation, in one patch of nodes/status.
+	Heartbeat report.Heartbeat
 }
 
 // Breaker is what the syncer asks the circuit breaker (see internal/breaker): the GPUs of this
@@ -81,16 +86,20 @@ type Syncer struct {
 	clock    clock.PassiveClock
 	breaker  Breaker // nil: no GPUCircuitBreakerOpen condition
 	reboot   bool
+	beat     report.Heartbeat
 
 	// written is what the last patch wrote, so that the informer event of our own patch does
 	// not cost another Sync.
 	mu      sync.Mutex
 	written []corev1.NodeCondition
+	// nextBeat is when the next heartbeat is due (zero: none, or at once).
+	nextBeat time.Time
 }
 
 var (
 	_ report.Syncer  = (*Syncer)(nil)
 	_ report.Starter = (*Syncer)(nil)
+	_ report.Pacer   = (*Syncer)(nil)
 )
 
 // New returns a Syncer for nodeName.
@@ -101,7 +110,7 @@ func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Nodes == nil {
 		opts.Nodes = nodecache.New(client, nodeName)
 	}
-	return &Syncer{client: client, nodeName: nodeName, nodes: opts.Nodes, clock: opts.Clock, breaker: opts.Breaker, reboot: opts.RebootRequired}
+	return &Syncer{client: client, nodeName: nodeName, nodes: opts.Nodes, clock: opts.Clock, breaker: opts.Breaker, reboot: opts.RebootRequired, beat: opts.Heartbeat}
 }
 
 // Name implements report.Syncer.
@@ -244,10 +253,18 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		}
 		changed = changed || !found
 	}
-	if !changed {
+	current := node.Annotations[gpuhealthv1.HeartbeatKey]
+	if !changed && !s.beat.Due(current, now.Time) {
+		s.setNextBeat(s.beat.Next(current))
 		return 0, nil
 	}
-	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": want}})
+	patch := map[string]any{"status": map[string]any{"conditions": want}}
+	beat := gpuhealthv1.FormatHeartbeat(now.Time)
+	if s.beat.Period > 0 {
+		// nodes/status keeps the spec but takes metadata: the heartbeat rides the same write.
+		patch["metadata"] = map[string]any{"annotations": map[string]string{gpuhealthv1.HeartbeatKey: beat}}
+	}
+	body, err := json.Marshal(patch)
 	if err != nil {
 		return 0, err
 	}
@@ -259,7 +276,21 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	s.mu.Lock()
 	s.written = want
 	s.mu.Unlock()
+	s.setNextBeat(s.beat.Next(beat))
 	return 1, nil
+}
+
+// NextSync implements report.Pacer: the next heartbeat.
+func (s *Syncer) NextSync() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nextBeat
+}
+
+func (s *Syncer) setNextBeat(t time.Time) {
+	s.mu.Lock()
+	s.nextBeat = t
+	s.mu.Unlock()
 }
 
 // ReportUnknown sets the GPUUnhealthy condition of node to Unknown with reason

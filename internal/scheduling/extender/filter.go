@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -57,7 +58,7 @@ func (s *Server) filter(logger klog.Logger, v view, args *extenderv1.ExtenderArg
 	switch {
 	case args.NodeNames != nil:
 		names := make([]string, 0, len(*args.NodeNames))
-		var j judging
+		j := judging{now: s.opts.Clock.Now()}
 		for _, name := range *args.NodeNames {
 			node, used := v.cached(name)
 			fits, reason, retry := s.judge(&j, req, node, used)
@@ -75,11 +76,16 @@ func (s *Server) filter(logger klog.Logger, v view, args *extenderv1.ExtenderArg
 		result.NodeNames = &names
 	case args.Nodes != nil:
 		kept := &corev1.NodeList{Items: make([]corev1.Node, 0, len(args.Nodes.Items))}
+		now := s.opts.Clock.Now()
 		for i := range args.Nodes.Items {
 			n := &args.Nodes.Items[i]
 			node, warnings := v.node(n.Name, n)
 			for _, w := range warnings {
 				logger.V(2).Info("Ignoring part of a GPU health annotation", "node", klog.KObj(n), "warning", w)
+			}
+			if stale, why := node.Stale(now, s.opts.StaleAfter); stale && !req.IsZero() {
+				failed[n.Name] = why
+				continue
 			}
 			if fits, reason := scheduling.Filter(req, node, v.usage(n.Name)); !fits {
 				failed[n.Name] = reason
@@ -106,6 +112,7 @@ func (s *Server) filterNamed(ctx context.Context, pod *corev1.Pod, names [][]byt
 	var retryOn []string
 	nfailed := 0
 	j := &b.judging
+	j.now = s.opts.Clock.Now()
 	s.state.read(func(v view) {
 		for _, name := range names {
 			node, used := v.cachedBytes(name)
@@ -183,6 +190,11 @@ func (s *Server) judge(j *judging, req scheduling.Request, node *scheduling.Node
 	if node == nil {
 		return false, notCached, s.requeue != nil
 	}
+	if !req.IsZero() {
+		if stale, why := node.Stale(j.now, s.opts.StaleAfter); stale {
+			return false, why, s.requeue != nil // a heartbeat makes the node better
+		}
+	}
 	if fits, reason = scheduling.FilterWith(&j.reasons, req, node, used); fits {
 		return true, "", false
 	}
@@ -194,6 +206,8 @@ func (s *Server) judge(j *judging, req scheduling.Request, node *scheduling.Node
 type judging struct {
 	reasons scheduling.Reasons
 	scratch []scheduling.GPU
+	// now is when the request came, for every node's staleness.
+	now time.Time
 }
 
 // Prioritize scores each candidate node 0..10 (extenderv1.MaxExtenderPriority).

@@ -2,11 +2,13 @@ package extender
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -39,6 +41,9 @@ func (s *Server) scheduler(next http.HandlerFunc) http.HandlerFunc {
 			http.Error(w, "a client certificate signed by the extender's client CA (--client-ca-file) is required", http.StatusUnauthorized)
 			return
 		}
+		// kube-scheduler sends its whole body at once and gives up after its httpTimeout (5 s by
+		// default): a body still arriving after BodyTimeout is a slow client holding a call slot.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(cmp.Or(s.opts.BodyTimeout, DefaultBodyTimeout)))
 		select {
 		case s.inFlight <- struct{}{}:
 			defer func() { <-s.inFlight }()
@@ -116,6 +121,14 @@ func (b *filterBuffers) quoted(reason string) []byte {
 	return q
 }
 
+// initialBodyBytes is the most a body's Content-Length allocates before it arrives: 256 KiB holds
+// a nodeCacheCapable request for 10,000 nodes.
+const initialBodyBytes = 256 << 10
+
+// DefaultBodyTimeout bounds how long a scheduler call's body may take to arrive: kube-scheduler's
+// own httpTimeout for an extender call.
+const DefaultBodyTimeout = 5 * time.Second
+
 // maxPooledBytes bounds the buffers kept between calls: a request with Node objects in it may be
 // a hundred MiB, and that is not worth keeping.
 const maxPooledBytes = 8 << 20
@@ -139,9 +152,10 @@ func (s *Server) putBuffers(b *filterBuffers) {
 // shape parseNamesArgs reads, the pod and the node names (ok). Otherwise the caller decodes
 // b.body with encoding/json.
 func (s *Server) readArgs(w http.ResponseWriter, r *http.Request, b *filterBuffers) (pod *corev1.Pod, hasNames, ok bool, err error) {
-	// The Content-Length only sizes the first allocation, up to maxPooledBytes: a client that
-	// announces 100 MiB and sends nothing gets no 100 MiB buffer.
-	b.body, err = readBody(b.body, http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes), min(r.ContentLength, maxPooledBytes))
+	// The Content-Length only sizes the first allocation, up to initialBodyBytes: the buffer
+	// grows with what arrives, so a client that announces 8 MiB and trickles costs what it sent,
+	// not 8 MiB from its first byte (64 such clients were the chart's whole memory limit).
+	b.body, err = readBody(b.body, http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes), min(r.ContentLength, initialBodyBytes))
 	if err != nil {
 		return nil, false, false, err
 	}

@@ -122,7 +122,7 @@ func trimNode(obj any) (any, error) {
 	}
 	out := &corev1.Node{}
 	out.Name, out.UID, out.ResourceVersion = n.Name, n.UID, n.ResourceVersion
-	for _, key := range []string{gpuhealthv1.UnhealthyIDsKey, gpuhealthv1.HealthKey, gpuhealthv1.DrainsKey, gpuhealthv1.HAMiCordonKey} {
+	for _, key := range []string{gpuhealthv1.UnhealthyIDsKey, gpuhealthv1.HealthKey, gpuhealthv1.DrainsKey, gpuhealthv1.HAMiCordonKey, gpuhealthv1.HeartbeatKey} {
 		if v, ok := n.Annotations[key]; ok {
 			if out.Annotations == nil {
 				out.Annotations = map[string]string{}

@@ -2,10 +2,12 @@ package extender
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/utils/clock"
 )
 
 // Verbs of the extender API, the verb label of its metrics.
@@ -21,6 +23,8 @@ const (
 //	gpuhealth_extender_request_errors_total{verb}      calls answered with an error
 //	gpuhealth_extender_filter_nodes_total{result}      nodes /filter passed or failed
 //	gpuhealth_extender_refused_total{reason}           calls refused unread: unauthenticated, busy
+//	gpuhealth_extender_stale_nodes                     nodes whose report is stale (Options.StaleAfter)
+//	gpuhealth_extender_oldest_heartbeat_age_seconds    age of the oldest heartbeat among the nodes
 //
 // Every label value is known in advance and starts at zero, so that rate() sees the first call.
 type metrics struct {
@@ -65,6 +69,35 @@ func newMetrics() *metrics {
 	m.filteredPassed = m.filtered.WithLabelValues("passed")
 	m.filteredFailed = m.filtered.WithLabelValues("failed")
 	return m
+}
+
+// watchStaleness adds the staleness gauges, computed from st at each scrape.
+func (m *metrics) watchStaleness(st *state, clk clock.PassiveClock, staleAfter time.Duration) {
+	scan := func() (stale int, oldest time.Duration) {
+		now := clk.Now()
+		st.read(func(v view) {
+			for _, sl := range v.s.nodes {
+				if sl.entry == nil {
+					continue
+				}
+				n := &sl.entry.gpus
+				if s, _ := n.Stale(now, staleAfter); s {
+					stale++
+				}
+				if !n.Heartbeat.IsZero() {
+					oldest = max(oldest, now.Sub(n.Heartbeat))
+				}
+			}
+		})
+		return stale, oldest
+	}
+	m.registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuhealth_extender_stale_nodes",
+			Help: "Nodes whose gpuhealth report is stale (heartbeat older than --stale-after, or unreadable): GPU pods are not placed on them."},
+			func() float64 { n, _ := scan(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuhealth_extender_oldest_heartbeat_age_seconds",
+			Help: "Age of the oldest agent heartbeat among the nodes the extender knows (0: none has one)."},
+			func() float64 { _, d := scan(); return d.Seconds() }))
 }
 
 func (m *metrics) handler() http.Handler {

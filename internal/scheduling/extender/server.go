@@ -27,6 +27,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
+	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 )
 
 // DefaultMaxRequestBytes bounds a request body: a nodeCacheCapable request (the pod and node
@@ -73,6 +74,14 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// MaxConcurrent bounds the scheduler calls served at once; 0 means DefaultMaxConcurrent.
 	MaxConcurrent int
+	// BodyTimeout bounds how long a scheduler call's body may take to arrive, so that a slow
+	// client holds a call slot no longer; 0 means DefaultBodyTimeout.
+	BodyTimeout time.Duration
+	// StaleAfter: a node whose agent's heartbeat (gpuhealth.dev/gpu-health-heartbeat) is older,
+	// or unreadable, fails the filter for GPU pods, saying why (the scheduler puts the reason in
+	// the pod's FailedScheduling Event). 0 trusts every report; nodes without a heartbeat are
+	// judged as before. `gpuhealth extender` defaults to gpuhealthv1.DefaultStaleAfter.
+	StaleAfter time.Duration
 	// SchedulerNames are the schedulers whose pods /bind binds (default: "default-scheduler").
 	SchedulerNames []string
 	// TLS, when set, serves HTTPS; with TLS.ClientCAs set, /filter, /prioritize and /bind need a
@@ -120,6 +129,15 @@ func New(client kubernetes.Interface, opts Options) *Server {
 		opts.SchedulerNames = []string{corev1.DefaultSchedulerName}
 	}
 	s := &Server{inFlight: make(chan struct{}, opts.MaxConcurrent), client: client, opts: opts, state: newState(), metrics: newMetrics(), logger: klog.Background()}
+	s.metrics.watchStaleness(s.state, opts.Clock, opts.StaleAfter)
+	if opts.StaleAfter > 0 {
+		s.state.recovered = func(prev, next *scheduling.NodeGPUs) bool {
+			now := opts.Clock.Now()
+			was, _ := prev.Stale(now, opts.StaleAfter)
+			is, _ := next.Stale(now, opts.StaleAfter)
+			return was && !is
+		}
+	}
 	if opts.Requeue {
 		s.requeue = newRequeuer(client, opts.Clock)
 	}

@@ -25,6 +25,9 @@ type state struct {
 	mu    sync.RWMutex
 	nodes map[string]*nodeSlot
 	holds map[types.UID]holdEntry
+	// recovered, when set, tells whether a node's new parse makes it usable in a way improved
+	// does not know of: a stale report confirmed again.
+	recovered func(prev, next *scheduling.NodeGPUs) bool
 }
 
 // nodeSlot is all the state knows about one node name, so that a request looks each node up once.
@@ -72,7 +75,7 @@ func (s *state) setNode(node *corev1.Node) (newWarnings []string, better bool) {
 	if prev == nil {
 		return warnings, true
 	}
-	better = improved(&prev.gpus, &gpus)
+	better = improved(&prev.gpus, &gpus) || (s.recovered != nil && s.recovered(&prev.gpus, &gpus))
 	if !slices.Equal(prev.warnings, warnings) {
 		return warnings, better
 	}

@@ -3,6 +3,7 @@ package extender
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -130,5 +131,45 @@ func TestConcurrentCallsAreCapped(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("a call after the slot was freed: %d, want 200", resp.StatusCode)
+	}
+}
+
+// TestASlowBodyLosesItsSlot: a client that stops sending mid-body is cut off after BodyTimeout,
+// and its call slot serves the next caller; before, it held the slot for the 30 s read timeout.
+func TestASlowBodyLosesItsSlot(t *testing.T) {
+	s, _ := started(t, Options{MaxConcurrent: 1, BodyTimeout: 300 * time.Millisecond}, node("n", 8, nil))
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	slowBody, slowWriter := io.Pipe()
+	t.Cleanup(func() { _ = slowWriter.Close() })
+	slowDone := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/filter", slowBody)
+		req.ContentLength = 8 << 20
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				err = fmt.Errorf("the stalled call was answered %d", resp.StatusCode)
+			}
+		}
+		slowDone <- err
+	}()
+	_, _ = slowWriter.Write([]byte(`{"pod":`)) // and nothing more
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Post(srv.URL+"/filter", "application/json", strings.NewReader(filterBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled client kept the only slot: last answer %d", resp.StatusCode)
+		}
+	}
+	if err := <-slowDone; err != nil && strings.Contains(err.Error(), "answered") {
+		t.Error(err)
 	}
 }

@@ -15,6 +15,8 @@
 //     scheduler reads. Shared with other writers: see VolcanoStateKey.
 //   - gpuhealth.dev/gpu-health (HealthKey): a JSON object keyed by device UUID whose values are
 //     GPUSummary, for every GPU and MIG instance.
+//   - gpuhealth.dev/gpu-health-heartbeat (HeartbeatKey): when the agent last confirmed its report,
+//     refreshed at its heartbeat period; readers treat an old one as a stopped agent.
 //   - gpuhealth.dev/gpu-drains (DrainsKey): a JSON object keyed by GPU UUID whose values are Drain.
 //   - hami.io/device-cordon (HAMiCordonKey): HAMi's per-GPU cordon, UUIDs comma-separated, written
 //     by gpuhealth's opt-in hami reporter beside other writers (see HAMiStateKey).

@@ -37,6 +37,8 @@ const (
 	DefaultPCIBusIDAttribute = "resource.kubernetes.io/pciBusID"
 	DefaultCheckpointPath    = "/var/lib/gpuhealth/checkpoint.json"
 	DefaultResync            = 5 * time.Minute
+	DefaultHeartbeat         = 5 * time.Minute
+	MinHeartbeat             = 10 * time.Second
 )
 
 // AgentConfig is the `agent` section: how `gpuhealth agent` reports. It is plain data so that
@@ -62,6 +64,11 @@ type AgentConfig struct {
 	CheckpointPath string `yaml:"checkpointPath,omitempty" json:"checkpointPath,omitempty"`
 	// Resync is how often every reporter re-checks the API server without a change (default 5m).
 	Resync *Duration `yaml:"resync,omitempty" json:"resync,omitempty"`
+	// Heartbeat is how often the agent confirms its report on the Node even when nothing
+	// changed (default 5m, at least 10s): the gpuhealth.dev/gpu-health-heartbeat annotation and
+	// the GPUUnhealthy condition's lastHeartbeatTime, in one write. Readers take a report whose
+	// heartbeat is a few periods old for a stopped agent's.
+	Heartbeat *Duration `yaml:"heartbeat,omitempty" json:"heartbeat,omitempty"`
 	// CircuitBreaker stops disruptive taint effects in a mass failure.
 	CircuitBreaker CircuitBreakerConfig `yaml:"circuitBreaker,omitempty" json:"circuitBreaker,omitempty"`
 }
@@ -112,6 +119,10 @@ func (a AgentConfig) WithDefaults() AgentConfig {
 		d := Duration(DefaultResync)
 		a.Resync = &d
 	}
+	if a.Heartbeat == nil {
+		d := Duration(DefaultHeartbeat)
+		a.Heartbeat = &d
+	}
 	if a.CircuitBreaker.MaxFraction == 0 {
 		a.CircuitBreaker.MaxFraction = DefaultBreakerFraction
 	}
@@ -138,6 +149,9 @@ func (a AgentConfig) validate(bad func(path, format string, args ...any)) {
 	}
 	if a.Resync != nil && time.Duration(*a.Resync) < time.Second {
 		bad("agent.resync", "must be at least 1s, got %v", time.Duration(*a.Resync))
+	}
+	if a.Heartbeat != nil && time.Duration(*a.Heartbeat) < MinHeartbeat {
+		bad("agent.heartbeat", "must be at least %v, got %v", MinHeartbeat, time.Duration(*a.Heartbeat))
 	}
 	if f := a.CircuitBreaker.MaxFraction; f < 0 || f > 1 || f != f {
 		bad("agent.circuitBreaker.maxFraction", "must be between 0 and 1, got %v", f)

@@ -1,0 +1,51 @@
+package report
+
+import (
+	"math/rand/v2"
+	"time"
+
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+)
+
+// Heartbeat says when a reporter that carries the node's heartbeat (gpuhealthv1.HeartbeatKey)
+// must confirm its report although nothing changed. One reporter carries it (the agent picks the
+// condition reporter, else the annotation reporter), so that a node costs one write per period.
+type Heartbeat struct {
+	// Period between heartbeats; 0 turns them off.
+	Period time.Duration
+	// Late is added to every period: NewHeartbeat picks it at random (up to a tenth of the
+	// period, and at least the second the value's precision loses), so that agents started
+	// together, as a DaemonSet's are, do not all write in the same second of every period, and
+	// no node writes more often than once a period.
+	Late time.Duration
+}
+
+// NewHeartbeat returns a Heartbeat of period with a random Late.
+func NewHeartbeat(period time.Duration) Heartbeat {
+	if period <= 0 {
+		return Heartbeat{}
+	}
+	return Heartbeat{Period: period, Late: time.Second + rand.N(period/10+1)}
+}
+
+// Due reports whether a heartbeat must be written at now, given the node's current value of
+// HeartbeatKey: none, an unreadable one, or one a period (and Late) old.
+func (h Heartbeat) Due(current string, now time.Time) bool {
+	if h.Period <= 0 {
+		return false
+	}
+	t, err := gpuhealthv1.ParseHeartbeat(current)
+	return err != nil || !now.Before(t.Add(h.Period+h.Late))
+}
+
+// Next is when the heartbeat after the one valued current is due (zero: off, or due at once).
+func (h Heartbeat) Next(current string) time.Time {
+	if h.Period <= 0 {
+		return time.Time{}
+	}
+	t, err := gpuhealthv1.ParseHeartbeat(current)
+	if err != nil {
+		return time.Time{}
+	}
+	return t.Add(h.Period + h.Late)
+}

@@ -1,0 +1,77 @@
+package v1
+
+import (
+	"fmt"
+	"time"
+)
+
+// HeartbeatKey is the Node annotation that says when the node's agent last confirmed its report:
+// an RFC 3339 time, UTC, whole seconds. The agent refreshes it at its heartbeat period
+// (agent.heartbeat, default DefaultHeartbeat) even when nothing changed, in the same write as
+// the GPUUnhealthy condition's lastHeartbeatTime when that condition is reported. A report whose
+// heartbeat is older than a reader's staleness bound (a few periods: DefaultStaleAfter) is from an
+// agent that stopped: its "healthy" means nothing. A node without the key has an agent that
+// predates heartbeats (or none), and readers judge it as before.
+const HeartbeatKey = "gpuhealth.dev/gpu-health-heartbeat"
+
+// DefaultHeartbeat is the agent's default heartbeat period; DefaultStaleAfter is how old a
+// heartbeat readers (the extender, the breaker controller, `gpuhealth status`) accept by default:
+// three periods, so that one lost write or a slow API server does not make a node stale.
+const (
+	DefaultHeartbeat  = 5 * time.Minute
+	DefaultStaleAfter = 3 * DefaultHeartbeat
+)
+
+// FormatHeartbeat is HeartbeatKey's value for t.
+func FormatHeartbeat(t time.Time) string { return t.UTC().Truncate(time.Second).Format(time.RFC3339) }
+
+// ParseHeartbeat decodes HeartbeatKey's value.
+func ParseHeartbeat(value string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339, value)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s: %w", HeartbeatKey, err)
+	}
+	return t, nil
+}
+
+// Staleness is what a reader makes of a node's heartbeat at some time.
+type Staleness struct {
+	// Heartbeat is the node's last heartbeat (zero: none, or unreadable).
+	Heartbeat time.Time
+	// Stale: the heartbeat is older than the reader's bound, or unreadable. A node without
+	// the key is never stale.
+	Stale bool
+	// Err says why an unreadable heartbeat counts as stale.
+	Err error
+}
+
+// JudgeHeartbeat judges a node's annotations at now: stale when its heartbeat is older than
+// staleAfter (0 turns the judgement off) or cannot be read (a garbage value must not pass for a
+// live agent). A heartbeat in the future (a node clock ahead) is fresh.
+func JudgeHeartbeat(annotations map[string]string, now time.Time, staleAfter time.Duration) Staleness {
+	v, ok := annotations[HeartbeatKey]
+	if !ok || staleAfter <= 0 {
+		return Staleness{}
+	}
+	t, err := ParseHeartbeat(v)
+	if err != nil {
+		return Staleness{Stale: true, Err: err}
+	}
+	return Staleness{Heartbeat: t, Stale: now.Sub(t) > staleAfter}
+}
+
+// Age is how long ago the heartbeat was at now (0 without one).
+func (s Staleness) Age(now time.Time) time.Duration {
+	if s.Heartbeat.IsZero() {
+		return 0
+	}
+	return max(now.Sub(s.Heartbeat), 0)
+}
+
+// Describe describes a stale heartbeat for a message: "stale since <time> (<age> ago)".
+func (s Staleness) Describe(now time.Time) string {
+	if s.Err != nil {
+		return "stale: unreadable heartbeat (" + s.Err.Error() + ")"
+	}
+	return fmt.Sprintf("stale since %s (%s ago)", s.Heartbeat.UTC().Format(time.RFC3339), s.Age(now).Truncate(time.Second))
+}
