@@ -129,6 +129,9 @@ func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 	if _, err := rt.Restore(); err != nil {
 		// A damaged checkpoint must not keep the plugin down; start from what the GPUs say.
 		logger.Error(err, "Ignoring the checkpoint", "path", r.checkpoint)
+	} else if n := rt.RestoreNotes(); !n.Empty() {
+		logger.Info("Warning: the checkpoint is of a newer release; restored what this one understands", "path", r.checkpoint,
+			"version", n.Version, "unknownFields", n.UnknownFields, "skipped", n.Skipped, "skippedEntries", n.SkipReasons)
 	}
 	logger.Info("Starting the device plugin", "gpus", len(r.backend.Devices()), "resource", r.plugin.ResourceName, "cdi", r.service.CDI)
 

@@ -105,3 +105,32 @@ func TestCheckpointNotesAreBounded(t *testing.T) {
 		t.Errorf("the condition this release can read came back as %+v", c)
 	}
 }
+
+// TestRuntimeKeepsTheRestoreNotes: an embedder of the Runtime (the device plugin) learns what
+// Restore left out of a newer release's checkpoint, to log it.
+func TestRuntimeKeepsTheRestoreNotes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	if err := os.WriteFile(path, readFixture(t, "checkpoint-next.json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := health.ReadCheckpoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devices []health.Device
+	for _, d := range cp.Devices {
+		if d.Device.MIG == nil {
+			devices = append(devices, d.Device)
+		}
+	}
+	rt, err := health.NewRuntime(health.DefaultPolicy(), devices, health.RuntimeOptions{CheckpointPath: path, BootID: cp.BootID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restored, err := rt.Restore(); err != nil || !restored {
+		t.Fatalf("Restore = %v, %v", restored, err)
+	}
+	if n := rt.RestoreNotes(); n.Empty() || n.Version <= health.CheckpointVersion {
+		t.Errorf("RestoreNotes = %+v, want the newer version and what was left out", n)
+	}
+}

@@ -66,6 +66,8 @@ type Runtime struct {
 	// embedder reports not ready (CheckpointSaved). saveFailures counts failed writes.
 	unsaved      atomic.Bool
 	saveFailures atomic.Uint64
+	// notes are what Restore left out of the checkpoint (a newer release's additions).
+	notes CheckpointNotes
 }
 
 // CheckpointSaved reports whether every sticky change is in the checkpoint (true with
@@ -106,7 +108,8 @@ func (r *Runtime) Restore() (restored bool, err error) {
 	if r.opts.CheckpointPath == "" {
 		return false, nil
 	}
-	cp, err := ReadCheckpoint(r.opts.CheckpointPath)
+	cp, notes, err := ReadCheckpointNotes(r.opts.CheckpointPath)
+	r.notes = notes
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
@@ -121,6 +124,10 @@ func (r *Runtime) Restore() (restored bool, err error) {
 	} // else the first save rewrites it, naming this boot
 	return true, nil
 }
+
+// RestoreNotes says what Restore left out of the checkpoint it read: unknown fields and entries
+// of a newer release (log them when not Empty).
+func (r *Runtime) RestoreNotes() CheckpointNotes { return r.notes }
 
 // Run ticks the Monitor and saves checkpoints until ctx ends. When feed is not nil it runs too,
 // with the Monitor as its sink (a backend's Run, adapted): a feed that fails stops Run with its

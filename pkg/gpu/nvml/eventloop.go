@@ -34,9 +34,11 @@ func (w *watcher) step(ctx context.Context, timeoutMs uint32) bool {
 	if w.set == nil {
 		return !w.rebuild()
 	}
+	// The loop's progress is timed through the event's handling too: a loop stuck handing an
+	// event on (a blocked sink) stops the agent seeing anything, as a hung Wait does.
 	w.b.waiting.begin(w.b.opts.clock.Now())
+	defer w.b.waiting.end()
 	data, ret := w.set.Wait(timeoutMs)
-	w.b.waiting.end()
 	switch ret {
 	case nvml.SUCCESS:
 		w.resetBackoff()

@@ -25,10 +25,11 @@ func (f *inFlight) running(now time.Time) (time.Duration, bool) {
 // may be slow, and a false alarm restarts the agent.
 const stallMargin = 30 * time.Second
 
-// Stalled reports a call into NVML that hangs (a wedged GPU or driver: NVML calls have no
-// timeout of their own, and the goroutine cannot be taken back): a sampling round running longer
-// than three sample periods, or an EventSet.Wait longer than three times its own timeout, each
-// plus a margin. The agent's /healthz fails then, and the kubelet restarts the agent, which opens
+// Stalled reports a loop that stopped making progress, most often a call into NVML that hangs (a
+// wedged GPU or driver: NVML calls have no timeout of their own, and the goroutine cannot be
+// taken back): a sampling round (its reads and the signals it hands on) running longer than
+// three sample periods, or an EventSet.Wait and the handling of its event longer than three times
+// the wait's own timeout, each plus a margin. The agent's /healthz fails then, and the kubelet restarts the agent, which opens
 // NVML afresh; until then the GPUs' readings are as old as the stall. A reset in progress parks
 // the loops outside NVML, so it does not count.
 func (b *Backend) Stalled(now time.Time) error {
