@@ -21,7 +21,8 @@ type Sweeper struct {
 	// Pools are swept in turn, each with its own rule for a slot that stopped counting.
 	Pools []SweptPool
 	Clock clock.Clock
-	// Interval is the longest between two sweeps (default 30s); a sweep also runs when the next
+	// Interval is the longest between two sweeps (default 10s: an acknowledgement frees the slots
+	// it ends within it; a sweep is one LIST of the few slot Leases); a sweep also runs when the next
 	// listed slot stops counting.
 	Interval time.Duration
 	// Swept, when set, hears how many slots of a pool each sweep deleted.
@@ -82,7 +83,7 @@ func (w *Sweeper) Run(ctx context.Context) error {
 	}
 	interval := w.Interval
 	if interval <= 0 {
-		interval = 30 * time.Second
+		interval = 10 * time.Second
 	}
 	for {
 		next, err := w.Sweep(ctx, clk.Now())
