@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpuhealth/gpuhealth/hack/bench/figure"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // row is one line of the table.
@@ -122,6 +123,8 @@ const (
 	slowClientsGoalRatio = 1.5
 	// the chart's extender.resources.limits.memory, which the slow clients' heap must stay under
 	extenderMemLimitMiB = 512
+	// issue 28: the heartbeat's cost at steady state
+	heartbeatGoalPerNodePerPeriod = 1.0
 )
 
 // spread is the lowest and the highest value of figs (each times scale): "1.2–3.4".
@@ -245,7 +248,7 @@ func latencyRows(l *lookup, s settings) []row {
 func fleetRows(l *lookup, _ settings) []row {
 	v := func(name, unit string) float64 { return l.median(partFleet, name, unit) }
 	how := fmt.Sprintf("test/fleet, one process, own client per node, median of %d", len(l.runs(partFleet)))
-	return []row{
+	rows := []row{
 		{fmt.Sprintf("fleet: %.0f nodes × 8 GPUs, start-up until every agent is ready", v(figure.FleetNodes, figure.UnitNodes)),
 			fmt.Sprintf("%.1f s, %.0f requests", v(figure.FleetStartupTime, figure.UnitSeconds), v(figure.FleetStartupRequests, figure.UnitRequests)), how},
 		{"fleet: agent memory per node (in one process)",
@@ -264,6 +267,42 @@ func fleetRows(l *lookup, _ settings) []row {
 				l.medianPercentile(figure.P99, partFleet, figure.FleetWaveObjectLatency, figure.UnitSeconds),
 				v(figure.FleetWaveRequests, figure.UnitRequests)) + bareWave(l, partFleet), how},
 	}
+	return append(rows, heartbeatRows(l, partFleet, how)...)
+}
+
+// heartbeatRows is the row of the fleet's heartbeat phase (issue 28), when part's runs had one:
+// results from before it, or from runs without it, have no row.
+func heartbeatRows(l *lookup, part, how string) []row {
+	if !l.hasFigure(part, figure.FleetHeartbeatPerNodePerPeriod) {
+		return nil
+	}
+	v := func(name, unit string) float64 { return l.median(part, name, unit) }
+	nodes, ratio := v(figure.FleetNodes, figure.UnitNodes), v(figure.FleetHeartbeatPerNodePerPeriod, figure.UnitWritesPerNodePerPeriod)
+	return []row{{
+		fmt.Sprintf("fleet: heartbeat, %.0f nodes (agent.heartbeat %.0f s, %.0f s of steady state)", nodes,
+			v(figure.FleetHeartbeatPeriod, figure.UnitSeconds), v(figure.FleetHeartbeatWindow, figure.UnitSeconds)),
+		fmt.Sprintf("%.2f writes per node per period (goal ≤ %g write per node per period: %.2f×); %.0f writes (%s), %.0f requests (%s); "+
+			"at the default %g min, %.1f writes/s for the whole fleet",
+			ratio, heartbeatGoalPerNodePerPeriod, ratio/heartbeatGoalPerNodePerPeriod,
+			v(figure.FleetHeartbeatWrites, figure.UnitWrites), byKind(medianBy(l.all(part, figure.FleetHeartbeatWrites, figure.UnitWrites))),
+			v(figure.FleetHeartbeatRequests, figure.UnitRequests), byKind(medianBy(l.all(part, figure.FleetHeartbeatRequests, figure.UnitRequests))),
+			config.DefaultHeartbeat.Minutes(), nodes/config.DefaultHeartbeat.Seconds()*ratio),
+		how + "; every agent started again over one period, then counted",
+	}}
+}
+
+// medianBy is the median of every key of the figures' By over the figures (a key a figure lacks
+// counts 0 there).
+func medianBy(figs []figure.Figure) map[string]float64 {
+	out := map[string]float64{}
+	for _, f := range figs {
+		for k := range f.By {
+			if _, ok := out[k]; !ok {
+				out[k] = median(collect(figs, func(f figure.Figure) float64 { return f.By[k] }))
+			}
+		}
+	}
+	return out
 }
 
 // bareWave is the wave's limit measured in the same runs, when they measured it: the same writes
@@ -279,7 +318,7 @@ func bareWave(l *lookup, part string) string {
 
 func fleetLargeRows(l *lookup, _ settings) []row {
 	v := func(name, unit string) float64 { return l.median(partFleetLarge, name, unit) }
-	return []row{{
+	rows := []row{{
 		fmt.Sprintf("fleet: %.0f nodes × 8 GPUs (%.0f GPUs fail at once)", v(figure.FleetNodes, figure.UnitNodes), v(figure.FleetWaveGPUs, figure.UnitGPUs)),
 		fmt.Sprintf("start-up %.1f s; steady %.2f requests/s; wave: all taints and annotations in %.1f s (p99 %.1f s), %.0f requests",
 			v(figure.FleetStartupTime, figure.UnitSeconds), v(figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond),
@@ -288,6 +327,7 @@ func fleetLargeRows(l *lookup, _ settings) []row {
 			fmt.Sprintf("; memory per node: heap %.0f KiB, RSS %.0f KiB", v(figure.FleetHeapPerNode, figure.UnitKiB), v(figure.FleetRSSPerNode, figure.UnitKiB)),
 		"test/fleet, one run",
 	}}
+	return append(rows, heartbeatRows(l, partFleetLarge, "test/fleet, one run")...)
 }
 
 func fleetBreakerRows(l *lookup, _ settings) []row {
@@ -416,12 +456,23 @@ func renderDocument(l *lookup, res results, table string) string {
   agents' order (annotation and rules together, then condition and Event), timed the same way; the ratio is
   the agents' time ÷ the bare clients'. The test asserts only correctness (every expected rule and
   annotation exists at the end, nothing else does, one write per change), never a time. The larger run
-  repeats all of it once with more nodes. The breaker run turns the circuit breaker on, with its
+  repeats all of it once with more nodes, then measures the *heartbeat* (issue 28). The agents so far keep
+  the default ` + "`agent.heartbeat`" + `, 5 minutes, and write their first heartbeat with their start-up condition
+  patch, so none falls in the steady window or the wave. Once they have stopped, every node's agent starts
+  again (same client) with a heartbeat of 20 s, one after another over one period, so that the nodes'
+  heartbeats fall anywhere in it as in a fleet whose nodes started at unrelated times (agents started
+  together write at once, and a window of a few periods counts up to one write per node too few or too
+  many, depending on where it opens). Once every agent is ready and every Node has its first heartbeat,
+  the agents' writes and requests are counted over 3 periods. Writes per node per period are writes ÷
+  nodes ÷ (window ÷ period): below 1 by the random 1 s to 1 s + period/10 each agent adds to its period
+  so that agents started together do not write together. The test fails on any other write in the
+  window, or a node writing more than once a period. The breaker run turns the circuit breaker on, with its
   controller (the GPU count) in the test process and a budget of 5% of the GPUs, half the wave: 400
   agents race for 200 slots, and the test fails if more than the budget ever had NoSchedule at once
   or if the final state is not exactly the budget NoSchedule and the rest None.
 
-Reading the fleet figures: the steady state costs no requests at all (no lease, no polling; the 3
+Reading the fleet figures: besides the heartbeat, one nodes/status patch per node per period (the
+heartbeat row), the steady state costs no requests at all (no lease, no polling; the 3
 watches per agent, each selected by the agent's node through a selector the API server indexes, stay
 open), so what remains beyond resyncs is one resync per reporter per hour here (5 minutes by default).
 A GPU state change costs exactly four requests: the annotation patch, the condition patch, the
@@ -446,7 +497,9 @@ GPUHEALTH_FLEET=1 GPUHEALTH_FLEET_NODES=500 GPUHEALTH_CONTROLPLANE_BIN="$(hack/c
 
 (` + "`GPUHEALTH_FLEET_STEADY`" + ` sets the steady window, default 30s; ` + "`GPUHEALTH_FLEET_REPORTERS`" + ` a comma-separated
 reporter list, default all; ` + "`GPUHEALTH_FLEET_OUT`" + ` a file for the figures as JSON; ` + "`GPUHEALTH_FLEET_FLOWCONTROL=0`" + `
-leaves out the FlowSchema; ` + "`GPUHEALTH_FLEET_KEEP`" + ` a directory for the control plane's logs.)
+leaves out the FlowSchema; ` + "`GPUHEALTH_FLEET_HEARTBEAT`" + ` the heartbeat phase's period, default 20s, 0 skips the
+phase, and ` + "`GPUHEALTH_FLEET_HEARTBEAT_WINDOW`" + ` its window, default 3 periods; ` + "`GPUHEALTH_FLEET_KEEP`" + ` a directory
+for the control plane's logs.)
 `)
 	b.WriteString(fleetRuns(l))
 	fmt.Fprintf(&b, "\n## Knobs\n\n`go run ./hack/bench -h`: runs (%d), agent window (%s), storm rate (%s XIDs/s), faults per latency run (%d), fleet nodes (%d), fleet runs (%d), fleet steady window (%s), the larger fleet run (%d nodes, `-fleet-large 0` skips it), the run with the circuit breaker (`-fleet-breaker=false` skips it); `-skip %s` leaves parts out. Raw outputs and logs go to `%s/`.\n",

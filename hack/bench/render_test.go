@@ -1,6 +1,7 @@
 package main
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +14,8 @@ import (
 // testdata/results.json holds figures that reproduce the docs/benchmarks.md of 2026-11-30 (with
 // several runs around each median) plus one run of the agent container part and three of the
 // simulated driver's benchmarks (2026-12-01) and five of BenchmarkExtenderFilterWithSlowClients
-// (2026-12-02), and
+// (2026-12-02), and the larger fleet run's heartbeat phase (made up for its 2,000 nodes from the
+// ratio a 200-node run of TestFleet measured on 2026-12-02: no bench run has measured it yet), and
 // testdata/benchmarks.golden.md that document: the
 // renderer keeps the page's shape. After changing the page's text on purpose, write the new
 // golden with `go run ./hack/bench -render hack/bench/testdata/results.json -out
@@ -121,6 +123,9 @@ func TestRenderMissing(t *testing.T) {
 		{"a path label", results{Figures: []figure.Figure{
 			{Part: partLatency, Run: "1", Name: figure.SignalToObject, Unit: figure.UnitMilliseconds, Value: 8},
 		}}, "figure latency run 1: signal_to_object has no label path"},
+		{"a figure of the heartbeat phase", without(func(f figure.Figure) bool {
+			return f.Part == partFleetLarge && f.Name == figure.FleetHeartbeatRequests
+		}), "no figure heartbeat_requests in requests (part fleet-large)"},
 		{"a fleet figure only the runs table shows", without(func(f figure.Figure) bool {
 			return f.Part == partFleetLarge && f.Name == figure.FleetSteadyRequests
 		}), "no figure steady_requests in requests (part fleet-large)"},
@@ -176,6 +181,73 @@ func TestRenderWithoutTheSlowClients(t *testing.T) {
 	}
 	if got, want := strings.Count(table, "\n"), strings.Count(with, "\n")-1; got != want {
 		t.Errorf("%d lines without the slow clients, want %d:\n%s", got, want, table)
+	}
+}
+
+// Results from before the fleet's heartbeat phase, or from runs without it, render without its
+// row; a part whose runs had it gets the row, with the medians of its runs.
+func TestRenderHeartbeat(t *testing.T) {
+	res, err := loadResults("testdata/results.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	isBeat := func(f figure.Figure) bool { return strings.HasPrefix(f.Name, "heartbeat_") }
+	// The fleet part's three runs get the larger run's heartbeat figures, scaled to 500 nodes
+	// and a little different in each run.
+	var fleetBeats []figure.Figure
+	for i, run := range []string{"1", "2", "3"} {
+		for _, f := range res.Figures {
+			if f.Part != partFleetLarge || !isBeat(f) {
+				continue
+			}
+			f.Part, f.Run, f.By = partFleet, run, maps.Clone(f.By)
+			scale := 0.25 * (1 + 0.01*float64(i))
+			switch f.Unit {
+			case figure.UnitWrites, figure.UnitRequests:
+				f.Value *= scale
+				for k := range f.By {
+					f.By[k] *= scale
+				}
+			case figure.UnitWritesPerNodePerPeriod:
+				f.Value = 0.9 + 0.01*float64(i)
+			}
+			fleetBeats = append(fleetBeats, f)
+		}
+	}
+
+	for _, tc := range []struct {
+		name    string
+		figures []figure.Figure
+		want    []string // rows that start with these
+		notWant []string
+	}{
+		{"only the larger run", res.Figures, []string{"| fleet: heartbeat, 2000 nodes (agent.heartbeat 20 s, 60 s of steady state) | 0.93 writes per node per period " +
+			"(goal ≤ 1 write per node per period: 0.93×); 5610 writes (condition 5610), 5610 requests (PATCH nodes/status 5610); " +
+			"at the default 5 min, 6.2 writes/s for the whole fleet | test/fleet, one run;"}, []string{"| fleet: heartbeat, 500 nodes"}},
+		{"before the heartbeat", slices.DeleteFunc(slices.Clone(res.Figures), isBeat), nil, []string{"| fleet: heartbeat"}},
+		{"the fleet's runs too", append(slices.Clone(res.Figures), fleetBeats...), []string{"| fleet: heartbeat, 500 nodes (agent.heartbeat 20 s, 60 s of steady state) | " +
+			"0.91 writes per node per period (goal ≤ 1 write per node per period: 0.91×); 1417 writes (condition 1417), 1417 requests (PATCH nodes/status 1417); " +
+			"at the default 5 min, 1.5 writes/s for the whole fleet | test/fleet, one process, own client per node, median of 3;",
+			"| fleet: heartbeat, 2000 nodes"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := res
+			r.Figures = tc.figures
+			table, _, err := render(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(table, "\n"+w) {
+					t.Errorf("no row %q in\n%s", w, table)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(table, "\n"+w) {
+					t.Errorf("a row %q in\n%s", w, table)
+				}
+			}
+		})
 	}
 }
 

@@ -10,12 +10,14 @@ import (
 
 // measureFleet runs test/fleet o.FleetRuns times with o.FleetNodes nodes (part fleet), then once
 // with o.FleetLarge nodes (part fleet-large) and once with the circuit breaker on, its budget half
-// the wave (part fleet-breaker), and returns every run's figures.
+// the wave (part fleet-breaker), and returns every run's figures. Only the larger run measures
+// the heartbeat (its phase takes minutes, and issue 28 asks for the cost at 5,000 nodes).
 func measureFleet(ctx context.Context, o options) ([]figure.Figure, error) {
 	progress("fleet: %d runs × %d nodes × 8 GPUs (test/fleet), then one run × %d nodes", o.FleetRuns, o.FleetNodes, o.FleetLarge)
+	const noHeartbeat = "GPUHEALTH_FLEET_HEARTBEAT=0"
 	var figs []figure.Figure
 	for r := range o.FleetRuns {
-		f, err := fleetRun(ctx, o, o.FleetNodes, partFleet, strconv.Itoa(r+1))
+		f, err := fleetRun(ctx, o, o.FleetNodes, partFleet, strconv.Itoa(r+1), noHeartbeat)
 		if err != nil {
 			return nil, err
 		}
@@ -29,7 +31,7 @@ func measureFleet(ctx context.Context, o options) ([]figure.Figure, error) {
 		figs = append(figs, f...)
 	}
 	if o.FleetBreaker {
-		f, err := fleetRun(ctx, o, o.FleetNodes, partFleetBreaker, "1", "GPUHEALTH_FLEET_BREAKER=1", "GPUHEALTH_FLEET_BREAKER_FRACTION=0.05")
+		f, err := fleetRun(ctx, o, o.FleetNodes, partFleetBreaker, "1", "GPUHEALTH_FLEET_BREAKER=1", "GPUHEALTH_FLEET_BREAKER_FRACTION=0.05", noHeartbeat)
 		if err != nil {
 			return nil, err
 		}
@@ -52,6 +54,10 @@ func fleetRun(ctx context.Context, o options, nodes int, part, run string, env .
 	progress("  %s: %.0f nodes ready in %.1fs, %.2f requests/s steady, wave in %.2fs", name,
 		l.median(part, figure.FleetNodes, figure.UnitNodes), l.median(part, figure.FleetStartupTime, figure.UnitSeconds),
 		l.median(part, figure.FleetSteadyRequestRate, figure.UnitRequestsPerSecond), l.median(part, figure.FleetWaveAllTime, figure.UnitSeconds))
+	if l.hasFigure(part, figure.FleetHeartbeatPerNodePerPeriod) {
+		progress("  %s: heartbeat %.2f writes per node per period", name,
+			l.median(part, figure.FleetHeartbeatPerNodePerPeriod, figure.UnitWritesPerNodePerPeriod))
+	}
 	if l.err != nil {
 		return nil, fmt.Errorf("%s: %w", out, l.err)
 	}

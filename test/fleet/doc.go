@@ -1,7 +1,7 @@
 // Package fleet runs many simulated GPU nodes, each with its own agent and its own API client, in
 // one process against a real control plane (test/controlplane), and prints what a cluster of
-// that size costs: start-up time, memory per node, API requests per second at steady state, and
-// how long a wave of GPU failures takes to reach the API server. It is too heavy for every CI
-// run: the test carries the e2e build tag and is skipped unless GPUHEALTH_FLEET=1 (make bench
-// runs it; see docs/benchmarks.md).
+// that size costs: start-up time, memory per node, API requests per second at steady state, how
+// long a wave of GPU failures takes to reach the API server, and the writes of the heartbeat. It
+// is too heavy for every CI run: the test carries the e2e build tag and is skipped unless
+// GPUHEALTH_FLEET=1 (make bench runs it; see docs/benchmarks.md).
 package fleet

@@ -128,15 +128,28 @@ type Figures struct {
 	BareWaveAllSeconds float64
 	BareWaveRequests   int64
 	BareWaveByKind     map[string]int64
+
+	// The heartbeat phase (heartbeatPhase): every agent started again with agent.heartbeat
+	// HeartbeatPeriodSeconds, and over HeartbeatWindowSeconds of steady state, the agents'
+	// writes (by reporter) and requests (by kind); HeartbeatPerNodePerPeriod is the writes per
+	// node per period (issue 28's goal: at most 1).
+	HeartbeatPeriodSeconds    float64
+	HeartbeatWindowSeconds    float64
+	HeartbeatWrites           map[string]int
+	HeartbeatPerNodePerPeriod float64
+	HeartbeatRequests         int64
+	HeartbeatByKind           map[string]int64
 }
 
 // TestFleet runs GPUHEALTH_FLEET_NODES (default 500) simulated nodes × 8 GPUs, each with its own
 // agent.Run and its own clientset (own rest.Config, transport and connection, as separate agent
 // processes would have), against one kube-apiserver; measures start-up, memory per node, the API
-// requests of the steady state, and a wave in which one GPU in ten fails at once; and asserts
-// only correctness: every expected DeviceTaintRule and annotation exists at the end, nothing
-// else, and each reporter wrote once per change. The figures are printed (and written to
-// GPUHEALTH_FLEET_OUT as JSON), never asserted.
+// requests of the steady state, a wave in which one GPU in ten fails at once, and, with every
+// agent started again on a short heartbeat, what the heartbeat costs (heartbeatPhase); and
+// asserts only correctness: every expected DeviceTaintRule and annotation exists at the end,
+// nothing else, each reporter wrote once per change, and the heartbeat writes nothing but its
+// one patch, at most once a period. The figures are printed (and written to GPUHEALTH_FLEET_OUT
+// as JSON), never asserted.
 //
 // The agents' ServiceAccount gets the FlowSchema and priority level the Helm chart installs
 // (agent.FlowControl), as in production.
@@ -147,7 +160,9 @@ type Figures struct {
 // GPUHEALTH_FLEET_BREAKER=1 turns the circuit breaker on (a budget above the wave);
 // GPUHEALTH_FLEET_BREAKER_FRACTION sets its share (default 0.2; below 0.1 part of the wave is
 // held back, and the test checks that exactly the budget gets NoSchedule);
-// GPUHEALTH_FLEET_KEEP=DIR keeps the control plane's logs and data in DIR.
+// GPUHEALTH_FLEET_HEARTBEAT, the heartbeat phase's agent.heartbeat (default 20s, at least 10s;
+// 0 skips the phase), and GPUHEALTH_FLEET_HEARTBEAT_WINDOW, its window (default 3 periods, at
+// least 2); GPUHEALTH_FLEET_KEEP=DIR keeps the control plane's logs and data in DIR.
 func TestFleet(t *testing.T) {
 	if os.Getenv("GPUHEALTH_FLEET") != "1" {
 		t.Skip("the fleet test is heavy; set GPUHEALTH_FLEET=1 to run it (make bench does)")
@@ -165,6 +180,7 @@ func TestFleet(t *testing.T) {
 	flowControl := os.Getenv("GPUHEALTH_FLEET_FLOWCONTROL") != "0"
 	withBreaker := os.Getenv("GPUHEALTH_FLEET_BREAKER") == "1"
 	breakerFraction := envFloat(t, "GPUHEALTH_FLEET_BREAKER_FRACTION", 0.2)
+	heartbeat, heartbeatWindow := heartbeatKnobs(t)
 	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds(), FlowControl: flowControl, Breaker: withBreaker}
 
 	cpOpts := controlplane.Options{DisableScheduler: true, DisableControllerManager: true}
@@ -246,19 +262,8 @@ func TestFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		agents.Go(func() error {
-			err := agent.Run(agentCtx, agent.Options{
-				NodeName: n.name, Client: client, Backend: n.backend, Policy: health.DefaultPolicy(), BootID: "fleet-boot",
-				Agent:          agentSettings,
-				MetricsAddress: "127.0.0.1:0",
-				Ready:          func(addr string) { n.addr.Store(addr) },
-				Registry:       n.registry,
-			})
-			if err != nil {
-				return fmt.Errorf("%s: %w", n.name, err)
-			}
-			return nil
-		})
+		n.client = client
+		agents.Go(func() error { return runAgent(agentCtx, n, agentSettings) })
 	}
 	if err := waitReady(ctx, fleet); err != nil {
 		t.Fatal(err)
@@ -296,15 +301,35 @@ func TestFleet(t *testing.T) {
 	}
 
 	stop()
+	if heartbeat > 0 {
+		heartbeatPhase(t, admin, fleet, counter, agentSettings, heartbeat, heartbeatWindow, &fig)
+	}
 	report(t, fig)
 }
 
-// fleetNode is one simulated node: its name, GPUs, the channel backend its agent reads, and
-// the agent's metrics.
+// runAgent runs n's agent with settings until ctx is done, as `gpuhealth agent` would on the
+// node, with n's client, backend and registry.
+func runAgent(ctx context.Context, n *fleetNode, settings config.AgentConfig) error {
+	err := agent.Run(ctx, agent.Options{
+		NodeName: n.name, Client: n.client, Backend: n.backend, Policy: health.DefaultPolicy(), BootID: "fleet-boot",
+		Agent:          settings,
+		MetricsAddress: "127.0.0.1:0",
+		Ready:          func(addr string) { n.addr.Store(addr) },
+		Registry:       n.registry,
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", n.name, err)
+	}
+	return nil
+}
+
+// fleetNode is one simulated node: its name, GPUs, the channel backend its agent reads, the
+// agent's own client (kept for the heartbeat phase's agents) and the agent's metrics.
 type fleetNode struct {
 	name     string
 	uuids    []string
 	backend  *agenttest.Backend
+	client   kube.Interface
 	registry *prometheus.Registry
 	addr     atomic.Value // string: the agent's /readyz address once it listens
 }
@@ -823,6 +848,11 @@ func report(t *testing.T, fig Figures) {
 		fmt.Fprintf(&b, "| bare wave: the same writes, no agent logic | all in %.2f s, %d requests (%s): the agents took %.2f× |\n",
 			fig.BareWaveAllSeconds, fig.BareWaveRequests, kinds(fig.BareWaveByKind), fig.WaveAllSeconds/fig.BareWaveAllSeconds)
 	}
+	if fig.HeartbeatPeriodSeconds > 0 {
+		fmt.Fprintf(&b, "| heartbeat every %.0f s (agents started again), %.0f s window | %d writes %v, %d requests (%s): %.3f writes per node per period (goal ≤ 1); at the default %g min, %.1f writes/s for %d nodes |\n",
+			fig.HeartbeatPeriodSeconds, fig.HeartbeatWindowSeconds, sumWrites(fig.HeartbeatWrites), fig.HeartbeatWrites, fig.HeartbeatRequests, kinds(fig.HeartbeatByKind),
+			fig.HeartbeatPerNodePerPeriod, config.DefaultHeartbeat.Minutes(), defaultHeartbeatRate(fig.Nodes, fig.HeartbeatPerNodePerPeriod), fig.Nodes)
+	}
 	if fig.BreakerSettleSeconds > 0 {
 		fmt.Fprintf(&b, "| wave: circuit breaker | exactly the budget of %d GPUs NoSchedule after %.2f s, the rest None; never more than %d at once |\n",
 			fig.BreakerBudget, fig.BreakerSettleSeconds, fig.BreakerMaxDisruptive)
@@ -880,6 +910,15 @@ func (fig Figures) figures() []figure.Figure {
 	if fig.BareWaveRequests > 0 {
 		figs = append(figs, one(figure.FleetBareWaveAllTime, figure.UnitSeconds, fig.BareWaveAllSeconds),
 			requests(figure.FleetBareWaveRequests, fig.BareWaveRequests, fig.BareWaveByKind))
+	}
+	if fig.HeartbeatPeriodSeconds > 0 {
+		beats := one(figure.FleetHeartbeatWrites, figure.UnitWrites, float64(sumWrites(fig.HeartbeatWrites)))
+		beats.By = floats(fig.HeartbeatWrites)
+		figs = append(figs, one(figure.FleetHeartbeatPeriod, figure.UnitSeconds, fig.HeartbeatPeriodSeconds),
+			one(figure.FleetHeartbeatWindow, figure.UnitSeconds, fig.HeartbeatWindowSeconds),
+			beats,
+			one(figure.FleetHeartbeatPerNodePerPeriod, figure.UnitWritesPerNodePerPeriod, fig.HeartbeatPerNodePerPeriod),
+			requests(figure.FleetHeartbeatRequests, fig.HeartbeatRequests, fig.HeartbeatByKind))
 	}
 	if fig.Breaker {
 		figs = append(figs, one(figure.FleetBreakerBudget, figure.UnitGPUs, float64(fig.BreakerBudget)))
@@ -998,23 +1037,34 @@ func requestKind(r *http.Request) string {
 	return verb + " " + resource
 }
 
+// fleetWrites is the writes of every agent together (gpuhealth_api_writes_total), by reporter.
 func fleetWrites(t *testing.T, fleet []*fleetNode) map[string]int {
 	t.Helper()
 	out := map[string]int{}
 	for _, n := range fleet {
-		families, err := n.registry.Gather()
-		if err != nil {
-			t.Fatal(err)
+		for reporter, v := range nodeWrites(t, n) {
+			out[reporter] += v
 		}
-		for _, f := range families {
-			if f.GetName() != "gpuhealth_api_writes_total" {
-				continue
-			}
-			for _, m := range f.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "reporter" {
-						out[l.GetValue()] += int(m.GetCounter().GetValue())
-					}
+	}
+	return out
+}
+
+// nodeWrites is n's agent's writes (gpuhealth_api_writes_total), by reporter.
+func nodeWrites(t *testing.T, n *fleetNode) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	families, err := n.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "gpuhealth_api_writes_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reporter" {
+					out[l.GetValue()] += int(m.GetCounter().GetValue())
 				}
 			}
 		}

@@ -16,6 +16,9 @@ const (
 	UnitWatches           = "watches"
 	UnitGoroutines        = "goroutines"
 	UnitTransports        = "transports"
+
+	// UnitWritesPerNodePerPeriod is writes per node per heartbeat period.
+	UnitWritesPerNodePerPeriod = "writes/node/period"
 )
 
 // Percentiles.
@@ -84,6 +87,15 @@ const (
 	FleetBreakerBudget        = "breaker_budget"         // UnitGPUs
 	FleetBreakerSettleTime    = "breaker_settle_time"    // UnitSeconds
 	FleetBreakerMaxDisruptive = "breaker_max_disruptive" // UnitGPUs
+	// The heartbeat phase (issue 28): every agent started again with agent.heartbeat
+	// FleetHeartbeatPeriod (UnitSeconds); over FleetHeartbeatWindow (UnitSeconds) of steady state
+	// the agents' UnitWrites (By reporter) and UnitRequests (By kind), and the writes per node
+	// per period, in UnitWritesPerNodePerPeriod (the goal: at most 1).
+	FleetHeartbeatPeriod           = "heartbeat_period"
+	FleetHeartbeatWindow           = "heartbeat_window"
+	FleetHeartbeatWrites           = "heartbeat_writes"
+	FleetHeartbeatRequests         = "heartbeat_requests"
+	FleetHeartbeatPerNodePerPeriod = "heartbeat_writes_per_node_per_period"
 )
 
 // The figures of TestBenchAgentContainerMemory: the agent as the chart runs it, in a container on
