@@ -47,7 +47,10 @@ func newRemediation(ctx context.Context, opts Options, agentCfg config.AgentConf
 	if cfg.EvictAfter != nil {
 		mc.EvictAfter = time.Duration(*cfg.EvictAfter)
 	}
-	holders := remediation.AllHolders{remediation.Claims{Client: opts.Client, NodeName: opts.NodeName, Driver: agentCfg.DriverName, Devices: caches.devices}}
+	holders := remediation.AllHolders{
+		remediation.Claims{Client: opts.Client, NodeName: opts.NodeName, Driver: agentCfg.DriverName, Devices: caches.devices},
+		remediation.OperatorMaintenance{Node: caches.nodes},
+	}
 	if cfg.PodResourcesSocket != "-" {
 		holders = append(holders, remediation.PodResources{Socket: cfg.PodResourcesSocket})
 	}

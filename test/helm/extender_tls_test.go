@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 
@@ -128,6 +129,38 @@ func TestExtenderTLSOptions(t *testing.T) {
 		r.get(t, "Deployment", "gpuhealth-extender", &d)
 		if v := d.Spec.Template.Spec.Volumes; len(v) != 1 || v[0].Secret == nil || v[0].Secret.SecretName != "mine" {
 			t.Errorf("volumes %+v, want the Secret mine", v)
+		}
+	})
+	t.Run("cert-manager issuer", func(t *testing.T) {
+		r := render(t, "extender.enabled=true", "extender.tls.certManager.issuerRef.name=cluster-ca", "extender.tls.certManager.issuerRef.kind=ClusterIssuer")
+		if r.has("Secret", "gpuhealth-extender-tls") || r.has("Secret", "gpuhealth-extender-scheduler-client") {
+			t.Error("the chart made certificates beside cert-manager's")
+		}
+		for name, usage := range map[string]string{"gpuhealth-extender-tls": "server auth", "gpuhealth-extender-scheduler-client": "client auth"} {
+			c, ok := r["Certificate/"+name]
+			if !ok {
+				t.Fatalf("no Certificate %s; have %v", name, r.keys())
+			}
+			spec, _, _ := unstructured.NestedMap(c.Object, "spec")
+			usages, _, _ := unstructured.NestedStringSlice(c.Object, "spec", "usages")
+			kind, _, _ := unstructured.NestedString(c.Object, "spec", "issuerRef", "kind")
+			if spec["secretName"] != name || kind != "ClusterIssuer" || !slices.Contains(usages, usage) {
+				t.Errorf("Certificate %s: %v", name, spec)
+			}
+		}
+		server := r["Certificate/gpuhealth-extender-tls"]
+		dns, _, _ := unstructured.NestedStringSlice(server.Object, "spec", "dnsNames")
+		if !slices.Contains(dns, "gpuhealth-extender."+testNamespace+".svc") {
+			t.Errorf("serving certificate for %v, not the Service's name", dns)
+		}
+		cn, _, _ := unstructured.NestedString(r["Certificate/gpuhealth-extender-scheduler-client"].Object, "spec", "commonName")
+		if cn != "system:kube-scheduler" {
+			t.Errorf("client certificate for %q", cn)
+		}
+		var d appsv1.Deployment
+		r.get(t, "Deployment", "gpuhealth-extender", &d)
+		if v := d.Spec.Template.Spec.Volumes; len(v) != 1 || v[0].Secret == nil || v[0].Secret.SecretName != "gpuhealth-extender-tls" {
+			t.Errorf("volumes %+v, want cert-manager's Secret", v)
 		}
 	})
 	t.Run("network policy", func(t *testing.T) {

@@ -1,0 +1,64 @@
+package helm
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// TestGPUOperatorValues: the values for an operator-managed cluster lint, and the agent they
+// render leaves for the operator's driver and MIG managers (nvidia.com/gpu.deploy.client in its
+// nodeSelector, which the managers wait on), runs under the operator's RuntimeClass, stops in
+// time, and asks for no GPU (a pod that does is one the driver upgrade must delete, and a
+// DaemonSet pod cannot be).
+func TestGPUOperatorValues(t *testing.T) {
+	requireHelm(t)
+	o := Options{Release: "gpuhealth", Namespace: testNamespace, Values: []string{"deployments/helm/gpuhealth/gpu-operator-values.yaml"}}
+	if out, err := Lint(context.Background(), o); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	out, err := Template(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Decode(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rendered{}
+	for _, obj := range objs {
+		r[obj.GetKind()+"/"+obj.GetName()] = obj
+	}
+	var ds appsv1.DaemonSet
+	r.get(t, "DaemonSet", "gpuhealth-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	if pod.NodeSelector["nvidia.com/gpu.deploy.client"] != "true" || pod.NodeSelector["nvidia.com/gpu.present"] != "true" {
+		t.Errorf("nodeSelector %v: the operator's managers wait only for pods selecting nvidia.com/gpu.deploy.client", pod.NodeSelector)
+	}
+	if pod.RuntimeClassName == nil || *pod.RuntimeClassName != "nvidia" {
+		t.Errorf("runtimeClassName %v, want the operator's nvidia", pod.RuntimeClassName)
+	}
+	if g := pod.TerminationGracePeriodSeconds; g == nil || *g > 60 {
+		t.Errorf("terminationGracePeriodSeconds %v: a paused agent must be gone well within the managers' five minutes", g)
+	}
+	for _, c := range append(pod.InitContainers, pod.Containers...) {
+		for _, list := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
+			for name := range list {
+				if isGPUResource(name) {
+					t.Errorf("container %s asks for %s: the driver upgrade would have to delete the pod", c.Name, name)
+				}
+			}
+		}
+		if len(c.Resources.Claims) > 0 {
+			t.Errorf("container %s holds a ResourceClaim", c.Name)
+		}
+	}
+}
+
+// isGPUResource is what the operator's upgrade counts as a GPU pod's request.
+func isGPUResource(name corev1.ResourceName) bool {
+	return strings.HasPrefix(string(name), "nvidia.com/gpu") || strings.HasPrefix(string(name), "nvidia.com/mig-")
+}
