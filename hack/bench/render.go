@@ -464,8 +464,8 @@ func renderDocument(l *lookup, res results, table string) string {
   together write at once, and a window of a few periods counts up to one write per node too few or too
   many, depending on where it opens). Once every agent is ready and every Node has its first heartbeat,
   the agents' writes and requests are counted over 3 periods. Writes per node per period are writes ÷
-  nodes ÷ (window ÷ period): below 1 by the random 1 s to 1 s + period/10 each agent adds to its period
-  so that agents started together do not write together. The test fails on any other write in the
+  nodes ÷ (window ÷ period): below 1 by the random 1 s to 1 s + period/4 each agent adds to its period
+  so that agents whose heartbeats fell together do not write together again. The test fails on any other write in the
   window, or a node writing more than once a period. The breaker run turns the circuit breaker on, with its
   controller (the GPU count) in the test process and a budget of 5% of the GPUs, half the wave: 400
   agents race for 200 slots, and the test fails if more than the budget ever had NoSchedule at once

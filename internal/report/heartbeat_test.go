@@ -9,15 +9,15 @@ import (
 )
 
 // TestHeartbeatsAreSpreadAndNeverTooOften: agents started together get different Late values,
-// each within a tenth of the period, at least a second, so that no node writes more than once a
+// each within a quarter of the period, at least a second, so that no node writes more than once a
 // period however its write time was truncated.
 func TestHeartbeatsAreSpreadAndNeverTooOften(t *testing.T) {
 	const period = 5 * time.Minute
 	seen := map[time.Duration]bool{}
 	for range 100 {
 		h := report.NewHeartbeat(period)
-		if h.Late < time.Second || h.Late > time.Second+period/10 {
-			t.Fatalf("Late %v outside [1s, 1s+period/10]", h.Late)
+		if h.Late < time.Second || h.Late > time.Second+period/4 {
+			t.Fatalf("Late %v outside [1s, 1s+period/4]", h.Late)
 		}
 		seen[h.Late] = true
 		written := time.Date(2026, 12, 2, 12, 0, 0, 999_000_000, time.UTC) // stored as 12:00:00

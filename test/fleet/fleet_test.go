@@ -227,7 +227,9 @@ func TestFleet(t *testing.T) {
 	}
 	defer stop()
 
-	agentSettings := config.AgentConfig{CheckpointPath: "-", Resync: ptrDuration(time.Hour), Reporters: reporters}
+	// Heartbeats an hour apart: none in the steady window or the waves (agents started together
+	// would all beat in the same half minute, five minutes on); the heartbeat phase measures them.
+	agentSettings := config.AgentConfig{CheckpointPath: "-", Resync: ptrDuration(time.Hour), Heartbeat: ptrDuration(time.Hour), Reporters: reporters}
 	if withBreaker {
 		// The breaker's controller counts the cluster's GPUs from the agents' annotations, as
 		// the chart's Deployment does.
