@@ -8,13 +8,13 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -81,10 +81,15 @@ func (c *Counter) Run(ctx context.Context) error {
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "breaker-counter"})
 	defer queue.ShutDown()
-	for _, inf := range []cache.SharedIndexInformer{nodes, slices} {
-		if _, err := inf.AddEventHandler(dradevices.OnAnyChange(func() { queue.Add("count") })); err != nil {
-			return err
-		}
+	// Nodes change far more often than slices (every agent's heartbeat): the slices' GPUs are
+	// counted again only after a slice event.
+	var slicesChanged atomic.Bool
+	slicesChanged.Store(true)
+	if _, err := nodes.AddEventHandler(dradevices.OnAnyChange(func() { queue.Add("count") })); err != nil {
+		return err
+	}
+	if _, err := slices.AddEventHandler(dradevices.OnAnyChange(func() { slicesChanged.Store(true); queue.Add("count") })); err != nil {
+		return err
 	}
 	informers.Start(ctx)
 	defer informers.Shutdown()
@@ -97,13 +102,16 @@ func (c *Counter) Run(ctx context.Context) error {
 	}()
 	queue.Add("count")
 	last := -1
+	var sliceGPUs map[string]int
 	warned := map[string]bool{} // nodes whose inflated count was logged
 	for {
 		key, quit := queue.Get()
 		if quit {
 			return nil
 		}
-		sliceGPUs := gpusInSlices(slices.GetStore().List(), driver)
+		if slicesChanged.Swap(false) {
+			sliceGPUs = gpusInSlices(slices.GetStore().List(), driver)
+		}
 		objs := nodes.GetStore().List()
 		var err error
 		total, stale := 0, 0

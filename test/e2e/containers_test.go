@@ -69,24 +69,10 @@ func TestHelmChartOnContainerdNodes(t *testing.T) {
 	nodes := c.KubeletNodes()
 	image := "gpuhealth/gpuhealth:" + chartAppVersion(t)
 	for _, n := range nodes {
-		start := time.Now()
-		if err := n.ImportImage(ctx, archive, image); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("imported %s into %s in %s", image, n.Name, time.Since(start).Round(10*time.Millisecond))
-		uuids := make([]string, 4)
-		for i := range uuids {
-			uuids[i] = simUUID(n.Name, i)
-		}
-		if _, err := c.Admin().ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(n.Name, uuids...), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		chartNode(t, c, n, archive, image)
 	}
 
-	scenario := filepath.Join(t.TempDir(), "scenario.yaml")
-	if err := os.WriteFile(scenario, []byte(chartScenario), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	scenario := chartScenarioFile(t)
 	release := helm.Options{
 		Release: "gpuhealth", Namespace: "gpuhealth-system",
 		Values:  []string{"deployments/helm/gpuhealth/ci/local-values.yaml"},
@@ -389,6 +375,34 @@ func startContainerdNode(t *testing.T) (*controlplane.Cluster, *controlplane.Kub
 }
 
 // skipWithoutContainers skips the test where this machine cannot run containers.
+// chartNode readies a kubelet node for the chart: the image imported into its containerd, and
+// a ResourceSlice of the 4 GPUs chartScenario simulates there.
+func chartNode(t *testing.T, c *controlplane.Cluster, n *controlplane.KubeletNode, archive, image string) {
+	t.Helper()
+	start := time.Now()
+	if err := n.ImportImage(t.Context(), archive, image); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("imported %s into %s in %s", image, n.Name, time.Since(start).Round(10*time.Millisecond))
+	uuids := make([]string, 4)
+	for i := range uuids {
+		uuids[i] = simUUID(n.Name, i)
+	}
+	if _, err := c.Admin().ResourceV1().ResourceSlices().Create(t.Context(), controlplane.GPUResourceSlice(n.Name, uuids...), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// chartScenarioFile writes chartScenario to a file for agent.sim.scenario.
+func chartScenarioFile(t *testing.T) string {
+	t.Helper()
+	scenario := filepath.Join(t.TempDir(), "scenario.yaml")
+	if err := os.WriteFile(scenario, []byte(chartScenario), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return scenario
+}
+
 func skipWithoutContainers(t *testing.T) {
 	t.Helper()
 	if err := controlplane.CanRunContainers(); err != nil {

@@ -6,8 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -47,17 +45,7 @@ func TestAgentLeavesForTheGPUOperatorsDriverUpgrade(t *testing.T) {
 	ctx := t.Context()
 	admin := c.Admin()
 	node := c.KubeletNodes()[0]
-	image := "gpuhealth/gpuhealth:" + chartAppVersion(t)
-	if err := node.ImportImage(ctx, archive, image); err != nil {
-		t.Fatal(err)
-	}
-	uuids := make([]string, 4)
-	for i := range uuids {
-		uuids[i] = simUUID(node.Name, i)
-	}
-	if _, err := admin.ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(node.Name, uuids...), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	chartNode(t, c, node, archive, "gpuhealth/gpuhealth:"+chartAppVersion(t))
 	// What the operator puts on a GPU node: the toolkit's RuntimeClass (here on plain runc: the
 	// simulated GPUs need no NVIDIA runtime) and the labels GFD and the operator set.
 	if _, err := admin.NodeV1().RuntimeClasses().Create(ctx, &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "nvidia"}, Handler: "runc"}, metav1.CreateOptions{}); err != nil {
@@ -69,10 +57,7 @@ func TestAgentLeavesForTheGPUOperatorsDriverUpgrade(t *testing.T) {
 	}
 	setClientLabel("true")
 
-	scenario := filepath.Join(t.TempDir(), "scenario.yaml")
-	if err := os.WriteFile(scenario, []byte(chartScenario), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	scenario := chartScenarioFile(t)
 	release := helm.Options{
 		Release: "gpuhealth", Namespace: "gpuhealth-system",
 		// The operator's values, then what the local cluster needs (the simulated backend, the

@@ -114,10 +114,7 @@ type renderedAgent struct {
 // container with the /dev/kmsg volume and mount.
 func renderedAgentContainer(t *testing.T, set []string) renderedAgent {
 	t.Helper()
-	scenario := filepath.Join(t.TempDir(), "scenario.yaml")
-	if err := os.WriteFile(scenario, []byte(chartScenario), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	scenario := chartScenarioFile(t)
 	manifest, err := helm.Template(t.Context(), helm.Options{
 		Release: "gpuhealth", Namespace: "gpuhealth-system",
 		Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"}, Set: set,

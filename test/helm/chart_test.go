@@ -39,7 +39,13 @@ type rendered map[string]*unstructured.Unstructured
 
 func render(t *testing.T, set ...string) rendered {
 	t.Helper()
-	out, err := Template(context.Background(), Options{Release: "gpuhealth", Namespace: testNamespace, Set: set})
+	return renderWith(t, Options{Release: "gpuhealth", Namespace: testNamespace, Set: set})
+}
+
+// renderWith is render with helm options of its own (values files, --set-file).
+func renderWith(t *testing.T, o Options) rendered {
+	t.Helper()
+	out, err := Template(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,18 +359,7 @@ func TestAgentSimScenario(t *testing.T) {
 	if err := os.WriteFile(scenario, []byte(want), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := Template(t.Context(), Options{Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"}, SetFile: []string{"agent.sim.scenario=" + scenario}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := Decode(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rendered{}
-	for _, o := range objs {
-		r[o.GetKind()+"/"+o.GetName()] = o
-	}
+	r := renderWith(t, Options{Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"}, SetFile: []string{"agent.sim.scenario=" + scenario}})
 	var cm corev1.ConfigMap
 	r.get(t, "ConfigMap", "gpuhealth-agent-scenario", &cm)
 	if got := cm.Data["scenario.yaml"]; got != want {

@@ -20,18 +20,7 @@ func TestGPUOperatorValues(t *testing.T) {
 	if out, err := Lint(context.Background(), o); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	out, err := Template(context.Background(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := Decode(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rendered{}
-	for _, obj := range objs {
-		r[obj.GetKind()+"/"+obj.GetName()] = obj
-	}
+	r := renderWith(t, o)
 	var ds appsv1.DaemonSet
 	r.get(t, "DaemonSet", "gpuhealth-agent", &ds)
 	pod := ds.Spec.Template.Spec
