@@ -146,7 +146,7 @@ func (w *Writer) Synced() bool {
 func (w *Writer) Trigger() { w.queue.Add(queueKey) }
 
 // Run starts the syncer (if it is a Starter) and processes syncs until ctx is done. It returns
-// an error only when the syncer cannot start.
+// an error only when the syncer cannot start (not when ctx ends while it starts).
 func (w *Writer) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("reporter", w.Name())
 	ctx = klog.NewContext(ctx, logger)
@@ -157,6 +157,9 @@ func (w *Writer) Run(ctx context.Context) error {
 	if st, ok := w.syncer.(Starter); ok {
 		if err := st.Start(ctx, w.Trigger); err != nil {
 			w.queue.ShutDown()
+			if ctx.Err() != nil {
+				return nil // stopped while starting (caches still syncing): a shutdown, not a failure
+			}
 			return err
 		}
 	}

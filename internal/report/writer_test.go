@@ -3,6 +3,7 @@ package report_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -290,5 +291,26 @@ func TestWriterSyncsWhenAPacerIsDue(t *testing.T) {
 		if d := clk.nextTimer(t); d != tc.want {
 			t.Errorf("resync %v: the Writer waits %v, want %v", tc.resync, d, tc.want)
 		}
+	}
+}
+
+// startingSyncer's Start blocks until ctx ends and fails then, as an informer cache does.
+type startingSyncer struct{ countingSyncer }
+
+func (s *startingSyncer) Start(ctx context.Context, _ func()) error {
+	<-ctx.Done()
+	return fmt.Errorf("caches did not sync: %w", ctx.Err())
+}
+
+// TestWriterStoppedWhileStartingIsNoFailure: an agent stopped while a reporter's caches still
+// sync shuts down cleanly (it returned the sync's error, which failed the agent's Run).
+func TestWriterStoppedWhileStartingIsNoFailure(t *testing.T) {
+	w := report.NewWriter(&startingSyncer{}, report.WriterOptions{Clock: newTimerClock()})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v, want nil after a stop", err)
 	}
 }
