@@ -120,10 +120,19 @@ func TestAgentLeavesForTheGPUOperatorsDriverUpgrade(t *testing.T) {
 		}
 		return fmt.Sprintf("ids=%q condition=%s/%s rules=%v", ann[apiv1.UnhealthyIDsKey], cond.Status, cond.Reason, ruleNames(rs)), nil
 	}
-	before, err := report(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The sinks write independently: the snapshot is taken once every one of them carries the fault
+	// (the condition can trail the annotation by a write).
+	var before string
+	eventually(t, "every sink to carry the fault before the upgrade", func(ctx context.Context) (bool, string, error) {
+		cond, err := nodeCondition(ctx, c, node.Name, nodecondition.Type)
+		if err != nil {
+			return false, "", err
+		}
+		if before, err = report(ctx); err != nil {
+			return false, "", err
+		}
+		return cond.Status == corev1.ConditionTrue, before, nil
+	})
 
 	// The driver manager pauses the GPU clients: the agent must be gone, and nothing of its report
 	// may change while it is away.
