@@ -91,6 +91,10 @@ type Options struct {
 	KernelLog *KernelLog
 	// Remediation, when its Config is enabled, resets GPUs that need it.
 	Remediation RemediationOptions
+	// Nodes, when set, is the cache of this agent's Node to share (the command watches the
+	// GPU operator's labels through it); the caller starts and shuts it down. Nil: Run makes
+	// its own.
+	Nodes *nodecache.Cache
 }
 
 // Run runs the agent until ctx is done or a loop fails.
@@ -168,8 +172,12 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("agent: DRA attribute names: %w", err)
 	}
 	caches := sharedCaches{
-		nodes:   nodecache.New(opts.Client, opts.NodeName),
-		devices: dradevices.NewWithAttributes(opts.Client, opts.NodeName, agentCfg.DriverName, attrs),
+		nodes:      opts.Nodes,
+		devices:    dradevices.NewWithAttributes(opts.Client, opts.NodeName, agentCfg.DriverName, attrs),
+		sharedNode: opts.Nodes != nil,
+	}
+	if caches.nodes == nil {
+		caches.nodes = nodecache.New(opts.Client, opts.NodeName)
 	}
 	defer caches.shutdown()
 	writers, err := newWriters(opts, agentCfg, caches, m, recorder, nodeRef)
@@ -289,12 +297,16 @@ func Run(ctx context.Context, opts Options) error {
 type sharedCaches struct {
 	nodes   *nodecache.Cache
 	devices *dradevices.Index
+	// sharedNode is set when nodes is the caller's (Options.Nodes): it is not shut down here.
+	sharedNode bool
 }
 
 // shutdown waits for the informers' goroutines once the agent's context is done. Shutting down
 // a cache that never started returns at once.
 func (c sharedCaches) shutdown() {
-	c.nodes.Shutdown()
+	if !c.sharedNode {
+		c.nodes.Shutdown()
+	}
 	c.devices.Shutdown()
 }
 

@@ -11,7 +11,7 @@ import (
 )
 
 // The GPU operator's node labels that say it is working on the node's driver or MIG layout
-// (facts from its current code: the project's notes, gpu-operator-facts.md).
+// (facts from its current code, listed in docs/helm.md, "Beside the GPU operator").
 const (
 	// OperatorUpgradeStateLabel walks through the driver upgrade: upgrade-required,
 	// cordon-required, ..., upgrade-done (or upgrade-failed).
@@ -21,6 +21,8 @@ const (
 	// OperatorDeployLabelPrefix starts the per-component labels the operator's managers pause
 	// ("paused-for-driver-upgrade", "paused-for-mig-change") or turn off ("false").
 	OperatorDeployLabelPrefix = "nvidia.com/gpu.deploy."
+	// OperatorPausedPrefix starts the values of a paused component label.
+	OperatorPausedPrefix = "paused-for-"
 )
 
 // NodeGetter reads this agent's Node (the agent's shared node cache).
@@ -62,8 +64,24 @@ func OperatorWork(labels map[string]string) []string {
 		out = append(out, "GPU operator: MIG reconfiguration ("+OperatorMIGStateLabel+"="+v+")")
 	}
 	for k, v := range labels {
-		if strings.HasPrefix(k, OperatorDeployLabelPrefix) && strings.HasPrefix(v, "paused-for-") {
+		if strings.HasPrefix(k, OperatorDeployLabelPrefix) && strings.HasPrefix(v, OperatorPausedPrefix) {
 			out = append(out, "GPU operator: "+strings.TrimPrefix(k, OperatorDeployLabelPrefix)+" "+v+" ("+k+")")
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// OperatorPauses lists the GPU operator's component labels on the node that pause GPU clients
+// ("nvidia.com/gpu.deploy.device-plugin=paused-for-driver-upgrade"), sorted; none when nothing
+// is paused. The driver manager sets them before it unloads the driver, the MIG manager before
+// it resets the GPUs for a new MIG layout: both fail while any process holds a GPU, so every
+// NVML client must let go until the labels are back.
+func OperatorPauses(labels map[string]string) []string {
+	var out []string
+	for k, v := range labels {
+		if strings.HasPrefix(k, OperatorDeployLabelPrefix) && strings.HasPrefix(v, OperatorPausedPrefix) {
+			out = append(out, k+"="+v)
 		}
 	}
 	slices.Sort(out)

@@ -43,3 +43,31 @@ func TestOperatorMaintenanceHoldsEveryGPU(t *testing.T) {
 		})
 	}
 }
+
+// TestOperatorPauses: only the component labels the operator's managers pause count, each named
+// with its value, in a stable order; the upgrade state alone pauses nothing.
+func TestOperatorPauses(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   []string
+	}{
+		{"no operator", nil, nil},
+		{"components running", map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.dcgm": "false"}, nil},
+		{"upgrade under way, clients not paused yet", map[string]string{OperatorUpgradeStateLabel: "cordon-required"}, nil},
+		{"driver manager paused the clients", map[string]string{
+			"nvidia.com/gpu.deploy.device-plugin": "paused-for-driver-upgrade",
+			"nvidia.com/gpu.deploy.client":        "paused-for-driver-upgrade",
+			"nvidia.com/gpu.deploy.dcgm":          "true",
+		}, []string{"nvidia.com/gpu.deploy.client=paused-for-driver-upgrade", "nvidia.com/gpu.deploy.device-plugin=paused-for-driver-upgrade"}},
+		{"MIG manager paused the clients", map[string]string{"nvidia.com/gpu.deploy.dcgm-exporter": "paused-for-mig-change"},
+			[]string{"nvidia.com/gpu.deploy.dcgm-exporter=paused-for-mig-change"}},
+		{"a look-alike label outside the operator's prefix", map[string]string{"example.com/gpu.deploy.x": "paused-for-driver-upgrade"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := OperatorPauses(tc.labels); !slices.Equal(got, tc.want) {
+				t.Errorf("OperatorPauses = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

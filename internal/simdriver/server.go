@@ -68,7 +68,7 @@ func Serve(ctx context.Context, o Options) error {
 		o.Clock = clock.RealClock{}
 	}
 	s := &server{node: newNode(o.Scenario, func(msg string, kv ...any) { o.Logger.Info(msg, kv...) }), log: o.Logger,
-		clock: o.Clock, conns: map[net.Conn]uint32{}, perPID: map[uint32]int{}}
+		clock: o.Clock, conns: map[net.Conn]uint32{}, perPID: map[uint32]int{}, version: inst.Version}
 	s.node.onRegister = o.OnRegister
 	if o.node != nil {
 		o.node(s.node)
@@ -151,6 +151,9 @@ type server struct {
 	node  *node
 	log   logr.Logger
 	clock clock.Clock
+	// version is the driver profile served: a library of another version is refused, as the
+	// kernel module refuses a libnvidia-ml of another version (LIB_RM_VERSION_MISMATCH).
+	version string
 
 	mu     sync.Mutex
 	conns  map[net.Conn]uint32 // connection -> pid
@@ -289,6 +292,14 @@ func (s *server) serveConn(ctx context.Context, c net.Conn) {
 		resp.Ret = retUnknown
 		_ = writeResponse(c, &resp)
 		s.log.Info("A library of another wire version connected: refused", "pid", pid, "version", req.B)
+		return
+	}
+	if lib := req.str(); lib != s.version {
+		// A process that loaded the library of the driver served before (a driver upgrade
+		// under it): NVIDIA's "Driver/library version mismatch".
+		resp.Ret = retLibRMVersionMismatch
+		_ = writeResponse(c, &resp)
+		s.log.Info("A library of another driver version connected: answered LIB_RM_VERSION_MISMATCH", "pid", pid, "library", lib, "driver", s.version)
 		return
 	}
 	if err := writeResponse(c, &resp); err != nil {

@@ -214,6 +214,10 @@ func child(mode, root string) int {
 		}()
 		if err := b.Run(ctx, printSink{enc}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
+			if gone := b.DriverGone(); gone != nil {
+				fmt.Printf("gone %d\n", int32(gone.Ret))
+				return 3
+			}
 			return 1
 		}
 		return 0
@@ -226,7 +230,8 @@ func child(mode, root string) int {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		err = simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: root, LibraryDir: os.Getenv("GPUHEALTH_SIMDRIVER_LIBS"),
-			Logger: logr.Discard(), Ready: func() { fmt.Println("serving") }})
+			Version: os.Getenv("GPUHEALTH_SIMDRIVER_VERSION"),
+			Logger:  logr.Discard(), Ready: func() { fmt.Println("serving") }})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -733,6 +738,59 @@ func TestSimulatorKilledUnderAConsumer(t *testing.T) {
 		}
 	}
 }
+
+// A driver upgraded under a consumer that kept NVML open (the simulator killed, another driver
+// version served in its place): the kernel module refuses the old library
+// (LIB_RM_VERSION_MISMATCH), and the backend's Run ends with a *DriverGoneError instead of
+// retrying forever, so that its process can start again on the new library.
+func TestDriverUpgradedUnderAConsumer(t *testing.T) {
+	root, err := os.MkdirTemp("", "sd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	scenario := "GPUHEALTH_SIMDRIVER_SCENARIO=apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\n" + fourGPUs
+	libs := "GPUHEALTH_SIMDRIVER_LIBS=" + libraryDir
+	first := startChild(t, "serve", root, scenario, libs, "GPUHEALTH_SIMDRIVER_VERSION=535")
+	if l := <-first.lines; l != "serving" {
+		t.Fatalf("simulator: %q", l)
+	}
+	consumer := startChild(t, "watch", root)
+	<-consumer.lines // the first sampling round: the consumer has NVML open
+	if err := first.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.wait()
+	second := startChild(t, "serve", root, scenario, libs, "GPUHEALTH_SIMDRIVER_VERSION=550")
+	if l := <-second.lines; l != "serving" {
+		t.Fatalf("second simulator: %q", l)
+	}
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case l, ok := <-consumer.lines:
+			if !ok {
+				t.Fatalf("the consumer ended without saying the driver went away: %v", consumer.wait())
+			}
+			if !strings.HasPrefix(l, "gone ") {
+				continue
+			}
+			if l != fmt.Sprintf("gone %d", retLibRMVersionMismatch) {
+				t.Errorf("the consumer says %q, want gone %d (LIB_RM_VERSION_MISMATCH)", l, retLibRMVersionMismatch)
+			}
+			var exit *exec.ExitError
+			if err := consumer.wait(); !errors.As(err, &exit) || exit.ExitCode() != 3 {
+				t.Errorf("the consumer ended with %v, want exit 3", err)
+			}
+			return
+		case <-deadline:
+			t.Fatal("the consumer never noticed the driver of another version")
+		}
+	}
+}
+
+// retLibRMVersionMismatch is NVML_ERROR_LIB_RM_VERSION_MISMATCH (nvml.h).
+const retLibRMVersionMismatch = 18
 
 // TestDeviceNodes: the driver root has the NVIDIA device nodes consumers stat, character devices
 // of major 195 (minor i for GPU i, 255 for nvidiactl), where the test may create device nodes.

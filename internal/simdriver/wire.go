@@ -157,19 +157,20 @@ func writeResponse(w io.Writer, resp *response) error {
 // NVML's values (nvml.h) the simulator answers with. They are facts of the C ABI, written here
 // because only pkg/gpu/nvml may import go-nvml.
 const (
-	retSuccess            = 0
-	retUninitialized      = 1
-	retInvalidArgument    = 2
-	retNotSupported       = 3
-	retNotFound           = 6
-	retInsufficientSize   = 7
-	retDriverNotLoaded    = 9
-	retTimeout            = 10
-	retGPUIsLost          = 15
-	retResetRequired      = 16
-	retInUse              = 19
-	retArgVersionMismatch = 25
-	retUnknown            = 999
+	retSuccess              = 0
+	retUninitialized        = 1
+	retInvalidArgument      = 2
+	retNotSupported         = 3
+	retNotFound             = 6
+	retInsufficientSize     = 7
+	retDriverNotLoaded      = 9
+	retTimeout              = 10
+	retGPUIsLost            = 15
+	retResetRequired        = 16
+	retLibRMVersionMismatch = 18
+	retInUse                = 19
+	retArgVersionMismatch   = 25
+	retUnknown              = 999
 
 	eventSingleBitECC      = 0x1
 	eventDoubleBitECC      = 0x2

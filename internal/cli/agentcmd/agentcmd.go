@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu"
@@ -70,8 +71,35 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
-			// Without NVML yet (the driver container is still starting, say) the agent waits.
-			opened, err := waitForDriver(ctx, driverWait{node: nodeName, client: client, metricsAddress: metricsAddress},
+			logger := klog.FromContext(ctx)
+			var away *driverAway
+			if v, ok := os.LookupEnv(DriverAwayEnv); ok {
+				if a, err := parseDriverAway(v); err != nil {
+					logger.Error(err, "Ignoring the record of an earlier release of NVML")
+				} else {
+					away = &a
+					logger.Info("This image of the agent follows a release of NVML", "since", a.Since, "reason", a.Reason)
+				}
+			}
+			// The Node cache every reporter reads also carries the GPU operator's pause labels.
+			nodes := nodecache.New(client, nodeName)
+			cacheCtx, stopCache := context.WithCancel(ctx)
+			defer func() {
+				stopCache()
+				nodes.Shutdown()
+			}()
+			var pause *operatorPause
+			if backend == "nvml" {
+				if pause, err = watchOperatorPause(nodes); err != nil {
+					return err
+				}
+				if err := nodes.Start(cacheCtx); err != nil {
+					return err
+				}
+			}
+			// Without NVML yet (the driver container is still starting, say), or while the GPU
+			// operator pauses GPU clients, the agent waits.
+			opened, err := waitForDriver(ctx, driverWait{node: nodeName, client: client, metricsAddress: metricsAddress, pause: pause, away: away},
 				func() (openedBackend, error) {
 					var o openedBackend
 					var err error
@@ -82,23 +110,49 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 				return err
 			}
 			be, bootID := opened.backend, opened.bootID
-			defer opened.cleanup()
 			kernelLog := OpenKernelLog(ctx, cfg, backend, be.Devices(), bootID)
-			defer kernelLog.Close()
+			released := func() {
+				kernelLog.Close()
+				opened.cleanup()
+			}
 			rem := agent.RemediationOptions{Config: cfg.Remediation, Poll: cfg.SampleEvery()}
 			if rem.Config.Enabled {
 				if rem.Resetter, err = be.Resetter(rem.Config.WithDefaults().ResetCommand); err != nil {
+					released()
 					return cmdutil.BadInput(fmt.Errorf("remediation.resetCommand: %w", err))
 				}
 			}
 			bootTime, err := agent.ReadBootTime()
 			if err != nil {
-				klog.FromContext(ctx).Error(err, "No boot time: faults will not be restored from the node if the checkpoint is lost")
+				logger.Error(err, "No boot time: faults will not be restored from the node if the checkpoint is lost")
 			}
-			return agent.Run(ctx, agent.Options{
+			runCtx, stopRun := context.WithCancelCause(ctx)
+			defer stopRun(nil)
+			if pause != nil {
+				go pause.whenPaused(runCtx, stopRun)
+			}
+			err = agent.Run(runCtx, agent.Options{
 				NodeName: nodeName, Client: client, Backend: be, Policy: policy, BootID: bootID, BootTime: bootTime,
-				Agent: agentCfg, MetricsAddress: metricsAddress, KernelLog: kernelLog, Remediation: rem,
+				Agent: agentCfg, MetricsAddress: metricsAddress, KernelLog: kernelLog, Remediation: rem, Nodes: nodes,
 			})
+			// Every loop has returned: NVML is shut down here, whatever comes next.
+			released()
+			if ctx.Err() != nil {
+				return err
+			}
+			var release *driverAway
+			var gone *gpunvml.DriverGoneError
+			if p, ok := isPaused(context.Cause(runCtx)); ok {
+				release = &driverAway{Since: time.Now(), Reason: p.reason}
+			} else if errors.As(err, &gone) {
+				release = &driverAway{Since: gone.At, Reason: gone.Error()}
+			}
+			if release == nil {
+				return err
+			}
+			logger.Info("Released NVML: re-executing the agent so that it holds no file of the driver until the driver is back", "reason", release.Reason)
+			klog.Flush()
+			return reexec(*release)
 		},
 	}
 	f := cmd.Flags()

@@ -44,20 +44,51 @@ type driverWait struct {
 	initial, max   time.Duration
 	// ready, when set, is told the address the waiting server listens on (tests use ":0").
 	ready func(addr string)
+	// pause, when set, holds NVML back while the GPU operator pauses GPU clients: open is not
+	// called then. away, when set, is since when and why an earlier image of this process
+	// released NVML (driverlife.go).
+	pause *operatorPause
+	away  *driverAway
 }
 
 // waitForDriver calls open until it succeeds, returns an error that is not gpunvml.ErrNoDriver
-// (returned as it is), or ctx ends (ctx's error). While NVML is not available it serves
-// /healthz, /readyz (not ready) and /metrics on the metrics address.
+// (returned as it is), or ctx ends (ctx's error). While NVML is not available, or the GPU
+// operator pauses GPU clients (then open is not called at all), it serves /healthz, /readyz
+// (not ready) and /metrics on the metrics address.
 func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, error)) (T, error) {
-	got, err := open()
-	if err == nil || !errors.Is(err, gpunvml.ErrNoDriver) {
-		return got, err
-	}
-	logger := klog.FromContext(ctx)
+	var zero T
 	if w.clock == nil {
 		w.clock = clock.RealClock{}
 	}
+	// attempt opens NVML unless the operator pauses GPU clients; it reports whether the wait is
+	// over, with what open returned.
+	// The pause is dated from when NVML was released (by an earlier image of the process), or
+	// else from when this one first saw it, so that the message stays the same while it lasts.
+	var pausedSince time.Time
+	if w.away != nil {
+		pausedSince = w.away.Since
+	}
+	attempt := func() (T, error, bool) {
+		if reason := w.pause.reason(ctx); reason != "" {
+			if pausedSince.IsZero() {
+				pausedSince = w.clock.Now()
+			}
+			return zero, &awayError{away: driverAway{Since: pausedSince, Reason: reason}}, false
+		}
+		got, err := open()
+		if err == nil || !errors.Is(err, gpunvml.ErrNoDriver) {
+			return got, err, true
+		}
+		if w.away != nil {
+			err = fmt.Errorf("%w: %w", &awayError{away: *w.away}, err)
+		}
+		return zero, err, false
+	}
+	got, err, done := attempt()
+	if done {
+		return got, err
+	}
+	logger := klog.FromContext(ctx)
 	if w.initial <= 0 {
 		w.initial, w.max = driverWaitInitial, driverWaitMax
 	}
@@ -70,7 +101,6 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 		lis, lerr := (&net.ListenConfig{}).Listen(ctx, "tcp", w.metricsAddress)
 		if lerr != nil {
 			stopServing()
-			var zero T
 			return zero, fmt.Errorf("listen on %s: %w", w.metricsAddress, lerr)
 		}
 		if w.ready != nil {
@@ -91,8 +121,13 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 	logged, marked := "", "" // the reason last logged, and last written to the Node
 	for {
 		msg := err.Error()
+		paused := errors.As(err, new(*awayError)) && !errors.Is(err, gpunvml.ErrNoDriver)
 		if msg != logged {
-			logger.Error(err, "NVML is not available: the agent is not ready and reports the GPUs' health as unknown until it is; retrying with backoff", "backoff", delay)
+			if paused {
+				logger.Info("NVML is released while the GPU operator pauses GPU clients: the agent is not ready and reports the GPUs' health as unknown until they are resumed", "reason", msg)
+			} else {
+				logger.Error(err, "NVML is not available: the agent is not ready and reports the GPUs' health as unknown until it is; retrying with backoff", "backoff", delay)
+			}
 			logged = msg
 		}
 		if w.client != nil && msg != marked {
@@ -102,17 +137,28 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 				marked = msg
 			}
 		}
-		timer := w.clock.NewTimer(delay)
+		// While paused only a change of the Node ends the wait; otherwise the backoff does too.
+		var retry <-chan time.Time
+		var timer clock.Timer
+		if !paused {
+			timer = w.clock.NewTimer(delay)
+			retry = timer.C()
+		}
 		select {
 		case <-ctx.Done():
-			timer.Stop()
-			var zero T
+			if timer != nil {
+				timer.Stop()
+			}
 			return zero, ctx.Err()
-		case <-timer.C():
+		case <-retry:
+			delay = min(2*delay, w.max)
+		case <-w.pause.changes():
+			if timer != nil {
+				timer.Stop()
+			}
 		}
-		delay = min(2*delay, w.max)
-		got, err = open()
-		if err == nil || !errors.Is(err, gpunvml.ErrNoDriver) {
+		got, err, done = attempt()
+		if done {
 			if err == nil {
 				logger.Info("NVML is available: starting")
 			}

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
@@ -111,5 +115,85 @@ func TestWaitForDriverCancelled(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("waitForDriver = %v, want context.Canceled", err)
+	}
+}
+
+// pausable is a Node whose labels the test sets, as the operator's managers do.
+type pausable struct {
+	mu     sync.Mutex
+	labels map[string]string
+	p      *operatorPause
+}
+
+func newPausable(labels map[string]string) *pausable {
+	n := &pausable{labels: labels}
+	n.p = &operatorPause{changed: make(chan struct{}, 1), node: func(context.Context) (*corev1.Node, error) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: maps.Clone(n.labels)}}, nil
+	}}
+	return n
+}
+
+func (n *pausable) set(k, v string) {
+	n.mu.Lock()
+	n.labels[k] = v
+	n.mu.Unlock()
+	select {
+	case n.p.changed <- struct{}{}:
+	default:
+	}
+}
+
+// While the GPU operator pauses GPU clients the agent does not touch NVML (open is not called,
+// however long it waits), says since when and why, and opens NVML as soon as the pause ends.
+func TestWaitForDriverHoldsNVMLBackWhileTheOperatorPauses(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	node := newPausable(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "paused-for-driver-upgrade"})
+	var opens atomic.Int32
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	since := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
+	go func() {
+		_, err := waitForDriver(t.Context(), driverWait{node: "n1", metricsAddress: "127.0.0.1:0", clock: clk,
+			initial: time.Second, max: 4 * time.Second, ready: func(a string) { addr <- a }, pause: node.p,
+			away: &driverAway{Since: since, Reason: "asked"}},
+			func() (string, error) { opens.Add(1); return "backend", nil })
+		done <- err
+	}()
+	base := "http://" + <-addr
+	code, body := get(t, base+"/readyz")
+	for _, want := range []string{"NVML released since 2026-12-02T07:00:00Z", "nvidia.com/gpu.deploy.device-plugin=paused-for-driver-upgrade", "last known health"} {
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, want) {
+			t.Errorf("/readyz = %d %q, want 503 saying %q", code, body, want)
+		}
+	}
+	clk.Step(time.Hour) // no backoff runs while paused
+	node.set("nvidia.com/gpu.deploy.dcgm", "true")
+	select {
+	case err := <-done:
+		t.Fatalf("returned (%v) while still paused", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if n := opens.Load(); n != 0 {
+		t.Fatalf("open called %d times while the operator paused GPU clients", n)
+	}
+	node.set("nvidia.com/gpu.deploy.device-plugin", "true")
+	if err := <-done; err != nil || opens.Load() != 1 {
+		t.Errorf("after the pause waitForDriver = %v with %d opens, want the backend after one", err, opens.Load())
+	}
+}
+
+// The record an earlier image of the agent left across its re-execution.
+func TestDriverAwayRecord(t *testing.T) {
+	a := driverAway{Since: time.Date(2026, 12, 2, 7, 0, 0, 5, time.UTC), Reason: "the GPU operator paused GPU clients (x=paused-for-driver-upgrade)"}
+	got, err := parseDriverAway(a.encode())
+	if err != nil || !got.Since.Equal(a.Since) || got.Reason != a.Reason {
+		t.Errorf("parseDriverAway(encode) = %+v, %v; want %+v", got, err, a)
+	}
+	for _, bad := range []string{"", "yesterday because", "2026-13-01T00:00:00Z x"} {
+		if _, err := parseDriverAway(bad); err == nil || !strings.Contains(err.Error(), DriverAwayEnv) {
+			t.Errorf("parseDriverAway(%q) = %v, want an error naming %s", bad, err, DriverAwayEnv)
+		}
 	}
 }

@@ -123,8 +123,10 @@ static void drop_conn(void) {
 	}
 }
 
-/* conn returns this thread's connection to the simulator, connecting (and saying hello) first. */
-static int conn(void) {
+/* conn returns this thread's connection to the simulator, connecting (and saying hello) first.
+ * When the simulator refuses the hello (a simulator of another driver version: the kernel
+ * module's LIB_RM_VERSION_MISMATCH) it returns -1 and sets *refused to its answer. */
+static int conn(nvmlReturn_t *refused) {
 	if (conn_fd >= 0)
 		return conn_fd;
 	pthread_once(&conn_once, make_key);
@@ -140,8 +142,14 @@ static int conn(void) {
 	struct sim_req hello = {.op = SIM_OP_HELLO, .a = (uint32_t)getpid(), .b = SIM_WIRE_VERSION};
 	snprintf(hello.s, sizeof hello.s, "%s", SIM_DRIVER_VERSION);
 	struct sim_resp resp;
-	if (write_all(fd, &hello, sizeof hello) != 0 || read_all(fd, &resp, sizeof resp) != 0 || resp.ret != NVML_SUCCESS) {
+	if (write_all(fd, &hello, sizeof hello) != 0 || read_all(fd, &resp, sizeof resp) != 0) {
 		close(fd);
+		return -1;
+	}
+	if (resp.ret != NVML_SUCCESS) {
+		close(fd);
+		if (resp.ret == NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+			*refused = NVML_ERROR_LIB_RM_VERSION_MISMATCH;
 		return -1;
 	}
 	conn_fd = fd;
@@ -152,9 +160,10 @@ static int conn(void) {
 /* call sends one request; a simulator that cannot be reached answers unreachable. */
 static nvmlReturn_t call_or(struct sim_req *req, struct sim_resp *resp, nvmlReturn_t unreachable) {
 	for (int attempt = 0; attempt < 2; attempt++) {
-		int fd = conn();
+		nvmlReturn_t refused = unreachable;
+		int fd = conn(&refused);
 		if (fd < 0)
-			return unreachable;
+			return refused;
 		if (write_all(fd, req, sizeof *req) == 0 && read_all(fd, resp, sizeof *resp) == 0)
 			return (nvmlReturn_t)resp->ret;
 		drop_conn(); /* the simulator restarted: try a new connection once */

@@ -102,6 +102,9 @@ type Backend struct {
 	session chan struct{}
 	closed  bool
 
+	// gone is set once a loop saw the driver go away (driveraway.go): Run returns it.
+	gone atomic.Pointer[DriverGoneError]
+
 	closeOnce sync.Once
 	closeErr  error
 }

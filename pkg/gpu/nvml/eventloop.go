@@ -12,7 +12,8 @@ import (
 // After ERROR_UNKNOWN the set is freed and a new one made after the backoff, as nvml.h asks of
 // a set that failed so at registration; after ERROR_GPU_IS_LOST every GPU is probed, and when
 // a registered one is lost the set is made anew without it (NVML cannot take one GPU off a
-// set), so that the set does not keep failing.
+// set), so that the set does not keep failing. When Wait says the driver went away the loop
+// ends with a *DriverGoneError (driveraway.go).
 func (w *watcher) loop(ctx context.Context) error {
 	timeoutMs := uint32(min(w.b.opts.eventWait.Milliseconds(), int64(^uint32(0))))
 	for ctx.Err() == nil {
@@ -21,6 +22,9 @@ func (w *watcher) loop(ctx context.Context) error {
 		}
 		retry := w.step(ctx, timeoutMs)
 		w.b.gate.leave()
+		if w.gone != nil {
+			return w.b.driverWentAway(w.gone, w.sink)
+		}
 		if retry && !w.sleep(ctx, w.backoff) {
 			return nil
 		}
@@ -50,6 +54,10 @@ func (w *watcher) step(ctx context.Context, timeoutMs uint32) bool {
 		return false
 	}
 	if ctx.Err() != nil {
+		return false
+	}
+	if driverGone(ret) {
+		w.gone = &DriverGoneError{Op: "waiting for NVML events", Ret: ret, At: w.b.opts.clock.Now()}
 		return false
 	}
 	w.failed(nvmlError("waiting for NVML events", ret))
@@ -107,6 +115,10 @@ func (w *watcher) dropAfter(ret nvml.Return) bool {
 // made one; when not, the failure is counted like a Wait failure.
 func (w *watcher) rebuild() bool {
 	ret, _ := w.open(true)
+	if driverGone(ret) {
+		w.gone = &DriverGoneError{Op: "creating the NVML event set again", Ret: ret, At: w.b.opts.clock.Now()}
+		return false
+	}
 	if ret != nvml.SUCCESS {
 		w.failed(nvmlError("creating the NVML event set again", ret))
 		return false

@@ -22,6 +22,8 @@ type watcher struct {
 	// unsupported is set when start found events not supported: nothing is watched.
 	epoch       uint64
 	unsupported bool
+	// gone is set when NVML answered that the driver went away: the loop ends with it.
+	gone *DriverGoneError
 }
 
 // watchEvents runs the event loop until ctx ends and frees the event set before it returns. It

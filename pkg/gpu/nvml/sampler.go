@@ -8,7 +8,7 @@ import (
 )
 
 // sampleLoop runs a sampling round at once (it sets the counters' baselines) and then every
-// sample period until ctx ends.
+// sample period until ctx ends, or until the driver went away (a *DriverGoneError).
 func (b *Backend) sampleLoop(ctx context.Context, sink Sink) error {
 	for {
 		// While a reset has NVML the round waits; it then reads the GPUs afresh.
@@ -18,9 +18,16 @@ func (b *Backend) sampleLoop(ctx context.Context, sink Sink) error {
 		// The period runs from the start of a round, so slow reads do not stretch it.
 		timer := b.opts.clock.NewTimer(b.opts.samplePeriod)
 		b.sampling.begin(b.opts.clock.Now())
-		b.sampleAll(sink)
+		gone := b.checkDriver()
+		if gone == nil {
+			b.sampleAll(sink)
+		}
 		b.sampling.end()
 		b.gate.leave()
+		if gone != nil {
+			timer.Stop()
+			return b.driverWentAway(gone, sink)
+		}
 		select {
 		case <-ctx.Done():
 			timer.Stop()

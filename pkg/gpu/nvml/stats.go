@@ -33,6 +33,9 @@ type Stats struct {
 	// Glitches counts readings not believed: out of any physical range, or ECC totals that read
 	// lower once and then back.
 	Glitches uint64 `json:"glitches"`
+	// DriverGone says how the driver went away under the backend, which ended Run ("" while
+	// it is there).
+	DriverGone string `json:"driverGone,omitempty"`
 }
 
 // stats guards Stats.
