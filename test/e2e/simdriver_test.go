@@ -39,6 +39,7 @@ func simDriverLibraries(t *testing.T) string {
 type simDriver struct {
 	t    *testing.T
 	root string
+	proc *process
 }
 
 // startSimDriver serves gpus simulated GPUs named for node on root (the library in subdir, ""
@@ -65,7 +66,7 @@ func startSimDriver(t *testing.T, libs, root, subdir, node string, gpus int, ver
 		_, err := os.Stat(filepath.Join(root, subdir, "gpuhealth-sim-driver.sock"))
 		return err == nil, "", nil
 	})
-	return &simDriver{t: t, root: root}
+	return &simDriver{t: t, root: root, proc: sd}
 }
 
 // inject applies one event at once, through the command line as a user would.

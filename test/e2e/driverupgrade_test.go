@@ -1,0 +1,184 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/test/controlplane"
+)
+
+// TestAgentReleasesNVMLForADriverUpgrade runs `gpuhealth agent --backend nvml` on the simulated
+// driver against a real API server, with a sticky fault (XID 79 on GPU 2), through the two ways
+// a driver goes away under it:
+//
+//  1. The GPU operator's driver manager pauses GPU clients (a nvidia.com/gpu.deploy.* label set
+//     to paused-for-driver-upgrade): the agent releases NVML, and from /proc it holds no file of
+//     the driver root; the driver can then be unloaded (the simulator refuses that while any
+//     process holds NVML, as rmmod does), and is replaced by another version. Once the label is
+//     back the agent attaches to the new driver.
+//  2. Without any label, the driver is replaced under the agent by another version again: NVML
+//     answers LIB_RM_VERSION_MISMATCH, and the agent re-attaches to the new library by itself.
+//
+// Through both the fault stays in every sink (annotation, DeviceTaintRule, no recovery Event),
+// the agent's process is the same (it re-executes itself), and the GPUUnhealthy condition says
+// Unknown, "released since", while the driver is away.
+func TestAgentReleasesNVMLForADriverUpgrade(t *testing.T) {
+	t.Parallel()
+	libs := simDriverLibraries(t)
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	const node = "upgrade-node"
+	gpuNode(t, c, node, 4)
+	kubeconfig := agentKubeconfig(t, c)
+	root := shortTempDir(t, "sd-up-")
+	sd := startSimDriver(t, libs, root, "", node, 4, "535")
+
+	dir := t.TempDir()
+	configPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	metrics := "http://127.0.0.1:" + strconv.Itoa(port)
+	agent := startProcess(t, "agent", filepath.Join(dir, "agent.log"), gpuhealthBinary(t), "agent", "--backend", "nvml",
+		"--driver-root", root, "--node-name", node, "--kubeconfig", kubeconfig, "--config", configPath,
+		"--checkpoint", filepath.Join(dir, "ckpt.json"), "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "-v", "2")
+	pid := agent.cmd.Process.Pid
+	// onDriver waits until the agent is ready on NVML with the library of version loaded.
+	onDriver := func(what, version string) {
+		t.Helper()
+		eventually(t, what, func(context.Context) (bool, string, error) {
+			if exited, log := agent.exited(); exited {
+				return false, "", fmt.Errorf("the agent exited:\n%s", log)
+			}
+			code, _ := httpGetStatus(metrics + "/readyz")
+			body, _ := httpGet(metrics + "/metrics")
+			up := strings.Contains(body, `gpuhealth_source_up{node="`+node+`",source="nvml"} 1`)
+			held := driverFilesHeld(pid, root)
+			loaded := strings.Contains(strings.Join(held, " "), "libnvidia-ml.so."+version)
+			return code == 200 && up && loaded, fmt.Sprintf("readyz %d, source_up 1: %v, driver files held: %v", code, up, held), nil
+		})
+	}
+	onDriver("the agent on driver 535", "535.261.03")
+
+	sd.inject("{gpu: 2, xid: 79}")
+	report := func(ctx context.Context) (string, corev1.NodeCondition, error) {
+		ann, err := nodeAnnotations(ctx, c, node)
+		if err != nil {
+			return "", corev1.NodeCondition{}, err
+		}
+		rs, err := rules(ctx, c, node)
+		if err != nil {
+			return "", corev1.NodeCondition{}, err
+		}
+		cond, err := nodeCondition(ctx, c, node, nodecondition.Type)
+		return fmt.Sprintf("ids=%q rules=%v", ann[gpuhealthv1.UnhealthyIDsKey], ruleNames(rs)), cond, err
+	}
+	var before string
+	eventually(t, "XID 79 on GPU 2 in every sink", func(ctx context.Context) (bool, string, error) {
+		var cond corev1.NodeCondition
+		var err error
+		before, cond, err = report(ctx)
+		return err == nil && strings.HasPrefix(before, `ids="2" `) && strings.Contains(before, "gpu-") && cond.Status == corev1.ConditionTrue,
+			before + " condition=" + string(cond.Status), err
+	})
+	// keptWhileAway checks that the driver being away changed nothing a scheduler reads, and
+	// that the condition says the GPUs are unmonitored.
+	keptWhileAway := func(what string) {
+		t.Helper()
+		eventually(t, what, func(ctx context.Context) (bool, string, error) {
+			now, cond, err := report(ctx)
+			if err != nil {
+				return false, "", err
+			}
+			if now != before {
+				t.Fatalf("while the driver was away the report changed:\n before %s\n now    %s", before, now)
+			}
+			held := driverFilesHeld(pid, root)
+			return cond.Status == corev1.ConditionUnknown && strings.Contains(cond.Message, "NVML released since") && len(held) == 0,
+				fmt.Sprintf("condition %s %q, driver files held %v", cond.Status, cond.Message, held), nil
+		})
+	}
+
+	// 1. The operator's driver manager pauses GPU clients.
+	mergePatchNodeLabels(t, c, node, map[string]any{"nvidia.com/gpu.deploy.device-plugin": "paused-for-driver-upgrade"})
+	keptWhileAway("the agent to release NVML for the paused upgrade")
+	sd.inject("{driver: unload}") // refused while any process holds NVML
+	sd.proc.stop(t)
+	sd = startSimDriver(t, libs, root, "", node, 4, "550")
+	keptWhileAway("the agent to stay off NVML while the pause lasts")
+	mergePatchNodeLabels(t, c, node, map[string]any{"nvidia.com/gpu.deploy.device-plugin": "true"})
+	onDriver("the agent on the upgraded driver 550 once the pause ended", "550.163.01")
+	checkFaultKept(t, c, node, report, before)
+
+	// 2. The driver is replaced under the agent without a word from the operator.
+	sd.proc.stop(t)
+	startSimDriver(t, libs, root, "", node, 4, "535")
+	onDriver("the agent on driver 535 after NVML answered the version mismatch", "535.261.03")
+	checkFaultKept(t, c, node, report, before)
+	if agent.cmd.Process.Pid != pid {
+		t.Errorf("the agent's pid changed")
+	}
+	log, _ := os.ReadFile(agent.log)
+	if n := strings.Count(string(log), "Released NVML: re-executing the agent"); n != 2 {
+		t.Errorf("the agent released NVML %d times, want 2 (the pause, the version mismatch)", n)
+	}
+}
+
+// checkFaultKept checks that every sink still carries the fault, the condition is True again,
+// and no Event said the GPU recovered.
+func checkFaultKept(t *testing.T, c *controlplane.Cluster, node string, report func(context.Context) (string, corev1.NodeCondition, error), before string) {
+	t.Helper()
+	eventually(t, "the fault in every sink after the driver came back", func(ctx context.Context) (bool, string, error) {
+		now, cond, err := report(ctx)
+		if err != nil {
+			return false, "", err
+		}
+		if now != before {
+			t.Fatalf("after the driver came back the report differs:\n before %s\n now    %s", before, now)
+		}
+		return cond.Status == corev1.ConditionTrue, fmt.Sprintf("condition %s %q", cond.Status, cond.Message), nil
+	})
+	recovered, err := c.Admin().CoreV1().Events("default").List(t.Context(), metav1.ListOptions{FieldSelector: fields.AndSelectors(
+		fields.OneTermEqualSelector("involvedObject.name", node), fields.OneTermEqualSelector("reason", nodecondition.EventGPURecovered)).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recovered.Items) > 0 {
+		t.Errorf("the GPU was reported recovered across the driver's absence: %s", recovered.Items[0].Message)
+	}
+}
+
+// driverFilesHeld lists what process pid holds under root, from /proc: mapped files and open file
+// descriptors.
+func driverFilesHeld(pid int, root string) []string {
+	var held []string
+	if maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
+		seen := map[string]bool{}
+		for _, line := range strings.Split(string(maps), "\n") {
+			if i := strings.Index(line, root); i >= 0 && !seen[line[i:]] {
+				seen[line[i:]] = true
+				held = append(held, "mapped "+line[i:])
+			}
+		}
+	}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(target, root) {
+			held = append(held, "open "+target)
+		}
+	}
+	return held
+}
