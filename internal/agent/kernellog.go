@@ -95,6 +95,9 @@ func (k *KernelLog) Admit(sig health.Signal) bool { return k.dedup.Admit(Backend
 func (k *KernelLog) Close() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.closed {
+		return nil // closed before: once is enough
+	}
 	k.closed = true
 	if k.source == nil {
 		return nil

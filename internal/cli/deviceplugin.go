@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/cli/agentcmd"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/deviceplugin"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
@@ -72,6 +76,25 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 			if err != nil {
 				return err
 			}
+			var run agent.Backend = be
+			// Across the driver going away the NVML backend is replaced: it closes itself.
+			if nb := agentcmd.NVMLBackend(be); nb != nil {
+				logger := klog.FromContext(ctx)
+				reattach := &reattachingBackend{
+					current: nb, devices: nb.Devices(), clock: clock.RealClock{}, log: logger, initial: time.Second, max: 30 * time.Second,
+					open: func() (nvmlSession, error) {
+						b, err := nvmlOpts.Open(gpunvml.WithSamplePeriod(cfg.SampleEvery()), gpunvml.WithLogger(logger))
+						if err != nil {
+							return nil, err
+						}
+						return b, nil
+					},
+					changed: nvmlOpts.LibraryChanged,
+					probe:   probeInChild(nvmlOpts.Args()),
+				}
+				run = reattach
+				cleanup = func() { _ = reattach.currentSession().Close() }
+			}
 			defer cleanup()
 			kernelLog := openKernelLog(ctx, cfg, backend, be.Devices(), bootID)
 			defer kernelLog.Close()
@@ -79,10 +102,18 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 			if backend == "nvml" {
 				opts.NUMANode = deviceplugin.SysfsNUMA("/sys")
 			}
-			return runDevicePlugin(ctx, devicePluginRun{
-				backend: be, kernelLog: kernelLog, policy: policy, bootID: bootID, checkpoint: checkpoint, service: opts,
+			err = runDevicePlugin(ctx, devicePluginRun{
+				backend: run, kernelLog: kernelLog, policy: policy, bootID: bootID, checkpoint: checkpoint, service: opts,
 				plugin: deviceplugin.PluginOptions{ResourceName: resourceName, Dir: socketDir},
 			})
+			if !errors.Is(err, errReexec) {
+				return err
+			}
+			kernelLog.Close()
+			cleanup()
+			klog.FromContext(ctx).Info("Re-executing the device plugin to load the driver that came back", "reason", err.Error())
+			klog.Flush()
+			return cmdutil.Reexec()
 		},
 	}
 	f := cmd.Flags()

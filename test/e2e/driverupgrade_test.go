@@ -182,3 +182,47 @@ func driverFilesHeld(pid int, root string) []string {
 	}
 	return held
 }
+
+// TestDevicePluginFollowsADriverUpgrade runs `gpuhealth device-plugin --backend nvml` on the
+// simulated driver against a real kubelet, with XID 79 on GPU 5, and replaces the driver under it
+// by another version: NVML answers LIB_RM_VERSION_MISMATCH, the plugin shuts NVML down and keeps
+// serving its devices' last health; once a child process opens the new library it re-executes
+// itself (same pid), loads the new library, restores the fault from its checkpoint and registers
+// again: the kubelet ends as it was, 8 GPUs and 7 allocatable.
+func TestDevicePluginFollowsADriverUpgrade(t *testing.T) {
+	t.Parallel()
+	libs := simDriverLibraries(t)
+	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 1})
+	node := c.KubeletNode(controlplane.KubeletNodeName(0))
+	root := shortTempDir(t, "sd-dpu-")
+	sd := startSimDriver(t, libs, root, "", node.Name, 8, "535")
+	dir := t.TempDir()
+	configPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(configPath, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dp := startProcess(t, "device-plugin", filepath.Join(dir, "device-plugin.log"), gpuhealthBinary(t), "device-plugin", "--backend", "nvml",
+		"--driver-root", root, "--config", configPath, "--kubelet-socket-dir", node.DevicePluginDir(),
+		"--checkpoint", filepath.Join(dir, "ckpt.json"), "-v", "2")
+	pid := dp.cmd.Process.Pid
+	waitGPUs(t, c, node.Name, 8, 8)
+	sd.inject("{gpu: 5, xid: 79}")
+	waitGPUs(t, c, node.Name, 8, 7)
+
+	sd.proc.stop(t)
+	startSimDriver(t, libs, root, "", node.Name, 8, "550")
+	eventually(t, "the device plugin on the driver 550", func(context.Context) (bool, string, error) {
+		if exited, log := dp.exited(); exited {
+			return false, "", fmt.Errorf("the device plugin exited:\n%s", log)
+		}
+		held := driverFilesHeld(pid, root)
+		return strings.Contains(strings.Join(held, " "), "libnvidia-ml.so.550.163.01"), fmt.Sprintf("driver files held: %v", held), nil
+	})
+	waitGPUs(t, c, node.Name, 8, 7)
+	log, _ := os.ReadFile(dp.log)
+	for _, want := range []string{"The NVIDIA driver went away", "Re-executing the device plugin"} {
+		if !strings.Contains(string(log), want) {
+			t.Errorf("the device plugin's log lacks %q", want)
+		}
+	}
+}

@@ -273,3 +273,11 @@ func OpenKernelLog(ctx context.Context, cfg *config.HealthConfig, backend string
 	}
 	return agent.OpenKernelLog(ctx, k, devices, bootID)
 }
+
+// NVMLBackend returns the NVML backend OpenBackend opened (nil for the simulator).
+func NVMLBackend(be ResettingBackend) *gpunvml.Backend {
+	if n, ok := be.(nvmlAgentBackend); ok {
+		return n.b
+	}
+	return nil
+}

@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 )
 
@@ -65,24 +64,10 @@ func parseDriverAway(v string) (driverAway, error) {
 	return driverAway{Since: since, Reason: reason}, nil
 }
 
-// reexec replaces this process with a fresh image of its own binary, with the same arguments and
-// environment, and away in DriverAwayEnv. It returns only when the exec fails.
+// reexec replaces this process with a fresh image of its own binary, with away in
+// DriverAwayEnv. It returns only when the exec fails.
 func reexec(away driverAway) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("re-executing the agent to release NVML: %w", err)
-	}
-	env := make([]string, 0, len(os.Environ())+1)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, DriverAwayEnv+"=") {
-			env = append(env, kv)
-		}
-	}
-	env = append(env, DriverAwayEnv+"="+away.encode())
-	if err := syscall.Exec(exe, os.Args, env); err != nil {
-		return fmt.Errorf("re-executing %s to release NVML: %w", exe, err)
-	}
-	return nil
+	return cmdutil.Reexec(DriverAwayEnv + "=" + away.encode())
 }
 
 // operatorPause follows the GPU operator's pause labels on the agent's Node.

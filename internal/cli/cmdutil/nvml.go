@@ -34,3 +34,22 @@ func (o *NVMLOptions) Open(opts ...gpunvml.Option) (*gpunvml.Backend, error) {
 	}
 	return o.root.Open(opts...)
 }
+
+// LibraryChanged reports whether the driver root now holds another NVML library than the one
+// Open loaded (gpunvml.DriverRoot.Changed): only a new process can use it. Before Open it
+// reports false.
+func (o *NVMLOptions) LibraryChanged() (bool, error) {
+	if o.root == nil {
+		return false, nil
+	}
+	return o.root.Changed()
+}
+
+// Args returns the flags that point another gpuhealth command (probe) at the same library.
+func (o *NVMLOptions) Args() []string {
+	args := []string{"--driver-root", o.DriverRoot}
+	if len(o.LibraryPaths) > 0 {
+		args = append(args, "--nvml-library-paths", strings.Join(o.LibraryPaths, ","))
+	}
+	return args
+}

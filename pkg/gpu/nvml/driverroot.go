@@ -276,6 +276,8 @@ type DriverRoot struct {
 
 	mu     sync.Mutex
 	loaded map[string]nvml.Interface
+	// files is the file each loaded library path named when it was loaded.
+	files map[string]os.FileInfo
 }
 
 // OpenDriverRoot opens the backend on the library under root once: (&DriverRoot{Root: root,
@@ -321,9 +323,12 @@ func (d *DriverRoot) Open(opts ...Option) (*Backend, error) {
 		}
 		lib = nvml.New(nvml.WithLibraryPath(library))
 		if d.loaded == nil {
-			d.loaded = map[string]nvml.Interface{}
+			d.loaded, d.files = map[string]nvml.Interface{}, map[string]os.FileInfo{}
 		}
 		d.loaded[library] = lib
+		if fi, err := os.Stat(library); err == nil {
+			d.files[library] = fi
+		}
 	}
 	b, err := Open(lib, opts...)
 	if de := (*DriverError)(nil); errors.As(err, &de) && de.Library == "" {
@@ -343,4 +348,37 @@ func (b *Backend) Library() string { return b.library }
 func (b *Backend) Up() bool {
 	_, err := b.gate.downState()
 	return err == nil
+}
+
+// Changed reports whether the library under the driver root is another file than the one this
+// DriverRoot loaded (a driver upgrade installed a new one): this process can then never use it
+// (the loader keeps the first), and only a new process can. The error wraps ErrLibraryNotFound
+// while there is no library under the root (the driver is away). Before any load it reports
+// false.
+func (d *DriverRoot) Changed() (bool, error) {
+	root := d.Root
+	if root == "" {
+		root = DefaultDriverRoot
+	}
+	library, err := FindLibrary(root, d.LibraryPaths)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		if d.loaded[LibraryName] != nil {
+			return false, nil // found through the loader's own search path: nothing to compare
+		}
+		return false, err
+	}
+	if len(d.files) == 0 {
+		return false, nil
+	}
+	loaded, ok := d.files[library]
+	if !ok {
+		return true, nil // another path now: another driver layout
+	}
+	now, err := os.Stat(library)
+	if err != nil {
+		return false, &DriverError{Kind: ErrLibraryNotFound, Root: root, Searched: []string{library}, Err: err}
+	}
+	return !os.SameFile(loaded, now), nil
 }

@@ -189,4 +189,20 @@ func openRealLibrary(t *testing.T, versionDir string) {
 			t.Fatalf("attempt %d: %v, want %q", attempt, err, want)
 		}
 	}
+	// A driver upgrade replaces the library: this process cannot load the new one (Changed).
+	libDir := filepath.Join(root, "run/nvidia/driver/usr/lib64")
+	if changed, err := d.Changed(); changed || err != nil {
+		t.Errorf("Changed with the library loaded = %v, %v; want false", changed, err)
+	}
+	if err := os.RemoveAll(libDir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Changed(); !errors.Is(err, gpunvml.ErrLibraryNotFound) {
+		t.Errorf("Changed with the driver away = %v, want ErrLibraryNotFound", err)
+	}
+	mkfile(t, filepath.Join(libDir, "libnvidia-ml.so.999.1"), string(data))
+	symlink(t, "libnvidia-ml.so.999.1", filepath.Join(libDir, "libnvidia-ml.so.1"))
+	if changed, err := d.Changed(); !changed || err != nil {
+		t.Errorf("Changed after the library was replaced = %v, %v; want true", changed, err)
+	}
 }

@@ -1,0 +1,183 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+
+	"github.com/gpuhealth/gpuhealth/internal/agent"
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// The device plugin across the driver going away (an upgrade, a driver container restart). The
+// kubelet marks every device of a plugin unhealthy the moment the plugin goes, so the plugin
+// does not restart while the driver is away: its backend shuts NVML down (no device file stays
+// open, the module can unload) and the plugin keeps serving its devices with their last known
+// health, unmonitored. When the driver is back:
+//
+//   - as the same library file, the backend opens NVML again in this process and carries on on
+//     the same monitor: nothing the kubelet sees moves;
+//   - as another file (an upgrade), which this process can never load (the dynamic loader keeps
+//     the first), it waits until a child process (`gpuhealth probe`) opens NVML on it, and then
+//     re-executes itself: the new image restores its faults from the checkpoint and registers
+//     again. So does a driver back with another set of GPUs.
+//
+// The agent does not keep the library mapped meanwhile (it re-executes at once): it serves no
+// kubelet, and it must hold nothing of the driver root. See docs/nvml.md.
+
+// errReexec asks the device plugin command to re-execute itself.
+var errReexec = errors.New("the NVIDIA driver came back as another library: this process must start afresh to load it")
+
+// nvmlSession is what reattachingBackend needs of an NVML backend (*gpunvml.Backend).
+type nvmlSession interface {
+	Devices() []health.Device
+	DriverVersion() string
+	Run(ctx context.Context, sink gpunvml.Sink) error
+	Close() error
+}
+
+var _ nvmlSession = (*gpunvml.Backend)(nil)
+
+// reattachingBackend is the device plugin's NVML backend across the driver going away.
+type reattachingBackend struct {
+	// current is the backend Run runs; it is replaced (under mu) after the driver came back.
+	// Devices are the first backend's.
+	mu      sync.Mutex
+	current nvmlSession
+	devices []health.Device
+	// open opens NVML again in this process; changed reports whether the driver root holds
+	// another library than the one loaded; probe opens NVML in a child process.
+	open    func() (nvmlSession, error)
+	changed func() (bool, error)
+	probe   func(ctx context.Context) error
+	clock   clock.Clock
+	log     logr.Logger
+	// initial and max bound the wait between looks at the driver.
+	initial, max time.Duration
+}
+
+var _ agent.Backend = (*reattachingBackend)(nil)
+
+// Devices implements agent.Backend.
+func (r *reattachingBackend) Devices() []health.Device { return r.devices }
+
+// Run implements agent.Backend: it runs the current backend and, each time the driver goes
+// away under it, closes it, waits for the driver and runs the next one on the same sink. It
+// returns errReexec when only a new process can go on.
+func (r *reattachingBackend) Run(ctx context.Context, sink agent.Sink) error {
+	for {
+		current := r.currentSession()
+		err := current.Run(ctx, sink)
+		var gone *gpunvml.DriverGoneError
+		if !errors.As(err, &gone) {
+			return err
+		}
+		if cerr := current.Close(); cerr != nil {
+			r.log.V(2).Info("Shutting NVML down after the driver went away", "err", cerr.Error())
+		}
+		r.log.Info("The NVIDIA driver went away: NVML is shut down; the devices keep their last known health, unmonitored, until it is back", "reason", gone.Error())
+		next, err := r.waitBack(ctx)
+		if err != nil {
+			return err
+		}
+		if got := uuids(next.Devices()); !slices.Equal(got, uuids(r.devices)) {
+			_ = next.Close()
+			r.log.Info("The driver came back with other GPUs: starting afresh", "before", uuids(r.devices), "now", got)
+			return errReexec
+		}
+		r.log.Info("The NVIDIA driver is back: watching the GPUs again", "driverVersion", next.DriverVersion())
+		r.mu.Lock()
+		r.current = next
+		r.mu.Unlock()
+	}
+}
+
+// currentSession is the session Run runs now.
+func (r *reattachingBackend) currentSession() nvmlSession {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.current
+}
+
+// waitBack looks at the driver with backoff until NVML opens again in this process (the same
+// library), or a child process opens it on another library (errReexec), or ctx ends.
+func (r *reattachingBackend) waitBack(ctx context.Context) (nvmlSession, error) {
+	delay := r.initial
+	for {
+		timer := r.clock.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		case <-timer.C():
+		}
+		delay = min(2*delay, r.max)
+		changed, err := r.changed()
+		switch {
+		case err != nil:
+			r.log.V(2).Info("The driver is not back yet", "reason", err.Error())
+		case changed:
+			if perr := r.probe(ctx); perr != nil {
+				r.log.V(2).Info("A new driver library is there, not ready yet", "reason", perr.Error())
+				continue
+			}
+			return nil, errReexec
+		default:
+			b, err := r.open()
+			if err == nil {
+				return b, nil
+			}
+			if errors.Is(err, gpunvml.ErrDriverGone) || !errors.Is(err, gpunvml.ErrNoDriver) {
+				// The module answers this library with a version mismatch, or something else
+				// is wrong with it here: a fresh process decides.
+				if perr := r.probe(ctx); perr == nil {
+					return nil, errReexec
+				}
+			}
+			r.log.V(2).Info("The driver is not back yet", "reason", err.Error())
+		}
+	}
+}
+
+func uuids(devs []health.Device) []string {
+	out := make([]string, 0, len(devs))
+	for _, d := range devs {
+		out = append(out, d.UUID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// probeInChild runs `gpuhealth probe` with args (the driver root flags) as a child process: nil
+// once it opens NVML there.
+func probeInChild(args []string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, exe, append([]string{"probe", "-o", "json"}, args...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("gpuhealth probe: %w: %s", err, tailOf(out, 400))
+		}
+		return nil
+	}
+}
+
+func tailOf(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
