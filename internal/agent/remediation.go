@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/internal/report"
@@ -54,9 +56,20 @@ func newRemediation(ctx context.Context, opts Options, agentCfg config.AgentConf
 	if cfg.PodResourcesSocket != "-" {
 		holders = append(holders, remediation.PodResources{Socket: cfg.PodResourcesSocket})
 	}
-	statePath := ""
+	statePath, recordPath := "", ""
 	if cp := agentCfg.CheckpointPath; cp != "" && cp != "-" {
 		statePath = filepath.Join(filepath.Dir(cp), remediation.StateFileName)
+		recordPath = filepath.Join(filepath.Dir(cp), remediation.ComponentRecordFileName)
+	}
+	// The GPU operator's components hold the GPUs: they are always looked for (a GPU they hold
+	// waits, saying so), and paused for a reset when the user allows it.
+	components := remediation.Components{Client: opts.Client, NodeName: opts.NodeName, Self: selfPod()}
+	mc.PauseComponents = cfg.PauseOperatorComponents
+	pauser, err := remediation.NewComponentPauser(opts.Client, caches.nodes, opts.NodeName, recordPath)
+	if err != nil {
+		// An unreadable record: what it held cannot be restored; the labels stay as they are.
+		klog.FromContext(ctx).Error(err, "Ignoring the record of the GPU operator's paused components", "path", recordPath)
+		pauser, _ = remediation.NewComponentPauser(opts.Client, caches.nodes, opts.NodeName, "")
 	}
 	m := metrics.NewRemediation(opts.NodeName)
 	if err := m.Register(reg); err != nil {
@@ -69,11 +82,21 @@ func newRemediation(ctx context.Context, opts Options, agentCfg config.AgentConf
 		NodeName: opts.NodeName, Config: mc, Poll: r.Poll, Clock: opts.Clock, Holders: holders,
 		Slots:    remediation.NewBudget(opts.Client, cfg.Namespace, opts.NodeName, *cfg.MaxConcurrent, hold, opts.Clock),
 		Resetter: r.Resetter, StatePath: statePath, BootID: opts.BootID, Recorder: recorder, NodeRef: nodeRef,
-		Observer: m, Changed: changed,
+		Observer: m, Changed: changed, Components: components, Pauser: pauser,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent: %w", err)
 	}
 	w := report.NewWriter(remediation.NewAnnotationSyncer(opts.Client, caches.nodes, ctrl.States, mc.MaxAttempts), wopts)
 	return ctrl, w, nil
+}
+
+// selfPod is this agent's pod, "namespace/name", from the downward API ($POD_NAMESPACE,
+// $POD_NAME); "" outside a pod.
+func selfPod() string {
+	ns, name := os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME")
+	if ns == "" || name == "" {
+		return ""
+	}
+	return ns + "/" + name
 }

@@ -49,6 +49,15 @@ type Options struct {
 	// Changed is called (from Run's goroutine) when the repair states changed, so the reporters
 	// get the snapshot decorated anew.
 	Changed func()
+	// Components finds the GPU operator's components on the node, and Pauser pauses and
+	// restores them (Config.PauseComponents); nil: none are looked for.
+	Components ComponentFinder
+	Pauser     *ComponentPauser
+}
+
+// ComponentFinder lists the GPU operator's components running on the node (Components).
+type ComponentFinder interface {
+	Running(ctx context.Context) ([]Component, error)
 }
 
 // Controller runs the Machine for the agent: it feeds it the latest snapshot and the backend's
@@ -172,7 +181,7 @@ func (c *Controller) observePhases(states map[string]State) {
 		return
 	}
 	counts := map[string]int{}
-	for _, p := range []Phase{PhaseWaitingForPods, PhaseWaitingForSlot, PhaseResetting, PhaseProbation, PhaseBlocked, PhaseFailed} {
+	for _, p := range []Phase{PhaseWaitingForPods, PhaseWaitingForSlot, PhasePausingComponents, PhaseResetting, PhaseProbation, PhaseBlocked, PhaseFailed} {
 		counts[string(p)] = 0
 	}
 	for _, s := range states {
@@ -189,7 +198,11 @@ func (c *Controller) record(ctx context.Context, e Event) {
 	if e.Warning {
 		typ = corev1.EventTypeWarning
 	}
-	c.opts.Recorder.Eventf(c.opts.NodeRef, typ, e.Reason(), "GPU %d (%s): %s", e.Device.Index, e.Device.UUID, e.Message)
+	if e.Device.UUID == "" { // about the node: components paused by an earlier agent
+		c.opts.Recorder.Eventf(c.opts.NodeRef, typ, e.Reason(), "%s", e.Message)
+	} else {
+		c.opts.Recorder.Eventf(c.opts.NodeRef, typ, e.Reason(), "GPU %d (%s): %s", e.Device.Index, e.Device.UUID, e.Message)
+	}
 	if c.opts.Observer != nil {
 		c.opts.Observer.Event(string(e.Kind), e.Duration)
 	}
@@ -229,4 +242,38 @@ func (c *Controller) StartReset(dev health.Device) {
 		c.machine.ResetFinished(dev.UUID, err)
 		c.nudge()
 	}()
+}
+
+var _ ComponentEnv = (*Controller)(nil)
+
+// Components implements ComponentEnv.
+func (c *Controller) Components(ctx context.Context) ([]Component, error) {
+	if c.opts.Components == nil {
+		return nil, nil
+	}
+	return c.opts.Components.Running(ctx)
+}
+
+// PauseComponents implements ComponentEnv.
+func (c *Controller) PauseComponents(ctx context.Context, labels []string) ([]string, error) {
+	if c.opts.Pauser == nil {
+		return nil, errors.New("no pauser of the GPU operator's components configured")
+	}
+	return c.opts.Pauser.Pause(ctx, labels)
+}
+
+// RestoreComponents implements ComponentEnv.
+func (c *Controller) RestoreComponents(ctx context.Context) ([]string, error) {
+	if c.opts.Pauser == nil {
+		return nil, nil
+	}
+	return c.opts.Pauser.Restore(ctx)
+}
+
+// PausedComponents implements ComponentEnv.
+func (c *Controller) PausedComponents() []string {
+	if c.opts.Pauser == nil {
+		return nil
+	}
+	return c.opts.Pauser.Paused()
 }

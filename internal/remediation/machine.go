@@ -32,10 +32,13 @@ const (
 	PhaseIdle           Phase = ""
 	PhaseWaitingForPods Phase = "WaitingForPods"
 	PhaseWaitingForSlot Phase = "WaitingForSlot"
-	PhaseResetting      Phase = "Resetting"
-	PhaseProbation      Phase = "Probation"
-	PhaseBlocked        Phase = "BlockedByDrain"
-	PhaseFailed         Phase = "RemediationFailed"
+	// PhasePausingComponents: the GPU holds a slot and waits for the GPU operator's components
+	// remediation paused to leave the node (see ComponentPauser).
+	PhasePausingComponents Phase = "PausingComponents"
+	PhaseResetting         Phase = "Resetting"
+	PhaseProbation         Phase = "Probation"
+	PhaseBlocked           Phase = "BlockedByDrain"
+	PhaseFailed            Phase = "RemediationFailed"
 )
 
 // State is one GPU's repair, as persisted in the state file.
@@ -66,7 +69,14 @@ type State struct {
 func (s State) Active() bool { return s.Phase != PhaseIdle || len(s.Attempts) > 0 }
 
 // HoldsSlot reports whether the GPU holds a cluster-wide remediation slot in this phase.
-func (s State) HoldsSlot() bool { return s.Phase == PhaseResetting || s.Phase == PhaseProbation }
+func (s State) HoldsSlot() bool {
+	return s.Phase == PhasePausingComponents || s.Phase == PhaseResetting || s.Phase == PhaseProbation
+}
+
+// needsComponentsPaused reports whether the GPU needs the operator's components kept paused.
+func (s State) needsComponentsPaused() bool {
+	return s.Phase == PhasePausingComponents || s.Phase == PhaseResetting
+}
 
 // Config is the machine's configuration (see config.RemediationConfig).
 type Config struct {
@@ -80,6 +90,9 @@ type Config struct {
 	// Recheck is how long a waiting GPU waits before its holders or a slot are asked again
 	// (zero: at every Step). Steps come with every snapshot; this bounds the API calls.
 	Recheck time.Duration
+	// PauseComponents lets the machine pause the GPU operator's components that hold a GPU
+	// (ComponentEnv); without it such a GPU waits.
+	PauseComponents bool
 }
 
 // Env is what the machine needs from the world.
@@ -93,6 +106,20 @@ type Env interface {
 	// StartReset starts resetting the GPU and returns at once; the result comes back through
 	// Machine.ResetFinished.
 	StartReset(dev health.Device)
+}
+
+// ComponentEnv is what handling the GPU operator's components needs; an Env without it has
+// none (the Controller implements it).
+type ComponentEnv interface {
+	// Components lists the operator's components running on the node.
+	Components(ctx context.Context) ([]Component, error)
+	// PauseComponents pauses the components of the labels (recorded first) and returns the
+	// labels it changed.
+	PauseComponents(ctx context.Context, labels []string) ([]string, error)
+	// RestoreComponents restores what was paused and returns the labels restored.
+	RestoreComponents(ctx context.Context) ([]string, error)
+	// PausedComponents lists the labels paused and not restored yet.
+	PausedComponents() []string
 }
 
 // EventKind classifies what happened, for metrics.
@@ -110,6 +137,10 @@ const (
 	KindAttemptFailed EventKind = "AttemptFailed"
 	KindGaveUp        EventKind = "GaveUp"
 	KindCancelled     EventKind = "Cancelled"
+	// KindPausedComponents and KindRestoredComponents: the GPU operator's components paused
+	// for a reset, and restored after it.
+	KindPausedComponents   EventKind = "PausedComponents"
+	KindRestoredComponents EventKind = "RestoredComponents"
 )
 
 // Event is one step of a repair, for a Kubernetes Event, a log line and the metrics.
@@ -136,6 +167,10 @@ type Machine struct {
 	gpus map[string]State // owned by the goroutine calling Step
 	// notBefore is when a waiting GPU is asked about again (owned by Step's goroutine).
 	notBefore map[string]time.Time
+	// pausedFor is the GPU the operator's components were last paused for, and restoreErr the
+	// last failure to restore them (owned by Step's goroutine).
+	pausedFor  health.Device
+	restoreErr string
 
 	mu        sync.Mutex
 	published map[string]State
@@ -326,6 +361,37 @@ func (m *Machine) Step(ctx context.Context, snap health.Snapshot) []Event {
 			delete(m.gpus, uuid)
 		}
 	}
+	events = m.restoreComponents(ctx, events)
 	m.publish()
+	return events
+}
+
+// restoreComponents restores the operator's components once no GPU needs them paused (also
+// those an earlier agent paused and did not restore). A failure is said once, and tried again at
+// every Step.
+func (m *Machine) restoreComponents(ctx context.Context, events []Event) []Event {
+	ce, ok := m.env.(ComponentEnv)
+	if !ok || len(ce.PausedComponents()) == 0 {
+		return events
+	}
+	for _, st := range m.gpus {
+		if st.needsComponentsPaused() {
+			return events
+		}
+	}
+	restored, err := ce.RestoreComponents(ctx)
+	if err != nil {
+		if msg := err.Error(); msg != m.restoreErr {
+			m.restoreErr = msg
+			events = append(events, Event{Device: m.pausedFor, Kind: KindRestoredComponents, Warning: true,
+				Message: "could not restore the GPU operator's components yet (tried again): " + msg})
+		}
+		return events
+	}
+	m.restoreErr = ""
+	if len(restored) > 0 {
+		events = append(events, Event{Device: m.pausedFor, Kind: KindRestoredComponents,
+			Message: "restored the GPU operator's components after the reset: " + strings.Join(restored, ", ") + " back to their values"})
+	}
 	return events
 }

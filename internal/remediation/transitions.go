@@ -128,6 +128,27 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 				return events
 			}
 			st.Evict = false
+			// The GPU operator's components hold every GPU of the node through NVML: without
+			// the user's leave to pause them, the GPU waits, saying so (a reset would fail).
+			ce, _ := m.env.(ComponentEnv)
+			var running []Component
+			if ce != nil {
+				if running, err = ce.Components(ctx); err != nil {
+					return wait("cannot tell whether the GPU operator's components hold the GPU: " + err.Error())
+				}
+				if len(running) > 0 && !m.cfg.PauseComponents {
+					later()
+					if st.Phase != PhaseWaitingForPods {
+						enter(PhaseWaitingForPods, "")
+					}
+					msg := "held by the GPU operator's components " + DescribeComponents(running)
+					if msg != st.Message {
+						st.Message = msg
+						emit(KindWaiting, false, "%s: a GPU reset fails while they hold the GPU; set remediation.pauseOperatorComponents to let remediation pause them for the reset", msg)
+					}
+					return events
+				}
+			}
 			if st.Phase == PhaseWaitingForPods {
 				enter(PhaseWaitingForSlot, "")
 			}
@@ -143,11 +164,64 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 			if !ok {
 				return wait("waiting for a cluster-wide remediation slot")
 			}
+			if len(running) > 0 {
+				labels := make([]string, 0, len(running))
+				for _, c := range running {
+					labels = append(labels, c.Label)
+				}
+				changed, err := ce.PauseComponents(ctx, labels)
+				if err != nil {
+					m.release(ctx, dev.UUID)
+					return wait("cannot pause the GPU operator's components: " + err.Error())
+				}
+				m.pausedFor = dev
+				enter(PhasePausingComponents, "waiting for the GPU operator's components to leave: "+DescribeComponents(running))
+				if len(changed) > 0 {
+					emit(KindPausedComponents, false, "paused the GPU operator's components for the reset (%s set to %s; restored after it): %s",
+						strings.Join(changed, ", "), ComponentPausedValue, DescribeComponents(running))
+				}
+				return events
+			}
 			st.Attempts = append(st.Attempts, now)
 			enter(PhaseResetting, "")
 			st.ResetDone, st.ResetObserved, st.Interrupted, st.ResetSeenAt = false, false, false, time.Time{}
 			emit(KindResetStarted, false, "resetting the GPU (attempt %d of %d)", len(st.Attempts), m.cfg.MaxAttempts)
 			m.startReset(dev)
+			return events
+
+		case PhasePausingComponents:
+			if !f.NeedsReset || f.Drained {
+				// Back to the waiting phases, which cancel or block; the slot is given back, and
+				// the components come back at the end of the step.
+				m.release(ctx, dev.UUID)
+				enter(PhaseWaitingForPods, "")
+				continue
+			}
+			ce, _ := m.env.(ComponentEnv)
+			var running []Component
+			var err error
+			if ce != nil {
+				running, err = ce.Components(ctx)
+			}
+			if err == nil && len(running) == 0 {
+				st.Attempts = append(st.Attempts, now)
+				enter(PhaseResetting, "")
+				st.ResetDone, st.ResetObserved, st.Interrupted, st.ResetSeenAt = false, false, false, time.Time{}
+				emit(KindResetStarted, false, "the GPU operator's components have left; resetting the GPU (attempt %d of %d)", len(st.Attempts), m.cfg.MaxAttempts)
+				m.startReset(dev)
+				return events
+			}
+			if now.Sub(st.Since) >= m.cfg.ResetTimeout {
+				// Counted as an attempt: the components may never leave.
+				st.Attempts = append(st.Attempts, now)
+				why := "the GPU operator's components did not leave within " + m.cfg.ResetTimeout.String()
+				if err != nil {
+					why += ": " + err.Error()
+				} else {
+					why += ": " + DescribeComponents(running)
+				}
+				fail(why)
+			}
 			return events
 
 		case PhaseResetting:

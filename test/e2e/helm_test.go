@@ -56,7 +56,8 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	// The breaker and remediation on too, so that their Roles, the controller's objects and the
 	// policy's Lease rules are applied to a real API server.
 	manifest := renderChart(t, helm.Options{Release: helmRelease, Namespace: helmNamespace,
-		Set: []string{"config.agent.circuitBreaker.enabled=true", "config.remediation.enabled=true", "config.remediation.maxConcurrent=2"}})
+		Set: []string{"config.agent.circuitBreaker.enabled=true", "config.remediation.enabled=true", "config.remediation.maxConcurrent=2",
+			"config.remediation.pauseOperatorComponents=true"}})
 	// Only the controllers the test needs: the policy's type checker, and the ServiceAccount
 	// controller the harness waits for.
 	c := controlplane.StartT(t, controlplane.Options{
@@ -90,6 +91,12 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 
 	// An admin's drain and a foreign annotation on A, and a rule of B's, for the agent to leave alone.
 	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.DrainsKey: `{"GPU-x":{"by":"admin"}}`, "example.com/other": "keep"})
+	// The GPU operator's DCGM runs on A and B: with pauseOperatorComponents A's agent may pause
+	// its label on A (to paused-by-gpuhealth) and give it back, and nothing else of A's labels.
+	for _, n := range []string{nodeA, nodeB} {
+		mergePatchNodeLabels(t, c, n, map[string]any{"nvidia.com/gpu.deploy.dcgm": "true"})
+	}
+	labelPatch := func(k, v string) string { return fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, k, v) }
 	ruleOfB := policyRule("rule-of-b", nodeB, nodeB)
 	if _, err := admin.ResourceV1().DeviceTaintRules().Create(ctx, ruleOfB, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -139,7 +146,22 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		}, gpuhealthv1.DrainsKey},
 		{"own node: labels", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, `{"metadata":{"labels":{"nvidia.com/gpu.present":"false"}}}`, "")
-		}, "labels"},
+		}, "labels nvidia.com/gpu.present"},
+		{"own node: pause a GPU operator component for a reset", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, labelPatch("nvidia.com/gpu.deploy.dcgm", remediation.ComponentPausedValue), "")
+		}, ""},
+		{"own node: set a component's label to anything else", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, labelPatch("nvidia.com/gpu.deploy.dcgm-exporter", "false"), "")
+		}, "nvidia.com/gpu.deploy.dcgm-exporter"},
+		{"own node: give the paused component its value back", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, labelPatch("nvidia.com/gpu.deploy.dcgm", "true"), "")
+		}, ""},
+		{"own node: switch a running component off", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, labelPatch("nvidia.com/gpu.deploy.dcgm", "false"), "")
+		}, "nvidia.com/gpu.deploy.dcgm"},
+		{"other node: pause its component", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeB, labelPatch("nvidia.com/gpu.deploy.dcgm", remediation.ComponentPausedValue), "")
+		}, "may not change Node " + nodeB},
 		{"own node: spec (cordon)", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, `{"spec":{"unschedulable":true}}`, "")
 		}, "spec"},

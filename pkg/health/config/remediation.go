@@ -39,6 +39,11 @@ type RemediationConfig struct {
 	// PodResourcesSocket is the kubelet's pod-resources socket, asked which pods hold a GPU
 	// through a device plugin; "-" skips it (DRA-only nodes).
 	PodResourcesSocket string `yaml:"podResourcesSocket,omitempty" json:"podResourcesSocket,omitempty"`
+	// PauseOperatorComponents lets remediation pause NVIDIA's GPU operator's components on the
+	// node (DCGM, dcgm-exporter, GPU feature discovery, its device plugin: the pods whose
+	// nodeSelector has a nvidia.com/gpu.deploy.* label) for a reset, as the operator's own
+	// managers do, and restore them after it. Off: a GPU they hold waits, saying so.
+	PauseOperatorComponents bool `yaml:"pauseOperatorComponents,omitempty" json:"pauseOperatorComponents,omitempty"`
 }
 
 // Remediation defaults and limits.

@@ -78,6 +78,11 @@ app.kubernetes.io/component: {{ .component }}
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+# Remediation never counts its own pod among the GPU operator's components that hold a GPU.
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
 # The Go runtime collects harder near the container's memory limit instead of being
 # killed by it.
 - name: GOMEMLIMIT
