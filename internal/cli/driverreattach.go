@@ -77,6 +77,12 @@ func (r *reattachingBackend) Run(ctx context.Context, sink agent.Sink) error {
 	for {
 		current := r.currentSession()
 		err := current.Run(ctx, sink)
+		if errors.Is(err, gpunvml.ErrInventoryChanged) {
+			// Another set of devices for the kubelet: a fresh process serves them.
+			_ = current.Close()
+			r.log.Info("The MIG layout changed: starting afresh", "change", err.Error())
+			return errReexec
+		}
 		var gone *gpunvml.DriverGoneError
 		if !errors.As(err, &gone) {
 			return err

@@ -205,6 +205,13 @@ func TestReattachingBackendOtherGPUsAndErrors(t *testing.T) {
 		t.Errorf("Run = %v (other session closed: %v), want errReexec and the session closed", err, other.isClosed())
 	}
 
+	migs := newFakeSession("GPU-a")
+	r = newReattaching(migs, &driverLooks{}, clk)
+	migs.ends <- &gpunvml.InventoryChangedError{GPU: "GPU-a"}
+	if err := r.Run(t.Context(), nopSink{}); !errors.Is(err, errReexec) || !migs.isClosed() {
+		t.Errorf("Run after a MIG change = %v (closed: %v), want errReexec and the session closed", err, migs.isClosed())
+	}
+
 	boom := errors.New("boom")
 	third := newFakeSession("GPU-a")
 	r = newReattaching(third, &driverLooks{}, clk)

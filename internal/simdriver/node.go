@@ -261,6 +261,9 @@ func (n *node) apply(ev sim.Event) error {
 		case sim.EventFabric:
 			g.fabric = map[string]uint64{sim.FabricNotStarted: fabricNotStarted, sim.FabricInProgress: fabricInProgress,
 				sim.FabricCompleted: fabricCompleted}[ev.FabricState]
+		case sim.EventMIG:
+			n.setMIG(g, ev.GPU, ev.MIGCount)
+			n.deliver(event{dev: wire, typ: eventMIGConfigChange, gpuInst: noInstance, ciInst: noInstance})
 		}
 	}
 	return nil
@@ -309,4 +312,19 @@ func (n *node) reset(g *gpuState) {
 	}
 	g.recovery = health.RecoveryNone
 	g.temperature = idleTemperatureC
+}
+
+// setMIG gives GPU index count MIG instances (0: MIG mode off), named as the sim backend names
+// them: instances that stay keep their UUIDs. n.mu must be held.
+func (n *node) setMIG(g *gpuState, index, count int) {
+	for _, u := range g.migUUIDs {
+		delete(n.byUUID, u)
+	}
+	g.migUUIDs = nil
+	for m := 1; m <= count; m++ {
+		u := sim.MIGUUID(n.sc.Node, index, m)
+		g.migUUIDs = append(g.migUUIDs, u)
+		n.byUUID[u] = uint32(index*migSlots + m)
+	}
+	n.log("The MIG layout changed", "gpu", index, "instances", count)
 }

@@ -179,7 +179,8 @@ const (
 	eventDRAMRetireFailure = 0x800
 	eventGPUUnavailable    = 0x4000
 	eventRecoveryAction    = 0x8000
-	supportedEvents        = eventSingleBitECC | eventDoubleBitECC | eventXID | eventDRAMRetirement | eventDRAMRetireFailure | eventGPUUnavailable | eventRecoveryAction
+	eventMIGConfigChange   = 0x100
+	supportedEvents        = eventSingleBitECC | eventDoubleBitECC | eventXID | eventDRAMRetirement | eventDRAMRetireFailure | eventGPUUnavailable | eventRecoveryAction | eventMIGConfigChange
 
 	thresholdShutdown = 0
 	thresholdSlowdown = 1

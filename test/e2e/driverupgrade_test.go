@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
 
@@ -44,17 +45,7 @@ func TestAgentReleasesNVMLForADriverUpgrade(t *testing.T) {
 	kubeconfig := agentKubeconfig(t, c)
 	root := shortTempDir(t, "sd-up-")
 	sd := startSimDriver(t, libs, root, "", node, 4, "535")
-
-	dir := t.TempDir()
-	configPath := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	port := freePort(t)
-	metrics := "http://127.0.0.1:" + strconv.Itoa(port)
-	agent := startProcess(t, "agent", filepath.Join(dir, "agent.log"), gpuhealthBinary(t), "agent", "--backend", "nvml",
-		"--driver-root", root, "--node-name", node, "--kubeconfig", kubeconfig, "--config", configPath,
-		"--checkpoint", filepath.Join(dir, "ckpt.json"), "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "-v", "2")
+	agent, metrics := startNVMLAgent(t, root, node, kubeconfig)
 	pid := agent.cmd.Process.Pid
 	// onDriver waits until the agent is ready on NVML with the library of version loaded.
 	onDriver := func(what, version string) {
@@ -224,5 +215,70 @@ func TestDevicePluginFollowsADriverUpgrade(t *testing.T) {
 		if !strings.Contains(string(log), want) {
 			t.Errorf("the device plugin's log lacks %q", want)
 		}
+	}
+}
+
+// TestAgentFollowsAMIGReconfiguration runs the agent on the simulated driver with GPU 1 in MIG
+// mode (2 instances) and a sticky fault on GPU 0, and changes GPU 1's MIG layout under it, as
+// mig-parted does: to 1 instance, then MIG off. Each time NVML's MIG configuration-change event
+// makes the agent open NVML afresh (it re-executes itself: same pid, no restart of its pod): the
+// instance that is gone leaves the gpu-health annotation, GPU 0 keeps its fault, nothing else
+// changes.
+func TestAgentFollowsAMIGReconfiguration(t *testing.T) {
+	t.Parallel()
+	libs := simDriverLibraries(t)
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	const node = "mig-node"
+	gpuNode(t, c, node, 4)
+	kubeconfig := agentKubeconfig(t, c)
+	root := shortTempDir(t, "sd-mig-")
+	sd := startSimDriverGPUs(t, libs, root, "", node, `{count: 4, migInstances: {"1": 2}}`, "550")
+	agent, metrics := startNVMLAgent(t, root, node, kubeconfig)
+	pid := agent.cmd.Process.Pid
+	eventually(t, "the agent ready on NVML", func(context.Context) (bool, string, error) {
+		code, err := httpGetStatus(metrics + "/readyz")
+		return code == 200, fmt.Sprintf("readyz %d %v", code, err), nil
+	})
+	mig1, mig2 := sim.MIGUUID(node, 1, 1), sim.MIGUUID(node, 1, 2)
+	// layout waits until the annotation lists exactly these MIG instances of GPU 1, with GPU 0
+	// unhealthy (XID 79) and GPU 1 healthy.
+	layout := func(what string, migs ...string) {
+		t.Helper()
+		eventually(t, what, func(ctx context.Context) (bool, string, error) {
+			if exited, log := agent.exited(); exited {
+				return false, "", fmt.Errorf("the agent exited:\n%s", log)
+			}
+			ann, err := nodeAnnotations(ctx, c, node)
+			if err != nil {
+				return false, "", err
+			}
+			sums, err := gpuhealthv1.ParseHealth(ann[gpuhealthv1.HealthKey])
+			if err != nil {
+				return false, "", err
+			}
+			var got []string
+			for uuid, s := range sums {
+				if s.ParentUUID != "" {
+					got = append(got, uuid)
+				}
+			}
+			slices.Sort(got)
+			want := slices.Sorted(slices.Values(migs))
+			return slices.Equal(got, want) && ann[gpuhealthv1.UnhealthyIDsKey] == "0",
+				fmt.Sprintf("MIG instances %v (want %v), ids=%q", got, want, ann[gpuhealthv1.UnhealthyIDsKey]), nil
+		})
+	}
+	sd.inject("{gpu: 0, xid: 79}")
+	layout("GPU 0 unhealthy, GPU 1 with 2 MIG instances", mig1, mig2)
+	sd.inject("{gpu: 1, migInstances: 1}")
+	layout("GPU 1 with 1 MIG instance", mig1)
+	sd.inject("{gpu: 1, migInstances: 0}")
+	layout("GPU 1 out of MIG mode")
+	if agent.cmd.Process.Pid != pid {
+		t.Error("the agent's pid changed")
+	}
+	log, _ := os.ReadFile(agent.log)
+	if n := strings.Count(string(log), "Re-executing the agent to watch the new MIG layout"); n != 2 {
+		t.Errorf("the agent followed %d MIG changes, want 2", n)
 	}
 }

@@ -46,9 +46,16 @@ type simDriver struct {
 // for the default), with the libraries built into libs, and waits until it listens.
 func startSimDriver(t *testing.T, libs, root, subdir, node string, gpus int, version string) *simDriver {
 	t.Helper()
+	return startSimDriverGPUs(t, libs, root, subdir, node, fmt.Sprintf("{count: %d}", gpus), version)
+}
+
+// startSimDriverGPUs is startSimDriver with the scenario's gpus section as given ("{count: 4,
+// migInstances: {\"1\": 2}}").
+func startSimDriverGPUs(t *testing.T, libs, root, subdir, node, gpus, version string) *simDriver {
+	t.Helper()
 	dir := t.TempDir()
 	scenario := filepath.Join(dir, "scenario.yaml")
-	body := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d}\n", node, gpus)
+	body := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: %s\n", node, gpus)
 	if err := os.WriteFile(scenario, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -77,6 +84,23 @@ func (d *simDriver) inject(ev string) {
 	}
 }
 
+// startNVMLAgent runs `gpuhealth agent --backend nvml` on the driver root for node, with
+// agentConfig, a checkpoint and its metrics on a free loopback port; it returns the process and
+// the metrics base URL.
+func startNVMLAgent(t *testing.T, root, node, kubeconfig string) (*process, string) {
+	t.Helper()
+	dir := t.TempDir()
+	configPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	agent := startProcess(t, "agent", filepath.Join(dir, "agent.log"), gpuhealthBinary(t), "agent", "--backend", "nvml",
+		"--driver-root", root, "--node-name", node, "--kubeconfig", kubeconfig, "--config", configPath,
+		"--checkpoint", filepath.Join(dir, "ckpt.json"), "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "-v", "2")
+	return agent, "http://127.0.0.1:" + strconv.Itoa(port)
+}
+
 // shortTempDir is a temporary directory with a short path: the simulator's socket path must fit
 // a Unix socket's 107 bytes.
 func shortTempDir(t *testing.T, prefix string) string {
@@ -102,16 +126,7 @@ func TestAgentOnTheSimulatedDriver(t *testing.T) {
 	kubeconfig := agentKubeconfig(t, c)
 
 	sd := startSimDriver(t, libs, shortTempDir(t, "sd-e2e-"), "", node, 4, "535")
-	root, dir := sd.root, t.TempDir()
-	configPath := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(configPath, []byte(agentConfig), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	port := freePort(t)
-	metrics := "http://127.0.0.1:" + strconv.Itoa(port)
-	agent := startProcess(t, "agent", filepath.Join(dir, "agent.log"), gpuhealthBinary(t), "agent", "--backend", "nvml",
-		"--driver-root", root, "--node-name", node, "--kubeconfig", kubeconfig, "--config", configPath,
-		"--checkpoint", filepath.Join(dir, "ckpt.json"), "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "-v", "2")
+	agent, metrics := startNVMLAgent(t, sd.root, node, kubeconfig)
 	eventually(t, "agent ready on NVML", func(context.Context) (bool, string, error) {
 		if exited, log := agent.exited(); exited {
 			return false, "", fmt.Errorf("the agent exited:\n%s", log)

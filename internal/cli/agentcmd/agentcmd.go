@@ -73,7 +73,7 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			}
 			logger := klog.FromContext(ctx)
 			var away *driverAway
-			if v, ok := os.LookupEnv(DriverAwayEnv); ok {
+			if v := os.Getenv(DriverAwayEnv); v != "" {
 				if a, err := parseDriverAway(v); err != nil {
 					logger.Error(err, "Ignoring the record of an earlier release of NVML")
 				} else {
@@ -142,10 +142,18 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			}
 			var release *driverAway
 			var gone *gpunvml.DriverGoneError
-			if p, ok := isPaused(context.Cause(runCtx)); ok {
+			var changed *gpunvml.InventoryChangedError
+			switch p, paused := isPaused(context.Cause(runCtx)); {
+			case paused:
 				release = &driverAway{Since: time.Now(), Reason: p.reason}
-			} else if errors.As(err, &gone) {
+			case errors.As(err, &gone):
 				release = &driverAway{Since: gone.At, Reason: gone.Error()}
+			case errors.As(err, &changed):
+				// A new MIG layout: a fresh image opens NVML on it (new inventory, checkpoint
+				// restored); nothing waits.
+				logger.Info("Re-executing the agent to watch the new MIG layout", "change", changed.Error())
+				klog.Flush()
+				return cmdutil.Reexec(DriverAwayEnv + "=")
 			}
 			if release == nil {
 				return err

@@ -41,6 +41,7 @@ type options struct {
 	backoffMax     time.Duration
 	startAttempts  int
 	startBackoff   time.Duration
+	inventoryCheck time.Duration
 	clock          clock.Clock
 	logger         logr.Logger
 }
@@ -104,6 +105,10 @@ type Backend struct {
 
 	// gone is set once a loop saw the driver go away (driveraway.go): Run returns it.
 	gone atomic.Pointer[DriverGoneError]
+	// migChanged is set by a MIG configuration-change event; inventoryCheckedAt is when the
+	// MIG layout was last compared with the inventory (migchange.go).
+	migChanged         atomic.Bool
+	inventoryCheckedAt atomic.Int64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -183,6 +188,7 @@ func newOptions(opts []Option) options {
 		backoffMax:     DefaultBackoffMax,
 		startAttempts:  DefaultStartAttempts,
 		startBackoff:   DefaultStartBackoff,
+		inventoryCheck: DefaultInventoryCheck,
 		clock:          clock.RealClock{},
 		logger:         logr.Discard(),
 	}
@@ -206,6 +212,9 @@ func newOptions(opts []Option) options {
 	}
 	if o.startBackoff <= 0 {
 		o.startBackoff = DefaultStartBackoff
+	}
+	if o.inventoryCheck <= 0 {
+		o.inventoryCheck = DefaultInventoryCheck
 	}
 	return o
 }

@@ -150,8 +150,8 @@ func TestProbe(t *testing.T) {
 	if got := rep.GPUs[0].Events; !slices.Equal(got, []string{"xid"}) {
 		t.Errorf("GPU 0 events = %v, want [xid]", got)
 	}
-	if got := rep.GPUs[2].Events; len(got) != 8 {
-		t.Errorf("GPU 2 events = %v, want all 8 watched types", got)
+	if got := rep.GPUs[2].Events; len(got) != 9 {
+		t.Errorf("GPU 2 events = %v, want all 9 watched types", got)
 	}
 	r := rep.GPUs[1].Readings
 	if r.Power == nil || r.Power.UsageMilliwatts != 120000 || r.Power.LimitMilliwatts != 700000 {

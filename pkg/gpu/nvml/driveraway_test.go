@@ -45,12 +45,7 @@ func TestDriverGoneEndsRun(t *testing.T) {
 			answer := f.driverAnswers()
 			b := f.open()
 			rec := newRecorder()
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			done := make(chan error, 1)
-			go func() { done <- b.Run(ctx, rec) }()
-			waitFor(t, "the first sampling round", func() bool { return b.Stats().Rounds >= 1 })
-			waitFor(t, "the first Wait", func() bool { return f.waitCalls.Load() > 0 })
+			done := f.runToEnd(b, rec)
 			rec.take()
 
 			tc.cut(f, answer, tc.ret)
@@ -114,4 +109,18 @@ func (f *fixture) driverAnswers() func(nvml.Return) {
 		return orig()
 	}
 	return func(ret nvml.Return) { answer.Store(int32(ret)) }
+}
+
+// runToEnd starts b.Run, waits for its first sampling round and its first Wait, and returns
+// where Run's result comes: for tests in which Run ends by itself (its context ends with the
+// test).
+func (f *fixture) runToEnd(b *gpunvml.Backend, sink gpunvml.Sink) <-chan error {
+	f.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	f.t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx, sink) }()
+	waitFor(f.t, "the first sampling round", func() bool { return b.Stats().Rounds >= 1 })
+	waitFor(f.t, "the first Wait", func() bool { return f.waitCalls.Load() > 0 })
+	return done
 }

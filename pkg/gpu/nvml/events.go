@@ -18,7 +18,8 @@ const WatchedEvents uint64 = nvml.EventTypeXidCriticalError |
 	nvml.EventTypeDramRetirementEvent |
 	nvml.EventTypeDramRetirementFailure |
 	nvml.EventTypeGpuUnavailableError |
-	nvml.EventTypeGpuRecoveryAction
+	nvml.EventTypeGpuRecoveryAction |
+	nvml.EventMigConfigChange
 
 // XIDRecoveryActionChanged is the XID that tells to read NVML's GPU recovery action.
 const XIDRecoveryActionChanged = 154
@@ -35,6 +36,7 @@ var eventNames = []struct {
 	{nvml.EventTypeDramRetirementFailure, "dramRetirementFailure"},
 	{nvml.EventTypeGpuUnavailableError, "gpuUnavailable"},
 	{nvml.EventTypeGpuRecoveryAction, "gpuRecoveryAction"},
+	{nvml.EventMigConfigChange, "migConfigChange"},
 }
 
 // EventNames names the watched event types set in mask, in a fixed order.
@@ -50,8 +52,9 @@ func EventNames(mask uint64) []string {
 
 // Run watches the GPUs until ctx ends: the event loop, the sampler, and the keeper that
 // initialises NVML again when that failed after a reset, each in a goroutine that Run owns and
-// waits for. It returns nil when ctx ends and an error only when watching cannot start (no event
-// set can be created, after the tries WithStartRetries sets). Every event set is freed before
+// waits for. It returns nil when ctx ends, a *DriverGoneError when the driver went away under
+// it, an *InventoryChangedError when the MIG layout changed, and otherwise an error only when
+// watching cannot start (no event set can be created, after the tries WithStartRetries sets). Every event set is freed before
 // Run returns. Run may be called once at a time. A reset through CommandResetter parks the
 // event loop and the sampler while it runs (see session.go).
 func (b *Backend) Run(ctx context.Context, sink Sink) error {
@@ -160,6 +163,9 @@ func (b *Backend) eventSignals(t target, e nvml.EventData, now time.Time, sink S
 		}
 	case nvml.EventTypeGpuRecoveryAction:
 		b.emitRecoveryAction(g, base, sink)
+	case nvml.EventMigConfigChange:
+		// The layout is compared with the inventory at the next sampling round.
+		b.migChanged.Store(true)
 	case nvml.EventTypeSingleBitEccError, nvml.EventTypeDoubleBitEccError:
 		b.emitECCAfterEvent(g, e.EventType == nvml.EventTypeDoubleBitEccError, base, sink)
 	case nvml.EventTypeSingleBitEccErrorStorm:

@@ -8,7 +8,8 @@ import (
 )
 
 // sampleLoop runs a sampling round at once (it sets the counters' baselines) and then every
-// sample period until ctx ends, or until the driver went away (a *DriverGoneError).
+// sample period until ctx ends, or until the driver went away (a *DriverGoneError) or the MIG
+// layout changed (an *InventoryChangedError).
 func (b *Backend) sampleLoop(ctx context.Context, sink Sink) error {
 	for {
 		// While a reset has NVML the round waits; it then reads the GPUs afresh.
@@ -17,16 +18,26 @@ func (b *Backend) sampleLoop(ctx context.Context, sink Sink) error {
 		}
 		// The period runs from the start of a round, so slow reads do not stretch it.
 		timer := b.opts.clock.NewTimer(b.opts.samplePeriod)
-		b.sampling.begin(b.opts.clock.Now())
+		now := b.opts.clock.Now()
+		b.sampling.begin(now)
 		gone := b.checkDriver()
-		if gone == nil {
+		var changed *InventoryChangedError
+		if gone == nil && b.inventoryDue(now) {
+			changed = b.checkInventory(now)
+		}
+		if gone == nil && changed == nil {
 			b.sampleAll(sink)
 		}
 		b.sampling.end()
 		b.gate.leave()
-		if gone != nil {
+		switch {
+		case gone != nil:
 			timer.Stop()
 			return b.driverWentAway(gone, sink)
+		case changed != nil:
+			timer.Stop()
+			b.log.Info("The MIG layout changed: the backend must be opened again", "change", changed.Error())
+			return changed
 		}
 		select {
 		case <-ctx.Done():

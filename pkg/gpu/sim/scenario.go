@@ -75,12 +75,15 @@ const (
 	// EventFabric sets the GPU's NVLink fabric state as Fabric Manager reports it through
 	// nvmlDeviceGetGpuFabricInfo (FabricState: notStarted, inProgress or completed).
 	EventFabric EventKind = "fabric"
+	// EventMIG changes the GPU's MIG layout at run time (MIGCount instances; 0 turns MIG mode
+	// off), as mig-parted or nvidia-smi mig do, and sends NVML's MIG configuration-change event.
+	EventMIG EventKind = "migInstances"
 )
 
 // DriverOnly reports whether events of kind k are answered by the simulated driver only.
 func (k EventKind) DriverOnly() bool {
 	switch k {
-	case EventDriver, EventHang, EventOutOfRange, EventReadsLower, EventFabric:
+	case EventDriver, EventHang, EventOutOfRange, EventReadsLower, EventFabric, EventMIG:
 		return true
 	}
 	return false
@@ -174,6 +177,8 @@ type Event struct {
 	Hang         time.Duration
 	Reading      string
 	FabricState  string
+	// MIGCount is the GPU's number of MIG instances after an EventMIG (0: MIG mode off).
+	MIGCount int
 }
 
 // scenarioFile mirrors the file; pointers tell "absent" from zero.
@@ -218,6 +223,7 @@ type eventSpec struct {
 	OutOfRange        *string    `yaml:"outOfRange"`
 	ReadsLower        *string    `yaml:"readsLower"`
 	Fabric            *string    `yaml:"fabric"`
+	MIGInstances      *int       `yaml:"migInstances"`
 }
 
 type eccSpec struct {
@@ -454,9 +460,10 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 	add(spec.OutOfRange != nil, EventOutOfRange)
 	add(spec.ReadsLower != nil, EventReadsLower)
 	add(spec.Fabric != nil, EventFabric)
+	add(spec.MIGInstances != nil, EventMIG)
 	switch len(kinds) {
 	case 0:
-		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg (and, for the simulated driver, driver, hang, outOfRange, readsLower, fabric)")
+		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg (and, for the simulated driver, driver, hang, outOfRange, readsLower, fabric, migInstances)")
 	case 1:
 		ev.Kind = kinds[0]
 	default:
@@ -604,6 +611,11 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 			return ev, fmt.Errorf("fabric: must be one of %s, got %q", strings.Join(FabricStates, ", "), *spec.Fabric)
 		}
 		ev.FabricState = *spec.Fabric
+	case EventMIG:
+		if *spec.MIGInstances < 0 || *spec.MIGInstances > MaxMIGInstances {
+			return ev, fmt.Errorf("migInstances: must be between 0 (MIG off) and %d, got %d", MaxMIGInstances, *spec.MIGInstances)
+		}
+		ev.MIGCount = *spec.MIGInstances
 	}
 	return ev, nil
 }
