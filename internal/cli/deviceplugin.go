@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,8 +15,10 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/cli/agentcmd"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/pkg/deviceplugin"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -25,6 +28,7 @@ import (
 func newDevicePluginCommand() *cobra.Command {
 	var (
 		backend, scenarioPath, configPath, resourceName, socketDir, checkpoint string
+		kubeconfig, nodeName                                                   string
 		cdi                                                                    bool
 		replicas                                                               int
 		logs                                                                   logOptions
@@ -94,6 +98,12 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 				}
 				run = reattach
 				cleanup = func() { _ = reattach.currentSession().Close() }
+				pause, err := watchPauses(ctx, kubeconfig, cmp.Or(nodeName, os.Getenv("NODE_NAME")))
+				if err != nil {
+					logger.Info("Not watching the GPU operator's pause labels: NVML is released only when the driver itself says it is gone", "reason", err.Error())
+				} else {
+					reattach.pause = pause
+				}
 			}
 			defer cleanup()
 			kernelLog := openKernelLog(ctx, cfg, backend, be.Devices(), bootID)
@@ -125,6 +135,8 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 	f.BoolVar(&cdi, "cdi", false, "allocate GPUs as CDI devices nvidia.com/gpu=<UUID> instead of NVIDIA_VISIBLE_DEVICES")
 	f.StringVar(&checkpoint, "checkpoint", "", "file keeping sticky faults across restarts on the same boot (default: none)")
 	f.IntVar(&replicas, "replicas", 1, "time-slice each GPU into this many devices <UUID>::<n> (1: no sharing)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file, to watch this node's GPU operator pause labels (default: in-cluster configuration when in a cluster)")
+	f.StringVar(&nodeName, "node-name", "", "this node's name, whose labels are watched (default $NODE_NAME)")
 	nvmlOpts.AddFlags(f)
 	logs.addFlags(f)
 	return cmd
@@ -185,4 +197,32 @@ func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 		return nil
 	}
 	return err
+}
+
+// watchPauses follows the GPU operator's pause labels on node (the device plugin lets go of NVML
+// while they say so, as the agent does). The Node cache fills in the background: the plugin
+// serves the kubelet whether or not the API server answers.
+func watchPauses(ctx context.Context, kubeconfig, node string) (*agentcmd.OperatorPause, error) {
+	if node == "" {
+		return nil, errors.New("no node name (--node-name or $NODE_NAME)")
+	}
+	cfg, err := cmdutil.ComponentConfig(kubeconfig, "gpuhealth-device-plugin", 5, 10)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kube.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	nodes := nodecache.New(client, node)
+	pause, err := agentcmd.WatchOperatorPause(nodes)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		if err := nodes.Start(ctx); err != nil && ctx.Err() == nil {
+			klog.FromContext(ctx).Error(err, "Watching the GPU operator's pause labels")
+		}
+	}()
+	return pause, nil
 }

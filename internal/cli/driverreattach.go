@@ -63,6 +63,15 @@ type reattachingBackend struct {
 	log     logr.Logger
 	// initial and max bound the wait between looks at the driver.
 	initial, max time.Duration
+	// pause, when set, is the GPU operator's pause of GPU clients on the node: while it lasts
+	// NVML is shut down, as when the driver went away.
+	pause pauseWatch
+}
+
+// pauseWatch is the GPU operator's pause labels on the node (agentcmd.OperatorPause).
+type pauseWatch interface {
+	Reason(ctx context.Context) string
+	Changes() <-chan struct{}
 }
 
 var _ agent.Backend = (*reattachingBackend)(nil)
@@ -76,7 +85,23 @@ func (r *reattachingBackend) Devices() []health.Device { return r.devices }
 func (r *reattachingBackend) Run(ctx context.Context, sink agent.Sink) error {
 	for {
 		current := r.currentSession()
-		err := current.Run(ctx, sink)
+		paused, err := r.runUnlessPaused(ctx, current, sink)
+		if paused != "" {
+			if cerr := current.Close(); cerr != nil {
+				r.log.V(2).Info("Shutting NVML down for the GPU operator's pause", "err", cerr.Error())
+			}
+			for _, d := range r.devices {
+				sink.SetUnmonitored(d.UUID, true)
+			}
+			r.log.Info("The GPU operator paused GPU clients: NVML is shut down; the devices keep their last known health, unmonitored, until it resumes them", "reason", paused)
+			if !r.waitUnpaused(ctx) {
+				return nil
+			}
+			if err := r.reattach(ctx); err != nil {
+				return err
+			}
+			continue
+		}
 		if errors.Is(err, gpunvml.ErrInventoryChanged) {
 			// Another set of devices for the kubelet: a fresh process serves them.
 			_ = current.Close()
@@ -91,20 +116,79 @@ func (r *reattachingBackend) Run(ctx context.Context, sink agent.Sink) error {
 			r.log.V(2).Info("Shutting NVML down after the driver went away", "err", cerr.Error())
 		}
 		r.log.Info("The NVIDIA driver went away: NVML is shut down; the devices keep their last known health, unmonitored, until it is back", "reason", gone.Error())
-		next, err := r.waitBack(ctx)
-		if err != nil {
+		if err := r.reattach(ctx); err != nil {
 			return err
 		}
-		if got := uuids(next.Devices()); !slices.Equal(got, uuids(r.devices)) {
-			_ = next.Close()
-			r.log.Info("The driver came back with other GPUs: starting afresh", "before", uuids(r.devices), "now", got)
-			return errReexec
-		}
-		r.log.Info("The NVIDIA driver is back: watching the GPUs again", "driverVersion", next.DriverVersion())
-		r.mu.Lock()
-		r.current = next
-		r.mu.Unlock()
 	}
+}
+
+// reattach waits for the driver and makes the session it opens the current one; errReexec when
+// only a new process can go on.
+func (r *reattachingBackend) reattach(ctx context.Context) error {
+	next, err := r.waitBack(ctx)
+	if err != nil {
+		return err
+	}
+	if got := uuids(next.Devices()); !slices.Equal(got, uuids(r.devices)) {
+		_ = next.Close()
+		r.log.Info("The driver came back with other GPUs: starting afresh", "before", uuids(r.devices), "now", got)
+		return errReexec
+	}
+	r.log.Info("The NVIDIA driver is back: watching the GPUs again", "driverVersion", next.DriverVersion())
+	r.mu.Lock()
+	r.current = next
+	r.mu.Unlock()
+	return nil
+}
+
+// runUnlessPaused runs the session until it returns or the GPU operator pauses GPU clients; it
+// returns the pause's reason ("" when not paused) or the session's result.
+func (r *reattachingBackend) runUnlessPaused(ctx context.Context, current nvmlSession, sink agent.Sink) (string, error) {
+	if r.pause == nil {
+		return "", current.Run(ctx, sink)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	paused := make(chan string, 1)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			if reason := r.pause.Reason(runCtx); reason != "" {
+				paused <- reason
+				stop()
+				return
+			}
+			select {
+			case <-runCtx.Done():
+				return
+			case <-r.pause.Changes():
+			}
+		}
+	}()
+	err := current.Run(runCtx, sink)
+	stop()
+	<-watched // the pause's changes are waitUnpaused's from here
+	select {
+	case reason := <-paused:
+		if ctx.Err() == nil {
+			return reason, nil
+		}
+	default:
+	}
+	return "", err
+}
+
+// waitUnpaused waits until no label pauses GPU clients; false when ctx ended first.
+func (r *reattachingBackend) waitUnpaused(ctx context.Context) bool {
+	for r.pause.Reason(ctx) != "" {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-r.pause.Changes():
+		}
+	}
+	return ctx.Err() == nil
 }
 
 // currentSession is the session Run runs now.

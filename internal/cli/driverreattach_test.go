@@ -220,3 +220,87 @@ func TestReattachingBackendOtherGPUsAndErrors(t *testing.T) {
 		t.Errorf("Run = %v, want the backend's own error", err)
 	}
 }
+
+// fakePause is the GPU operator's pause labels as the test sets them.
+type fakePause struct {
+	mu      sync.Mutex
+	reason  string
+	changed chan struct{}
+}
+
+func (p *fakePause) Reason(context.Context) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reason
+}
+func (p *fakePause) Changes() <-chan struct{} { return p.changed }
+func (p *fakePause) set(reason string) {
+	p.mu.Lock()
+	p.reason = reason
+	p.mu.Unlock()
+	select {
+	case p.changed <- struct{}{}:
+	default:
+	}
+}
+
+// marks records SetUnmonitored.
+type marks struct {
+	nopSink
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (s *marks) SetUnmonitored(uuid string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[uuid] = on
+}
+
+func (s *marks) get(uuid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[uuid]
+}
+
+// The GPU operator's pause: the plugin shuts NVML down (the session closed, its devices
+// unmonitored), does not look at the driver while the pause lasts, and carries on on the same
+// library once it ends.
+func TestReattachingBackendLetsGoWhileTheOperatorPauses(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	first, second := newFakeSession("GPU-a"), newFakeSession("GPU-a")
+	looks := &driverLooks{next: []*fakeSession{second}}
+	r := newReattaching(first, looks, clk)
+	pause := &fakePause{changed: make(chan struct{}, 1)}
+	r.pause = pause
+	sink := &marks{m: map[string]bool{}}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(t.Context(), sink) }()
+	pause.set("the GPU operator paused GPU clients (nvidia.com/gpu.deploy.device-plugin=paused-for-driver-upgrade)")
+	waitUntil(t, "the session closed for the pause", first.isClosed)
+	waitUntil(t, "the devices unmonitored", func() bool { return sink.get("GPU-a") })
+	clk.Step(time.Hour)
+	time.Sleep(10 * time.Millisecond)
+	if r.currentSession() != nvmlSession(first) {
+		t.Fatal("NVML opened again while the operator still pauses GPU clients")
+	}
+	pause.set("")
+	stepWhenWaiting(clk, time.Second)
+	waitUntil(t, "the next session after the pause", func() bool { return r.currentSession() == nvmlSession(second) })
+	select {
+	case err := <-done:
+		t.Fatalf("Run ended: %v", err)
+	default:
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

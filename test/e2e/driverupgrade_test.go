@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -175,16 +176,22 @@ func driverFilesHeld(pid int, root string) []string {
 }
 
 // TestDevicePluginFollowsADriverUpgrade runs `gpuhealth device-plugin --backend nvml` on the
-// simulated driver against a real kubelet, with XID 79 on GPU 5, and replaces the driver under it
-// by another version: NVML answers LIB_RM_VERSION_MISMATCH, the plugin shuts NVML down and keeps
-// serving its devices' last health; once a child process opens the new library it re-executes
-// itself (same pid), loads the new library, restores the fault from its checkpoint and registers
-// again: the kubelet ends as it was, 8 GPUs and 7 allocatable.
+// simulated driver against a real kubelet, with XID 79 on GPU 5, through the two ways a driver
+// goes away under it, and the kubelet's view never moves from 8 GPUs, 7 allocatable:
+//
+//  1. The GPU operator pauses GPU clients (its label on the Node the plugin watches): the plugin
+//     shuts NVML down, so that the driver can be unloaded (the simulator refuses that while any
+//     process holds NVML), and keeps serving its devices' last health; the driver comes back as
+//     550 and the label goes back: a child process opens the new library, and the plugin
+//     re-executes itself (same pid), restores the fault from its checkpoint and registers again.
+//  2. 535 replaces 550 without a label: NVML answers LIB_RM_VERSION_MISMATCH, and the plugin
+//     follows the same way.
 func TestDevicePluginFollowsADriverUpgrade(t *testing.T) {
 	t.Parallel()
 	libs := simDriverLibraries(t)
 	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 1})
 	node := c.KubeletNode(controlplane.KubeletNodeName(0))
+	kubeconfig := agentKubeconfig(t, c)
 	root := shortTempDir(t, "sd-dpu-")
 	sd := startSimDriver(t, libs, root, "", node.Name, 8, "535")
 	dir := t.TempDir()
@@ -194,27 +201,47 @@ func TestDevicePluginFollowsADriverUpgrade(t *testing.T) {
 	}
 	dp := startProcess(t, "device-plugin", filepath.Join(dir, "device-plugin.log"), gpuhealthBinary(t), "device-plugin", "--backend", "nvml",
 		"--driver-root", root, "--config", configPath, "--kubelet-socket-dir", node.DevicePluginDir(),
-		"--checkpoint", filepath.Join(dir, "ckpt.json"), "-v", "2")
+		"--checkpoint", filepath.Join(dir, "ckpt.json"), "--kubeconfig", kubeconfig, "--node-name", node.Name, "-v", "2")
 	pid := dp.cmd.Process.Pid
+	onDriver := func(version string) {
+		t.Helper()
+		eventually(t, "the device plugin on the driver "+version, func(context.Context) (bool, string, error) {
+			if exited, log := dp.exited(); exited {
+				return false, "", fmt.Errorf("the device plugin exited:\n%s", log)
+			}
+			held := driverFilesHeld(pid, root)
+			return strings.Contains(strings.Join(held, " "), "libnvidia-ml.so."+version), fmt.Sprintf("driver files held: %v", held), nil
+		})
+		waitGPUs(t, c, node.Name, 8, 7)
+	}
 	waitGPUs(t, c, node.Name, 8, 8)
 	sd.inject("{gpu: 5, xid: 79}")
 	waitGPUs(t, c, node.Name, 8, 7)
 
-	sd.proc.stop(t)
-	startSimDriver(t, libs, root, "", node.Name, 8, "550")
-	eventually(t, "the device plugin on the driver 550", func(context.Context) (bool, string, error) {
-		if exited, log := dp.exited(); exited {
-			return false, "", fmt.Errorf("the device plugin exited:\n%s", log)
-		}
-		held := driverFilesHeld(pid, root)
-		return strings.Contains(strings.Join(held, " "), "libnvidia-ml.so.550.163.01"), fmt.Sprintf("driver files held: %v", held), nil
+	// 1. The operator's pause: the driver can be unloaded once the plugin let go.
+	mergePatchNodeLabels(t, c, node.Name, map[string]any{"nvidia.com/gpu.deploy.device-plugin": "paused-for-driver-upgrade"})
+	eventually(t, "the driver unloaded (the plugin let go of NVML)", func(context.Context) (bool, string, error) {
+		out, err := exec.Command(gpuhealthBinary(t), "sim-driver", "inject", "--driver-root", root, "{driver: unload}").CombinedOutput()
+		return err == nil, string(out), nil
 	})
-	waitGPUs(t, c, node.Name, 8, 7)
+	waitGPUs(t, c, node.Name, 8, 7) // served all along
+	sd.proc.stop(t)
+	sd = startSimDriver(t, libs, root, "", node.Name, 8, "550")
+	mergePatchNodeLabels(t, c, node.Name, map[string]any{"nvidia.com/gpu.deploy.device-plugin": "true"})
+	onDriver("550.163.01")
+
+	// 2. Another version without a label.
+	sd.proc.stop(t)
+	startSimDriver(t, libs, root, "", node.Name, 8, "535")
+	onDriver("535.261.03")
 	log, _ := os.ReadFile(dp.log)
-	for _, want := range []string{"The NVIDIA driver went away", "Re-executing the device plugin"} {
+	for _, want := range []string{"The GPU operator paused GPU clients", "The NVIDIA driver went away"} {
 		if !strings.Contains(string(log), want) {
 			t.Errorf("the device plugin's log lacks %q", want)
 		}
+	}
+	if n := strings.Count(string(log), "Re-executing the device plugin"); n != 2 {
+		t.Errorf("the device plugin re-executed %d times, want 2", n)
 	}
 }
 

@@ -88,9 +88,9 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 				stopCache()
 				nodes.Shutdown()
 			}()
-			var pause *operatorPause
+			var pause *OperatorPause
 			if backend == "nvml" {
-				if pause, err = watchOperatorPause(nodes); err != nil {
+				if pause, err = WatchOperatorPause(nodes); err != nil {
 					return err
 				}
 				if err := nodes.Start(cacheCtx); err != nil {

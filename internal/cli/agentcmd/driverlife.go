@@ -70,15 +70,16 @@ func reexec(away driverAway) error {
 	return cmdutil.Reexec(DriverAwayEnv + "=" + away.encode())
 }
 
-// operatorPause follows the GPU operator's pause labels on the agent's Node.
-type operatorPause struct {
+// OperatorPause follows the GPU operator's pause labels on a Node (the agent's and the device
+// plugin's).
+type OperatorPause struct {
 	node    func(context.Context) (*corev1.Node, error)
 	changed chan struct{}
 }
 
-// watchOperatorPause registers on nodes (which the caller starts) and returns the watch.
-func watchOperatorPause(nodes *nodecache.Cache) (*operatorPause, error) {
-	p := &operatorPause{node: nodes.Get, changed: make(chan struct{}, 1)}
+// WatchOperatorPause registers on nodes (which the caller starts) and returns the watch.
+func WatchOperatorPause(nodes *nodecache.Cache) (*OperatorPause, error) {
+	p := &OperatorPause{node: nodes.Get, changed: make(chan struct{}, 1)}
 	notify := func() {
 		select {
 		case p.changed <- struct{}{}:
@@ -96,9 +97,9 @@ func watchOperatorPause(nodes *nodecache.Cache) (*operatorPause, error) {
 	return p, nil
 }
 
-// reason says which of the operator's labels pause GPU clients now ("" when none does). A Node
+// Reason says which of the operator's labels pause GPU clients now ("" when none does). A Node
 // that cannot be read pauses nothing: the agent keeps doing what it does.
-func (p *operatorPause) reason(ctx context.Context) string {
+func (p *OperatorPause) Reason(ctx context.Context) string {
 	if p == nil {
 		return ""
 	}
@@ -113,8 +114,8 @@ func (p *operatorPause) reason(ctx context.Context) string {
 	return "the GPU operator paused GPU clients (" + strings.Join(pauses, ", ") + ")"
 }
 
-// changes is signalled after every change of the Node.
-func (p *operatorPause) changes() <-chan struct{} {
+// Changes is signalled after every change of the Node.
+func (p *OperatorPause) Changes() <-chan struct{} {
 	if p == nil {
 		return nil
 	}
@@ -123,16 +124,16 @@ func (p *operatorPause) changes() <-chan struct{} {
 
 // whenPaused cancels run (with errPaused as its cause) once the operator pauses GPU clients, and
 // returns when ctx ends.
-func (p *operatorPause) whenPaused(ctx context.Context, run context.CancelCauseFunc) {
+func (p *OperatorPause) whenPaused(ctx context.Context, run context.CancelCauseFunc) {
 	for {
-		if r := p.reason(ctx); r != "" {
+		if r := p.Reason(ctx); r != "" {
 			run(&pausedError{reason: r})
 			return
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-p.changes():
+		case <-p.Changes():
 		}
 	}
 }

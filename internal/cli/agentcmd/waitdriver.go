@@ -47,7 +47,7 @@ type driverWait struct {
 	// pause, when set, holds NVML back while the GPU operator pauses GPU clients: open is not
 	// called then. away, when set, is since when and why an earlier image of this process
 	// released NVML (driverlife.go).
-	pause *operatorPause
+	pause *OperatorPause
 	away  *driverAway
 }
 
@@ -69,7 +69,7 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 		pausedSince = w.away.Since
 	}
 	attempt := func() (T, error, bool) {
-		if reason := w.pause.reason(ctx); reason != "" {
+		if reason := w.pause.Reason(ctx); reason != "" {
 			if pausedSince.IsZero() {
 				pausedSince = w.clock.Now()
 			}
@@ -152,7 +152,7 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 			return zero, ctx.Err()
 		case <-retry:
 			delay = min(2*delay, w.max)
-		case <-w.pause.changes():
+		case <-w.pause.Changes():
 			if timer != nil {
 				timer.Stop()
 			}

@@ -122,12 +122,12 @@ func TestWaitForDriverCancelled(t *testing.T) {
 type pausable struct {
 	mu     sync.Mutex
 	labels map[string]string
-	p      *operatorPause
+	p      *OperatorPause
 }
 
 func newPausable(labels map[string]string) *pausable {
 	n := &pausable{labels: labels}
-	n.p = &operatorPause{changed: make(chan struct{}, 1), node: func(context.Context) (*corev1.Node, error) {
+	n.p = &OperatorPause{changed: make(chan struct{}, 1), node: func(context.Context) (*corev1.Node, error) {
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: maps.Clone(n.labels)}}, nil
