@@ -3,8 +3,11 @@ package remediation
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
+	"os"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,6 +56,8 @@ type Options struct {
 	// restores them (Config.PauseComponents); nil: none are looked for.
 	Components ComponentFinder
 	Pauser     *ComponentPauser
+	// ProcRoot is where a failed reset looks for the processes holding the GPU ("" is /proc).
+	ProcRoot string
 }
 
 // ComponentFinder lists the GPU operator's components running on the node (Components).
@@ -239,6 +244,12 @@ func (c *Controller) StartReset(dev health.Device) {
 		rctx, cancel := context.WithTimeout(ctx, c.opts.Config.ResetTimeout)
 		err := c.opts.Resetter.Reset(rctx, dev.UUID)
 		cancel()
+		if err != nil {
+			// Say who holds the GPU, not only that the tool refused.
+			if holders, herr := DeviceHolders(c.opts.ProcRoot, dev.Minor, os.Getpid()); herr == nil && len(holders) > 0 {
+				err = fmt.Errorf("%w; processes holding the GPU's device file: %s", err, strings.Join(holders, ", "))
+			}
+		}
 		c.machine.ResetFinished(dev.UUID, err)
 		c.nudge()
 	}()

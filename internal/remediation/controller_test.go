@@ -2,6 +2,7 @@ package remediation
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -210,5 +211,51 @@ func TestAnnotationValue(t *testing.T) {
 	want := `{"GPU-a":{"phase":"WaitingForPods","since":"2026-12-01T10:00:00Z","attempts":1,"maxAttempts":3,"fault":"XID48","message":"held by ml/x"}}`
 	if v != want {
 		t.Errorf("value\n%s\nwant\n%s", v, want)
+	}
+}
+
+// refusingResetter fails as nvidia-smi does while another process holds the GPU.
+type refusingResetter struct{ calls chan string }
+
+func (r refusingResetter) Reset(_ context.Context, uuid string) error {
+	r.calls <- uuid
+	return errors.New("nvidia-smi --gpu-reset: exit status 255: the GPU is in use by another client")
+}
+
+// A failed reset names the processes that have the GPU's device file open.
+func TestControllerNamesTheProcessesHoldingAFailedReset(t *testing.T) {
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "4321", "fd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "4321", "comm"), []byte("nv-hostengine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dev := gpu(0)
+	dev.Minor = 3
+	if err := os.Symlink("/dev/nvidia3", filepath.Join(proc, "4321", "fd", "5")); err != nil {
+		t.Fatal(err)
+	}
+	clk := testingclock.NewFakeClock(t0)
+	env := &lockedEnv{env: newEnv()}
+	recorder := record.NewFakeRecorder(100)
+	resetter := refusingResetter{calls: make(chan string, 1)}
+	ctrl, err := New(t.Context(), Options{
+		NodeName: "n1", Config: Config{MaxAttempts: 3, Probation: time.Minute, Window: time.Hour, ResetTimeout: 30 * time.Second},
+		Poll: time.Second, Clock: clk, Holders: env, Slots: env, Resetter: resetter, Recorder: recorder,
+		NodeRef: &corev1.ObjectReference{Kind: "Node", Name: "n1"}, ProcRoot: proc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _ = ctrl.Run(ctx) }()
+	ctrl.Update(health.Snapshot{Time: t0, Devices: []health.DeviceStatus{status(dev, xid48)}})
+	<-resetter.calls
+	waitUntil(t, "the failed attempt", func() bool { return ctrl.States()[dev.UUID].Phase == PhaseWaitingForPods })
+	if msg := ctrl.States()[dev.UUID].Message; !strings.Contains(msg, "in use by another client") ||
+		!strings.Contains(msg, "processes holding the GPU's device file: 4321 (nv-hostengine)") {
+		t.Errorf("the failed attempt says %q, want the tool's refusal and the process holding /dev/nvidia3", msg)
 	}
 }

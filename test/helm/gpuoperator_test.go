@@ -51,3 +51,40 @@ func TestGPUOperatorValues(t *testing.T) {
 func isGPUResource(name corev1.ResourceName) bool {
 	return strings.HasPrefix(string(name), "nvidia.com/gpu") || strings.HasPrefix(string(name), "nvidia.com/mig-")
 }
+
+// TestAgentHostPID: the agent joins the host's PID namespace only when asked (so that a failed
+// reset names the host's processes holding the GPU); the default keeps its own.
+func TestAgentHostPID(t *testing.T) {
+	requireHelm(t)
+	for _, tc := range []struct {
+		set  []string
+		want bool
+	}{{nil, false}, {[]string{"agent.hostPID=true"}, true}} {
+		var ds appsv1.DaemonSet
+		render(t, tc.set...).get(t, "DaemonSet", "gpuhealth-agent", &ds)
+		if got := ds.Spec.Template.Spec.HostPID; got != tc.want {
+			t.Errorf("with %v hostPID = %v, want %v", tc.set, got, tc.want)
+		}
+	}
+}
+
+// TestPauseOperatorComponentsPolicy: the admission policy lets the agent touch a GPU operator
+// component's label only with remediation.pauseOperatorComponents.
+func TestPauseOperatorComponentsPolicy(t *testing.T) {
+	requireHelm(t)
+	for _, tc := range []struct {
+		set  []string
+		want bool
+	}{
+		{[]string{"config.remediation.enabled=true"}, false},
+		{[]string{"config.remediation.enabled=true", "config.remediation.pauseOperatorComponents=true"}, true},
+	} {
+		out, err := Template(context.Background(), Options{Release: "gpuhealth", Namespace: testNamespace, Set: tc.set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(out, "optional.of('paused-by-gpuhealth')"); got != tc.want {
+			t.Errorf("with %v the policy allows paused-by-gpuhealth: %v, want %v", tc.set, got, tc.want)
+		}
+	}
+}
