@@ -93,9 +93,14 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 				if pause, err = WatchOperatorPause(nodes); err != nil {
 					return err
 				}
-				if err := nodes.Start(cacheCtx); err != nil {
-					return err
-				}
+				// In the background: an API server that does not answer yet must not keep the
+				// agent from serving /healthz while it waits for the driver (the pause is read
+				// live until the cache is filled, and a Node that cannot be read pauses nothing).
+				go func() {
+					if err := nodes.Start(cacheCtx); err != nil && cacheCtx.Err() == nil {
+						logger.Error(err, "Watching this node's GPU operator labels")
+					}
+				}()
 			}
 			// Without NVML yet (the driver container is still starting, say), or while the GPU
 			// operator pauses GPU clients, the agent waits.
