@@ -65,11 +65,11 @@ func newRemediation(ctx context.Context, opts Options, agentCfg config.AgentConf
 	// waits, saying so), and paused for a reset when the user allows it.
 	components := remediation.Components{Client: opts.Client, NodeName: opts.NodeName, Self: selfPod()}
 	mc.PauseComponents = cfg.PauseOperatorComponents
-	pauser, err := remediation.NewComponentPauser(opts.Client, caches.nodes, opts.NodeName, recordPath)
+	pauser, err := remediation.NewComponentPauser(opts.Client, opts.NodeName, recordPath)
 	if err != nil {
 		// An unreadable record: what it held cannot be restored; the labels stay as they are.
 		klog.FromContext(ctx).Error(err, "Ignoring the record of the GPU operator's paused components", "path", recordPath)
-		pauser, _ = remediation.NewComponentPauser(opts.Client, caches.nodes, opts.NodeName, "")
+		pauser, _ = remediation.NewComponentPauser(opts.Client, opts.NodeName, "")
 	}
 	m := metrics.NewRemediation(opts.NodeName)
 	if err := m.Register(reg); err != nil {

@@ -29,7 +29,20 @@ import (
 // label's value in a file, sets the labels to ComponentPausedValue, waits for the pods to go,
 // resets, and then restores exactly the values it recorded, on labels it still finds paused by
 // it (also after an agent crash in between: the record is on disk before the first change).
-// Without that permission a GPU held by the components waits, saying so.
+// Without that permission a GPU held by the components waits, saying so. Only the components
+// that are GPU clients count (GPUClientComponents).
+
+// GPUClientComponents are the operator's components that hold the GPUs through NVML, by their
+// labels: the only ones remediation waits for or pauses. The others (the driver itself, the
+// container toolkit, the validator, the MIG manager, sandbox and vGPU managers, third-party
+// clients under nvidia.com/gpu.deploy.client, gpuhealth among them) must never be paused for a
+// reset: pausing the driver unloads it, the toolkit undoes the node's runtime configuration.
+var GPUClientComponents = []string{
+	OperatorDeployLabelPrefix + "dcgm",
+	OperatorDeployLabelPrefix + "dcgm-exporter",
+	OperatorDeployLabelPrefix + "device-plugin",
+	OperatorDeployLabelPrefix + "gpu-feature-discovery",
+}
 
 // ComponentPausedValue is what remediation sets a component's label to while it resets a GPU.
 // It does not start with OperatorPausedPrefix: the operator's own pauses (driver upgrade, MIG
@@ -47,8 +60,8 @@ type Component struct {
 	Pods []string
 }
 
-// Components finds the GPU operator's components on the node: the running pods whose
-// nodeSelector has a nvidia.com/gpu.deploy.* key, by that key.
+// Components finds the GPU operator's GPU clients on the node: the running pods whose
+// nodeSelector has one of the GPUClientComponents labels, by that label.
 type Components struct {
 	Client   kube.Interface
 	NodeName string
@@ -73,7 +86,7 @@ func (c Components) Running(ctx context.Context) ([]Component, error) {
 			continue
 		}
 		for k := range pod.Spec.NodeSelector {
-			if strings.HasPrefix(k, OperatorDeployLabelPrefix) {
+			if slices.Contains(GPUClientComponents, k) {
 				byLabel[k] = append(byLabel[k], name)
 			}
 		}
@@ -97,10 +110,10 @@ func DescribeComponents(cs []Component) string {
 }
 
 // ComponentPauser pauses the operator's components through the Node's labels and restores them,
-// keeping what it changed in a record file written before any change.
+// keeping what it changed in a record file written before any change. It reads the Node from the
+// API server, never from a cache: a label it has just written must be seen as written.
 type ComponentPauser struct {
 	client   kube.Interface
-	node     NodeGetter
 	nodeName string
 	path     string // "" keeps the record in memory only
 
@@ -116,8 +129,8 @@ type pauseRecord struct {
 }
 
 // NewComponentPauser reads the record at path (a pause an earlier agent did not restore).
-func NewComponentPauser(client kube.Interface, node NodeGetter, nodeName, path string) (*ComponentPauser, error) {
-	p := &ComponentPauser{client: client, node: node, nodeName: nodeName, path: path, record: map[string]*string{}}
+func NewComponentPauser(client kube.Interface, nodeName, path string) (*ComponentPauser, error) {
+	p := &ComponentPauser{client: client, nodeName: nodeName, path: path, record: map[string]*string{}}
 	if path == "" {
 		return p, nil
 	}
@@ -134,7 +147,7 @@ func NewComponentPauser(client kube.Interface, node NodeGetter, nodeName, path s
 	}
 	if r.Node == nodeName {
 		for k, v := range r.Labels {
-			if strings.HasPrefix(k, OperatorDeployLabelPrefix) {
+			if slices.Contains(GPUClientComponents, k) {
 				p.record[k] = v
 			}
 		}
@@ -159,13 +172,13 @@ func (p *ComponentPauser) Paused() []string {
 func (p *ComponentPauser) Pause(ctx context.Context, labels []string) ([]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	node, err := p.node.Get(ctx)
+	node, err := p.live(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var changed []string
 	for _, k := range labels {
-		if !strings.HasPrefix(k, OperatorDeployLabelPrefix) {
+		if !slices.Contains(GPUClientComponents, k) {
 			continue
 		}
 		v, ok := node.Labels[k]
@@ -215,7 +228,7 @@ func (p *ComponentPauser) Restore(ctx context.Context) ([]string, error) {
 	if len(p.record) == 0 {
 		return nil, nil
 	}
-	node, err := p.node.Get(ctx)
+	node, err := p.live(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -243,6 +256,14 @@ func (p *ComponentPauser) Restore(ctx context.Context) ([]string, error) {
 		return restored, fmt.Errorf("clearing the record of the GPU operator's labels: %w", err)
 	}
 	return restored, nil
+}
+
+func (p *ComponentPauser) live(ctx context.Context) (*corev1.Node, error) {
+	n, err := p.client.CoreV1().Nodes().Get(ctx, p.nodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get node %s: %w", p.nodeName, err)
+	}
+	return n, nil
 }
 
 func (p *ComponentPauser) patch(ctx context.Context, labels map[string]any) error {

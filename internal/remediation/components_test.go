@@ -153,14 +153,14 @@ func TestComponentPauserRecordsAndRestores(t *testing.T) {
 	ctx := t.Context()
 	client := fake.NewClientset(nodeWith(map[string]string{dcgmLabel: "true", "nvidia.com/gpu.deploy.dcgm-exporter": "true", "other": "x"}))
 	path := filepath.Join(t.TempDir(), ComponentRecordFileName)
-	p, err := NewComponentPauser(adapt.Clientset(client), liveNode{client}, "n1", path)
+	p, err := NewComponentPauser(adapt.Clientset(client), "n1", path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	labels := []string{dcgmLabel, "nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.gpu-feature-discovery", "other"}
+	labels := []string{dcgmLabel, "nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.gpu-feature-discovery", "other", "nvidia.com/gpu.deploy.driver"}
 	changed, err := p.Pause(ctx, labels)
 	if err != nil || len(changed) != 3 {
-		t.Fatalf("Pause = %v, %v; want the three component labels (not \"other\")", changed, err)
+		t.Fatalf("Pause = %v, %v; want the three GPU clients' labels (not \"other\", never the driver's)", changed, err)
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("no record after the pause: %v", err)
@@ -172,7 +172,7 @@ func TestComponentPauserRecordsAndRestores(t *testing.T) {
 		}
 	}
 	// An agent restart: a new pauser reads the record.
-	p2, err := NewComponentPauser(adapt.Clientset(client), liveNode{client}, "n1", path)
+	p2, err := NewComponentPauser(adapt.Clientset(client), "n1", path)
 	if err != nil || !slices.Equal(p2.Paused(), labels[:3]) {
 		t.Fatalf("a new pauser's record = %v, %v; want the three labels", p2.Paused(), err)
 	}
@@ -214,6 +214,9 @@ func TestComponentsRunning(t *testing.T) {
 		pod("gpuhealth-system", "gpuhealth-agent-1", "n1", map[string]string{"nvidia.com/gpu.deploy.client": "true"}, corev1.PodRunning),
 		pod("gpu-operator", "validator-1", "n1", map[string]string{"nvidia.com/gpu.deploy.operator-validator": "true"}, corev1.PodSucceeded),
 		pod("default", "job", "n1", nil, corev1.PodRunning),
+		pod("gpu-operator", "nvidia-driver-daemonset-1", "n1", map[string]string{"nvidia.com/gpu.deploy.driver": "true"}, corev1.PodRunning),
+		pod("gpu-operator", "nvidia-container-toolkit-1", "n1", map[string]string{"nvidia.com/gpu.deploy.container-toolkit": "true"}, corev1.PodRunning),
+		pod("other", "nvsentinel", "n1", map[string]string{"nvidia.com/gpu.deploy.client": "true"}, corev1.PodRunning),
 	)
 	got, err := Components{Client: adapt.Clientset(client), NodeName: "n1", Self: "gpuhealth-system/gpuhealth-agent-1"}.Running(t.Context())
 	if err != nil {

@@ -197,6 +197,10 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 				enter(PhaseWaitingForPods, "")
 				continue
 			}
+			if now.Before(m.notBefore[dev.UUID]) && now.Sub(st.Since) < m.cfg.ResetTimeout {
+				return events // the pods are asked about again after Recheck
+			}
+			m.notBefore[dev.UUID] = now.Add(m.cfg.Recheck)
 			ce, _ := m.env.(ComponentEnv)
 			var running []Component
 			var err error
@@ -204,6 +208,7 @@ func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in inp
 				running, err = ce.Components(ctx)
 			}
 			if err == nil && len(running) == 0 {
+				delete(m.notBefore, dev.UUID)
 				st.Attempts = append(st.Attempts, now)
 				enter(PhaseResetting, "")
 				st.ResetDone, st.ResetObserved, st.Interrupted, st.ResetSeenAt = false, false, false, time.Time{}

@@ -200,7 +200,10 @@ func child(mode, root string) int {
 		_ = enc.Encode(b.Probe())
 		return 0
 	case "watch":
-		b, err := gpunvml.OpenDriverRoot(root, nil, gpunvml.WithSamplePeriod(time.Hour), gpunvml.WithEventWait(100*time.Millisecond))
+		// Many start attempts: a test may kill the simulator before the event set is made, and
+		// the next one may take a while to serve on a loaded machine.
+		b, err := gpunvml.OpenDriverRoot(root, nil, gpunvml.WithSamplePeriod(time.Hour), gpunvml.WithEventWait(100*time.Millisecond),
+			gpunvml.WithStartRetries(60, 100*time.Millisecond), gpunvml.WithWaitBackoff(100*time.Millisecond, time.Second))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1

@@ -156,6 +156,9 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		{"own node: give the paused component its value back", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, labelPatch("nvidia.com/gpu.deploy.dcgm", "true"), "")
 		}, ""},
+		{"own node: pause the driver (not a GPU client: pausing it unloads it)", func(ctx context.Context) error {
+			return patchNode(ctx, asA, nodeA, labelPatch("nvidia.com/gpu.deploy.driver", remediation.ComponentPausedValue), "")
+		}, "nvidia.com/gpu.deploy.driver"},
 		{"own node: switch a running component off", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, labelPatch("nvidia.com/gpu.deploy.dcgm", "false"), "")
 		}, "nvidia.com/gpu.deploy.dcgm"},

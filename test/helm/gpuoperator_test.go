@@ -7,6 +7,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpuhealth/gpuhealth/internal/remediation"
 )
 
 // TestGPUOperatorValues: the values for an operator-managed cluster lint, and the agent they
@@ -85,6 +87,15 @@ func TestPauseOperatorComponentsPolicy(t *testing.T) {
 		}
 		if got := strings.Contains(out, "optional.of('paused-by-gpuhealth')"); got != tc.want {
 			t.Errorf("with %v the policy allows paused-by-gpuhealth: %v, want %v", tc.set, got, tc.want)
+		}
+		// The policy's labels are exactly those remediation pauses.
+		for _, k := range remediation.GPUClientComponents {
+			if got := strings.Contains(out, "'"+k+"'"); got != tc.want {
+				t.Errorf("with %v the policy names %s: %v, want %v", tc.set, k, got, tc.want)
+			}
+		}
+		if strings.Contains(out, "'nvidia.com/gpu.deploy.driver'") {
+			t.Errorf("with %v the policy lets the agent pause the driver", tc.set)
 		}
 	}
 }

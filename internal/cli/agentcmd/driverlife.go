@@ -100,18 +100,27 @@ func WatchOperatorPause(nodes *nodecache.Cache) (*OperatorPause, error) {
 // Reason says which of the operator's labels pause GPU clients now ("" when none does). A Node
 // that cannot be read pauses nothing: the agent keeps doing what it does.
 func (p *OperatorPause) Reason(ctx context.Context) string {
+	reason, _ := p.lookup(ctx)
+	return reason
+}
+
+// pausedReasonPrefix starts every reason Reason gives.
+const pausedReasonPrefix = "the GPU operator paused GPU clients"
+
+// lookup is Reason, with the error when the Node cannot be read.
+func (p *OperatorPause) lookup(ctx context.Context) (string, error) {
 	if p == nil {
-		return ""
+		return "", nil
 	}
 	n, err := p.node(ctx)
 	if err != nil {
-		return ""
+		return "", err
 	}
 	pauses := remediation.OperatorPauses(n.Labels)
 	if len(pauses) == 0 {
-		return ""
+		return "", nil
 	}
-	return "the GPU operator paused GPU clients (" + strings.Join(pauses, ", ") + ")"
+	return pausedReasonPrefix + " (" + strings.Join(pauses, ", ") + ")", nil
 }
 
 // Changes is signalled after every change of the Node.

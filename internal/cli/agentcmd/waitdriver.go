@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -69,7 +70,13 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 		pausedSince = w.away.Since
 	}
 	attempt := func() (T, error, bool) {
-		if reason := w.pause.Reason(ctx); reason != "" {
+		reason, err := w.pause.lookup(ctx)
+		if err != nil && w.away != nil && strings.HasPrefix(w.away.Reason, pausedReasonPrefix) {
+			// Released for the operator's pause, and the Node cannot be read yet (the cache
+			// is filling, the API server flaps): the pause is taken to last until it can.
+			reason = w.away.Reason + "; the Node cannot be read yet"
+		}
+		if reason != "" {
 			if pausedSince.IsZero() {
 				pausedSince = w.clock.Now()
 			}

@@ -122,7 +122,9 @@ func TestWaitForDriverCancelled(t *testing.T) {
 type pausable struct {
 	mu     sync.Mutex
 	labels map[string]string
-	p      *OperatorPause
+	// unreadable makes the Node unreadable (an API server that does not answer yet).
+	unreadable bool
+	p          *OperatorPause
 }
 
 func newPausable(labels map[string]string) *pausable {
@@ -130,9 +132,51 @@ func newPausable(labels map[string]string) *pausable {
 	n.p = &OperatorPause{changed: make(chan struct{}, 1), node: func(context.Context) (*corev1.Node, error) {
 		n.mu.Lock()
 		defer n.mu.Unlock()
+		if n.unreadable {
+			return nil, errors.New("the API server does not answer")
+		}
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: maps.Clone(n.labels)}}, nil
 	}}
 	return n
+}
+
+func (n *pausable) setUnreadable(v bool) {
+	n.mu.Lock()
+	n.unreadable = v
+	n.mu.Unlock()
+	select {
+	case n.p.changed <- struct{}{}:
+	default:
+	}
+}
+
+// An agent that released NVML for the operator's pause does not open it again because its Node
+// cannot be read: only a Node without the pause ends the wait.
+func TestWaitForDriverAfterAPauseWaitsForTheNode(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	node := newPausable(map[string]string{})
+	node.unreadable = true
+	var opens atomic.Int32
+	done := make(chan error, 1)
+	go func() {
+		_, err := waitForDriver(t.Context(), driverWait{node: "n1", clock: clk, initial: time.Second, max: 4 * time.Second, pause: node.p,
+			away: &driverAway{Since: time.Now(), Reason: pausedReasonPrefix + " (nvidia.com/gpu.deploy.dcgm=paused-for-driver-upgrade)"}},
+			func() (string, error) { opens.Add(1); return "backend", nil })
+		done <- err
+	}()
+	clk.Step(time.Hour)
+	select {
+	case err := <-done:
+		t.Fatalf("returned (%v) while the Node could not be read", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if n := opens.Load(); n != 0 {
+		t.Fatalf("open called %d times while the Node could not be read", n)
+	}
+	node.setUnreadable(false)
+	if err := <-done; err != nil || opens.Load() != 1 {
+		t.Errorf("once the Node said no pause: %v with %d opens, want the backend after one", err, opens.Load())
+	}
 }
 
 func (n *pausable) set(k, v string) {

@@ -14,8 +14,9 @@ const RemediationKey = "gpuhealth.dev/gpu-remediation"
 
 // GPURemediation is where one GPU's automatic repair stands (docs/remediation.md).
 type GPURemediation struct {
-	// Phase is WaitingForPods, WaitingForSlot, Resetting, Probation, BlockedByDrain,
-	// RemediationFailed, or empty when no repair is under way (attempts still count).
+	// Phase is WaitingForPods, WaitingForSlot, PausingComponents, Resetting, Probation,
+	// BlockedByDrain, RemediationFailed, or empty when no repair is under way (attempts still
+	// count).
 	Phase string    `json:"phase,omitempty"`
 	Since time.Time `json:"since,omitzero"`
 	// Attempts is the number of resets within the window; MaxAttempts the limit.

@@ -153,6 +153,9 @@ type gpu struct {
 	eccDisabled bool
 	migEnabled  bool
 	rowRemapper bool
+	// migComplete is set when Open read the GPU's whole MIG layout: only then is it compared
+	// with NVML's later (a device Open could not read would otherwise look new every time).
+	migComplete bool
 }
 
 type eccTotals struct{ corrected, uncorrected uint64 }
@@ -176,6 +179,7 @@ func Open(lib nvml.Interface, opts ...Option) (*Backend, error) {
 		return nil, err
 	}
 	b.logOff()
+	b.inventoryCheckedAt.Store(o.clock.Now().UnixNano())
 	return b, nil
 }
 

@@ -1,6 +1,7 @@
 package nvml
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -21,7 +22,7 @@ import (
 //
 // Every sampling round starts by asking the driver its version, so that a driver that went away
 // is noticed within a sample period even when no reading of a GPU would say so; the event loop
-// notices it from EventSet.Wait.
+// notices it from EventSet.Wait, and the keeper from nvmlInit when NVML is down after a reset.
 
 // ErrDriverGone is wrapped by the error Run returns when the NVIDIA driver went away under it.
 var ErrDriverGone = errDriverGone{}
@@ -92,6 +93,16 @@ func (b *Backend) driverWentAway(gone *DriverGoneError, sink Sink) error {
 	}
 	b.stats.add(func(s *Stats) { s.DriverGone = gone.Error() })
 	return gone
+}
+
+// goneAtInit is the *DriverGoneError of an nvmlInit that failed because the driver went away
+// (not loaded, another kernel module version), nil otherwise.
+func goneAtInit(err error, at time.Time) *DriverGoneError {
+	var ret nvml.Return
+	if !errors.As(err, &ret) || (ret != nvml.ERROR_DRIVER_NOT_LOADED && ret != nvml.ERROR_LIB_RM_VERSION_MISMATCH) {
+		return nil
+	}
+	return &DriverGoneError{Op: "initialising NVML again after a GPU reset", Ret: ret, At: at}
 }
 
 // DriverGone returns the error that ended Run when the driver went away under it, or nil.

@@ -124,3 +124,55 @@ func (f *fixture) runToEnd(b *gpunvml.Backend, sink gpunvml.Sink) <-chan error {
 	waitFor(f.t, "the first Wait", func() bool { return f.waitCalls.Load() > 0 })
 	return done
 }
+
+// A driver that goes away while NVML is down after a reset (the reset overlapped a driver
+// upgrade): Init answers the driver's absence, and Run ends with a *DriverGoneError instead of
+// retrying in this process for ever.
+func TestDriverGoneWhileNVMLIsDownAfterAReset(t *testing.T) {
+	f := newFixture(t)
+	b := f.open()
+	rec := newRecorder()
+	done := f.runToEnd(b, rec)
+	r := f.resetter(b, func(context.Context, []string) ([]byte, error) {
+		f.mu.Lock()
+		f.initRets = []nvml.Return{nvml.ERROR_LIB_RM_VERSION_MISMATCH}
+		f.mu.Unlock()
+		return nil, nil
+	})
+	if err := r.Reset(t.Context(), f.uuid(0)); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not end after Init said the driver is another version")
+	}
+	var gone *gpunvml.DriverGoneError
+	if !errors.As(err, &gone) || gone.Ret != nvml.ERROR_LIB_RM_VERSION_MISMATCH {
+		t.Fatalf("Run = %v, want a *DriverGoneError with LIB_RM_VERSION_MISMATCH", err)
+	}
+}
+
+// The driver already gone when the event set is first made (killed between Open and Run):
+// Run ends with a *DriverGoneError, not after every start attempt with a generic error.
+func TestDriverGoneAtTheFirstEventSet(t *testing.T) {
+	f := newFixture(t)
+	f.mu.Lock()
+	f.createRets = []nvml.Return{nvml.ERROR_LIB_RM_VERSION_MISMATCH}
+	f.mu.Unlock()
+	b := f.open()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx, newRecorder()) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not end")
+	}
+	if !errors.Is(err, gpunvml.ErrDriverGone) || !errors.Is(err, nvml.ERROR_LIB_RM_VERSION_MISMATCH) || f.creates.Load() != 0 {
+		t.Errorf("Run = %v after %d event sets, want ErrDriverGone with LIB_RM_VERSION_MISMATCH at the first", err, f.creates.Load())
+	}
+}

@@ -132,6 +132,10 @@ func (b *Backend) attribute(h nvml.Device) (target, bool) {
 // handleEvent turns one event into signals.
 func (b *Backend) handleEvent(e nvml.EventData, sink Sink) {
 	now := b.opts.clock.Now()
+	if e.EventType == nvml.EventMigConfigChange {
+		// Whichever GPU it names, the layout is compared with the inventory at the next round.
+		b.migChanged.Store(true)
+	}
 	t, ok := b.attribute(e.Device)
 	if !ok {
 		b.unattributed(e, now, sink)
@@ -164,8 +168,7 @@ func (b *Backend) eventSignals(t target, e nvml.EventData, now time.Time, sink S
 	case nvml.EventTypeGpuRecoveryAction:
 		b.emitRecoveryAction(g, base, sink)
 	case nvml.EventMigConfigChange:
-		// The layout is compared with the inventory at the next sampling round.
-		b.migChanged.Store(true)
+		// Noted in handleEvent, before the event is tied to a GPU.
 	case nvml.EventTypeSingleBitEccError, nvml.EventTypeDoubleBitEccError:
 		b.emitECCAfterEvent(g, e.EventType == nvml.EventTypeDoubleBitEccError, base, sink)
 	case nvml.EventTypeSingleBitEccErrorStorm:

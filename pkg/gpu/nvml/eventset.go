@@ -31,7 +31,11 @@ type watcher struct {
 func (b *Backend) watchEvents(ctx context.Context, sink Sink) error {
 	w := &watcher{b: b, sink: sink}
 	defer w.free()
-	if err := w.start(ctx); err != nil || w.set == nil {
+	err := w.start(ctx)
+	if w.gone != nil {
+		return b.driverWentAway(w.gone, sink)
+	}
+	if err != nil || w.set == nil {
 		return err
 	}
 	return w.loop(ctx)
@@ -62,6 +66,10 @@ func (w *watcher) start(ctx context.Context) error {
 		w.epoch = epoch
 		ret, failed := w.open(last)
 		switch {
+		case driverGone(ret):
+			w.b.gate.leave()
+			w.gone = &DriverGoneError{Op: "creating the NVML event set", Ret: ret, At: w.b.opts.clock.Now()}
+			return nil
 		case notSupported(ret):
 			w.b.gate.leave()
 			w.b.log.Info("NVML events are not supported: every GPU is unmonitored for events", "error", ret.Error())

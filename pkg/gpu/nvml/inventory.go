@@ -27,6 +27,8 @@ func (b *Backend) inventory() error {
 		b.describe(g)
 		if err := b.migInventory(g); err != nil {
 			b.skip(fmt.Errorf("GPU %d (%s): MIG instances: %w", i, g.dev.UUID, err))
+		} else {
+			g.migComplete = true
 		}
 		for r, why := range b.sym.readingsOff() {
 			g.setOff(r, why)

@@ -77,7 +77,7 @@ func (b *Backend) checkInventory(now time.Time) *InventoryChangedError {
 		return nil
 	}
 	for _, g := range b.gpus {
-		if g.handle == nil || g.lost.Load() {
+		if g.handle == nil || g.lost.Load() || !g.migComplete {
 			continue
 		}
 		on, uuids, ok := b.currentMIGs(g)

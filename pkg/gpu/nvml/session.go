@@ -94,6 +94,10 @@ func (b *Backend) keepNVML(ctx context.Context, sink Sink) error {
 				continue
 			}
 		}
+		if gone := goneAtInit(err, b.opts.clock.Now()); gone != nil {
+			// Not a reset's aftermath: the driver itself went away meanwhile.
+			return b.driverWentAway(gone, sink)
+		}
 		if delay == 0 {
 			b.log.Error(err, "NVML is down after a GPU reset: every GPU is unmonitored until it is back")
 			for _, g := range b.gpus {
@@ -109,6 +113,9 @@ func (b *Backend) keepNVML(ctx context.Context, sink Sink) error {
 		if err := b.retryInit(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if gone := goneAtInit(err, b.opts.clock.Now()); gone != nil {
+				return b.driverWentAway(gone, sink)
 			}
 			b.log.Error(err, "initialising NVML again failed: retrying", "backoff", min(2*delay, b.opts.backoffMax))
 			continue
