@@ -73,19 +73,20 @@ func TestFollowersWriteAfterTheSchedulerPathAndCoalesce(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	for _, w := range []*report.Writer{annotation, condition} {
-		go func() { _ = w.Run(ctx) }()
-	}
+	go func() { _ = condition.Run(ctx) }()
 	f := newFollowers(following, log)
 	go func() { _ = f.run(ctx, scheduling) }()
 
-	// Two updates while the annotation's first Sync is held: the condition and the Events must
-	// wait for it, then see both transitions in order and only the latest snapshot.
+	// Two updates before the annotation writes anything: the condition and the Events must wait
+	// for it, then see both transitions in order and only the latest snapshot. The annotation's
+	// writer starts after both, so its first Sync takes the latest (02); started earlier, it
+	// could take 01 and then block on the gate for 02 until the hold ran out.
 	for i, gpu := range []string{"GPU-a", "GPU-b"} {
 		u := health.Update{Snapshot: health.Snapshot{Time: time.Unix(int64(i+1), 0)}, Transitions: []health.Transition{{Device: health.Device{UUID: gpu}}}}
 		_ = annotation.Report(ctx, u.Snapshot)
 		f.add(u, scheduling)
 	}
+	go func() { _ = annotation.Run(ctx) }()
 	gate <- struct{}{} // the annotation syncs the latest snapshot (02)
 	got := log.wait(t, 4)
 	want := []string{"annotation 02", "event GPU-a", "event GPU-b", "condition 02"}
