@@ -111,6 +111,26 @@ func (r ClockEventReasons) String() string {
 	return strings.Join(names, ",")
 }
 
+// XIDFlags qualify an XID with what the driver said beside its code. NVLink5 XIDs (144-150, on
+// Blackwell and later) carry a severity, the unit and link they concern, and whether an earlier
+// XID caused them; older XIDs carry none of this and their flags are zero.
+type XIDFlags uint8
+
+const (
+	// XIDNonfatal: the driver classed the error Nonfatal. The XID's condition is then Degraded
+	// at most, whatever its rule's severity: the GPU keeps working.
+	XIDNonfatal XIDFlags = 1 << iota
+	// XIDFatal: the driver classed the error Fatal. The rule's severity applies, as it does
+	// when the driver said nothing.
+	XIDFatal
+	// XIDCausedByPrevious: the driver says an earlier XID caused this one. On a node where
+	// another GPU has a fault of its own, the XID is attributed to that GPU (the root) and this
+	// one is only Degraded, with a reason naming the root.
+	XIDCausedByPrevious
+	// XIDHasLink: Signal.Link names the NVLink the XID concerns.
+	XIDHasLink
+)
+
 // Signal is one raw fact about a device, as a backend observed it. It is a plain value so that
 // passing one costs no allocation; Kind says which fields are meaningful.
 type Signal struct {
@@ -126,7 +146,11 @@ type Signal struct {
 	GPUInstance     uint32
 	ComputeInstance uint32
 
-	XID         uint32
+	XID uint32
+	// XIDFlags and Unit qualify an XID (see XIDFlags); Unit is the hardware unit the driver
+	// named ("NETIR", "NVLW", ...), empty when it named none.
+	XIDFlags    XIDFlags
+	Unit        string
 	Value       int64
 	Corrected   uint64
 	Uncorrected uint64
