@@ -20,6 +20,10 @@ type deviceState struct {
 	// uncheckable lists, sorted, the checks the backend cannot run on the device.
 	uncheckable []Check
 
+	// repeats holds each repeat rule's memory, by the rule's place in Policy.Repeats; nil
+	// until an XID a rule counts arrives.
+	repeats []repeatState
+
 	eccCorrected counterRate
 	pcie         counterRate
 	nvlink       []counterRate
@@ -43,6 +47,9 @@ type condState struct {
 	// instant count once.
 	cleanSamples int
 	cleanAt      time.Time
+	// consequential marks an XID condition the driver said an earlier XID caused: it is never
+	// taken for another GPU's root cause.
+	consequential bool
 }
 
 // maxTrackedLinks bounds the NVLink numbers the tracker keeps state for; signals about higher

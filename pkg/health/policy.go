@@ -79,6 +79,13 @@ type Policy struct {
 		ErrorsPerMinute float64
 	}
 	RecoveryAction struct{ Enabled bool }
+
+	// Repeats judge XIDs by how often they come back (see RepeatRule); DefaultRepeatRules
+	// lists the defaults.
+	Repeats []RepeatRule
+	// RootCauseWindow is how recent another GPU's own XID fault must be for an XID the driver
+	// says an earlier XID caused to be attributed to it (XIDCausedByPrevious).
+	RootCauseWindow time.Duration
 }
 
 // Defaults for the polled checks, used by DefaultPolicy.
@@ -90,6 +97,7 @@ const (
 	DefaultQuietPeriod             = 10 * time.Minute
 	DefaultPCIeReplaysPerMinute    = 60
 	DefaultNVLinkErrorsPerMinute   = 60
+	DefaultRootCauseWindow         = 5 * time.Minute
 )
 
 // DefaultPolicy follows NVIDIA's XID catalog and turns on every polled check.
@@ -115,6 +123,8 @@ func DefaultPolicy() *Policy {
 	p.NVLink.ThresholdCheck = ThresholdCheck{Enabled: true, RecoverySamples: DefaultRecoverySamples}
 	p.NVLink.ErrorsPerMinute = DefaultNVLinkErrorsPerMinute
 	p.RecoveryAction.Enabled = true
+	p.Repeats = DefaultRepeatRules()
+	p.RootCauseWindow = DefaultRootCauseWindow
 	return p
 }
 
@@ -134,6 +144,8 @@ func DevicePluginPolicy() *Policy {
 			Description: "GPU requires a reset before it can be used again"},
 		// Nothing in this profile clears on a quiet period; the value only has to be valid.
 		QuietPeriod: DefaultQuietPeriod,
+		// The device plugin has no repeat rules; a root cause still needs a window.
+		RootCauseWindow: DefaultRootCauseWindow,
 	}
 	// Every polled check is off, but with the default thresholds, so that a config that turns
 	// one on gets a working check rather than zero limits that fire on the first reading.
@@ -182,6 +194,10 @@ func (p *Policy) XIDRuleFor(xid uint32) (XIDRule, bool) {
 func (p *Policy) Clone() *Policy {
 	c := *p
 	c.XIDs = maps.Clone(p.XIDs)
+	c.Repeats = slices.Clone(p.Repeats)
+	for i := range c.Repeats {
+		c.Repeats[i].XIDs = slices.Clone(c.Repeats[i].XIDs)
+	}
 	return &c
 }
 

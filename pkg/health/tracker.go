@@ -37,6 +37,8 @@ type Tracker struct {
 	lastTime   time.Time
 	// cursors says how far each replayable source has been applied (see Advance).
 	cursors map[string]Cursor
+	// findings are the node findings in effect (see NodeFinding), in the order raised.
+	findings []NodeFinding
 }
 
 // NewTracker returns a Tracker for devices under policy. MIG instances name their parent in
@@ -161,6 +163,7 @@ func (t *Tracker) observeLocked(sig Signal, out []Transition) ([]Transition, err
 	for _, c := range gpu.children {
 		ev.expireQuiet(c)
 	}
+	t.expireFindings(sig.Time)
 	ev.apply(ds, sig)
 	return ev.out, nil
 }
@@ -177,6 +180,7 @@ func (t *Tracker) Tick(now time.Time, out []Transition) []Transition {
 	for _, ds := range t.ordered {
 		ev.expireQuiet(ds)
 	}
+	t.expireFindings(now)
 	return ev.out
 }
 
@@ -188,8 +192,12 @@ func (t *Tracker) Reboot(bootID string, now time.Time, out []Transition) []Trans
 	t.bootID = bootID
 	ev := evaluation{t: t, now: now, out: out}
 	for _, ds := range t.ordered {
-		ds.eccCorrected, ds.pcie, ds.nvlink = counterRate{}, counterRate{}, nil
+		ds.eccCorrected, ds.pcie, ds.nvlink, ds.repeats = counterRate{}, counterRate{}, nil, nil
 		ev.removeIf(ds, ReasonNodeReboot, func(c *condState) bool { return c.ClearsOn.ClearedByReboot() })
+	}
+	if len(t.findings) > 0 {
+		t.findings = nil
+		t.generation++
 	}
 	return ev.out
 }
@@ -251,6 +259,10 @@ func (t *Tracker) Snapshot() Snapshot {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := Snapshot{Time: t.lastTime, BootID: t.bootID, Devices: make([]DeviceStatus, 0, len(t.ordered))}
+	for _, f := range t.findings {
+		f.GPUs = slices.Clone(f.GPUs)
+		s.Findings = append(s.Findings, f)
+	}
 	for _, ds := range t.ordered {
 		st := DeviceStatus{
 			Device:            ds.dev,

@@ -233,6 +233,9 @@ type Snapshot struct {
 	Time    time.Time      `json:"time"`
 	BootID  string         `json:"bootID,omitempty"`
 	Devices []DeviceStatus `json:"devices"`
+	// Findings are facts about the node as a whole that change no GPU's health, such as an XID
+	// spread over several GPUs (a likely software cause).
+	Findings []NodeFinding `json:"findings,omitempty"`
 }
 
 // Transition records a change of a device's effective health.

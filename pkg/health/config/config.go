@@ -41,7 +41,9 @@ type HealthConfig struct {
 	// QuietPeriod ends conditions that clear on a quiet period (default 10m).
 	QuietPeriod *Duration `yaml:"quietPeriod,omitempty" json:"quietPeriod,omitempty"`
 	XIDs        XIDConfig `yaml:"xids,omitempty" json:"xids,omitempty"`
-	Checks      Checks    `yaml:"checks,omitempty" json:"checks,omitempty"`
+	// Repeats changes the repeat rules: XIDs judged by how often they come back.
+	Repeats RepeatsConfig `yaml:"repeats,omitempty" json:"repeats,omitempty"`
+	Checks  Checks        `yaml:"checks,omitempty" json:"checks,omitempty"`
 	// Agent configures `gpuhealth agent`; other commands ignore it.
 	Agent AgentConfig `yaml:"agent,omitempty" json:"agent,omitempty"`
 	// KernelLog configures the kernel log as a second source of signals (agent, device plugin).
@@ -297,6 +299,7 @@ func (c *HealthConfig) Validate() error {
 		}
 		validateSamples("checks.nvlink.recoverySamples", n.RecoverySamples, bad)
 	}
+	c.Repeats.validate(c.Profile, bad)
 	c.Agent.validate(bad)
 	c.KernelLog.validate(bad)
 	c.Remediation.validate(c.Agent.NoExecute, bad)
@@ -364,6 +367,9 @@ func (c *HealthConfig) Policy() (*health.Policy, error) {
 			base.FollowRecoveryAction = false
 			p.XIDs[x] = applyRule(base, o.XIDRule)
 		}
+	}
+	if err := c.Repeats.apply(p); err != nil {
+		return nil, err
 	}
 	ch := c.Checks
 	if e := ch.ECC; e != nil {

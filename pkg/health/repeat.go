@@ -1,0 +1,291 @@
+package health
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RepeatRule judges an XID by how often it comes back rather than by one occurrence. A rule
+// either watches one GPU (the XID repeats on the same GPU within Window: a likely hardware
+// fault, which raises a condition of its own) or the node (the XID shows up on GPUs distinct
+// GPUs within Window: a likely software cause, such as a bad driver, a bad CUDA image or a job
+// that fails everywhere, which raises a NodeFinding and makes no GPU less healthy).
+//
+// Occurrences are counted on the physical GPU: an XID of a MIG instance counts for its GPU.
+type RepeatRule struct {
+	// Name is the reason of the condition or finding the rule raises; unique in a Policy.
+	Name string
+	// XIDs are the XIDs the rule counts, together.
+	XIDs []uint32
+	// Count is how many occurrences on one GPU within Window raise the condition (same-GPU
+	// rules; at least 2).
+	Count int
+	// GPUs is how many distinct GPUs of the node, each seeing one of the XIDs within Window,
+	// raise the finding (node rules; at least 2). A rule sets Count or GPUs, not both.
+	GPUs int
+	// Window is the span the occurrences must fall in.
+	Window time.Duration
+	// Burst folds occurrences closer than this to the last counted one into it: the driver
+	// logs one fault several times, and a flood must count as one event, not thousands. Zero
+	// counts every occurrence.
+	Burst time.Duration
+	// Severity, ClearsOn, Evict and Action make the condition of a same-GPU rule. A node rule
+	// uses none of them: its finding ends once fewer than GPUs GPUs saw the XIDs within Window.
+	Severity Severity
+	ClearsOn ClearsOn
+	Evict    bool
+	Action   Action
+	// Description says what the repetition means, for messages.
+	Description string
+	// Source names where the rule comes from (a peer's rule, a catalog entry), for the docs.
+	Source string
+}
+
+// NodeScoped reports whether the rule watches the node (distinct GPUs) rather than one GPU.
+func (r *RepeatRule) NodeScoped() bool { return r.GPUs > 0 }
+
+// Matches reports whether the rule counts xid.
+func (r *RepeatRule) Matches(xid uint32) bool { return slices.Contains(r.XIDs, xid) }
+
+// XIDList formats the rule's XIDs for messages ("13", "13/31").
+func (r *RepeatRule) XIDList() string {
+	var b strings.Builder
+	for i, x := range r.XIDs {
+		if i > 0 {
+			b.WriteByte('/')
+		}
+		b.WriteString(strconv.FormatUint(uint64(x), 10))
+	}
+	return b.String()
+}
+
+// Validate reports what makes the rule unusable.
+func (r *RepeatRule) Validate() error {
+	switch {
+	case r.Name == "":
+		return fmt.Errorf("name: required")
+	case len(r.XIDs) == 0:
+		return fmt.Errorf("xids: required")
+	case r.Count > 0 && r.GPUs > 0:
+		return fmt.Errorf("set count (same GPU) or gpus (spread over the node), not both")
+	case r.Count == 0 && r.GPUs == 0:
+		return fmt.Errorf("set count (same GPU) or gpus (spread over the node)")
+	case r.Count != 0 && (r.Count < 2 || r.Count > MaxRepeatCount):
+		return fmt.Errorf("count: must be from 2 to %d, got %d", MaxRepeatCount, r.Count)
+	case r.GPUs != 0 && (r.GPUs < 2 || r.GPUs > maxRepeatGPUs):
+		return fmt.Errorf("gpus: must be from 2 to %d, got %d", maxRepeatGPUs, r.GPUs)
+	case r.Window <= 0:
+		return fmt.Errorf("window: must be positive, got %v", r.Window)
+	case r.Burst < 0 || r.Burst >= r.Window:
+		return fmt.Errorf("burst: must be zero or positive and shorter than the window (%v), got %v", r.Window, r.Burst)
+	case !r.NodeScoped() && r.Severity == Healthy:
+		return fmt.Errorf("severity: a same-GPU rule must raise Degraded or Unhealthy")
+	}
+	return nil
+}
+
+// Limits on repeat rules: they bound the memory a rule costs per GPU.
+const (
+	MaxRepeatCount = 100
+	maxRepeatGPUs  = 1024
+	// MaxRepeatRules bounds the rules of a policy.
+	MaxRepeatRules = 64
+)
+
+// ConditionXIDRepeat is the condition a same-GPU repeat rule raises; Code tells rules apart (the
+// rule's place in Policy.Repeats, from 1) and Reason is the rule's name.
+const ConditionXIDRepeat ConditionType = "XIDRepeat"
+
+// NodeFinding is something about the node as a whole that no single GPU carries: an XID spread
+// over several GPUs points at software, not at a card. It changes no GPU's health.
+type NodeFinding struct {
+	// Reason is the rule's name.
+	Reason   string    `json:"reason"`
+	Message  string    `json:"message"`
+	Since    time.Time `json:"since"`
+	LastSeen time.Time `json:"lastSeen"`
+	// GPUs are the UUIDs of the GPUs that saw the XIDs within the window, sorted.
+	GPUs []string `json:"gpus"`
+}
+
+// repeatState is one rule's memory on one GPU: the times of the last Count counted occurrences
+// (a ring), and of the last one.
+type repeatState struct {
+	times []int64 // UnixNano, a ring of up to Count entries; nil for node rules
+	head  int     // where the next time goes
+	n     int     // how many entries hold a time
+	last  int64   // the last counted occurrence; zero when none
+}
+
+// count records an occurrence at now unless it falls in the burst of the last one, and reports
+// whether it counted.
+func (s *repeatState) count(r *RepeatRule, now int64) bool {
+	if s.last != 0 && now >= s.last && now-s.last < int64(r.Burst) {
+		return false
+	}
+	s.last = now
+	if r.NodeScoped() {
+		return true
+	}
+	if s.times == nil {
+		s.times = make([]int64, r.Count)
+	}
+	s.times[s.head] = now
+	s.head = (s.head + 1) % len(s.times)
+	s.n = min(s.n+1, len(s.times))
+	return true
+}
+
+// full reports whether the last Count occurrences fall within the rule's window.
+func (s *repeatState) full(r *RepeatRule) bool {
+	if s.n < len(s.times) || len(s.times) == 0 {
+		return false
+	}
+	newest := s.times[(s.head+len(s.times)-1)%len(s.times)]
+	oldest := s.times[s.head]
+	return newest-oldest <= int64(r.Window)
+}
+
+// repeats counts an XID against the policy's repeat rules on the physical GPU gpu.
+func (ev *evaluation) repeats(gpu *deviceState, xid uint32) {
+	rules := ev.t.policy.Repeats
+	if len(rules) == 0 {
+		return
+	}
+	now := ev.now.UnixNano()
+	for i := range rules {
+		r := &rules[i]
+		if !r.Matches(xid) {
+			continue
+		}
+		if gpu.repeats == nil {
+			gpu.repeats = make([]repeatState, len(rules))
+		}
+		if !gpu.repeats[i].count(r, now) {
+			continue
+		}
+		if r.NodeScoped() {
+			ev.spread(i, r)
+			continue
+		}
+		if !gpu.repeats[i].full(r) {
+			continue
+		}
+		ev.raise(gpu, raiseSpec{
+			Type: ConditionXIDRepeat, Code: uint32(i + 1), Severity: r.Severity, ClearsOn: r.ClearsOn,
+			Evict: r.Evict, RecommendedAction: r.Action, Reason: r.Name,
+		}, func() string {
+			return fmt.Sprintf("XID %s seen %d times within %v on this GPU: %s", r.XIDList(), r.Count, r.Window, r.Description)
+		})
+	}
+}
+
+// spread re-evaluates node rule i after one of its XIDs was counted: the finding is raised, or
+// seen again, while GPUs distinct GPUs saw its XIDs within the window. Seeing a finding again
+// with the same GPUs allocates nothing, so a flood costs no garbage.
+func (ev *evaluation) spread(i int, r *RepeatRule) {
+	t := ev.t
+	n := t.spreadCount(i, r, ev.now)
+	if n < r.GPUs {
+		return // expiry (expireFindings) ends a finding; a new occurrence never does
+	}
+	f := t.findFinding(r.Name)
+	if f >= 0 {
+		nf := &t.findings[f]
+		nf.LastSeen = ev.now
+		if len(nf.GPUs) == n && t.allInWindow(i, r, ev.now, nf.GPUs) {
+			return
+		}
+		nf.GPUs = t.spreadGPUs(i, r, ev.now)
+		nf.Message = spreadMessage(r, nf.GPUs)
+		t.generation++
+		return
+	}
+	gpus := t.spreadGPUs(i, r, ev.now)
+	t.findings = append(t.findings, NodeFinding{
+		Reason: r.Name, Message: spreadMessage(r, gpus), Since: ev.now, LastSeen: ev.now, GPUs: gpus,
+	})
+	t.generation++
+}
+
+// allInWindow reports whether every GPU of uuids saw rule i within its window.
+func (t *Tracker) allInWindow(i int, r *RepeatRule, now time.Time, uuids []string) bool {
+	for _, u := range uuids {
+		ds, ok := t.devices[u]
+		if !ok || !ds.inWindow(i, r, now) {
+			return false
+		}
+	}
+	return true
+}
+
+// spreadCount counts the GPUs whose last occurrence of node rule i is within its window.
+func (t *Tracker) spreadCount(i int, r *RepeatRule, now time.Time) int {
+	n := 0
+	for _, ds := range t.ordered {
+		if ds.inWindow(i, r, now) {
+			n++
+		}
+	}
+	return n
+}
+
+func spreadMessage(r *RepeatRule, gpus []string) string {
+	return fmt.Sprintf("XID %s seen on %d GPUs within %v: %s", r.XIDList(), len(gpus), r.Window, r.Description)
+}
+
+// spreadGPUs returns, sorted, the GPUs whose last occurrence of node rule i is within its
+// window of now.
+func (t *Tracker) spreadGPUs(i int, r *RepeatRule, now time.Time) []string {
+	var gpus []string
+	for _, ds := range t.ordered {
+		if ds.inWindow(i, r, now) {
+			gpus = append(gpus, ds.dev.UUID)
+		}
+	}
+	slices.Sort(gpus)
+	return gpus
+}
+
+// inWindow reports whether the device is a physical GPU whose last occurrence of rule i lies
+// within the rule's window of now.
+func (ds *deviceState) inWindow(i int, r *RepeatRule, now time.Time) bool {
+	if ds.parent != nil || ds.repeats == nil || ds.repeats[i].last == 0 {
+		return false
+	}
+	age := now.UnixNano() - ds.repeats[i].last
+	return age >= 0 && age <= int64(r.Window)
+}
+
+func (t *Tracker) findFinding(reason string) int {
+	for i := range t.findings {
+		if t.findings[i].Reason == reason {
+			return i
+		}
+	}
+	return -1
+}
+
+// expireFindings ends the node findings whose rule no longer holds as of now: fewer than its
+// GPUs saw its XIDs within the window. A finding whose rule the policy no longer has ends too.
+func (t *Tracker) expireFindings(now time.Time) {
+	if len(t.findings) == 0 {
+		return
+	}
+	before := len(t.findings)
+	t.findings = slices.DeleteFunc(t.findings, func(f NodeFinding) bool {
+		for i := range t.policy.Repeats {
+			r := &t.policy.Repeats[i]
+			if r.Name == f.Reason && r.NodeScoped() {
+				return now.Sub(f.LastSeen) > r.Window && t.spreadCount(i, r, now) < r.GPUs
+			}
+		}
+		return true
+	})
+	if len(t.findings) != before {
+		t.generation++
+	}
+}
