@@ -26,6 +26,17 @@ type Result struct {
 	Signals     uint64       `json:"signals"`
 	Devices     []Device     `json:"devices"`
 	Transitions []Transition `json:"transitions"`
+	// Findings are the node findings in effect at the end (an XID spread over several GPUs).
+	Findings []Finding `json:"findings,omitempty"`
+}
+
+// Finding is a fact about the node as a whole that changes no GPU's health.
+type Finding struct {
+	Reason   string   `json:"reason"`
+	Message  string   `json:"message"`
+	Since    Offset   `json:"since"`
+	LastSeen Offset   `json:"lastSeen"`
+	GPUs     []string `json:"gpus"`
 }
 
 // Device is one GPU's final state.
@@ -245,6 +256,9 @@ func buildResult(node string, end time.Time, rec *Recorder, snap health.Snapshot
 			Health: d.Health.String(), Evict: d.Evict, Conditions: conds(d.Conditions), XIDs: xids(d.XIDs),
 		})
 	}
+	for _, f := range snap.Findings {
+		res.Findings = append(res.Findings, Finding{Reason: f.Reason, Message: f.Message, Since: off(f.Since), LastSeen: off(f.LastSeen), GPUs: f.GPUs})
+	}
 	for _, t := range rec.transitions {
 		tr := Transition{At: off(t.Time), Index: t.Device.Index, UUID: t.Device.UUID,
 			From: t.From.String(), To: t.To.String(), Reason: t.Reason}
@@ -279,6 +293,14 @@ func (r *Result) WriteTable(w io.Writer) error {
 		row(strconv.Itoa(d.Index), d.UUID, d.Health, d.Evict, d.Conditions)
 		for _, m := range d.MIGDevices {
 			row(fmt.Sprintf("%d/gi%d/ci%d", d.Index, m.GPUInstance, m.ComputeInstance), m.UUID, m.Health, m.Evict, m.Conditions)
+		}
+	}
+	if len(r.Findings) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintf(tw, "NODE FINDINGS (%d)\n", len(r.Findings))
+		fmt.Fprintln(tw, "REASON\tSINCE\tGPUS\tMESSAGE")
+		for _, f := range r.Findings {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Reason, time.Duration(f.Since), strings.Join(f.GPUs, ","), f.Message)
 		}
 	}
 	fmt.Fprintln(tw)

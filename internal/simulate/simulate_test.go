@@ -367,3 +367,31 @@ func TestCounterRatesAreMeasuredOverWholeRounds(t *testing.T) {
 		})
 	}
 }
+
+func TestTheHealthOverTimeExample(t *testing.T) {
+	sc := load(t, filepath.Join("..", "..", "examples", "health-over-time.yaml"))
+	res := run(t, sc, nil)
+	want := []string{
+		"20m0s 0 Healthy->Degraded RepeatedXID13OnSameGPU",
+		"30m0s 0 Degraded->Healthy QuietPeriodElapsed",
+		"35m0s 1 Healthy->Unhealthy XID149",
+		"35m0s 2 Healthy->Degraded XID145CausedByGPU1",
+		"36m0s 3 Healthy->Degraded XID144",
+	}
+	var got []string
+	for _, tr := range res.Transitions {
+		got = append(got, fmt.Sprintf("%s %d %s->%s %s", time.Duration(tr.At), tr.Index, tr.From, tr.To, tr.Reason))
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("transitions\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if len(res.Findings) != 1 || res.Findings[0].Reason != health.ReasonXIDSpreadOverGPU || len(res.Findings[0].GPUs) != 3 ||
+		time.Duration(res.Findings[0].Since) != 32*time.Minute {
+		t.Fatalf("findings %+v, want XIDSpreadOverGPUs on 3 GPUs since 32m", res.Findings)
+	}
+	// The same scenario under the device plugin's profile has no repeat rules and no finding.
+	res = run(t, sc, health.DevicePluginPolicy())
+	if len(res.Findings) != 0 {
+		t.Errorf("device-plugin profile: findings %+v, want none", res.Findings)
+	}
+}

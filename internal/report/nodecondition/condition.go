@@ -208,11 +208,18 @@ func Desired(snap health.Snapshot) (corev1.ConditionStatus, string, string) {
 	if len(degraded) > 0 {
 		parts = append(parts, fmt.Sprintf("%d of %d GPUs degraded: %s", len(degraded), total, strings.Join(degraded, "; ")))
 	}
+	// A node finding (an XID spread over several GPUs: likely software) makes no GPU less
+	// healthy; it is said here, and is the reason when no GPU is degraded or worse.
+	for _, f := range snap.Findings {
+		parts = append(parts, fmt.Sprintf("node: %s: %s", f.Reason, f.Message))
+	}
 	switch {
 	case len(unhealthy) > 0:
 		return corev1.ConditionTrue, ReasonUnhealthy, strings.Join(parts, ". ")
 	case len(degraded) > 0:
 		return corev1.ConditionFalse, ReasonDegraded, strings.Join(parts, ". ")
+	case len(snap.Findings) > 0:
+		return corev1.ConditionFalse, snap.Findings[0].Reason, strings.Join(parts, ". ")
 	default:
 		return corev1.ConditionFalse, ReasonHealthy, fmt.Sprintf("all %d GPUs are healthy", total)
 	}

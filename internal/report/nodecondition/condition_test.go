@@ -38,9 +38,15 @@ func TestDesired(t *testing.T) {
 		{"healthy", []health.DeviceStatus{device(0, health.Healthy, ""), device(1, health.Healthy, "")}, corev1.ConditionFalse, nodecondition.ReasonHealthy, "all 2 GPUs are healthy"},
 		{"degraded only", []health.DeviceStatus{device(0, health.Degraded, "ClocksThrottled"), device(1, health.Healthy, "")}, corev1.ConditionFalse, nodecondition.ReasonDegraded, "1 of 2 GPUs degraded: 0 (GPU-a): ClocksThrottled"},
 		{"unhealthy", []health.DeviceStatus{device(0, health.Degraded, "ClocksThrottled"), device(1, health.Unhealthy, "XID79")}, corev1.ConditionTrue, nodecondition.ReasonUnhealthy, "1 of 2 GPUs unhealthy: 1 (GPU-b): XID79"},
+		{"software suspected", []health.DeviceStatus{device(0, health.Healthy, ""), device(1, health.Healthy, "")}, corev1.ConditionFalse, health.ReasonXIDSpreadOverGPU, "node: XIDSpreadOverGPUs: XID 13 seen on 2 GPUs"},
+		{"software suspected beside a sick GPU", []health.DeviceStatus{device(0, health.Healthy, ""), device(1, health.Unhealthy, "XID79")}, corev1.ConditionTrue, nodecondition.ReasonUnhealthy, "1 of 2 GPUs unhealthy: 1 (GPU-b): XID79. node: XIDSpreadOverGPUs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, reason, msg := nodecondition.Desired(health.Snapshot{Devices: tc.devs})
+			snap := health.Snapshot{Devices: tc.devs}
+			if strings.HasPrefix(tc.name, "software") {
+				snap.Findings = []health.NodeFinding{{Reason: health.ReasonXIDSpreadOverGPU, Message: "XID 13 seen on 2 GPUs within 10m0s: software", GPUs: []string{"GPU-a", "GPU-b"}}}
+			}
+			status, reason, msg := nodecondition.Desired(snap)
 			if status != tc.wantStatus || reason != tc.wantReason || !strings.Contains(msg, tc.wantInMsg) {
 				t.Errorf("Desired = %s, %s, %q; want %s, %s, containing %q", status, reason, msg, tc.wantStatus, tc.wantReason, tc.wantInMsg)
 			}

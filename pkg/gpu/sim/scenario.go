@@ -152,7 +152,10 @@ type Event struct {
 	MIG    int
 	Repeat int
 
-	XID                 uint32
+	XID uint32
+	// XIDFlags qualify an XID as the driver does for NVLink5 XIDs (xidSeverity,
+	// causedByPrevious).
+	XIDFlags            health.XIDFlags
 	GPUInstance         *uint32
 	ComputeInstance     *uint32
 	CorrectedIncrease   uint64
@@ -206,6 +209,8 @@ type eventSpec struct {
 	ComputeInstance *uint32   `yaml:"computeInstance"`
 
 	XID               *uint32    `yaml:"xid"`
+	XIDSeverity       *string    `yaml:"xidSeverity"`
+	CausedByPrevious  *bool      `yaml:"causedByPrevious"`
 	ECC               *eccSpec   `yaml:"ecc"`
 	RemappedRows      *rowsSpec  `yaml:"remappedRows"`
 	RetiredPages      *pagesSpec `yaml:"retiredPages"`
@@ -504,6 +509,9 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 	if ev.MIG > 0 && ev.Kind != EventXID {
 		return ev, fmt.Errorf("gpu: %s events concern the physical GPU; name GPU %d instead of a MIG instance", ev.Kind, ev.GPU)
 	}
+	if (spec.XIDSeverity != nil || spec.CausedByPrevious != nil) && ev.Kind != EventXID {
+		return ev, errors.New("xidSeverity/causedByPrevious: only qualify an xid")
+	}
 	if (spec.GPUInstance != nil || spec.ComputeInstance != nil) && ev.Kind != EventXID {
 		return ev, errors.New("gpuInstance/computeInstance: only XIDs can be scoped to a MIG instance")
 	}
@@ -521,6 +529,19 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 			return ev, errors.New("gpuInstance: the gpu is already a MIG instance")
 		}
 		ev.GPUInstance, ev.ComputeInstance = spec.GPUInstance, spec.ComputeInstance
+		if spec.XIDSeverity != nil {
+			switch *spec.XIDSeverity {
+			case "Fatal":
+				ev.XIDFlags |= health.XIDFatal
+			case "Nonfatal":
+				ev.XIDFlags |= health.XIDNonfatal
+			default:
+				return ev, fmt.Errorf("xidSeverity: want Fatal or Nonfatal (as the driver logs NVLink5 XIDs), got %q", *spec.XIDSeverity)
+			}
+		}
+		if spec.CausedByPrevious != nil && *spec.CausedByPrevious {
+			ev.XIDFlags |= health.XIDCausedByPrevious
+		}
 	case EventECC:
 		if spec.ECC.CorrectedVolatile == nil && spec.ECC.UncorrectedVolatile == nil {
 			return ev, errors.New("ecc: set correctedVolatile or uncorrectedVolatile (a counter increase)")

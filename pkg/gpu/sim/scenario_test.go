@@ -243,6 +243,8 @@ func TestScenarioErrors(t *testing.T) {
 		{"unknown field in gpus", scenarioHeader + "gpus: {count: 1, modelz: x}\n", []string{`unknown field "modelz"`, "line 3"}},
 		{"unknown field in an event", scenario("", "{at: 1s, gpu: 0, xid: 48, times: 2}"), []string{`unknown field "times"`, "line 6"}},
 		{"unknown field in ecc", scenario("", "{at: 1s, gpu: 0, ecc: {dbe: 1}}"), []string{`unknown field "dbe"`, "line 6"}},
+		{"xid severity unknown", scenario("", "{at: 1s, gpu: 0, xid: 145, xidSeverity: Bad}"), []string{"xidSeverity: want Fatal or Nonfatal", "line 6"}},
+		{"xid qualifier without an xid", scenario("", "{at: 1s, gpu: 0, temperatureC: 80, causedByPrevious: true}"), []string{"only qualify an xid", "line 6"}},
 		{"duplicate field in an event", scenario("", "{at: 1s, at: 2s, gpu: 0, xid: 48}"), []string{"line 6", `"at"`}},
 		{"missing gpus", scenarioHeader, []string{"gpus.count: required"}},
 		{"missing count", scenarioHeader + "gpus: {model: x}\n", []string{"gpus.count: required"}},

@@ -330,7 +330,7 @@ func (g *gpuState) apply(ev Event, now time.Time, sink Sink) {
 	switch ev.Kind {
 	case EventXID:
 		s := base
-		s.Kind, s.XID = health.SignalXID, ev.XID
+		s.Kind, s.XID, s.XIDFlags = health.SignalXID, ev.XID, ev.XIDFlags
 		switch {
 		case ev.MIG > 0:
 			// NVML reports MIG XIDs on the parent with the instance IDs; do the same.
