@@ -1,0 +1,153 @@
+package v1
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// ClearsKey holds operators' requests to clear GPU conditions the agent raised, written by
+// `gpuhealth clear`: a JSON object keyed by GPU UUID whose values are lists of Clear. The agent of
+// the Node applies each request once, says so in an Event, and then removes the annotation (only
+// when it still holds what the agent applied), so a request is never applied again and a
+// condition that returns later is raised again. The admission policy lets the agent remove the
+// annotation and never add or change it.
+const ClearsKey = "gpuhealth.dev/gpu-clears"
+
+// Clear is one request to clear a false positive: which condition (a ConditionSelector in its
+// text form; empty for every condition but an administrative drain), why, who asked and when.
+// By and At are what the requester wrote, not facts the API server vouches for: the audit log
+// has who wrote the annotation.
+type Clear struct {
+	// Index is the GPU's index when the request was written, for people reading the
+	// annotation; -1 when the GPU was named by a UUID the agent had not reported.
+	Index     int       `json:"index"`
+	Condition string    `json:"condition,omitempty"`
+	Reason    string    `json:"reason"`
+	By        string    `json:"by"`
+	At        time.Time `json:"at"`
+}
+
+// ParseClears decodes ClearsKey's value. An empty value means no requests. Every request must
+// name a GPU, give a reason and, if it names a condition, one ParseConditionSelector accepts:
+// a value with one bad request is refused whole, so that nothing is applied from a mistyped
+// annotation.
+func ParseClears(value string) (map[string][]Clear, error) {
+	clears := map[string][]Clear{}
+	if strings.TrimSpace(value) == "" {
+		return clears, nil
+	}
+	if err := json.Unmarshal([]byte(value), &clears); err != nil {
+		return nil, fmt.Errorf("%s: %w", ClearsKey, err)
+	}
+	for uuid, list := range clears {
+		if uuid == "" {
+			return nil, fmt.Errorf("%s: an entry has an empty UUID", ClearsKey)
+		}
+		for i, c := range list {
+			if strings.TrimSpace(c.Reason) == "" {
+				return nil, fmt.Errorf("%s: %s[%d]: no reason", ClearsKey, uuid, i)
+			}
+			if _, err := ParseConditionSelector(c.Condition); err != nil {
+				return nil, fmt.Errorf("%s: %s[%d]: %w", ClearsKey, uuid, i, err)
+			}
+		}
+	}
+	return clears, nil
+}
+
+// FormatClears encodes clears as ClearsKey's value; "" when there are none (remove the
+// annotation).
+func FormatClears(clears map[string][]Clear) (string, error) {
+	n := 0
+	for _, list := range clears {
+		n += len(list)
+	}
+	if n == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(clears)
+	return string(b), err
+}
+
+// Message is how a request reads in an Event: "by alice at 2026-11-30T10:00:00Z: a loose cable".
+func (c Clear) Message() string {
+	by := c.By
+	if by == "" {
+		by = "unknown"
+	}
+	msg := "by " + by
+	if !c.At.IsZero() {
+		msg += " at " + c.At.UTC().Format(time.RFC3339)
+	}
+	return msg + ": " + c.Reason
+}
+
+// ConditionSelector names conditions of a GPU, in the forms `gpuhealth status` and the
+// gpu-health annotation show: a condition's reason (XID79, UncorrectedECCErrors) or its type
+// (XID, NVLinkDown), compared without regard to case, or TYPE:CODE for the one condition of that
+// type and code (XID:79, NVLinkDown:3 for link 3). The zero selector selects every condition but
+// an administrative drain; no selector ever selects a drain (gpuhealth undrain ends it).
+type ConditionSelector struct {
+	// Name is a reason or a type; empty selects every condition but a drain.
+	Name string
+	// Code narrows a type to one code when HasCode is set.
+	Code    uint32
+	HasCode bool
+}
+
+// maxSelectorLen bounds a selector's text: reasons are short identifiers.
+const maxSelectorLen = 128
+
+// errSelectsDrain is why no selector may name a drain.
+var errSelectsDrain = errors.New("a drain is not a condition to clear: gpuhealth undrain ends it")
+
+// ParseConditionSelector reads a selector's text form; "" is the zero selector.
+func ParseConditionSelector(s string) (ConditionSelector, error) {
+	if s == "" {
+		return ConditionSelector{}, nil
+	}
+	if len(s) > maxSelectorLen || strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
+		return ConditionSelector{}, fmt.Errorf("condition %q: want a reason (XID79), a type (XID) or TYPE:CODE (XID:79), as gpuhealth status shows them", s)
+	}
+	sel := ConditionSelector{Name: s}
+	if name, code, ok := strings.Cut(s, ":"); ok {
+		n, err := strconv.ParseUint(code, 10, 32)
+		if name == "" || err != nil {
+			return ConditionSelector{}, fmt.Errorf("condition %q: TYPE:CODE wants a type and a decimal code, such as XID:79", s)
+		}
+		sel = ConditionSelector{Name: name, Code: uint32(n), HasCode: true}
+	}
+	if strings.EqualFold(sel.Name, health.ReasonAdminDrain) || strings.EqualFold(sel.Name, string(health.ConditionAdmin)) {
+		return ConditionSelector{}, errSelectsDrain
+	}
+	return sel, nil
+}
+
+// String is the selector's text form; "" for the zero selector.
+func (s ConditionSelector) String() string {
+	if s.HasCode {
+		return s.Name + ":" + strconv.FormatUint(uint64(s.Code), 10)
+	}
+	return s.Name
+}
+
+// Matches reports whether the selector selects c.
+func (s ConditionSelector) Matches(c health.Condition) bool {
+	switch {
+	case c.Type == health.ConditionAdmin:
+		return false
+	case s.Name == "":
+		return true
+	case s.HasCode:
+		return strings.EqualFold(string(c.Type), s.Name) && c.Code == s.Code
+	default:
+		return strings.EqualFold(c.Reason, s.Name) || strings.EqualFold(string(c.Type), s.Name)
+	}
+}
