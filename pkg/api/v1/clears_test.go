@@ -79,8 +79,8 @@ func TestConditionSelector(t *testing.T) {
 		want []health.Condition
 	}{
 		{"", []health.Condition{xid79, xid48, ecc, link3, link5}}, // everything but the drain
-		{"XID79", []health.Condition{xid79}},                       // a reason, as status shows it
-		{"xid79", []health.Condition{xid79}},                       // in any case
+		{"XID79", []health.Condition{xid79}},                      // a reason, as status shows it
+		{"xid79", []health.Condition{xid79}},                      // in any case
 		{"UncorrectedECCErrors", []health.Condition{ecc}},
 		{"ECCUncorrected", []health.Condition{ecc}}, // its type
 		{"XID", []health.Condition{xid79, xid48}},   // every XID
