@@ -22,6 +22,12 @@ func FuzzSignals(f *testing.F) {
 		"NVRM: The NVIDIA GPU 0000:3b:00.0\nNVRM: fallen off the bus",
 		"NVRM: Xid (PCI:0000:3b:00): -1, x",
 		"NVRM: Xid (0009:00): 53, CMDre",
+		"NVRM: Xid (PCI:0000:3b:00): 145, pid=876767, name=ray::WorkerDict, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)",
+		"NVRM: Xid (PCI:0000:86:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 (0x025525c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+		"NVRM: Xid (PCI:0000:86:00): 149, NETIR Fatal XC0 i0 Link -1 (0x000fe406",
+		"NVRM: Xid (PCI:0000:3b:00): 146, TLW_RX/TLW_RX_PIPE0 Nonfatal XC0 i0 Link 4294967309 (0x0000000a)",
+		"NVRM: Xid (PCI:0000:3b:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+		"NVRM: Xid (PCI:0000:3b:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",
 	} {
 		f.Add(seed)
 	}
@@ -56,6 +62,35 @@ func FuzzSignals(f *testing.F) {
 			if s.MIGScoped && (ev.MIG == nil || int(s.GPUInstance) != ev.MIG.GPUInstance) {
 				t.Fatalf("Signals(%+v) scoped to %d", ev, s.GPUInstance)
 			}
+			checkQualifiers(t, ev, s)
 		}
 	})
+}
+
+// checkQualifiers holds what the mapper promises about an XID's qualifiers: a link only within
+// what the library tracks and only from the line, a unit only short and printable, never both
+// severities, and none on anything but an XID.
+func checkQualifiers(t *testing.T, ev Event, s health.Signal) {
+	t.Helper()
+	if s.Kind != health.SignalXID {
+		if s.XIDFlags != 0 || s.Unit != "" {
+			t.Fatalf("Signals(%+v) gives a %v signal with XID qualifiers %+v", ev, s.Kind, s)
+		}
+		return
+	}
+	if s.XIDFlags&health.XIDHasLink != 0 && (ev.NVLink == nil || s.Link >= maxLinks || int(s.Link) != ev.NVLink.Link) {
+		t.Fatalf("Signals(%+v) gives link %d", ev, s.Link)
+	}
+	if s.XIDFlags&health.XIDHasLink == 0 && s.Link != 0 {
+		t.Fatalf("Signals(%+v) gives link %d without XIDHasLink", ev, s.Link)
+	}
+	if s.Unit != "" && (ev.NVLink == nil || s.Unit != ev.NVLink.Unit || !validUnit(s.Unit)) {
+		t.Fatalf("Signals(%+v) gives unit %q", ev, s.Unit)
+	}
+	if s.XIDFlags&health.XIDFatal != 0 && s.XIDFlags&health.XIDNonfatal != 0 {
+		t.Fatalf("Signals(%+v) is both Fatal and Nonfatal", ev)
+	}
+	if (s.XIDFlags&health.XIDCausedByPrevious != 0) != (ev.CausedByXid > 0) {
+		t.Fatalf("Signals(%+v) gives flags %b for a cause of %d", ev, s.XIDFlags, ev.CausedByXid)
+	}
 }

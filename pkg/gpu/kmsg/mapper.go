@@ -3,6 +3,7 @@ package kmsg
 import (
 	"errors"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -46,8 +47,9 @@ func NewMapper(devices []health.Device) *Mapper {
 
 // Signals appends to out the signals ev means, stamped at:
 //
-//   - an XID gives SignalXID with its code and MIG scope, and XID 154 also SignalRecoveryAction
-//     with the line's new action (NVML's own backend reads the action at that XID instead);
+//   - an XID gives SignalXID with its code, MIG scope and what the driver said beside the code
+//     (XIDFlags, Link and Unit: see qualify), and XID 154 also SignalRecoveryAction with the
+//     line's new action (NVML's own backend reads the action at that XID instead);
 //   - a GPU lost from the bus, or one the driver failed to initialise, gives SignalLost: in
 //     both the driver cannot use the GPU until a reset or a reboot, which is what the lost
 //     condition says and clears on, and NVML answers neither GPU;
@@ -80,6 +82,7 @@ func (m *Mapper) Signals(ev Event, at time.Time, out []health.Signal) ([]health.
 				s.ComputeInstance = uint32(ev.MIG.ComputeInstance)
 			}
 		}
+		qualify(&s, ev)
 		out = append(out, s)
 		if ev.RecoveryAction != nil {
 			a := base
@@ -102,4 +105,56 @@ func recoveryAction(a RecoveryAction) health.RecoveryAction {
 		return math.MaxUint8
 	}
 	return health.RecoveryAction(a)
+}
+
+const (
+	// maxLinks bounds the link a signal may name: the health library keeps state for NVLinks
+	// 0..63 only (its maxTrackedLinks); a GB200 has 18.
+	maxLinks = 64
+	// maxUnitLen bounds a unit name; the driver's are under 20 characters ("NETIR_LINK_EVT",
+	// "TLW_RX/TLW_RX_PIPE0").
+	maxUnitLen = 32
+)
+
+// qualify copies onto an XID signal what the line said beside the code. A qualifier that cannot
+// be right (a link beyond what the library tracks, a unit too long or not printable) is left
+// out; the XID itself always counts, so garbage beside a code never hides a fault.
+func qualify(s *health.Signal, ev Event) {
+	if ev.CausedByXid > 0 {
+		s.XIDFlags |= health.XIDCausedByPrevious
+	}
+	nv := ev.NVLink
+	if nv == nil {
+		return
+	}
+	switch nv.Severity {
+	case SeverityNonfatal:
+		s.XIDFlags |= health.XIDNonfatal
+	case SeverityFatal:
+		s.XIDFlags |= health.XIDFatal
+	}
+	if nv.Link >= 0 && nv.Link < maxLinks {
+		s.XIDFlags |= health.XIDHasLink
+		s.Link = uint32(nv.Link)
+	}
+	if validUnit(nv.Unit) {
+		// A copy: the signal may be kept for as long as the condition lasts, and a substring
+		// would keep the whole kernel record alive with it.
+		s.Unit = strings.Clone(nv.Unit)
+	}
+}
+
+// validUnit reports whether a unit name is one the library may show: 1 to maxUnitLen printable
+// ASCII characters, no spaces. The driver's units are upper-case mnemonics; anything else came
+// from a damaged record.
+func validUnit(u string) bool {
+	if u == "" || len(u) > maxUnitLen {
+		return false
+	}
+	for i := range len(u) {
+		if u[i] <= ' ' || u[i] > '~' {
+			return false
+		}
+	}
+	return true
 }

@@ -73,6 +73,12 @@ type Event struct {
 	MIG *MIGScope
 	// RecoveryAction is the new action of an XID 154 line; nil otherwise.
 	RecoveryAction *RecoveryAction
+	// NVLink is what an NVLink XID line says about the fault beside its code: the unit, the
+	// driver's severity and the link (see NVLinkError); nil for lines that say none of it.
+	NVLink *NVLinkError
+	// CausedByXid is the earlier XID the driver names as this one's cause, 149 in "45, pid=...,
+	// name=..., Ch 00000001 caused by previous Xid 149"; 0 when the line names none.
+	CausedByXid int
 	// UUID is the GPU's UUID ("GPU-..."); set for KindIdentity only.
 	UUID string
 	// Detail is the rest of the line, after the fields above.
@@ -124,6 +130,7 @@ func ParseNVRM(msg string) (Event, bool) {
 //	PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.
 //	PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception ...
 //	PCI:0000:3b:00): 48, An uncorrectable double bit error
+//	PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 ...)  (NVLink5, see NVLinkError)
 //	0000:01:00): 13, 0005 00000000 ...          (drivers before ~2013 had no "PCI:")
 func parseXid(s string) (Event, bool) {
 	addr, rest, ok := strings.Cut(s, "): ")
@@ -157,6 +164,8 @@ func parseXid(s string) (Event, bool) {
 	}
 	ev.Detail = rest
 	ev.MIG = parseMIG(rest)
+	ev.NVLink = parseNVLink(rest)
+	ev.CausedByXid = parseCausedBy(rest)
 	if m := recoveryRE.FindStringSubmatch(rest); m != nil {
 		if n, err := strconv.ParseUint(m[1], 16, 32); err == nil {
 			a := RecoveryAction(n)

@@ -115,13 +115,13 @@ func TestParseNVRM(t *testing.T) {
 		{
 			name:   "XID 45 caused by a previous XID (590)",
 			msg:    "NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",
-			want:   Event{Kind: KindXid, PCIBusID: "0000:dc:00.0", Xid: 45, PID: 1818990, Process: "python3", Detail: "Ch 00000001 caused by previous Xid 149"},
+			want:   Event{Kind: KindXid, PCIBusID: "0000:dc:00.0", Xid: 45, PID: 1818990, Process: "python3", CausedByXid: 149, Detail: "Ch 00000001 caused by previous Xid 149"},
 			wantOK: true,
 		},
 		{
 			name:   "NVLink5 XID 149 on a non-zero domain",
 			msg:    "NVRM: Xid (PCI:0019:01:00): 149, NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
-			want:   Event{Kind: KindXid, PCIBusID: "0019:01:00.0", Xid: 149, Detail: "NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"},
+			want:   Event{Kind: KindXid, PCIBusID: "0019:01:00.0", Xid: 149, NVLink: &NVLinkError{Unit: "NETIR", Severity: SeverityFatal, Link: NoLink}, Detail: "NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"},
 			wantOK: true,
 		},
 		{
@@ -187,7 +187,7 @@ func TestParseNVRM(t *testing.T) {
 		{
 			name:   "address with its function (R575+ NVLink5)",
 			msg:    "NVRM: Xid (PCI:0000:00:08.0): 145, RLW_REMAP Nonfatal XC1 i0 Link 10 (0x00000082 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)",
-			want:   Event{Kind: KindXid, PCIBusID: "0000:00:08.0", Xid: 145, Detail: "RLW_REMAP Nonfatal XC1 i0 Link 10 (0x00000082 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)"},
+			want:   Event{Kind: KindXid, PCIBusID: "0000:00:08.0", Xid: 145, NVLink: &NVLinkError{Unit: "RLW_REMAP", Severity: SeverityNonfatal, Link: 10}, Detail: "RLW_REMAP Nonfatal XC1 i0 Link 10 (0x00000082 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)"},
 			wantOK: true,
 		},
 		{
@@ -243,6 +243,165 @@ func TestParseNVRM(t *testing.T) {
 				t.Errorf("ParseNVRM(%q)\n got %+v\nwant %+v", tc.msg, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestParseNVRMQualifiers covers what the driver writes beside an XID's code: the unit, severity
+// and link of NVLink XIDs, and the XID an earlier one caused. One case per form; each line is
+// verbatim from the source named above it. Sources:
+//
+//   - leptonai/gpud: pull/1160 and pull/1174 (descriptions quote kmsg input), and the test
+//     fixtures in components/accelerator/nvidia/xid/: kmsg_extended_test.go ("production log
+//     lines"), health_state_test.go and nvlink_logs_test.go (lines built from NVIDIA's XID
+//     catalog rather than taken from a node: the four-register form and the units with a slash).
+//   - NVIDIA/NVSentinel, health-monitors/syslog-health-monitor/pkg/xid/parser/csv_test.go.
+//   - NVIDIA/open-gpu-kernel-modules: src/nvidia/src/kernel/gpu/rc/kernel_rc.c (the format
+//     string, " caused by previous Xid %d", appended to XID 45 only, since 570.124.04) and
+//     issue 1150 (590.48.01, the lines themselves).
+//   - forums.developer.nvidia.com/t/292539 (XID 74 without registers).
+//
+// Not modelled: XID 137 ("RLW_RXPIPE interrupt hit on link 11 on GPU0: PRIV Error", NVIDIA/nccl
+// issue 2241, its address redacted by the reporter), the only public example found.
+func TestParseNVRMQualifiers(t *testing.T) {
+	tests := []struct {
+		name string
+		msg  string
+		want Event
+	}{
+		{
+			// gpud pull/1160.
+			name: "NVLink5 144 Nonfatal, link without padding",
+			msg:  "NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)",
+			want: Event{Kind: KindXid, PCIBusID: "0000:01:00.0", Xid: 144, NVLink: &NVLinkError{Unit: "SAW_MVB", Severity: SeverityNonfatal, Link: 0},
+				Detail: "SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)"},
+		},
+		{
+			// gpud pull/1160.
+			name: "NVLink5 149 Fatal, zero-padded link",
+			msg:  "NVRM: Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+			want: Event{Kind: KindXid, PCIBusID: "0000:00:00.0", Xid: 149, NVLink: &NVLinkError{Unit: "NETIR_LINK_EVT", Severity: SeverityFatal, Link: 0},
+				Detail: "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"},
+		},
+		{
+			// gpud kmsg_extended_test.go ("Log2"); the same line without pid in pull/1174.
+			name: "NVLink5 145 with pid and a name holding colons",
+			msg:  "NVRM: Xid (PCI:0018:01:00): 145, pid=876767, name=ray::WorkerDict, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)",
+			want: Event{Kind: KindXid, PCIBusID: "0018:01:00.0", Xid: 145, PID: 876767, Process: "ray::WorkerDict", NVLink: &NVLinkError{Unit: "RLW_RXPIPE", Severity: SeverityNonfatal, Link: 13},
+				Detail: "RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)"},
+		},
+		{
+			// gpud kmsg_extended_test.go ("Log1"): XID 149 is not always fatal, which is what
+			// gpud pull/1174 ("Non-fatal events incorrectly reported as Fatal") fixed.
+			name: "NVLink5 149 Nonfatal",
+			msg:  "NVRM: Xid (PCI:0018:01:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)",
+			want: Event{Kind: KindXid, PCIBusID: "0018:01:00.0", Xid: 149, NVLink: &NVLinkError{Unit: "NETIR_BER_EVENT", Severity: SeverityNonfatal, Link: 3},
+				Detail: "NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)"},
+		},
+		{
+			// NVSentinel csv_test.go ("NL5 XID"); gpud kmsg_test.go has the same spacing.
+			name: "NVLink5 149 with runs of spaces",
+			msg:  "NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 (0x025525c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+			want: Event{Kind: KindXid, PCIBusID: "0018:01:00.0", Xid: 149, NVLink: &NVLinkError{Unit: "NETIR_LINK_EVT", Severity: SeverityFatal, Link: 9},
+				Detail: "NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 (0x025525c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"},
+		},
+		{
+			// gpud health_state_test.go (catalog-built).
+			name: "NVLink5 150 with four registers",
+			msg:  "NVRM: Xid (PCI:0000:04:00): 150, MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x00000000 0x00000000 0x00000000 0x00000000)",
+			want: Event{Kind: KindXid, PCIBusID: "0000:04:00.0", Xid: 150, NVLink: &NVLinkError{Unit: "MSE_WATCHDOG", Severity: SeverityFatal, Link: 0},
+				Detail: "MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x00000000 0x00000000 0x00000000 0x00000000)"},
+		},
+		{
+			// gpud nvlink_logs_test.go (catalog-built).
+			name: "NVLink5 146 unit with a slash",
+			msg:  "NVRM: Xid (PCI:0000:04:00): 146, TLW_RX/TLW_RX_PIPE0 Nonfatal XC0 i0 Link 00 (0x0000000a 0x00000001 0x00000000 0x00000000)",
+			want: Event{Kind: KindXid, PCIBusID: "0000:04:00.0", Xid: 146, NVLink: &NVLinkError{Unit: "TLW_RX/TLW_RX_PIPE0", Severity: SeverityNonfatal, Link: 0},
+				Detail: "TLW_RX/TLW_RX_PIPE0 Nonfatal XC0 i0 Link 00 (0x0000000a 0x00000001 0x00000000 0x00000000)"},
+		},
+		{
+			// gpud kmsg_extended_test.go (TestExtractNVRMXidInfoExtendedShortMatch).
+			name: "NVLink5 line cut short in its registers keeps its qualifiers",
+			msg:  "NVRM: Xid (PCI:0018:01:00): 149, NETIR Fatal XC0 i0 Link -1 (0x000fe406",
+			want: Event{Kind: KindXid, PCIBusID: "0018:01:00.0", Xid: 149, NVLink: &NVLinkError{Unit: "NETIR", Severity: SeverityFatal, Link: NoLink},
+				Detail: "NETIR Fatal XC0 i0 Link -1 (0x000fe406"},
+		},
+		{
+			// NVSentinel csv_test.go ("XID 74 with NVLINK ID and registers values").
+			name: "XID 74 fatal on a link, with registers",
+			msg:  "NVRM: Xid (PCI:0003:00:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+			want: Event{Kind: KindXid, PCIBusID: "0003:00:00.0", Xid: 74, NVLink: &NVLinkError{Severity: SeverityFatal, Link: 14},
+				Detail: "NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"},
+		},
+		{
+			// forums.developer.nvidia.com/t/292539 (its title).
+			name: "XID 74 fatal on a link, no registers",
+			msg:  "NVRM: Xid (PCI:0000:c1:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 1",
+			want: Event{Kind: KindXid, PCIBusID: "0000:c1:00.0", Xid: 74, NVLink: &NVLinkError{Severity: SeverityFatal, Link: 1},
+				Detail: "NVLink: fatal error detected on link 1"},
+		},
+		{
+			// open-gpu-kernel-modules issue 1150: the XID 45s that follow a 145 on other GPUs.
+			name: "XID 45 caused by a previous 145",
+			msg:  "NVRM: Xid (PCI:0000:ed:00): 45, pid=1818992, name=python3, Ch 0000000c caused by previous Xid 145",
+			want: Event{Kind: KindXid, PCIBusID: "0000:ed:00.0", Xid: 45, PID: 1818992, Process: "python3", CausedByXid: 145,
+				Detail: "Ch 0000000c caused by previous Xid 145"},
+		},
+		{
+			// kernel_rc.c prints the phrase even when the message before it is empty.
+			name: "caused by, nothing before it",
+			msg:  "NVRM: Xid (PCI:0000:ed:00): 45,  caused by previous Xid 149",
+			want: Event{Kind: KindXid, PCIBusID: "0000:ed:00.0", Xid: 45, CausedByXid: 149, Detail: "caused by previous Xid 149"},
+		},
+		// Made-up lines: what must not be read as a qualifier, and what cannot be one.
+		{
+			name: "severity word without the XC field is not NVLink5",
+			msg:  "NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=a, Graphics Fatal error",
+			want: Event{Kind: KindXid, PCIBusID: "0000:3b:00.0", Xid: 13, PID: 1, Process: "a", Detail: "Graphics Fatal error"},
+		},
+		{
+			name: "unknown severity word is not NVLink5",
+			msg:  "NVRM: Xid (PCI:0000:3b:00): 145, RLW_RXPIPE Corrected XC0 i0 Link 3 (0x1)",
+			want: Event{Kind: KindXid, PCIBusID: "0000:3b:00.0", Xid: 145, Detail: "RLW_RXPIPE Corrected XC0 i0 Link 3 (0x1)"},
+		},
+		{
+			name: "unreadable link number",
+			msg:  "NVRM: Xid (PCI:0000:3b:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link x3 (0x1)",
+			want: Event{Kind: KindXid, PCIBusID: "0000:3b:00.0", Xid: 145, NVLink: &NVLinkError{Unit: "RLW_RXPIPE", Severity: SeverityNonfatal, Link: NoLink}, Detail: "RLW_RXPIPE Nonfatal XC0 i0 Link x3 (0x1)"},
+		},
+		{
+			name: "link number beyond int",
+			msg:  "NVRM: Xid (PCI:0000:3b:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 99999999999999999999 (0x1)",
+			want: Event{Kind: KindXid, PCIBusID: "0000:3b:00.0", Xid: 145, NVLink: &NVLinkError{Unit: "RLW_RXPIPE", Severity: SeverityNonfatal, Link: NoLink}, Detail: "RLW_RXPIPE Nonfatal XC0 i0 Link 99999999999999999999 (0x1)"},
+		},
+		{
+			name: "no Link field before the registers",
+			msg:  "NVRM: Xid (PCI:0000:3b:00): 149, NETIR Fatal XC0 i0 (0x000fe406) Link 3",
+			want: Event{Kind: KindXid, PCIBusID: "0000:3b:00.0", Xid: 149, NVLink: &NVLinkError{Unit: "NETIR", Severity: SeverityFatal, Link: NoLink}, Detail: "NETIR Fatal XC0 i0 (0x000fe406) Link 3"},
+		},
+		{
+			name: "caused by without a number",
+			msg:  "NVRM: Xid (PCI:0000:ed:00): 45, Ch 0000000c caused by previous Xid ",
+			want: Event{Kind: KindXid, PCIBusID: "0000:ed:00.0", Xid: 45, Detail: "Ch 0000000c caused by previous Xid "},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := ParseNVRM(tc.msg)
+			if !ok {
+				t.Fatalf("ParseNVRM(%q) ok = false, want an event", tc.msg)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("ParseNVRM(%q)\n got %+v %+v\nwant %+v %+v", tc.msg, got, got.NVLink, tc.want, tc.want.NVLink)
+			}
+		})
+	}
+}
+
+func TestSeverityString(t *testing.T) {
+	for s, want := range map[Severity]string{SeverityUnknown: "Unknown", SeverityNonfatal: "Nonfatal", SeverityFatal: "Fatal", 9: "Severity(9)"} {
+		if got := s.String(); got != want {
+			t.Errorf("Severity(%d).String() = %q, want %q", uint8(s), got, want)
+		}
 	}
 }
 
