@@ -28,6 +28,8 @@ func FuzzSignals(f *testing.F) {
 		"NVRM: Xid (PCI:0000:3b:00): 146, TLW_RX/TLW_RX_PIPE0 Nonfatal XC0 i0 Link 4294967309 (0x0000000a)",
 		"NVRM: Xid (PCI:0000:3b:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
 		"NVRM: Xid (PCI:0000:3b:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",
+		"NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No",
+		"NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 43, pid=77, name=python3, Ch 00000009",
 	} {
 		f.Add(seed)
 	}

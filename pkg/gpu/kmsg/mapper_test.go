@@ -159,3 +159,20 @@ func TestSignalsRecoveryActionHasNoQualifiers(t *testing.T) {
 		}
 	}
 }
+
+// An XID the driver attributes to a MIG instance beside its address reaches the library scoped to
+// that instance, on its physical GPU.
+func TestSignalsOfAMIGAttributedXID(t *testing.T) {
+	ev, ok := ParseNVRM("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 43, pid=77, name=python3, Ch 00000009")
+	if !ok {
+		t.Fatal("no event")
+	}
+	sigs, err := NewMapper(inventory()).Signals(ev, time.Time{}, nil)
+	if err != nil || len(sigs) != 1 {
+		t.Fatalf("Signals = %+v, %v; want one XID signal", sigs, err)
+	}
+	want := health.Signal{Kind: health.SignalXID, Device: "GPU-aaaa", XID: 43, MIGScoped: true, GPUInstance: 1, ComputeInstance: 2}
+	if sigs[0] != want {
+		t.Errorf("Signals\n got %+v\nwant %+v", sigs[0], want)
+	}
+}

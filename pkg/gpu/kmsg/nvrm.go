@@ -131,12 +131,15 @@ func ParseNVRM(msg string) (Event, bool) {
 //	PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception ...
 //	PCI:0000:3b:00): 48, An uncorrectable double bit error
 //	PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 ...)  (NVLink5, see NVLinkError)
+//	PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). ...  (MIG, R515+)
 //	0000:01:00): 13, 0005 00000000 ...          (drivers before ~2013 had no "PCI:")
 func parseXid(s string) (Event, bool) {
 	addr, rest, ok := strings.Cut(s, "): ")
 	if !ok {
 		return Event{}, false
 	}
+	// With MIG on, the driver names the instance inside the parentheses, after the address.
+	addr, attribution, _ := strings.Cut(addr, " ")
 	// The very oldest drivers wrote a two-part address ("Xid (0009:00): 53"): the XID still
 	// counts, but it cannot be attributed to a GPU, so PCIBusID stays empty.
 	bus, _ := NormalizeBusID(strings.TrimPrefix(addr, "PCI:"))
@@ -163,7 +166,10 @@ func parseXid(s string) (Event, bool) {
 		}
 	}
 	ev.Detail = rest
-	ev.MIG = parseMIG(rest)
+	ev.MIG = parseMIGAttribution(attribution)
+	if ev.MIG == nil {
+		ev.MIG = parseMIG(rest)
+	}
 	ev.NVLink = parseNVLink(rest)
 	ev.CausedByXid = parseCausedBy(rest)
 	if m := recoveryRE.FindStringSubmatch(rest); m != nil {
@@ -193,6 +199,31 @@ func parseMIG(s string) *MIGScope {
 			return nil
 		}
 		scope.ComputeInstance = int(ci)
+	}
+	return scope
+}
+
+// parseMIGAttribution parses the MIG instance the driver names beside the address, as
+// kernel_rc.c (NVIDIA/open-gpu-kernel-modules, R515 to R595 at least) prints it: "GPU-I:05" or
+// "GPU-I:01 GPU-CI:02". Anything else gives nil, like parseMIG: the XID then stays on the whole
+// GPU.
+func parseMIGAttribution(s string) *MIGScope {
+	s, ok := strings.CutPrefix(s, "GPU-I:")
+	if !ok {
+		return nil
+	}
+	gi, ci, hasCI := strings.Cut(s, " GPU-CI:")
+	n, err := strconv.ParseUint(gi, 10, 31)
+	if err != nil {
+		return nil
+	}
+	scope := &MIGScope{GPUInstance: int(n), ComputeInstance: -1}
+	if hasCI {
+		n, err := strconv.ParseUint(ci, 10, 31)
+		if err != nil {
+			return nil
+		}
+		scope.ComputeInstance = int(n)
 	}
 	return scope
 }

@@ -43,7 +43,9 @@ import (
 //
 // Not found verbatim in a public log (taken from the issue that asked for this package, and to
 // be checked against a MIG node and an R575+ driver): the MIG scope suffixes ("GPU-I 1, CI 0"
-// and "(GI 1, CI 0)") and the XID 154 "GPU recovery action changed from ... to ..." text.
+// and "(GI 1, CI 0)") and the XID 154 "GPU recovery action changed from ... to ..." text. The
+// driver's own source prints the MIG instance inside the parentheses instead ("PCI:0000:01:00
+// GPU-I:05"); those cases cite it.
 func TestParseNVRM(t *testing.T) {
 	action := func(a RecoveryAction) *RecoveryAction { return &a }
 	tests := []struct {
@@ -134,6 +136,28 @@ func TestParseNVRM(t *testing.T) {
 			name:   "MIG scope, (GI, CI) style",
 			msg:    "NVRM: Xid (PCI:0000:3b:00): 43, pid=77, name=python3, Ch 00000009 (GI 2, CI 3)",
 			want:   Event{Kind: KindXid, PCIBusID: "0000:3b:00.0", Xid: 43, PID: 77, Process: "python3", MIG: &MIGScope{GPUInstance: 2, ComputeInstance: 3}, Detail: "Ch 00000009 (GI 2, CI 3)"},
+			wantOK: true,
+		},
+		{
+			// Both MIG forms the driver prints, inside the parentheses: the example in
+			// kern_gpu_error_cont_ga100.c and the format string in kernel_rc.c
+			// (NVIDIA/open-gpu-kernel-modules, R515 to R595.45.04). The GPU-CI line is built from
+			// that format string; no public log of one was found.
+			name:   "MIG attribution beside the address, GPU instance (R515+)",
+			msg:    "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No",
+			want:   Event{Kind: KindXid, PCIBusID: "0000:01:00.0", Xid: 94, PID: 7194, MIG: &MIGScope{GPUInstance: 5, ComputeInstance: -1}, Detail: "Contained: CE User Channel (0x9). RST: No, D-RST: No"},
+			wantOK: true,
+		},
+		{
+			name:   "MIG attribution beside the address, GPU and compute instance (R515+)",
+			msg:    "NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 43, pid=77, name=python3, Ch 00000009",
+			want:   Event{Kind: KindXid, PCIBusID: "0000:3b:00.0", Xid: 43, PID: 77, Process: "python3", MIG: &MIGScope{GPUInstance: 1, ComputeInstance: 2}, Detail: "Ch 00000009"},
+			wantOK: true,
+		},
+		{
+			name:   "MIG attribution that cannot be read leaves the XID on the whole GPU",
+			msg:    "NVRM: Xid (PCI:0000:3b:00 GPU-I:99999999999): 43, pid=77, name=python3, Ch 00000009",
+			want:   Event{Kind: KindXid, PCIBusID: "0000:3b:00.0", Xid: 43, PID: 77, Process: "python3", Detail: "Ch 00000009"},
 			wantOK: true,
 		},
 		{
