@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -20,7 +21,7 @@ import (
 // of data, data) and the meaning of every field already there; a reader ignores the fields it
 // does not know, skips the entries it cannot represent, restores the rest and says what it left
 // out (CheckpointNotes). testdata/checkpoint-v*.json hold what each version looks like.
-const CheckpointVersion = 1
+const CheckpointVersion = 2
 
 // ErrCorruptCheckpoint is wrapped by ReadCheckpoint when the file exists but cannot be trusted:
 // not JSON, a wrong checksum, no version, or data without the shape every version shares.
@@ -46,6 +47,9 @@ type Checkpoint struct {
 type CheckpointedDevice struct {
 	Device     Device      `json:"device"`
 	Conditions []Condition `json:"conditions"`
+	// History is a physical GPU's faults and repairs (version 2 and later), so that a GPU
+	// whose fault keeps returning is known across restarts and reboots.
+	History []HistoryEntry `json:"history,omitempty"`
 }
 
 // checkpointFile is the on-disk envelope: the checksum covers the exact bytes of Data.
@@ -71,8 +75,11 @@ func (t *Tracker) Checkpoint() Checkpoint {
 				conds = append(conds, c.Condition)
 			}
 		}
-		if len(conds) > 0 {
-			cp.Devices = append(cp.Devices, CheckpointedDevice{Device: ds.dev, Conditions: conds})
+		if len(conds) > 0 || len(ds.history) > 0 {
+			if conds == nil {
+				conds = []Condition{}
+			}
+			cp.Devices = append(cp.Devices, CheckpointedDevice{Device: ds.dev, Conditions: conds, History: slices.Clone(ds.history)})
 		}
 	}
 	return cp
@@ -110,11 +117,17 @@ func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Tra
 			return out, err // unreachable: restoredDevicesLocked checked it
 		}
 	}
-	ev := evaluation{t: t, now: now, out: out}
+	ev := evaluation{t: t, now: now, out: out, restoring: true}
 	for _, cd := range cp.Devices {
 		ds, ok := t.devices[cd.Device.UUID]
 		if !ok {
 			continue
+		}
+		if ds.parent == nil && len(cd.History) > 0 && len(ds.history) == 0 {
+			ds.history = slices.Clone(cd.History[max(0, len(cd.History)-MaxHistory):])
+			if rebooted {
+				ds.recordRepair(HistoryReboot, now)
+			}
 		}
 		for _, c := range cd.Conditions {
 			if !keep(c) {

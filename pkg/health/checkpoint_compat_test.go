@@ -29,8 +29,10 @@ import (
 //   - checkpoint-v1.json: version 1 as this release writes it: the same faults and the kernel
 //     log's cursor. TestCheckpointFixtureOfThisVersionIsWhatTheEncoderWrites holds the encoder
 //     to it, so a change of the format needs a new version and a new fixture.
+//   - checkpoint-v2.json: version 2, which adds each GPU's history (faults and repairs): the
+//     same faults, the cursor, and GPU 0's XID 48 that came back after a reset.
 //   - checkpoint-next.json: a checkpoint of a newer release, made by hand from checkpoint-v1.json:
-//     version 2, fields this release does not know at every level, a condition type it does not
+//     version 3 (it said 2 until version 2 was made), fields this release does not know at every level, a condition type it does not
 //     raise (kept), a severity and a clearsOn it does not have (skipped), a vanished GPU, a new
 //     cursor and a cursor of another shape (skipped).
 //
@@ -126,6 +128,7 @@ func TestCheckpointFixturesRestore(t *testing.T) {
 	}{
 		{"checkpoint-v1-nocursors.json", v1Faults(), map[string]health.Cursor{}},
 		{"checkpoint-v1.json", v1Faults(), map[string]health.Cursor{"kmsg": kmsg}},
+		{"checkpoint-v2.json", v1Faults(), map[string]health.Cursor{"kmsg": kmsg}},
 		{"checkpoint-next.json", with(v1Faults(),
 			"GPU-0000 C2CLinkDown/1 Unhealthy gpuReset evict=true since=03:04:13",      // a type this release does not raise
 			"GPU-0003 FabricDegraded/0 Degraded nodeReboot evict=false since=03:04:16", // on a GPU that vanished

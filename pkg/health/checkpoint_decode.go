@@ -145,6 +145,7 @@ func (d *checkpointDecoder) device(i int, b []byte) (CheckpointedDevice, bool) {
 	var entry struct {
 		Device     json.RawMessage   `json:"device"`
 		Conditions []json.RawMessage `json:"conditions"`
+		History    []json.RawMessage `json:"history"`
 	}
 	if err := json.Unmarshal(b, &entry); err != nil {
 		d.skip("devices[%d]: %v", i, err)
@@ -172,6 +173,19 @@ func (d *checkpointDecoder) device(i int, b []byte) (CheckpointedDevice, bool) {
 			continue
 		}
 		cd.Conditions = append(cd.Conditions, c)
+	}
+	for j, raw := range entry.History {
+		var h HistoryEntry
+		if err := json.Unmarshal(raw, &h); err != nil {
+			d.skip("device %s history entry %d (devices[%d].history[%d]): %v", cd.Device.UUID, j, i, j, err)
+			continue
+		}
+		switch h.Kind {
+		case HistoryFault, HistoryReset, HistoryReboot, HistoryCleared:
+			cd.History = append(cd.History, h)
+		default:
+			d.skip("device %s history entry %d (devices[%d].history[%d]): unknown kind %q", cd.Device.UUID, j, i, j, h.Kind)
+		}
 	}
 	return cd, true
 }

@@ -29,6 +29,7 @@ func (ev *evaluation) resetRequired(gpu *deviceState) {
 // on the GPU and its MIG instances.
 func (ev *evaluation) reset(gpu *deviceState) {
 	gpu.eccCorrected, gpu.pcie, gpu.nvlink = counterRate{}, counterRate{}, nil
+	gpu.recordRepair(HistoryReset, ev.now)
 	resetClears := func(c *condState) bool { return c.ClearsOn == ClearsOnGPUReset }
 	for _, child := range gpu.children {
 		ev.removeIf(child, ReasonGPUReset, resetClears)

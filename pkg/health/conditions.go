@@ -46,6 +46,13 @@ func (ev *evaluation) replace(ds *deviceState, c condState) {
 	}
 	ev.t.generation++
 	ev.refresh(ds, "")
+	if c.Severity == Unhealthy && sticky(c.Condition) {
+		gpu := ds
+		if ds.parent != nil {
+			gpu = ds.parent
+		}
+		ev.fault(gpu, c.Condition)
+	}
 }
 
 // pollSpec is what one sample of a polled check calls for, field by field as the Condition it

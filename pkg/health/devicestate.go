@@ -23,6 +23,9 @@ type deviceState struct {
 	// repeats holds each repeat rule's memory, by the rule's place in Policy.Repeats; nil
 	// until an XID a rule counts arrives.
 	repeats []repeatState
+	// history is a physical GPU's faults and repairs, oldest first, at most MaxHistory; it
+	// outlives conditions, restarts and reboots (see HistoryEntry).
+	history []HistoryEntry
 
 	eccCorrected counterRate
 	pcie         counterRate

@@ -9,6 +9,9 @@ type evaluation struct {
 	t   *Tracker
 	now time.Time
 	out []Transition
+	// restoring is set while a checkpoint is applied: faults that come back from it were
+	// recorded in the history when they happened.
+	restoring bool
 }
 
 // apply hands a signal to the check for its kind.

@@ -66,7 +66,7 @@ func TestMonitorCoalescesAndKeepsTransitionsInOrder(t *testing.T) {
 }
 
 func TestMonitorNeverBlocksOnASlowSubscriber(t *testing.T) {
-	tr, err := health.NewTracker(health.DefaultPolicy(), []health.Device{{UUID: "GPU-a"}})
+	tr, err := health.NewTracker(cyclingPolicy(), []health.Device{{UUID: "GPU-a"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestMonitorNeverBlocksOnASlowSubscriber(t *testing.T) {
 }
 
 func TestMonitorIsSafeForConcurrentUse(t *testing.T) {
-	tr, err := health.NewTracker(health.DefaultPolicy(), []health.Device{{UUID: "GPU-a"}, {UUID: "GPU-b", Index: 1}})
+	tr, err := health.NewTracker(cyclingPolicy(), []health.Device{{UUID: "GPU-a"}, {UUID: "GPU-b", Index: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,4 +144,12 @@ func TestWaitTakesThePendingUpdateOrReturnsWhenCancelled(t *testing.T) {
 	if _, ok := sub.Wait(ctx); ok {
 		t.Error("Wait with nothing pending and a cancelled context reported an update")
 	}
+}
+
+// cyclingPolicy is the default policy without escalation, for tests that fault and reset one
+// GPU thousands of times to exercise the machinery, not the GPU's history.
+func cyclingPolicy() *health.Policy {
+	p := health.DefaultPolicy()
+	p.Escalation.Enabled = false
+	return p
 }

@@ -86,6 +86,8 @@ type Policy struct {
 	// RootCauseWindow is how recent another GPU's own XID fault must be for an XID the driver
 	// says an earlier XID caused to be attributed to it (XIDCausedByPrevious).
 	RootCauseWindow time.Duration
+	// Escalation raises ConditionReplaceGPU on a GPU whose faults keep returning after repairs.
+	Escalation EscalationPolicy
 }
 
 // Defaults for the polled checks, used by DefaultPolicy.
@@ -125,6 +127,7 @@ func DefaultPolicy() *Policy {
 	p.RecoveryAction.Enabled = true
 	p.Repeats = DefaultRepeatRules()
 	p.RootCauseWindow = DefaultRootCauseWindow
+	p.Escalation = EscalationPolicy{Enabled: true, Returns: DefaultEscalationReturns, Window: DefaultEscalationWindow}
 	return p
 }
 
@@ -146,6 +149,8 @@ func DevicePluginPolicy() *Policy {
 		QuietPeriod: DefaultQuietPeriod,
 		// The device plugin has no repeat rules; a root cause still needs a window.
 		RootCauseWindow: DefaultRootCauseWindow,
+		// Off, as in the device plugin, with the defaults for a config that turns it on.
+		Escalation: EscalationPolicy{Returns: DefaultEscalationReturns, Window: DefaultEscalationWindow},
 	}
 	// Every polled check is off, but with the default thresholds, so that a config that turns
 	// one on gets a working check rather than zero limits that fire on the first reading.

@@ -134,7 +134,7 @@ func TestRuntimeSavesOnChangeAndRestoresAfterARestart(t *testing.T) {
 	}
 
 	// After a reboot XID 79 (cleared by a reboot) does not come back, and the next checkpoint
-	// names the new boot.
+	// names the new boot; GPU 1's history keeps the fault and the reboot that repaired it.
 	h := newRuntime(t, health.DefaultPolicy(), "boot-2", path)
 	if _, err := h.rt.Restore(); err != nil {
 		t.Fatal(err)
@@ -145,7 +145,9 @@ func TestRuntimeSavesOnChangeAndRestoresAfterARestart(t *testing.T) {
 	h.run(nil)
 	eventually(t, "a checkpoint of boot-2", func() bool {
 		cp, err := health.ReadCheckpoint(path)
-		return err == nil && cp.BootID == "boot-2" && len(cp.Devices) == 0
+		return err == nil && cp.BootID == "boot-2" && len(cp.Devices) == 1 && len(cp.Devices[0].Conditions) == 0 &&
+			len(cp.Devices[0].History) == 2 && cp.Devices[0].History[0].Kind == health.HistoryFault &&
+			cp.Devices[0].History[0].Reason == "XID79" && cp.Devices[0].History[1].Kind == health.HistoryReboot
 	})
 }
 

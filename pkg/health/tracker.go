@@ -192,6 +192,9 @@ func (t *Tracker) Reboot(bootID string, now time.Time, out []Transition) []Trans
 	t.bootID = bootID
 	ev := evaluation{t: t, now: now, out: out}
 	for _, ds := range t.ordered {
+		if ds.parent == nil {
+			ds.recordRepair(HistoryReboot, now)
+		}
 		ds.eccCorrected, ds.pcie, ds.nvlink, ds.repeats = counterRate{}, counterRate{}, nil, nil
 		ev.removeIf(ds, ReasonNodeReboot, func(c *condState) bool { return c.ClearsOn.ClearedByReboot() })
 	}
@@ -216,7 +219,13 @@ func (t *Tracker) ClearCondition(uuid string, condType ConditionType, code uint3
 	ev.removeIf(ds, ReasonAdminCleared, func(c *condState) bool {
 		return condType == "" || (c.Type == condType && c.Code == code)
 	})
-	return ev.out, t.generation != before, nil
+	cleared := t.generation != before
+	// Clearing a GPU whole, or its escalation, says the card was inspected or replaced: its
+	// earlier faults no longer count towards another escalation.
+	if cleared && ds.parent == nil && (condType == "" || condType == ConditionReplaceGPU) {
+		ds.record(HistoryEntry{Time: now, Kind: HistoryCleared})
+	}
+	return ev.out, cleared, nil
 }
 
 // ReasonAdminDrain is the reason of the condition an administrative drain raises.
@@ -272,6 +281,7 @@ func (t *Tracker) Snapshot() Snapshot {
 			UnmonitoredChecks: slices.Clone(ds.uncheckable),
 			Conditions:        make([]Condition, 0, len(ds.conds)),
 			XIDs:              slices.Clone(ds.xids),
+			History:           slices.Clone(ds.history),
 		}
 		if ds.dev.MIG != nil {
 			mig := *ds.dev.MIG

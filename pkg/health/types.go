@@ -225,6 +225,8 @@ type DeviceStatus struct {
 	// a function the driver lacks), sorted; see Tracker.SetCheckUnmonitored. Like Unmonitored,
 	// it is no data, never a fault.
 	UnmonitoredChecks []Check `json:"unmonitoredChecks,omitempty"`
+	// History is a physical GPU's faults and repairs, oldest first (see HistoryEntry).
+	History []HistoryEntry `json:"history,omitempty"`
 }
 
 // Snapshot is the health of every tracked device. Devices are ordered by index, each GPU

@@ -43,6 +43,8 @@ type HealthConfig struct {
 	XIDs        XIDConfig `yaml:"xids,omitempty" json:"xids,omitempty"`
 	// Repeats changes the repeat rules: XIDs judged by how often they come back.
 	Repeats RepeatsConfig `yaml:"repeats,omitempty" json:"repeats,omitempty"`
+	// Escalation turns a GPU whose faults keep returning after repairs into one to replace.
+	Escalation *EscalationConfig `yaml:"escalation,omitempty" json:"escalation,omitempty"`
 	Checks  Checks        `yaml:"checks,omitempty" json:"checks,omitempty"`
 	// Agent configures `gpuhealth agent`; other commands ignore it.
 	Agent AgentConfig `yaml:"agent,omitempty" json:"agent,omitempty"`
@@ -300,6 +302,14 @@ func (c *HealthConfig) Validate() error {
 		validateSamples("checks.nvlink.recoverySamples", n.RecoverySamples, bad)
 	}
 	c.Repeats.validate(c.Profile, bad)
+	if e := c.Escalation; e != nil {
+		if e.Returns != nil && (*e.Returns < 1 || *e.Returns > health.MaxHistory/2) {
+			bad("escalation.returns", "must be from 1 to %d (the history keeps %d entries), got %d", health.MaxHistory/2, health.MaxHistory, *e.Returns)
+		}
+		if e.Window != nil && time.Duration(*e.Window) <= 0 {
+			bad("escalation.window", "must be positive, got %v", time.Duration(*e.Window))
+		}
+	}
 	c.Agent.validate(bad)
 	c.KernelLog.validate(bad)
 	c.Remediation.validate(c.Agent.NoExecute, bad)
@@ -370,6 +380,13 @@ func (c *HealthConfig) Policy() (*health.Policy, error) {
 	}
 	if err := c.Repeats.apply(p); err != nil {
 		return nil, err
+	}
+	if e := c.Escalation; e != nil {
+		setBool(&p.Escalation.Enabled, e.Enabled)
+		setInt(&p.Escalation.Returns, e.Returns)
+		if e.Window != nil {
+			p.Escalation.Window = time.Duration(*e.Window)
+		}
 	}
 	ch := c.Checks
 	if e := ch.ECC; e != nil {

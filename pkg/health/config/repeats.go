@@ -133,3 +133,12 @@ func ruleNames(rules []health.RepeatRule) []string {
 	}
 	return names
 }
+
+// EscalationConfig configures escalation to replacing a GPU (health.EscalationPolicy): a GPU
+// whose faults returned within window of a repair (a reset or a reboot) returns times is
+// Unhealthy with reason FaultReturnsAfterRepair until an administrator clears it.
+type EscalationConfig struct {
+	Enabled *bool     `yaml:"enabled,omitempty" json:"enabled,omitempty"`
+	Returns *int      `yaml:"returns,omitempty" json:"returns,omitempty"`
+	Window  *Duration `yaml:"window,omitempty" json:"window,omitempty"`
+}

@@ -81,3 +81,25 @@ func TestRepeatRuleErrorsHaveFieldPaths(t *testing.T) {
 		}
 	}
 }
+
+func TestEscalationFromTheFile(t *testing.T) {
+	p := mustPolicy(t, "escalation: {returns: 3, window: 72h}\n")
+	if !p.Escalation.Enabled || p.Escalation.Returns != 3 || p.Escalation.Window != 72*time.Hour {
+		t.Errorf("escalation %+v", p.Escalation)
+	}
+	if p := mustPolicy(t, "escalation: {enabled: false}\n"); p.Escalation.Enabled {
+		t.Error("escalation still on")
+	}
+	if p := mustPolicy(t, "profile: device-plugin\nescalation: {enabled: true}\n"); !p.Escalation.Enabled || p.Escalation.Returns != health.DefaultEscalationReturns {
+		t.Errorf("device-plugin profile with escalation on: %+v", p.Escalation)
+	}
+	for body, want := range map[string]string{
+		"escalation: {returns: 0}\n": "escalation.returns: must be from 1",
+		"escalation: {window: 0s}\n": "escalation.window: must be positive",
+		"escalation: {retruns: 2}\n": "retruns",
+	} {
+		if _, err := config.Parse([]byte(header + body)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Parse(%q) = %v, want %q", body, err, want)
+		}
+	}
+}
