@@ -199,3 +199,28 @@ func TestRepeatRuleValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestAnXIDCausedByAnEarlierOneCountsTowardsNoRepeatRule(t *testing.T) {
+	g0 := gpuDevice(0)
+	h := newHarness(t, health.DefaultPolicy(), g0)
+	// XID 45 "caused by previous Xid 149" (drivers 570.124.04+), once a minute for an hour.
+	for i := range 60 {
+		h.signal(health.SignalXID, g0.UUID, time.Duration(i)*time.Minute, withXID(45), func(s *health.Signal) {
+			s.XIDFlags, s.CauseXID = health.XIDCausedByPrevious, 149
+		})
+	}
+	h.wantHealth(g0.UUID, health.Healthy, false)
+}
+
+func TestTheRootIsTheGPUWithTheXIDTheDriverNamed(t *testing.T) {
+	devs := []health.Device{gpuDevice(0), gpuDevice(1), gpuDevice(2)}
+	h := newHarness(t, health.DefaultPolicy(), devs...)
+	h.xid(devs[1].UUID, 149, 0)
+	h.xid(devs[2].UUID, 48, time.Second) // more recent, but not the XID named
+	h.signal(health.SignalXID, devs[0].UUID, 2*time.Second, withXID(145), func(s *health.Signal) {
+		s.XIDFlags, s.CauseXID = health.XIDCausedByPrevious, 149
+	})
+	if c := h.mustCondition(devs[0].UUID, health.ConditionXID, 145); c.Reason != "XID145CausedByGPU1" {
+		t.Errorf("reason %q, want the GPU with XID 149 (XID145CausedByGPU1)", c.Reason)
+	}
+}

@@ -112,8 +112,9 @@ func (r ClockEventReasons) String() string {
 }
 
 // XIDFlags qualify an XID with what the driver said beside its code. NVLink5 XIDs (144-150, on
-// Blackwell and later) carry a severity, the unit and link they concern, and whether an earlier
-// XID caused them; older XIDs carry none of this and their flags are zero.
+// Blackwell and later) carry a severity, the unit and the link they concern; XID 74 a fatal link;
+// XID 45 the earlier XID that caused it (drivers 570.124.04 and later). Other XIDs carry none of
+// this and their flags are zero.
 type XIDFlags uint8
 
 const (
@@ -149,8 +150,11 @@ type Signal struct {
 	XID uint32
 	// XIDFlags and Unit qualify an XID (see XIDFlags); Unit is the hardware unit the driver
 	// named ("NETIR", "NVLW", ...), empty when it named none.
-	XIDFlags    XIDFlags
-	Unit        string
+	XIDFlags XIDFlags
+	Unit     string
+	// CauseXID is the earlier XID the driver named as the cause (with XIDCausedByPrevious;
+	// zero when it named none): the root is looked for among GPUs with that XID first.
+	CauseXID    uint32
 	Value       int64
 	Corrected   uint64
 	Uncorrected uint64

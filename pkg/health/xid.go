@@ -17,7 +17,12 @@ func (ev *evaluation) xid(ds *deviceState, sig Signal) {
 	if ds.parent != nil {
 		gpu = ds.parent
 	}
-	ev.repeats(gpu, sig.XID)
+	// An XID the driver says an earlier one caused (XID 45 after a 149: NVSentinel#1712 saw
+	// 168,924 of them in two days) is the echo of a fault already judged: it counts towards no
+	// repeat rule.
+	if sig.XIDFlags&XIDCausedByPrevious == 0 {
+		ev.repeats(gpu, sig.XID)
+	}
 	if sig.MIGScoped && ds.parent == nil {
 		matched := false
 		for _, c := range ds.children {
@@ -53,7 +58,7 @@ func (ev *evaluation) xidOn(ds *deviceState, sig Signal, rule XIDRule) {
 	var root *deviceState
 	var rootXID uint32
 	if sig.XIDFlags&XIDCausedByPrevious != 0 {
-		root, rootXID = ev.rootCause(ds)
+		root, rootXID = ev.rootCause(ds, sig.CauseXID)
 	}
 	softened := root != nil || sig.XIDFlags&XIDNonfatal != 0
 	if softened {
@@ -90,9 +95,10 @@ func (ev *evaluation) xidOn(ds *deviceState, sig Signal, rule XIDRule) {
 
 // rootCause finds the GPU whose fault an XID on ds followed: another physical GPU with an
 // Unhealthy XID condition of its own, not itself caused by another, seen within the policy's
-// RootCauseWindow; the most recent such fault wins. It returns nil when there is none: the XID
-// then keeps its rule, since failing safe beats blaming a GPU nobody saw fail.
-func (ev *evaluation) rootCause(ds *deviceState) (*deviceState, uint32) {
+// RootCauseWindow; a fault of the XID the driver named (cause, when not zero) beats any other,
+// then the most recent wins. It returns nil when there is none: the XID then keeps its rule,
+// since failing safe beats blaming a GPU nobody saw fail.
+func (ev *evaluation) rootCause(ds *deviceState, cause uint32) (*deviceState, uint32) {
 	self := ds
 	if ds.parent != nil {
 		self = ds.parent
@@ -109,7 +115,9 @@ func (ev *evaluation) rootCause(ds *deviceState) (*deviceState, uint32) {
 			if c.Type != ConditionXID || c.consequential || c.Severity < Unhealthy || ev.now.Sub(c.LastSeen) > ev.t.policy.RootCauseWindow {
 				continue
 			}
-			if root == nil || c.LastSeen.After(rootSeen) {
+			better := root == nil || (c.Code == cause) != (rootXID == cause) && c.Code == cause ||
+				(c.Code == cause) == (rootXID == cause) && c.LastSeen.After(rootSeen)
+			if better {
 				root, rootXID, rootSeen = other, c.Code, c.LastSeen
 			}
 		}

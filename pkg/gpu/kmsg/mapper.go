@@ -122,6 +122,9 @@ const (
 func qualify(s *health.Signal, ev Event) {
 	if ev.CausedByXid > 0 {
 		s.XIDFlags |= health.XIDCausedByPrevious
+		if ev.CausedByXid <= math.MaxUint32 {
+			s.CauseXID = uint32(ev.CausedByXid)
+		}
 	}
 	nv := ev.NVLink
 	if nv == nil {

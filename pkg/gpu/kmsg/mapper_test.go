@@ -13,12 +13,13 @@ import (
 func TestSignalsCarryTheXIDQualifiers(t *testing.T) {
 	at := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
 	tests := []struct {
-		name     string
-		msg      string
-		wantXID  uint32
-		wantFlag health.XIDFlags
-		wantLink uint32
-		wantUnit string
+		name      string
+		msg       string
+		wantXID   uint32
+		wantFlag  health.XIDFlags
+		wantLink  uint32
+		wantUnit  string
+		wantCause uint32
 	}{
 		{
 			name:    "an XID without qualifiers has none",
@@ -113,10 +114,11 @@ func TestSignalsCarryTheXIDQualifiers(t *testing.T) {
 			wantLink: 14,
 		},
 		{
-			name:     "caused by a previous XID",
-			msg:      "NVRM: Xid (PCI:0000:3b:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",
-			wantXID:  45,
-			wantFlag: health.XIDCausedByPrevious,
+			name:      "caused by a previous XID",
+			msg:       "NVRM: Xid (PCI:0000:3b:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",
+			wantXID:   45,
+			wantFlag:  health.XIDCausedByPrevious,
+			wantCause: 149,
 		},
 		{
 			name:    "caused by a number that cannot be an XID",
@@ -135,7 +137,7 @@ func TestSignalsCarryTheXIDQualifiers(t *testing.T) {
 				t.Fatalf("Signals(%+v) = %+v, %v; want one XID signal", ev, sigs, err)
 			}
 			want := health.Signal{Kind: health.SignalXID, Device: "GPU-aaaa", Time: at, XID: tc.wantXID,
-				XIDFlags: tc.wantFlag, Link: tc.wantLink, Unit: tc.wantUnit}
+				XIDFlags: tc.wantFlag, Link: tc.wantLink, Unit: tc.wantUnit, CauseXID: tc.wantCause}
 			if sigs[0] != want {
 				t.Errorf("Signals(%q)\n got %+v\nwant %+v", tc.msg, sigs[0], want)
 			}

@@ -45,7 +45,7 @@ type HealthConfig struct {
 	Repeats RepeatsConfig `yaml:"repeats,omitempty" json:"repeats,omitempty"`
 	// Escalation turns a GPU whose faults keep returning after repairs into one to replace.
 	Escalation *EscalationConfig `yaml:"escalation,omitempty" json:"escalation,omitempty"`
-	Checks  Checks        `yaml:"checks,omitempty" json:"checks,omitempty"`
+	Checks     Checks            `yaml:"checks,omitempty" json:"checks,omitempty"`
 	// Agent configures `gpuhealth agent`; other commands ignore it.
 	Agent AgentConfig `yaml:"agent,omitempty" json:"agent,omitempty"`
 	// KernelLog configures the kernel log as a second source of signals (agent, device plugin).
