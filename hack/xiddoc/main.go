@@ -55,6 +55,7 @@ func main() {
 	fmt.Fprintf(w, "| recovery action | any other value N (reason RecoveryActionUnknownN) | Unhealthy | nodeReboot (or NONE) |\n")
 	fmt.Fprintf(w, "| reset required | an NVML call answers ERROR_RESET_REQUIRED | Unhealthy | gpuReset |\n")
 	fmt.Fprintln(w)
+	writeRepeats(w, def)
 	fmt.Fprintln(w, "## Profile `device-plugin`")
 	fmt.Fprintln(w)
 	var ignored []string
@@ -68,6 +69,24 @@ func main() {
 	fmt.Fprintln(w, "check runs. The one difference: with a checkpoint configured, the fault also survives a restart")
 	fmt.Fprintln(w, "of the process, where the plugin forgets it. Embedders who want the plugin's forgetfulness run")
 	fmt.Fprintln(w, "without a checkpoint.")
+}
+
+// writeRepeats writes the repeat rules, the driver's XID qualifiers and escalation.
+func writeRepeats(w *bufio.Writer, p *health.Policy) {
+	fmt.Fprint(w, repeats)
+	fmt.Fprintln(w, "| rule (reason) | XIDs | fires when | within | bursts | raises | source |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	for _, r := range p.Repeats {
+		when, raises := fmt.Sprintf("%d on one GPU", r.Count), fmt.Sprintf("%s, clears on %s, %s", r.Severity, r.ClearsOn, r.Action)
+		if r.NodeScoped() {
+			when, raises = fmt.Sprintf("on %d GPUs of the node", r.GPUs), "a node finding (no GPU made less healthy)"
+		}
+		fmt.Fprintf(w, "| `%s` | %s | %s | %v | %v apart | %s | %s |\n", r.Name, r.XIDList(), when, r.Window, r.Burst, raises, r.Source)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, qualifiers, p.RootCauseWindow)
+	e := p.Escalation
+	fmt.Fprintf(w, escalation, e.Window, e.Returns, health.MaxHistory)
 }
 
 func yesNo(b bool) string {
@@ -114,4 +133,46 @@ instant count once).
 
 | check | when | severity | clears on |
 |---|---|---|---|
+`
+
+const repeats = `## Repeat rules (profile ` + "`default`" + `)
+
+Some XIDs mean little once and much when they come back. A repeat rule counts an XID (or a set
+of XIDs) on the physical GPU (a MIG instance's XID counts for its GPU); occurrences closer than
+the rule's burst to the last one counted are the same event, so one crash logged ten times, or a
+flood of thousands, counts once. A same-GPU rule raises a condition of its own (type ` + "`XIDRepeat`" + `,
+reason the rule's name) when its count falls within the window: the card, not the job, is the
+likely cause. A spread rule fires when the XIDs show up on several GPUs of the node within the
+window: the software (driver, CUDA image, a job that fails everywhere) is the likely cause, so it
+raises a node finding, shown on the ` + "`GPUUnhealthy`" + ` node condition and by ` + "`simulate`" + `, and makes no
+GPU less healthy; it ends once the window passes without enough GPUs. An XID the driver says an
+earlier one caused counts towards no rule: it is the echo of a fault already judged.
+
+`
+
+const qualifiers = `## What the driver says beside the XID
+
+NVLink5 XIDs (144-150) name a unit, a severity and a link; XID 74 a fatal link; XID 45 the earlier
+XID that caused it (see [kernel-log.md](kernel-log.md)). A **Nonfatal** XID is Degraded at most
+and never evicts, whatever its rule, and never lowers a condition already in effect. An XID the
+driver says **an earlier XID caused** is attributed to the GPU of the node with an Unhealthy XID
+of its own seen within the last %v (the GPU with the XID the driver named first): that root GPU
+keeps its fault, and this one is Degraded with reason ` + "`XID<n>CausedByGPU<root index>`" + ` and action
+` + "`inspect`" + `. With no such GPU the XID keeps its rule: failing safe beats blaming a GPU nobody saw fail.
+
+`
+
+const escalation = `## Memory: faults that come back after repairs
+
+Each physical GPU keeps a history of its faults (it became Unhealthy through a condition that
+needs a repair, so neither a drain nor a polled reading that recovers on its own) and its
+repairs (GPU resets, and reboots that found a fault pending). The history is in the checkpoint,
+so it survives restarts and reboots, and the gpu-health annotation sums it up (` + "`gpuhealth status -o wide`" + `
+and ` + "`-o json`" + `). When a GPU's fault has come back within %v of a repair %d times since an
+administrator last cleared it, the GPU gets condition ` + "`ReplaceGPU`" + ` (reason
+` + "`FaultReturnsAfterRepair`" + `, Unhealthy, action ` + "`replaceGPU`" + `, clears on ` + "`admin`" + `): remediation
+never resets it again. gpud escalates the same way after two reboots (its ` + "`DefaultRebootThreshold`" + `).
+Clearing the GPU (` + "`gpuhealth clear`" + `) starts its count again. The history keeps the newest %d
+entries.
+
 `

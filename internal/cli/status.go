@@ -43,6 +43,8 @@ type GPUStatus struct {
 	PCIBusID    string     `json:"pciBusID,omitempty"`
 	Evict       bool       `json:"evict,omitempty"`
 	ParentUUID  string     `json:"parentUUID,omitempty"`
+	// History sums up the GPU's faults and repairs (across restarts and reboots).
+	History *gpuhealthv1.HistorySummary `json:"history,omitempty"`
 	// ExternalTaints are taints other writers put on the GPU's DRA devices (the driver's own, other
 	// DeviceTaintRules); each key also shows in Reasons as "external:<key>".
 	ExternalTaints []ExternalTaint `json:"externalTaints,omitempty"`
@@ -159,7 +161,7 @@ func collectStatus(nodes []corev1.Node, logger klog.Logger, now time.Time, stale
 		}
 		for uuid, s := range summaries {
 			row := GPUStatus{Node: n.Name, Index: s.Index, UUID: uuid, Model: s.Model, Health: s.Health,
-				Reasons: s.Reasons, Since: s.Since, PCIBusID: s.PCIBusID, Evict: s.Evict, ParentUUID: s.ParentUUID}
+				Reasons: s.Reasons, Since: s.Since, PCIBusID: s.PCIBusID, Evict: s.Evict, ParentUUID: s.ParentUUID, History: s.History}
 			if d, ok := drains[uuid]; ok {
 				markDrained(&row, d)
 			}
@@ -218,7 +220,7 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
 	header := "NODE\tINDEX\tUUID\tMODEL\tHEALTH\tREASONS\tSINCE\tDRAINED\tREMEDIATION"
 	if wide {
-		header += "\tPCI BUS ID\tEVICT\tDRAINED BY\tDRAIN REASON"
+		header += "\tPCI BUS ID\tEVICT\tDRAINED BY\tDRAIN REASON\tHISTORY"
 	}
 	fmt.Fprintln(tw, header)
 	for _, g := range gpus {
@@ -253,7 +255,7 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%t\t%s", g.Node, index, g.UUID, model, healthText, reasons, since, g.Drained, repair)
 		if wide {
-			fmt.Fprintf(tw, "\t%s\t%t\t%s\t%s", cmp.Or(g.PCIBusID, "<none>"), g.Evict, cmp.Or(g.DrainedBy, "<none>"), cmp.Or(g.DrainReason, "<none>"))
+			fmt.Fprintf(tw, "\t%s\t%t\t%s\t%s\t%s", cmp.Or(g.PCIBusID, "<none>"), g.Evict, cmp.Or(g.DrainedBy, "<none>"), cmp.Or(g.DrainReason, "<none>"), g.History)
 		}
 		fmt.Fprintln(tw)
 	}

@@ -53,6 +53,61 @@ type GPUSummary struct {
 	// events for it, and each check the backend cannot run (a driver function missing, ECC off,
 	// MIG mode), so an operator sees at once what a node is blind to. No data, never a fault.
 	Unmonitored []string `json:"unmonitored,omitempty"`
+	// History sums up a physical GPU's faults and repairs across restarts and reboots; absent
+	// when it has none.
+	History *HistorySummary `json:"history,omitempty"`
+}
+
+// HistorySummary is a GPU's history as the annotation carries it: counts, and the newest
+// entries, so that an operator sees a card that keeps failing without reading the node's disk.
+type HistorySummary struct {
+	Faults  int `json:"faults"`
+	Resets  int `json:"resets"`
+	Reboots int `json:"reboots"`
+	// Recent are the newest entries, oldest first, at most MaxRecentHistory.
+	Recent []health.HistoryEntry `json:"recent,omitempty"`
+}
+
+// MaxRecentHistory bounds HistorySummary.Recent, which keeps the annotation small.
+const MaxRecentHistory = 4
+
+// SummarizeHistory reduces a GPU's history; nil when it has none.
+func SummarizeHistory(h []health.HistoryEntry) *HistorySummary {
+	if len(h) == 0 {
+		return nil
+	}
+	s := &HistorySummary{}
+	for _, e := range h {
+		switch e.Kind {
+		case health.HistoryFault:
+			s.Faults++
+		case health.HistoryReset:
+			s.Resets++
+		case health.HistoryReboot:
+			s.Reboots++
+		}
+	}
+	recent := h[max(0, len(h)-MaxRecentHistory):]
+	s.Recent = make([]health.HistoryEntry, len(recent))
+	for i, e := range recent {
+		e.Time = e.Time.UTC()
+		s.Recent[i] = e
+	}
+	return s
+}
+
+// String says it in a few words: "2 faults, 1 reset, 1 reboot".
+func (s *HistorySummary) String() string {
+	if s == nil {
+		return "<none>"
+	}
+	plural := func(n int, what string) string {
+		if n == 1 {
+			return "1 " + what
+		}
+		return fmt.Sprintf("%d %ss", n, what)
+	}
+	return plural(s.Faults, "fault") + ", " + plural(s.Resets, "reset") + ", " + plural(s.Reboots, "reboot")
 }
 
 // Unmonitored lists what the agent cannot watch on a device: "events" when NVML delivers no
@@ -72,6 +127,7 @@ func Unmonitored(d health.DeviceStatus) []string {
 func Summarize(d health.DeviceStatus) GPUSummary {
 	s := GPUSummary{Index: d.Device.Index, PCIBusID: d.Device.PCIBusID, Model: d.Device.Model, Health: d.Health.String(), Evict: d.Evict}
 	s.Unmonitored = Unmonitored(d)
+	s.History = SummarizeHistory(d.History)
 	if d.Device.MIG != nil {
 		s.ParentUUID = d.Device.MIG.ParentUUID
 	}

@@ -1,0 +1,36 @@
+package v1_test
+
+import (
+	"testing"
+	"time"
+
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+func TestSummarizeHistory(t *testing.T) {
+	if s := gpuhealthv1.SummarizeHistory(nil); s != nil || s.String() != "<none>" {
+		t.Errorf("no history: %+v %q", s, s.String())
+	}
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("X", 3600))
+	var h []health.HistoryEntry
+	for i := range 3 {
+		at := t0.Add(time.Duration(i) * time.Hour)
+		h = append(h, health.HistoryEntry{Time: at, Kind: health.HistoryFault, Reason: "XID48"},
+			health.HistoryEntry{Time: at.Add(time.Minute), Kind: health.HistoryReset})
+	}
+	h = append(h, health.HistoryEntry{Time: t0.Add(4 * time.Hour), Kind: health.HistoryReboot})
+	s := gpuhealthv1.SummarizeHistory(h)
+	if s.Faults != 3 || s.Resets != 3 || s.Reboots != 1 || s.String() != "3 faults, 3 resets, 1 reboot" {
+		t.Errorf("summary %+v %q", s, s.String())
+	}
+	if len(s.Recent) != gpuhealthv1.MaxRecentHistory || s.Recent[len(s.Recent)-1].Kind != health.HistoryReboot ||
+		s.Recent[0].Time.Location() != time.UTC {
+		t.Errorf("recent %+v, want the newest %d in UTC", s.Recent, gpuhealthv1.MaxRecentHistory)
+	}
+	// The summary reaches the annotation's GPU summary.
+	sum := gpuhealthv1.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-a"}, History: h})
+	if sum.History == nil || sum.History.Faults != 3 {
+		t.Errorf("Summarize: history %+v", sum.History)
+	}
+}
