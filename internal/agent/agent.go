@@ -7,8 +7,9 @@
 //	                                                       Writers (condition, claimstatus)
 //
 // Every loop runs under one errgroup: the backend, one goroutine per writer, the fan-out, the
-// followers, the quiet-period ticker and the HTTP server (/metrics, /healthz, /readyz). The first loop that
-// fails cancels the others; a cancelled context (SIGTERM) stops everything cleanly.
+// followers, the drains and clears watchers, the quiet-period ticker and the HTTP server
+// (/metrics, /healthz, /readyz). The first loop that fails cancels the others; a cancelled
+// context (SIGTERM) stops everything cleanly.
 package agent
 
 import (
@@ -286,6 +287,8 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	drains := &drainWatcher{nodes: caches.nodes, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
 	g.Go(func() error { return drains.run(ctx) })
+	clears := &clearWatcher{nodes: caches.nodes, client: opts.Client, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
+	g.Go(func() error { return clears.run(ctx) })
 	if opts.MetricsAddress != "" {
 		g.Go(func() error { return serve(ctx, opts, writers, rt.CheckpointSaved) })
 	}
