@@ -24,14 +24,6 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// Event reasons of the clear requests.
-const (
-	EventConditionsCleared   = "GPUConditionsCleared"
-	EventClearMatchedNothing = "GPUClearMatchedNothing"
-	EventMalformedClears     = "MalformedClears"
-	EventClearsNotRemoved    = "ClearsNotAcknowledged"
-)
-
 // Retrying an acknowledgement the API server refused: from a second, doubling, to five minutes.
 const (
 	clearRetryFirst = time.Second
@@ -136,7 +128,7 @@ func (w *clearWatcher) sync(ctx context.Context) error {
 		if value != w.malformed {
 			w.malformed = value
 			logger.Error(err, "Ignoring a malformed clears annotation; nothing applied, nothing removed")
-			w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, EventMalformedClears,
+			w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventMalformedClears,
 				"gpuhealth applied none of the clear requests and left them on the Node: %v", err)
 		}
 		return nil
@@ -180,7 +172,7 @@ func (w *clearWatcher) remove(ctx context.Context, value string) error {
 	case apierrors.IsForbidden(err):
 		if value != w.refused {
 			w.refused = value
-			w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, EventClearsNotRemoved,
+			w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearsNotRemoved,
 				"gpuhealth applied the clear requests but may not remove %s (an admission policy older than gpuhealth clear?): %v; "+
 					"it tries again, and applies them again if it restarts first", gpuhealthv1.ClearsKey, err)
 		}
@@ -206,15 +198,15 @@ func (w *clearWatcher) apply(ctx context.Context, uuid string, c gpuhealthv1.Cle
 	switch {
 	case !res.found:
 		logger.Info("A clear request names a GPU this node does not have", "gpu", uuid, "condition", what, "by", c.By)
-		w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, EventClearMatchedNothing,
+		w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearMatchedNothing,
 			"gpuhealth cleared nothing: this node has no GPU %s (request for %s %s)", uuid, what, c.Message())
 	case len(res.cleared) == 0:
 		logger.Info("A clear request matched no condition", "gpu", uuid, "condition", what, "by", c.By, "inEffect", res.remaining)
-		w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, EventClearMatchedNothing,
+		w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearMatchedNothing,
 			"gpuhealth cleared nothing on %s: %s; requested %s", res.device, res.nothingMatched(sel), c.Message())
 	default:
 		logger.Info("Cleared conditions at an operator's request", "gpu", uuid, "cleared", res.cleared, "by", c.By, "reason", c.Reason)
-		w.recorder.Eventf(w.nodeRef, corev1.EventTypeNormal, EventConditionsCleared,
+		w.recorder.Eventf(w.nodeRef, corev1.EventTypeNormal, gpuhealthv1.EventConditionsCleared,
 			"gpuhealth cleared %s on %s, requested %s; %s", strings.Join(res.cleared, ", "), res.device, c.Message(), res.now())
 	}
 }

@@ -20,6 +20,21 @@ import (
 // annotation and never add or change it.
 const ClearsKey = "gpuhealth.dev/gpu-clears"
 
+// Reasons of the Events the agent posts about clear requests, on its Node.
+const (
+	// EventConditionsCleared (Normal): a request cleared conditions; the message names them, the
+	// GPU, who asked and why, and what is left in effect.
+	EventConditionsCleared = "GPUConditionsCleared"
+	// EventClearMatchedNothing (Warning): a request named no condition in effect, or a GPU the
+	// node does not have.
+	EventClearMatchedNothing = "GPUClearMatchedNothing"
+	// EventMalformedClears (Warning): ClearsKey does not parse; nothing was applied or removed.
+	EventMalformedClears = "MalformedClears"
+	// EventClearsNotRemoved (Warning): the requests were applied but the agent may not remove
+	// ClearsKey (an admission policy that predates it).
+	EventClearsNotRemoved = "ClearsNotAcknowledged"
+)
+
 // Clear is one request to clear a false positive: which condition (a ConditionSelector in its
 // text form; empty for every condition but an administrative drain), why, who asked and when.
 // By and At are what the requester wrote, not facts the API server vouches for: the audit log

@@ -1,0 +1,274 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+// clearPoll is how often `clear --wait` reads the Node and its Events.
+const clearPoll = 500 * time.Millisecond
+
+func newClearCommand() *cobra.Command {
+	var kubeconfig, reason, by string
+	var waitFor time.Duration
+	cmd := &cobra.Command{
+		Use:   "clear NODE GPU [CONDITION] --reason TEXT",
+		Short: "Clear a false positive: end a GPU's condition by hand",
+		Long: `clear asks the node's agent to end a condition it raised on one GPU, whatever the condition
+would otherwise wait for (a GPU reset, a reboot, a quiet period): an operator's decision that it
+was a false positive. The request goes on the Node (annotation gpuhealth.dev/gpu-clears); the
+agent applies it once, posts an Event on the Node naming who asked, why and what it cleared (a
+Warning if nothing matched), and removes the request. The condition is gone from every reporter;
+if the fault happens again it is raised again, as any other.
+
+GPU is an index, a UUID or a PCI bus ID; its MIG instances are cleared with it. CONDITION is a
+reason as gpuhealth status shows it (XID79, UncorrectedECCErrors), a type (XID: every XID) or
+TYPE:CODE (XID:79, NVLinkDown:3 for one link). Without it every condition of the GPU is cleared
+but a drain, which only undrain ends. A condition whose cause is still there (a temperature, a
+link that is down) comes back with the next reading.
+
+With --wait the command waits for the agent and prints what it did; it fails if the agent
+cleared nothing or did not answer in time (the request then stays for the agent to apply).`,
+		Example: `  gpuhealth clear gpu-node-7 3 XID79 --reason "reseated the card, ticket 1234"
+  gpuhealth clear gpu-node-7 GPU-76f99748-0f9a-e5e5-c69b-1e46cae6e125 --reason "bad batch of test jobs" --wait 1m`,
+		Args: cobra.RangeArgs(2, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return badInput(errors.New("--reason: required (say why, for the next person)"))
+			}
+			if waitFor < 0 {
+				return badInput(fmt.Errorf("--wait: must not be negative, got %v", waitFor))
+			}
+			var condition string
+			if len(args) == 3 {
+				sel, err := gpuhealthv1.ParseConditionSelector(args[2])
+				if err != nil {
+					return badInput(err)
+				}
+				condition = sel.String()
+			}
+			client, err := newUserClient(kubeconfig)
+			if err != nil {
+				return badInput(err)
+			}
+			ctx := cmd.Context()
+			if by == "" {
+				by = whoAmI(ctx, client)
+			}
+			req := gpuhealthv1.Clear{Condition: condition, Reason: reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
+			node := args[0]
+			gpu, err := requestClear(ctx, client, node, args[1], &req)
+			if err != nil {
+				return err
+			}
+			what := condition
+			if what == "" {
+				what = "every condition"
+			}
+			if note := clearNote(gpu, condition); note != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: GPU %d %s; the agent says in an Event whether anything matched\n", gpu.Index, note)
+			}
+			out := cmd.OutOrStdout()
+			if waitFor == 0 {
+				_, err = fmt.Fprintf(out, "requested clear of %s on GPU %d (%s) on node %s; the agent posts an Event when it has applied it (kubectl get events --field-selector involvedObject.name=%s)\n",
+					what, req.Index, gpu.uuid, node, node)
+				return err
+			}
+			return waitForClear(ctx, client, out, node, gpu.uuid, req, waitFor, clearPoll)
+		},
+	}
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why the condition is a false positive (required)")
+	cmd.Flags().StringVar(&by, "by", "", "who clears it (default: the user the API server knows you as)")
+	cmd.Flags().DurationVar(&waitFor, "wait", 0, "wait this long for the agent to apply the request and print what it did (0: do not wait)")
+	return cmd
+}
+
+// clearedGPU is the GPU a request names, as the agent last reported it.
+type clearedGPU struct {
+	uuid string
+	gpuhealthv1.GPUSummary
+	// instances are the reasons its MIG instances report.
+	instanceReasons []string
+}
+
+// requestClear resolves gpu on node from the agent's report and adds req to the node's clear
+// requests, with optimistic concurrency: the patch carries the resourceVersion it read, and a
+// conflict reads again and retries, so two requests at once never lose one. A GPU the agent does
+// not report, or a clears annotation that does not parse, changes nothing. It sets req.Index.
+func requestClear(ctx context.Context, client kubernetes.Interface, nodeName, gpu string, req *gpuhealthv1.Clear) (clearedGPU, error) {
+	var target clearedGPU
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return badInput(fmt.Errorf("node %q not found", nodeName))
+		}
+		if err != nil {
+			return err
+		}
+		clears, err := gpuhealthv1.ParseClears(node.Annotations[gpuhealthv1.ClearsKey])
+		if err != nil {
+			return fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
+		}
+		if target, err = reportedGPU(node, gpu); err != nil {
+			return badInput(err)
+		}
+		req.Index = target.Index
+		clears[target.uuid] = append(clears[target.uuid], *req)
+		value, err := gpuhealthv1.FormatClears(clears)
+		if err != nil {
+			return err
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+			"resourceVersion": node.ResourceVersion,
+			"annotations":     map[string]any{gpuhealthv1.ClearsKey: value},
+		}})
+		if err != nil {
+			return err
+		}
+		_, err = client.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "gpuhealth-clear"})
+		return err
+	})
+	return target, err
+}
+
+// reportedGPU resolves gpu (an index, a UUID or a PCI bus ID) among the GPUs the node's agent
+// reports: there is nothing to clear on a GPU it does not.
+func reportedGPU(node *corev1.Node, gpu string) (clearedGPU, error) {
+	uuid, index, err := resolveGPU(node, nil, gpu)
+	if err != nil {
+		return clearedGPU{}, err
+	}
+	summaries, err := gpuhealthv1.ParseHealth(node.Annotations[gpuhealthv1.HealthKey])
+	if err != nil {
+		return clearedGPU{}, fmt.Errorf("node %s: %w", node.Name, err)
+	}
+	s, ok := summaries[uuid]
+	if !ok || index < 0 {
+		return clearedGPU{}, fmt.Errorf("node %s reports no GPU %s: there is nothing to clear on it (see gpuhealth status --node %s)", node.Name, gpu, node.Name)
+	}
+	out := clearedGPU{uuid: uuid, GPUSummary: s}
+	for _, inst := range summaries {
+		if inst.ParentUUID == uuid {
+			out.instanceReasons = append(out.instanceReasons, inst.Reasons...)
+		}
+	}
+	return out, nil
+}
+
+// clearNote says why a request may match nothing, from the agent's last report ("" when it
+// probably matches). The report shows reasons only, so a type or TYPE:CODE is left to the agent.
+func clearNote(gpu clearedGPU, condition string) string {
+	reasons := slices.DeleteFunc(slices.Concat(gpu.Reasons, gpu.instanceReasons), func(r string) bool { return r == health.ReasonAdminDrain })
+	sel, _ := gpuhealthv1.ParseConditionSelector(condition)
+	switch {
+	case len(reasons) == 0 && slices.Contains(gpu.Reasons, health.ReasonAdminDrain):
+		return "is drained and reports nothing else (gpuhealth undrain ends a drain)"
+	case len(reasons) == 0:
+		return "reports no condition now"
+	case sel.Name == "" || sel.HasCode:
+		return ""
+	case slices.ContainsFunc(reasons, func(r string) bool { return strings.EqualFold(r, sel.Name) }):
+		return ""
+	case slices.ContainsFunc(reasons, func(r string) bool { return strings.HasPrefix(strings.ToUpper(r), strings.ToUpper(sel.Name)) }):
+		return "" // a type such as XID, whose reasons are XID79, XID48...
+	default:
+		return fmt.Sprintf("reports %s, not %s, unless %s is a type", strings.Join(reasons, ", "), condition, condition)
+	}
+}
+
+// waitForClear waits until the agent has removed req from node, then prints the Event that says
+// what it did. A request that cleared nothing, or that the agent does not apply in time, is an
+// error.
+func waitForClear(ctx context.Context, client kubernetes.Interface, out io.Writer, node, uuid string, req gpuhealthv1.Clear, timeout, poll time.Duration) error {
+	mine, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	var (
+		event   *corev1.Event
+		removed *corev1.Node // the Node once the request is gone from it
+	)
+	err = wait.PollUntilContextTimeout(ctx, poll, timeout, true, func(ctx context.Context) (bool, error) {
+		if removed == nil {
+			n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				return false, nil // keep waiting: the API server may be away for a moment
+			}
+			clears, _ := gpuhealthv1.ParseClears(n.Annotations[gpuhealthv1.ClearsKey])
+			if slices.ContainsFunc(clears[uuid], func(c gpuhealthv1.Clear) bool {
+				b, _ := json.Marshal(c)
+				return string(b) == string(mine)
+			}) {
+				return false, nil
+			}
+			removed = n
+		}
+		event = clearEvent(ctx, client, node, req)
+		return event != nil, nil
+	})
+	switch {
+	case event != nil && event.Reason == gpuhealthv1.EventConditionsCleared:
+		_, err := fmt.Fprintln(out, event.Message)
+		return err
+	case event != nil:
+		return errors.New(event.Message)
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case removed != nil:
+		// Applied, but its Event is not to be seen (Events cannot be listed, or were dropped):
+		// say what the agent's report shows now.
+		if n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil {
+			removed = n
+		}
+		gpu, err := reportedGPU(removed, uuid)
+		if err != nil {
+			return err
+		}
+		state := gpu.Health
+		if len(gpu.Reasons) > 0 {
+			state += " (" + strings.Join(gpu.Reasons, ", ") + ")"
+		}
+		_, err = fmt.Fprintf(out, "the agent of node %s applied the request (no Event of it found); GPU %d (%s) reports %s\n", node, gpu.Index, uuid, state)
+		return err
+	case err != nil:
+		return fmt.Errorf("the agent of node %s has not applied the request within %v (is it running there?); the request stays on the node until it does", node, timeout)
+	}
+	return nil
+}
+
+// clearEvent finds the Event the agent posted for req: its message names the request.
+func clearEvent(ctx context.Context, client kubernetes.Interface, node string, req gpuhealthv1.Clear) *corev1.Event {
+	list, err := client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node,
+	})
+	if err != nil {
+		return nil
+	}
+	for i := range list.Items {
+		e := &list.Items[i]
+		if (e.Reason == gpuhealthv1.EventConditionsCleared || e.Reason == gpuhealthv1.EventClearMatchedNothing) &&
+			strings.Contains(e.Message, req.Message()) {
+			return e
+		}
+	}
+	return nil
+}
