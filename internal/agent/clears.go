@@ -154,14 +154,20 @@ func requestKey(uuid string, c gpuhealthv1.Clear) string {
 	return uuid + "\x00" + string(b)
 }
 
-// remove deletes the annotation if it still holds value: the JSON patch tests it first, so a
-// request written since the Node was read stays for the next sync.
-func (w *clearWatcher) remove(ctx context.Context, value string) error {
+// ClearsRemovalPatch is the JSON patch the agent sends to remove the clear requests it applied:
+// it removes gpuhealth.dev/gpu-clears only while the annotation still holds value, so a request
+// written since the Node was read stays.
+func ClearsRemovalPatch(value string) ([]byte, error) {
 	path := "/metadata/annotations/" + strings.ReplaceAll(gpuhealthv1.ClearsKey, "/", "~1")
-	body, err := json.Marshal([]map[string]any{
+	return json.Marshal([]map[string]any{
 		{"op": "test", "path": path, "value": value},
 		{"op": "remove", "path": path},
 	})
+}
+
+// remove deletes the annotation if it still holds value (ClearsRemovalPatch).
+func (w *clearWatcher) remove(ctx context.Context, value string) error {
+	body, err := ClearsRemovalPatch(value)
 	if err != nil {
 		return err
 	}
