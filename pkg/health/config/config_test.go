@@ -93,8 +93,14 @@ func TestTheExampleFileParses(t *testing.T) {
 	r95 := want.XIDs[95]
 	r95.Evict = true
 	want.XIDs[95] = r95
+	want.Repeats = append(want.Repeats,
+		health.RepeatRule{Name: "RepeatedXID94OnSameGPU", XIDs: []uint32{94}, Count: 3, Window: 24 * time.Hour, Burst: time.Minute,
+			Severity: health.Degraded, ClearsOn: health.ClearsOnQuietPeriod, Action: health.ActionInspect,
+			Description: "contained ECC errors keep returning on this GPU", Source: "HealthConfig"},
+		health.RepeatRule{Name: "XID119SpreadOverGPUs", XIDs: []uint32{119}, GPUs: 2, Window: 5 * time.Minute, Burst: 10 * time.Second,
+			Description: "configured repeat rule XID119SpreadOverGPUs", Source: "HealthConfig"})
 	if !reflect.DeepEqual(p, want) {
-		t.Fatalf("example policy\n%+v\nwant the default with XID 109 ignored and XID 95 evicting\n%+v", p, want)
+		t.Fatalf("example policy\n%+v\nwant the default with XID 109 ignored, XID 95 evicting and two repeat rules added\n%+v", p, want)
 	}
 }
 

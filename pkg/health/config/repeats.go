@@ -39,7 +39,6 @@ type RepeatRule struct {
 func (r RepeatRule) rule() health.RepeatRule {
 	out := health.RepeatRule{
 		Name: r.Name, XIDs: slices.Clone(r.XIDs), Count: r.Count, GPUs: r.GPUs,
-		Severity: health.Degraded, ClearsOn: health.ClearsOnQuietPeriod, Action: health.ActionInspect,
 		Description: r.Description, Source: "HealthConfig",
 	}
 	if r.Window != nil {
@@ -52,7 +51,7 @@ func (r RepeatRule) rule() health.RepeatRule {
 		out.Description = "configured repeat rule " + r.Name
 	}
 	if !out.NodeScoped() {
-		base := applyRule(health.XIDRule{Severity: out.Severity, ClearsOn: out.ClearsOn, Action: out.Action}, r.XIDRule)
+		base := applyRule(health.XIDRule{Severity: health.Degraded, ClearsOn: health.ClearsOnQuietPeriod, Action: health.ActionInspect}, r.XIDRule)
 		out.Severity, out.ClearsOn, out.Evict, out.Action = base.Severity, base.ClearsOn, base.Evict, base.Action
 	}
 	return out
