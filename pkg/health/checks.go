@@ -1,6 +1,9 @@
 package health
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // lost applies the backend's word that the GPU is lost, under the policy's rule for it.
 func (ev *evaluation) lost(gpu *deviceState) {
@@ -29,6 +32,7 @@ func (ev *evaluation) resetRequired(gpu *deviceState) {
 // on the GPU and its MIG instances.
 func (ev *evaluation) reset(gpu *deviceState) {
 	gpu.eccCorrected, gpu.pcie, gpu.nvlink = counterRate{}, counterRate{}, nil
+	gpu.fabricPendingSince, gpu.nvlinkRecov = time.Time{}, nil
 	gpu.recordRepair(HistoryReset, ev.now)
 	resetClears := func(c *condState) bool { return c.ClearsOn == ClearsOnGPUReset }
 	for _, child := range gpu.children {

@@ -27,6 +27,11 @@ type deviceState struct {
 	// outlives conditions, restarts and reboots (see HistoryEntry).
 	history []HistoryEntry
 
+	// fabricPendingSince is when a registration not yet completed was first read; zero when
+	// none is pending. nvlinkRecov holds each link's recovery count at the start of its window.
+	fabricPendingSince time.Time
+	nvlinkRecov        []counterRate
+
 	eccCorrected counterRate
 	pcie         counterRate
 	nvlink       []counterRate

@@ -54,6 +54,16 @@ func (ev *evaluation) apply(ds *deviceState, sig Signal) {
 		ev.nvlinkErrors(gpu, sig)
 	case SignalRecoveryAction:
 		ev.recoveryAction(gpu, sig)
+	case SignalFabric:
+		ev.fabric(gpu, sig)
+	case SignalRowRemapHistogram:
+		ev.rowRemapHistogram(gpu, sig)
+	case SignalSRAMThreshold:
+		ev.sramThreshold(gpu, sig)
+	case SignalPCIeLink:
+		ev.pcieLink(gpu, sig)
+	case SignalNVLinkRecoveries:
+		ev.nvlinkRecoveries(gpu, sig)
 	case SignalSample:
 		// Quiet periods were expired before apply; a sample carries nothing else.
 	}

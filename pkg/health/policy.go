@@ -80,6 +80,28 @@ type Policy struct {
 	}
 	RecoveryAction struct{ Enabled bool }
 
+	// Fabric judges the NVLink fabric registration: a failed one is Unhealthy, a degraded
+	// fabric or one still registering RegistrationTimeout after the first reading Degraded.
+	Fabric struct {
+		Enabled             bool
+		RegistrationTimeout time.Duration
+	}
+	// Early warnings: Degraded, to replace the GPU soon or inspect it, never Unhealthy.
+	RowRemapHistogram struct{ Enabled bool }
+	SRAM              struct{ Enabled bool }
+	PCIeLink          struct {
+		ThresholdCheck
+		// Generation also judges the link's generation; off by default, since GPUs train
+		// down to a lower generation when idle to save power.
+		Generation bool
+	}
+	NVLinkRecoveries struct {
+		Enabled bool
+		// PerHour is the rise of a link's lifetime recovery count, per hour, at which it is
+		// Degraded (links that keep recovering fail days later).
+		PerHour float64
+	}
+
 	// Repeats judge XIDs by how often they come back (see RepeatRule); DefaultRepeatRules
 	// lists the defaults.
 	Repeats []RepeatRule
@@ -100,6 +122,8 @@ const (
 	DefaultPCIeReplaysPerMinute    = 60
 	DefaultNVLinkErrorsPerMinute   = 60
 	DefaultRootCauseWindow         = 5 * time.Minute
+	DefaultFabricTimeout           = 10 * time.Minute
+	DefaultNVLinkRecoveriesPerHour = 3
 )
 
 // DefaultPolicy follows NVIDIA's XID catalog and turns on every polled check.
@@ -125,6 +149,11 @@ func DefaultPolicy() *Policy {
 	p.NVLink.ThresholdCheck = ThresholdCheck{Enabled: true, RecoverySamples: DefaultRecoverySamples}
 	p.NVLink.ErrorsPerMinute = DefaultNVLinkErrorsPerMinute
 	p.RecoveryAction.Enabled = true
+	p.Fabric.Enabled, p.Fabric.RegistrationTimeout = true, DefaultFabricTimeout
+	p.RowRemapHistogram.Enabled = true
+	p.SRAM.Enabled = true
+	p.PCIeLink.ThresholdCheck = ThresholdCheck{Enabled: true, RecoverySamples: DefaultRecoverySamples}
+	p.NVLinkRecoveries.Enabled, p.NVLinkRecoveries.PerHour = true, DefaultNVLinkRecoveriesPerHour
 	p.Repeats = DefaultRepeatRules()
 	p.RootCauseWindow = DefaultRootCauseWindow
 	p.Escalation = EscalationPolicy{Enabled: true, Returns: DefaultEscalationReturns, Window: DefaultEscalationWindow}
@@ -160,6 +189,9 @@ func DevicePluginPolicy() *Policy {
 	p.ClockEvents.RecoverySamples, p.ClockEvents.Reasons = def.ClockEvents.RecoverySamples, def.ClockEvents.Reasons
 	p.PCIeReplays.RecoverySamples, p.PCIeReplays.PerMinute = def.PCIeReplays.RecoverySamples, def.PCIeReplays.PerMinute
 	p.NVLink.RecoverySamples, p.NVLink.ErrorsPerMinute = def.NVLink.RecoverySamples, def.NVLink.ErrorsPerMinute
+	p.Fabric.RegistrationTimeout = def.Fabric.RegistrationTimeout
+	p.PCIeLink.RecoverySamples = def.PCIeLink.RecoverySamples
+	p.NVLinkRecoveries.PerHour = def.NVLinkRecoveries.PerHour
 	catalog := XIDTable()
 	for _, xid := range devicePluginIgnoredXIDs {
 		rule := catalog[xid]

@@ -46,6 +46,20 @@ const (
 	// ERROR_RESET_REQUIRED). No fields. It comes after SignalSample so that the older kinds keep
 	// their values.
 	SignalResetRequired
+	// SignalFabric: the GPU's NVLink fabric registration (Fabric Manager, NVL systems).
+	// Fields: Fabric.
+	SignalFabric
+	// SignalRowRemapHistogram: the row remapper's bank availability histogram. Fields:
+	// BanksLow, BanksNone (banks with little and with no spare rows left).
+	SignalRowRemapHistogram
+	// SignalSRAMThreshold: the SRAM ECC error status (Hopper and later). Fields: Failure (the
+	// driver's error threshold was exceeded).
+	SignalSRAMThreshold
+	// SignalPCIeLink: the PCIe link as trained. Fields: PCIe.
+	SignalPCIeLink
+	// SignalNVLinkRecoveries: one NVLink's lifetime count of link recoveries. Fields: Link,
+	// Value.
+	SignalNVLinkRecoveries
 )
 
 var signalKindNames = [...]string{
@@ -55,7 +69,8 @@ var signalKindNames = [...]string{
 	SignalPCIeReplays: "pcieReplays", SignalNVLinkState: "nvlinkState",
 	SignalNVLinkErrors: "nvlinkErrors", SignalRecoveryAction: "recoveryAction",
 	SignalLost: "lost", SignalReset: "reset", SignalSample: "sample",
-	SignalResetRequired: "resetRequired",
+	SignalResetRequired: "resetRequired", SignalFabric: "fabric", SignalRowRemapHistogram: "rowRemapHistogram",
+	SignalSRAMThreshold: "sramThreshold", SignalPCIeLink: "pcieLink", SignalNVLinkRecoveries: "nvlinkRecoveries",
 }
 
 func (k SignalKind) String() string {
@@ -166,6 +181,11 @@ type Signal struct {
 	Down        bool
 	Reasons     ClockEventReasons
 	Action      RecoveryAction
+	// Fabric is a SignalFabric's reading; PCIe a SignalPCIeLink's.
+	Fabric FabricReading
+	PCIe   PCIeLinkReading
+	// BanksLow and BanksNone are a SignalRowRemapHistogram's counts.
+	BanksLow, BanksNone uint32
 	// Inferred marks a SignalReset the backend concluded from the volatile ECC counters alone
 	// (nobody it knows of reset the GPU): it clears the uncorrected-ECC condition and restarts the
 	// counters' rates, but never an XID, a lost GPU, a reset the driver requires or anything else
@@ -178,4 +198,33 @@ type Signal struct {
 // XIDSignal builds an XID signal for the whole GPU.
 func XIDSignal(uuid string, xid uint32, at time.Time) Signal {
 	return Signal{Kind: SignalXID, Device: uuid, Time: at, XID: xid}
+}
+
+// FabricState is the GPU's NVLink fabric registration state, as NVML numbers it
+// (NVML_GPU_FABRIC_STATE_*).
+type FabricState uint8
+
+// Fabric registration states.
+const (
+	FabricNotSupported FabricState = 0
+	FabricNotStarted   FabricState = 1
+	FabricInProgress   FabricState = 2
+	FabricCompleted    FabricState = 3
+)
+
+// FabricReading is what NVML says of a GPU's fabric registration (nvmlGpuFabricInfo).
+type FabricReading struct {
+	State FabricState
+	// Status is the registration's result once State is FabricCompleted: zero (NVML_SUCCESS)
+	// when it succeeded, else the nvmlReturn_t it failed with.
+	Status uint32
+	// The health mask's bits, where the driver has them: bandwidth degraded, a route being
+	// recovered, a route unhealthy, an access-timeout recovery in progress.
+	DegradedBandwidth, RouteRecovery, RouteUnhealthy, AccessTimeoutRecovery bool
+}
+
+// PCIeLinkReading is the PCIe link as trained against the most it can train to. Zero means
+// unknown.
+type PCIeLinkReading struct {
+	Gen, MaxGen, Width, MaxWidth uint8
 }

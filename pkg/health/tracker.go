@@ -196,6 +196,7 @@ func (t *Tracker) Reboot(bootID string, now time.Time, out []Transition) []Trans
 			ds.recordRepair(HistoryReboot, now)
 		}
 		ds.eccCorrected, ds.pcie, ds.nvlink, ds.repeats = counterRate{}, counterRate{}, nil, nil
+		ds.fabricPendingSince, ds.nvlinkRecov = time.Time{}, nil
 		ev.removeIf(ds, ReasonNodeReboot, func(c *condState) bool { return c.ClearsOn.ClearedByReboot() })
 	}
 	if len(t.findings) > 0 {

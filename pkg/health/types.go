@@ -135,6 +135,8 @@ const (
 	ActionCheckHardware      Action = "checkHardware"
 	ActionCheckCooling       Action = "checkCooling"
 	ActionInspect            Action = "inspect"
+	// ActionReplaceSoon: the GPU still works, but its spares or margins are nearly spent.
+	ActionReplaceSoon Action = "replaceSoon"
 )
 
 // NoInstance is the GPU instance or compute instance ID of a signal that concerns the whole
@@ -166,21 +168,27 @@ type ConditionType string
 
 // Condition types produced by the built-in checks.
 const (
-	ConditionXID                 ConditionType = "XID"
-	ConditionGPULost             ConditionType = "GPULost"
-	ConditionGPUResetRequired    ConditionType = "GPUResetRequired"
-	ConditionECCUncorrected      ConditionType = "ECCUncorrected"
-	ConditionECCCorrectedStorm   ConditionType = "ECCCorrectedStorm"
-	ConditionRowRemapFailure     ConditionType = "RowRemapFailure"
-	ConditionRowRemapPending     ConditionType = "RowRemapPending"
-	ConditionRetiredPagesPending ConditionType = "RetiredPagesPending"
-	ConditionThermal             ConditionType = "Thermal"
-	ConditionClockThrottle       ConditionType = "ClockThrottle"
-	ConditionPCIeReplayRate      ConditionType = "PCIeReplayRate"
-	ConditionNVLinkDown          ConditionType = "NVLinkDown"
-	ConditionNVLinkErrorRate     ConditionType = "NVLinkErrorRate"
-	ConditionRecoveryAction      ConditionType = "RecoveryAction"
-	ConditionAdmin               ConditionType = "Admin"
+	ConditionXID                  ConditionType = "XID"
+	ConditionGPULost              ConditionType = "GPULost"
+	ConditionGPUResetRequired     ConditionType = "GPUResetRequired"
+	ConditionECCUncorrected       ConditionType = "ECCUncorrected"
+	ConditionECCCorrectedStorm    ConditionType = "ECCCorrectedStorm"
+	ConditionRowRemapFailure      ConditionType = "RowRemapFailure"
+	ConditionRowRemapPending      ConditionType = "RowRemapPending"
+	ConditionRetiredPagesPending  ConditionType = "RetiredPagesPending"
+	ConditionThermal              ConditionType = "Thermal"
+	ConditionClockThrottle        ConditionType = "ClockThrottle"
+	ConditionPCIeReplayRate       ConditionType = "PCIeReplayRate"
+	ConditionNVLinkDown           ConditionType = "NVLinkDown"
+	ConditionNVLinkErrorRate      ConditionType = "NVLinkErrorRate"
+	ConditionRecoveryAction       ConditionType = "RecoveryAction"
+	ConditionAdmin                ConditionType = "Admin"
+	ConditionFabricRegistration   ConditionType = "FabricRegistration"
+	ConditionFabricHealth         ConditionType = "FabricHealth"
+	ConditionRowRemapAvailability ConditionType = "RowRemapAvailability"
+	ConditionSRAMThreshold        ConditionType = "SRAMThreshold"
+	ConditionPCIeLinkDegraded     ConditionType = "PCIeLinkDegraded"
+	ConditionNVLinkRecoveries     ConditionType = "NVLinkRecoveries"
 )
 
 // Condition is one reason a device is not fully healthy.

@@ -10,14 +10,19 @@ type Check string
 
 // The checks a backend can report as not running on a device.
 const (
-	CheckECC            Check = "ecc"
-	CheckRowRemap       Check = "rowRemap"
-	CheckRetiredPages   Check = "retiredPages"
-	CheckThermal        Check = "thermal"
-	CheckClockEvents    Check = "clockEvents"
-	CheckPCIeReplays    Check = "pcieReplays"
-	CheckNVLink         Check = "nvlink"
-	CheckRecoveryAction Check = "recoveryAction"
+	CheckECC               Check = "ecc"
+	CheckRowRemap          Check = "rowRemap"
+	CheckRetiredPages      Check = "retiredPages"
+	CheckThermal           Check = "thermal"
+	CheckClockEvents       Check = "clockEvents"
+	CheckPCIeReplays       Check = "pcieReplays"
+	CheckNVLink            Check = "nvlink"
+	CheckRecoveryAction    Check = "recoveryAction"
+	CheckFabric            Check = "fabric"
+	CheckRowRemapHistogram Check = "rowRemapHistogram"
+	CheckSRAM              Check = "sram"
+	CheckPCIeLink          Check = "pcieLink"
+	CheckNVLinkRecoveries  Check = "nvlinkRecoveries"
 )
 
 // SetCheckUnmonitored records that the backend cannot run one check on a device (ECC is
