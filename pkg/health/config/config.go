@@ -26,6 +26,8 @@ const (
 	MaxXID             = 1 << 20
 	MaxRecoverySamples = 1000
 	MinSampleInterval  = 100 * time.Millisecond
+	// MaxNVLinks bounds checks.nvlink.expectedLinks (NVML_NVLINK_MAX_LINKS is 18 today).
+	MaxNVLinks         = 64
 	DefaultSampleEvery = 10 * time.Second
 )
 
@@ -89,6 +91,34 @@ type Checks struct {
 	PCIeReplays    *RateCheck    `yaml:"pcieReplays,omitempty" json:"pcieReplays,omitempty"`
 	NVLink         *NVLinkCheck  `yaml:"nvlink,omitempty" json:"nvlink,omitempty"`
 	RecoveryAction *Toggle       `yaml:"recoveryAction,omitempty" json:"recoveryAction,omitempty"`
+	// The fabric and the early warnings (docs/xid-policy.md).
+	Fabric            *FabricCheck           `yaml:"fabric,omitempty" json:"fabric,omitempty"`
+	RowRemapHistogram *Toggle                `yaml:"rowRemapHistogram,omitempty" json:"rowRemapHistogram,omitempty"`
+	SRAM              *Toggle                `yaml:"sram,omitempty" json:"sram,omitempty"`
+	PCIeLink          *PCIeLinkCheck         `yaml:"pcieLink,omitempty" json:"pcieLink,omitempty"`
+	NVLinkRecoveries  *NVLinkRecoveriesCheck `yaml:"nvlinkRecoveries,omitempty" json:"nvlinkRecoveries,omitempty"`
+}
+
+// FabricCheck configures the NVLink fabric checks.
+type FabricCheck struct {
+	Enabled *bool `yaml:"enabled,omitempty" json:"enabled,omitempty"`
+	// RegistrationTimeout is how long a registration may stay incomplete before the GPU is
+	// Degraded (default 10m).
+	RegistrationTimeout *Duration `yaml:"registrationTimeout,omitempty" json:"registrationTimeout,omitempty"`
+}
+
+// PCIeLinkCheck configures the PCIe link check.
+type PCIeLinkCheck struct {
+	Enabled *bool `yaml:"enabled,omitempty" json:"enabled,omitempty"`
+	// Generation also judges the link's generation (off: idle GPUs train down to save power).
+	Generation      *bool `yaml:"generation,omitempty" json:"generation,omitempty"`
+	RecoverySamples *int  `yaml:"recoverySamples,omitempty" json:"recoverySamples,omitempty"`
+}
+
+// NVLinkRecoveriesCheck configures the NVLink recovery-count check.
+type NVLinkRecoveriesCheck struct {
+	Enabled *bool    `yaml:"enabled,omitempty" json:"enabled,omitempty"`
+	PerHour *float64 `yaml:"perHour,omitempty" json:"perHour,omitempty"`
 }
 
 // Toggle is a check with no settings beyond on and off.
@@ -129,6 +159,9 @@ type NVLinkCheck struct {
 	Enabled         *bool    `yaml:"enabled,omitempty" json:"enabled,omitempty"`
 	ErrorsPerMinute *float64 `yaml:"errorsPerMinute,omitempty" json:"errorsPerMinute,omitempty"`
 	RecoverySamples *int     `yaml:"recoverySamples,omitempty" json:"recoverySamples,omitempty"`
+	// ExpectedLinks is how many NVLinks each GPU should have up (0: what the GPU reports
+	// active when first read). With it, a link that never came up is Unhealthy (NVLinkDown).
+	ExpectedLinks *int `yaml:"expectedLinks,omitempty" json:"expectedLinks,omitempty"`
 }
 
 // Duration is a Go duration string in the file ("10s"); a bare number is an error. It is an
@@ -300,6 +333,18 @@ func (c *HealthConfig) Validate() error {
 			bad("checks.nvlink.errorsPerMinute", "must be positive, got %v", *n.ErrorsPerMinute)
 		}
 		validateSamples("checks.nvlink.recoverySamples", n.RecoverySamples, bad)
+		if n.ExpectedLinks != nil && (*n.ExpectedLinks < 0 || *n.ExpectedLinks > MaxNVLinks) {
+			bad("checks.nvlink.expectedLinks", "must be from 0 to %d, got %d", MaxNVLinks, *n.ExpectedLinks)
+		}
+	}
+	if f := ch.Fabric; f != nil && f.RegistrationTimeout != nil && time.Duration(*f.RegistrationTimeout) <= 0 {
+		bad("checks.fabric.registrationTimeout", "must be positive, got %v", time.Duration(*f.RegistrationTimeout))
+	}
+	if l := ch.PCIeLink; l != nil {
+		validateSamples("checks.pcieLink.recoverySamples", l.RecoverySamples, bad)
+	}
+	if r := ch.NVLinkRecoveries; r != nil && r.PerHour != nil && !positive(*r.PerHour) {
+		bad("checks.nvlinkRecoveries.perHour", "must be positive, got %v", *r.PerHour)
 	}
 	c.Repeats.validate(c.Profile, bad)
 	if e := c.Escalation; e != nil {
@@ -442,7 +487,38 @@ func (c *HealthConfig) Policy() (*health.Policy, error) {
 			p.NVLink.ErrorsPerMinute = *n.ErrorsPerMinute
 		}
 	}
+	if f := ch.Fabric; f != nil {
+		setBool(&p.Fabric.Enabled, f.Enabled)
+		if f.RegistrationTimeout != nil {
+			p.Fabric.RegistrationTimeout = time.Duration(*f.RegistrationTimeout)
+		}
+	}
+	if t := ch.RowRemapHistogram; t != nil {
+		setBool(&p.RowRemapHistogram.Enabled, t.Enabled)
+	}
+	if t := ch.SRAM; t != nil {
+		setBool(&p.SRAM.Enabled, t.Enabled)
+	}
+	if l := ch.PCIeLink; l != nil {
+		setBool(&p.PCIeLink.Enabled, l.Enabled)
+		setBool(&p.PCIeLink.Generation, l.Generation)
+		setInt(&p.PCIeLink.RecoverySamples, l.RecoverySamples)
+	}
+	if r := ch.NVLinkRecoveries; r != nil {
+		setBool(&p.NVLinkRecoveries.Enabled, r.Enabled)
+		if r.PerHour != nil {
+			p.NVLinkRecoveries.PerHour = *r.PerHour
+		}
+	}
 	return p, nil
+}
+
+// ExpectedNVLinks is checks.nvlink.expectedLinks, or 0 when unset.
+func (c *HealthConfig) ExpectedNVLinks() int {
+	if c.Checks.NVLink == nil || c.Checks.NVLink.ExpectedLinks == nil {
+		return 0
+	}
+	return *c.Checks.NVLink.ExpectedLinks
 }
 
 func applyRule(base health.XIDRule, r XIDRule) health.XIDRule {
