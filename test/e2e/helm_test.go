@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
@@ -91,6 +92,11 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 
 	// An admin's drain and a foreign annotation on A, and a rule of B's, for the agent to leave alone.
 	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.DrainsKey: `{"GPU-x":{"by":"admin"}}`, "example.com/other": "keep"})
+	// Operators' clear requests on A and B: A's agent may remove A's, and nothing else of them.
+	clearsA := `{"GPU-x":[{"index":0,"reason":"false positive","by":"admin"}]}`
+	for _, n := range []string{nodeA, nodeB} {
+		mergePatchNode(t, admin, n, map[string]any{gpuhealthv1.ClearsKey: clearsA})
+	}
 	// The GPU operator's DCGM runs on A and B: with pauseOperatorComponents A's agent may pause
 	// its label on A (to paused-by-gpuhealth) and give it back, and nothing else of A's labels.
 	for _, n := range []string{nodeA, nodeB} {
@@ -144,6 +150,21 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		{"own node: undrain (the drains annotation is the operator's)", func(ctx context.Context) error {
 			return patchAnnotations(ctx, asA, nodeA, map[string]any{gpuhealthv1.DrainsKey: nil})
 		}, gpuhealthv1.DrainsKey},
+		{"own node: change the clear requests (they are the operators')", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{gpuhealthv1.ClearsKey: `{"GPU-a0":[{"index":0,"reason":"the agent's own","by":"agent"}]}`})
+		}, "not " + gpuhealthv1.ClearsKey},
+		{"other node: remove its clear requests", func(ctx context.Context) error {
+			return removeClears(ctx, asA, nodeB, clearsA)
+		}, "may not change Node " + nodeB},
+		{"own node: remove the clear requests it applied, as the agent does", func(ctx context.Context) error {
+			return removeClears(ctx, asA, nodeA, clearsA)
+		}, ""},
+		{"own node: add a clear request", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{gpuhealthv1.ClearsKey: clearsA})
+		}, "not " + gpuhealthv1.ClearsKey},
+		{"node B's agent: add a clear request to its own node's", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asB, nodeB, map[string]any{gpuhealthv1.ClearsKey: `{"GPU-x":[{"index":0,"reason":"r","by":"agent"},{"index":1,"reason":"r","by":"agent"}]}`})
+		}, "not " + gpuhealthv1.ClearsKey},
 		{"own node: labels", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, `{"metadata":{"labels":{"nvidia.com/gpu.present":"false"}}}`, "")
 		}, "labels nvidia.com/gpu.present"},
@@ -317,6 +338,12 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	if ann[gpuhealthv1.DrainsKey] == "" || ann["example.com/other"] != "keep" {
 		t.Fatalf("the agent changed annotations it does not own: %v", ann)
 	}
+	if _, ok := ann[gpuhealthv1.ClearsKey]; ok {
+		t.Fatalf("A's clear requests are still there: %v", ann)
+	}
+	if annB, err := nodeAnnotations(ctx, c, nodeB); err != nil || annB[gpuhealthv1.ClearsKey] != clearsA {
+		t.Fatalf("B's clear requests changed: %v %v", annB, err)
+	}
 
 	// A real agent with node A's bound token, under the chart's RBAC and policy, reports a fault
 	// on every sink.
@@ -363,6 +390,23 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	if r, err := admin.ResourceV1().DeviceTaintRules().Get(ctx, squatted, metav1.GetOptions{}); err != nil || r.Labels[devicetaint.NodeLabel] != nodeB {
 		t.Errorf("the rule holding the name was changed: %v %+v", err, r)
 	}
+
+	// An operator clears the fault: the agent applies the request and removes it, under the
+	// chart's RBAC and policy.
+	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.ClearsKey: `{"` + uuidsA[1] + `":[{"index":1,"condition":"XID48","reason":"false positive","by":"admin"}]}`})
+	eventually(t, "the clear applied and its request removed by A's agent", func(ctx context.Context) (bool, string, error) {
+		ann, err := nodeAnnotations(ctx, c, nodeA)
+		if err != nil {
+			return false, "", err
+		}
+		events, err := admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + nodeA + ",reason=" + gpuhealthv1.EventConditionsCleared})
+		if err != nil {
+			return false, "", err
+		}
+		_, pending := ann[gpuhealthv1.ClearsKey]
+		_, ids := ann[gpuhealthv1.UnhealthyIDsKey]
+		return !pending && !ids && len(events.Items) == 1, fmt.Sprintf("pending=%v ids=%q events=%d", pending, ann[gpuhealthv1.UnhealthyIDsKey], len(events.Items)), nil
+	})
 }
 
 // renderChart runs helm template, skipping the test when no helm can be built.
@@ -520,6 +564,17 @@ func patchNode(ctx context.Context, cs kubernetes.Interface, node, body, subreso
 		sub = []string{subresource}
 	}
 	_, err := cs.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, []byte(body), metav1.PatchOptions{}, sub...)
+	return err
+}
+
+// removeClears removes the clear requests from node if they are value, with the patch the agent
+// sends once it has applied them.
+func removeClears(ctx context.Context, cs kubernetes.Interface, node, value string) error {
+	body, err := agent.ClearsRemovalPatch(value)
+	if err != nil {
+		return err
+	}
+	_, err = cs.CoreV1().Nodes().Patch(ctx, node, types.JSONPatchType, body, metav1.PatchOptions{})
 	return err
 }
 
