@@ -294,6 +294,9 @@ func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 			migs = append(migs, mig{uuid: uuid, parent: s.ParentUUID, health: s.Health})
 			continue
 		}
+		if s.Missing {
+			continue // a GPU the node lacks: the capacity the scheduler sees already lacks it
+		}
 		if s.Index < 0 || s.Index >= len(gpus) {
 			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", short(uuid), s.Index, len(gpus))
 			continue

@@ -90,6 +90,11 @@ func TestParseNode(t *testing.T) {
 		wantWarning  string // a substring of some warning
 	}{
 		{name: "no annotations", node: gpuNode("n", 4, nil), want: "...."},
+		{
+			name: "a missing GPU (index -1, outside the device plugin's capacity) is skipped without a warning",
+			node: gpuNode("n", 2, map[string]string{gpuhealthv1.HealthKey: `{"MISSING-0000:07:00.0":{"index":-1,"health":"Unhealthy","reasons":["GPUMissing"],"missing":true}}`}),
+			want: "..",
+		},
 		{name: "no GPUs", node: gpuNode("n", 0, nil), want: ""},
 		{
 			name: "volcano ids",

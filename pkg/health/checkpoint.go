@@ -169,7 +169,10 @@ func (t *Tracker) restoredDevicesLocked(cp Checkpoint, keep func(Condition) bool
 		}
 		_, known := t.devices[cd.Device.UUID]
 		_, dup := byUUID[cd.Device.UUID]
-		if !kept || known || dup {
+		// A placeholder for a missing GPU comes back only if the GPU is missing still, which
+		// the inventory of this start says (it has the placeholder then): one that is back is
+		// not held missing by a checkpoint.
+		if !kept || known || dup || cd.Device.Missing {
 			continue
 		}
 		byUUID[cd.Device.UUID] = cd.Device

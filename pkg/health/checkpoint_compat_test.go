@@ -30,7 +30,9 @@ import (
 //     log's cursor. TestCheckpointFixtureOfThisVersionIsWhatTheEncoderWrites holds the encoder
 //     to it, so a change of the format needs a new version and a new fixture.
 //   - checkpoint-v2.json: version 2, which adds each GPU's history (faults and repairs): the
-//     same faults, the cursor, and GPU 0's XID 48 that came back after a reset.
+//     same faults, the cursor, GPU 0's XID 48 that came back after a reset, and a placeholder
+//     for a missing GPU with the XID 79 a kernel-log line named (restored only into a tracker
+//     whose inventory has the placeholder: a GPU that is back is not held missing).
 //   - checkpoint-next.json: a checkpoint of a newer release, made by hand from checkpoint-v1.json:
 //     version 3 (it said 2 until version 2 was made), fields this release does not know at every level, a condition type it does not
 //     raise (kept), a severity and a clearsOn it does not have (skipped), a vanished GPU, a new

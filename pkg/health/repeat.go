@@ -269,8 +269,8 @@ func (t *Tracker) findFinding(reason string) int {
 	return -1
 }
 
-// expireFindings ends the node findings whose rule no longer holds as of now: fewer than its
-// GPUs saw its XIDs within the window. A finding whose rule the policy no longer has ends too.
+// expireFindings ends the node findings of spread rules that no longer hold as of now: fewer
+// than the rule's GPUs saw its XIDs within the window.
 func (t *Tracker) expireFindings(now time.Time) {
 	if len(t.findings) == 0 {
 		return
@@ -283,7 +283,7 @@ func (t *Tracker) expireFindings(now time.Time) {
 				return now.Sub(f.LastSeen) > r.Window && t.spreadCount(i, r, now) < r.GPUs
 			}
 		}
-		return true
+		return false // not a rule's (GPUsMissing): it lasts as long as its cause
 	})
 	if len(t.findings) != before {
 		t.generation++

@@ -56,6 +56,7 @@ func NewTracker(policy *Policy, devices []Device) (*Tracker, error) {
 	if err := t.linkLocked(); err != nil {
 		return nil, err
 	}
+	t.markMissingLocked(time.Time{})
 	return t, nil
 }
 
@@ -203,6 +204,8 @@ func (t *Tracker) Reboot(bootID string, now time.Time, out []Transition) []Trans
 		t.findings = nil
 		t.generation++
 	}
+	// A reboot does not bring a GPU back that the backend still cannot open.
+	ev.out = t.markMissingEv(&ev)
 	return ev.out
 }
 

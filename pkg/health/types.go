@@ -160,6 +160,9 @@ type Device struct {
 	Model    string `json:"model,omitempty"`
 	// MIG is set for a MIG instance and nil for a whole GPU.
 	MIG *MIGPlacement `json:"mig,omitempty"`
+	// Missing marks a placeholder for a GPU the node should have but the backend cannot open
+	// (see MissingGPUs): its UUID is made up, Index is -1, and it is Unhealthy (GPUMissing).
+	Missing bool `json:"missing,omitempty"`
 }
 
 // ConditionType names a family of conditions. Within one device a condition is identified by

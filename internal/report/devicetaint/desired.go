@@ -143,7 +143,8 @@ func (s *Syncer) reportUnmatched(ctx context.Context, snap health.Snapshot, unma
 	}
 	for _, d := range snap.Devices {
 		uuid := d.Device.UUID
-		if d.Health == health.Healthy || !none[uuid] {
+		// A missing GPU has no DRA device by definition; nothing to say about it here.
+		if d.Health == health.Healthy || !none[uuid] || d.Device.Missing {
 			delete(s.reported, uuid)
 			continue
 		}

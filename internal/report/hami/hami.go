@@ -83,7 +83,8 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 func Cordoned(snap health.Snapshot) []string {
 	var out []string
 	for _, d := range snap.Devices {
-		if d.Device.MIG == nil && d.Health == health.Unhealthy {
+		// A missing GPU's UUID is a placeholder HAMi never registered.
+		if d.Device.MIG == nil && !d.Device.Missing && d.Health == health.Unhealthy {
 			out = append(out, d.Device.UUID)
 		}
 	}

@@ -56,6 +56,9 @@ type GPUSummary struct {
 	// History sums up a physical GPU's faults and repairs across restarts and reboots; absent
 	// when it has none.
 	History *HistorySummary `json:"history,omitempty"`
+	// Missing marks a GPU the node should have and the driver does not answer for (a
+	// placeholder: index -1, UUID MISSING-<PCI address>). It is in no scheduler's pool.
+	Missing bool `json:"missing,omitempty"`
 }
 
 // HistorySummary is a GPU's history as the annotation carries it: counts, and the newest
@@ -128,6 +131,7 @@ func Summarize(d health.DeviceStatus) GPUSummary {
 	s := GPUSummary{Index: d.Device.Index, PCIBusID: d.Device.PCIBusID, Model: d.Device.Model, Health: d.Health.String(), Evict: d.Evict}
 	s.Unmonitored = Unmonitored(d)
 	s.History = SummarizeHistory(d.History)
+	s.Missing = d.Device.Missing
 	if d.Device.MIG != nil {
 		s.ParentUUID = d.Device.MIG.ParentUUID
 	}
@@ -170,7 +174,8 @@ func ParseHealth(value string) (map[string]GPUSummary, error) {
 func UnhealthyIndexes(snap health.Snapshot) []int {
 	var idx []int
 	for _, d := range snap.Devices {
-		if d.Device.MIG == nil && d.Health == health.Unhealthy {
+		// A missing GPU has no index: the device plugin never offered it.
+		if d.Device.MIG == nil && !d.Device.Missing && d.Health == health.Unhealthy {
 			idx = append(idx, d.Device.Index)
 		}
 	}

@@ -34,3 +34,16 @@ func TestSummarizeHistory(t *testing.T) {
 		t.Errorf("Summarize: history %+v", sum.History)
 	}
 }
+
+func TestMissingGPUsAreInTheSummaryButInNoIndexList(t *testing.T) {
+	snap := health.Snapshot{Devices: []health.DeviceStatus{
+		{Device: health.Device{UUID: "GPU-a", Index: 0}, Health: health.Unhealthy},
+		{Device: health.Device{UUID: "MISSING-0000:07:00.0", Index: -1, PCIBusID: "0000:07:00.0", Missing: true}, Health: health.Unhealthy},
+	}}
+	if got := gpuhealthv1.UnhealthyIndexes(snap); len(got) != 1 || got[0] != 0 {
+		t.Errorf("UnhealthyIndexes = %v, want [0]: a missing GPU has no index", got)
+	}
+	if s := gpuhealthv1.Summarize(snap.Devices[1]); !s.Missing || s.Index != -1 || s.Health != "Unhealthy" {
+		t.Errorf("summary %+v", s)
+	}
+}
