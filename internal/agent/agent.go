@@ -92,6 +92,9 @@ type Options struct {
 	KernelLog *KernelLog
 	// Remediation, when its Config is enabled, resets GPUs that need it.
 	Remediation RemediationOptions
+	// Missing are placeholders for GPUs the node should have and the backend cannot open
+	// (health.MissingGPUs): tracked and reported beside the backend's devices.
+	Missing []health.Device
 	// Nodes, when set, is the cache of this agent's Node to share (the command watches the
 	// GPU operator's labels through it); the caller starts and shuts it down. Nil: Run makes
 	// its own.
@@ -127,7 +130,7 @@ func Run(ctx context.Context, opts Options) error {
 	if checkpointPath == "-" {
 		checkpointPath = ""
 	}
-	rt, err := health.NewRuntime(opts.Policy, opts.Backend.Devices(), health.RuntimeOptions{
+	rt, err := health.NewRuntime(opts.Policy, slices.Concat(opts.Backend.Devices(), opts.Missing), health.RuntimeOptions{
 		Clock: opts.Clock, CheckpointPath: checkpointPath, BootID: opts.BootID,
 	})
 	if err != nil {
@@ -292,7 +295,7 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.MetricsAddress != "" {
 		g.Go(func() error { return serve(ctx, opts, writers, rt.CheckpointSaved) })
 	}
-	logger.Info("Agent started", "gpus", len(opts.Backend.Devices()), "reporters", agentCfg.Reporters, "bootID", opts.BootID)
+	logger.Info("Agent started", "gpus", len(opts.Backend.Devices()), "missingGPUs", len(opts.Missing), "reporters", agentCfg.Reporters, "bootID", opts.BootID)
 	return g.Wait()
 }
 

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -69,5 +70,53 @@ func TestAgentJudgesHealthOverTime(t *testing.T) {
 			ok = ok && sums[uuids[i]].Health == "Healthy"
 		}
 		return ok, fmt.Sprintf("gpu0=%+v gpu4=%+v history=%v ids=%q condition=%s %q", g0, g4, g4.History, ann[gpuhealthv1.UnhealthyIDsKey], cond.Status, cond.Message), nil
+	})
+}
+
+// TestAgentReportsAMissingGPU gives the agent a node whose PCI bus (a sysfs tree the test
+// writes) holds four NVIDIA GPUs while its backend opens three: the fourth is reported Unhealthy
+// (GPUMissing) on the gpu-health annotation and the node condition says the node runs below its
+// capacity, while Volcano's index list, which only holds GPUs the device plugin offers, stays
+// empty.
+func TestAgentReportsAMissingGPU(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	const node = "agent-missing-gpu"
+	gpuNode(t, c, node, 3)
+	sysfs := t.TempDir()
+	for i := range 4 { // the simulator's GPU i sits at 0000:1i:00.0
+		dir := filepath.Join(sysfs, "bus", "pci", "devices", fmt.Sprintf("0000:1%d:00.0", i))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for name, v := range map[string]string{"vendor": "0x10de", "device": "0x2330", "class": "0x030200"} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	startAgent(t, agentSetup{
+		node: node, gpus: 3, kubeconfig: agentKubeconfig(t, c), checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+		topConfig: "inventory: {sysfsRoot: " + sysfs + "}\n",
+	})
+	const placeholder = "MISSING-0000:13:00.0"
+	eventually(t, "the missing GPU on the annotation and the node condition", func(ctx context.Context) (bool, string, error) {
+		ann, err := nodeAnnotations(ctx, c, node)
+		if err != nil {
+			return false, "", err
+		}
+		sums, err := gpuhealthv1.ParseHealth(ann[gpuhealthv1.HealthKey])
+		if err != nil {
+			return false, "", err
+		}
+		cond, err := nodeCondition(ctx, c, node, nodecondition.Type)
+		if err != nil {
+			return false, "", err
+		}
+		m := sums[placeholder]
+		ok := len(sums) == 4 && m.Missing && m.Index == -1 && m.Health == "Unhealthy" && slices.Equal(m.Reasons, []string{health.ReasonGPUMissing}) &&
+			ann[gpuhealthv1.UnhealthyIDsKey] == "" && cond.Status == corev1.ConditionTrue &&
+			strings.Contains(cond.Message, "the node runs 3 of its 4 GPUs")
+		return ok, fmt.Sprintf("missing=%+v (of %d) ids=%q condition=%s %q", m, len(sums), ann[gpuhealthv1.UnhealthyIDsKey], cond.Status, cond.Message), nil
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -115,7 +116,9 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 				return err
 			}
 			be, bootID := opened.backend, opened.bootID
-			kernelLog := OpenKernelLog(ctx, cfg, backend, be.Devices(), bootID)
+			missing := MissingGPUs(ctx, cfg.Inventory, backend, be.Devices())
+			// The kernel log names GPUs by address: lines about a missing one are kept against it.
+			kernelLog := OpenKernelLog(ctx, cfg, backend, slices.Concat(be.Devices(), missing), bootID)
 			released := func() {
 				kernelLog.Close()
 				opened.cleanup()
@@ -139,6 +142,7 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 			err = agent.Run(runCtx, agent.Options{
 				NodeName: nodeName, Client: client, Backend: be, Policy: policy, BootID: bootID, BootTime: bootTime,
 				Agent: agentCfg, MetricsAddress: metricsAddress, KernelLog: kernelLog, Remediation: rem, Nodes: nodes,
+				Missing: missing,
 			})
 			// Every loop has returned: NVML is shut down here, whatever comes next.
 			released()

@@ -48,6 +48,8 @@ type HealthConfig struct {
 	// Escalation turns a GPU whose faults keep returning after repairs into one to replace.
 	Escalation *EscalationConfig `yaml:"escalation,omitempty" json:"escalation,omitempty"`
 	Checks     Checks            `yaml:"checks,omitempty" json:"checks,omitempty"`
+	// Inventory compares the GPUs the backend opens with those the node should have.
+	Inventory InventoryConfig `yaml:"inventory,omitempty" json:"inventory,omitempty"`
 	// Agent configures `gpuhealth agent`; other commands ignore it.
 	Agent AgentConfig `yaml:"agent,omitempty" json:"agent,omitempty"`
 	// KernelLog configures the kernel log as a second source of signals (agent, device plugin).
@@ -355,6 +357,7 @@ func (c *HealthConfig) Validate() error {
 			bad("escalation.window", "must be positive, got %v", time.Duration(*e.Window))
 		}
 	}
+	c.Inventory.validate(bad)
 	c.Agent.validate(bad)
 	c.KernelLog.validate(bad)
 	c.Remediation.validate(c.Agent.NoExecute, bad)

@@ -103,3 +103,16 @@ func TestEscalationFromTheFile(t *testing.T) {
 		}
 	}
 }
+
+func TestInventorySection(t *testing.T) {
+	c := mustParse(t, "inventory: {sysfsRoot: /host/sys, expectedGPUs: 8}\n")
+	if !c.Inventory.On() || c.Inventory.SysfsRoot != "/host/sys" || c.Inventory.ExpectedGPUs != 8 {
+		t.Errorf("inventory %+v", c.Inventory)
+	}
+	if c := mustParse(t, "inventory: {enabled: false}\n"); c.Inventory.On() {
+		t.Error("inventory still on")
+	}
+	if _, err := config.Parse([]byte(header + "inventory: {expectedGPUs: -1}\n")); err == nil || !strings.Contains(err.Error(), "inventory.expectedGPUs: must be from 0") {
+		t.Errorf("negative expectedGPUs: %v", err)
+	}
+}
