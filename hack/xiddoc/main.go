@@ -94,6 +94,7 @@ func writeRepeats(w *bufio.Writer, p *health.Policy) {
 	fmt.Fprintf(w, qualifiers, p.RootCauseWindow)
 	e := p.Escalation
 	fmt.Fprintf(w, escalation, e.Window, e.Returns, health.MaxHistory)
+	fmt.Fprint(w, missing)
 }
 
 func yesNo(b bool) string {
@@ -181,5 +182,21 @@ administrator last cleared it, the GPU gets condition ` + "`ReplaceGPU`" + ` (re
 never resets it again. gpud escalates the same way after two reboots (its ` + "`DefaultRebootThreshold`" + `).
 Clearing the GPU (` + "`gpuhealth clear`" + `) starts its count again. The history keeps the newest %d
 entries.
+
+`
+
+const missing = `## Missing GPUs
+
+A node can lose a GPU without any XID: it fails to initialise, falls off the bus before the
+driver loads, or is bound to another driver, and NVML simply returns one GPU fewer. The agent
+compares the NVIDIA GPUs on the PCI bus (vendor 0x10de, display and 3D controller classes, read
+from sysfs) and, when configured, an expected count with the GPUs the backend opens. Each
+missing one becomes a placeholder, ` + "`MISSING-<PCI address>`" + ` (or ` + "`MISSING-<n>`" + ` past what the
+bus shows), Unhealthy with reason ` + "`GPUMissing`" + ` and action ` + "`checkHardware`" + `, on the gpu-health
+annotation (` + "`missing: true`" + `, index -1) and in ` + "`gpuhealth status`" + `; the node carries the finding
+` + "`GPUsMissing`" + ` ("the node runs 3 of its 4 GPUs") on its ` + "`GPUUnhealthy`" + ` condition. Kernel-log lines
+that name its address are kept against it. Volcano's index list, HAMi's cordon, DRA and the
+extender leave it out: none of them ever offered it. The comparison is made anew at every start,
+so ` + "`GPUMissing`" + ` is never checkpointed and a GPU that is back is not held missing.
 
 `
