@@ -172,3 +172,31 @@ func TestRepeatedSignalsDoNotAllocate(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkXIDFloodEveryGPU is NVSentinel#1712's flood: XID 45 at 1,000/s on each of 8 GPUs, with
+// the default repeat rules judging it. changes is how often the tracker's state changed over the
+// whole run (each change is at most one write per sink): the few conditions and the node finding
+// the flood raises, however long it lasts. retained-B is the tracker's live heap after the flood.
+func BenchmarkXIDFloodEveryGPU(b *testing.B) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	tr, devs := newBenchTracker(b, 8)
+	start := time.Unix(0, 0)
+	buf := make([]health.Transition, 0, 16)
+	gen := tr.Generation()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		// Signal i goes to GPU i%8: each GPU sees one every 8 × 125 µs = 1 ms.
+		sig := health.XIDSignal(devs[i%8].UUID, 45, start.Add(time.Duration(i)*125*time.Microsecond))
+		_, _ = tr.Observe(sig, buf[:0])
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(tr.Generation()-gen), "changes")
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc-min(after.HeapAlloc, before.HeapAlloc)), "retained-B")
+	runtime.KeepAlive(tr)
+	reportThroughput(b, b.N)
+}

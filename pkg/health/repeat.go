@@ -117,16 +117,17 @@ type repeatState struct {
 	times []int64 // UnixNano, a ring of up to Count entries; nil for node rules
 	head  int     // where the next time goes
 	n     int     // how many entries hold a time
-	last  int64   // the last counted occurrence; zero when none
+	last  int64   // the last counted occurrence, when seen
+	seen  bool    // whether any occurrence was counted
 }
 
 // count records an occurrence at now unless it falls in the burst of the last one, and reports
 // whether it counted.
 func (s *repeatState) count(r *RepeatRule, now int64) bool {
-	if s.last != 0 && now >= s.last && now-s.last < int64(r.Burst) {
+	if s.seen && now >= s.last && now-s.last < int64(r.Burst) {
 		return false
 	}
-	s.last = now
+	s.last, s.seen = now, true
 	if r.NodeScoped() {
 		return true
 	}
@@ -253,7 +254,7 @@ func (t *Tracker) spreadGPUs(i int, r *RepeatRule, now time.Time) []string {
 // inWindow reports whether the device is a physical GPU whose last occurrence of rule i lies
 // within the rule's window of now.
 func (ds *deviceState) inWindow(i int, r *RepeatRule, now time.Time) bool {
-	if ds.parent != nil || ds.repeats == nil || ds.repeats[i].last == 0 {
+	if ds.parent != nil || ds.repeats == nil || !ds.repeats[i].seen {
 		return false
 	}
 	age := now.UnixNano() - ds.repeats[i].last
