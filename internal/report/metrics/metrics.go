@@ -39,7 +39,7 @@ type Metrics struct {
 	node     string
 	snapshot func() health.Snapshot
 
-	healthDesc, evictDesc, conditionDesc, xidDesc, unmonitoredDesc *prometheus.Desc
+	healthDesc, evictDesc, conditionDesc, xidDesc, unmonitoredDesc, findingDesc *prometheus.Desc
 
 	transitions   *prometheus.CounterVec
 	writes        *prometheus.CounterVec
@@ -60,10 +60,12 @@ var (
 func New(node string, snapshot func() health.Snapshot) *Metrics {
 	gpuLabels := []string{"node", "uuid", "index", "model"}
 	m := &Metrics{
-		node:          node,
-		snapshot:      snapshot,
-		healthDesc:    prometheus.NewDesc("gpuhealth_gpu_health", "GPU health: 0 Healthy, 1 Degraded, 2 Unhealthy.", gpuLabels, nil),
-		evictDesc:     prometheus.NewDesc("gpuhealth_gpu_evict", "1 when a condition in effect asks for eviction of running work.", gpuLabels, nil),
+		node:       node,
+		snapshot:   snapshot,
+		healthDesc: prometheus.NewDesc("gpuhealth_gpu_health", "GPU health: 0 Healthy, 1 Degraded, 2 Unhealthy.", gpuLabels, nil),
+		evictDesc:  prometheus.NewDesc("gpuhealth_gpu_evict", "1 when a condition in effect asks for eviction of running work.", gpuLabels, nil),
+		findingDesc: prometheus.NewDesc("gpuhealth_node_finding", "For each node finding in effect (an XID spread over GPUs: likely software; GPUs missing), the number of GPUs it names.",
+			[]string{"node", "reason"}, nil),
 		conditionDesc: prometheus.NewDesc("gpuhealth_gpu_condition", "1 for each condition in effect on a GPU.", []string{"node", "uuid", "index", "type", "reason", "severity"}, nil),
 		xidDesc:       prometheus.NewDesc("gpuhealth_xid_total", "XIDs seen on a GPU since the agent started, including ones that do not change health.", []string{"node", "uuid", "index", "xid"}, nil),
 		unmonitoredDesc: prometheus.NewDesc("gpuhealth_gpu_unmonitored", "1 for each check the agent cannot run on a GPU (a driver function missing, ECC off, MIG mode; \"events\" when NVML delivers no events).",
@@ -157,11 +159,18 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.conditionDesc
 	ch <- m.xidDesc
 	ch <- m.unmonitoredDesc
+	ch <- m.findingDesc
 }
 
 // Collect implements prometheus.Collector from the latest snapshot.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	for _, d := range m.snapshot().Devices {
+	snap := m.snapshot()
+	for _, f := range snap.Findings {
+		if metric, err := prometheus.NewConstMetric(m.findingDesc, prometheus.GaugeValue, float64(len(f.GPUs)), m.node, f.Reason); err == nil {
+			ch <- metric
+		}
+	}
+	for _, d := range snap.Devices {
 		idx := strconv.Itoa(d.Device.Index)
 		send := func(desc *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
 			if metric, err := prometheus.NewConstMetric(desc, t, v, labels...); err == nil {

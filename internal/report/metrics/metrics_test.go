@@ -84,6 +84,27 @@ gpuhealth_gpu_unmonitored{check="events",index="0",node="n1",uuid="GPU-a"} 1
 	}
 }
 
+func TestNodeFindingsAreExported(t *testing.T) {
+	devs := []health.Device{{UUID: "GPU-a", Index: 0, PCIBusID: "0000:10:00.0"}}
+	devs = append(devs, health.MissingGPUs(devs, []string{"0000:10:00.0", "0000:11:00.0"}, 0)...)
+	tr, err := health.NewTracker(health.DefaultPolicy(), devs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := metrics.New("n1", tr.Snapshot).Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP gpuhealth_node_finding For each node finding in effect (an XID spread over GPUs: likely software; GPUs missing), the number of GPUs it names.
+# TYPE gpuhealth_node_finding gauge
+gpuhealth_node_finding{node="n1",reason="GPUsMissing"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "gpuhealth_node_finding"); err != nil {
+		t.Error(err)
+	}
+}
+
 // A counter that appears at 1 shows no increase, so an alert on increase() or rate() would miss
 // the first API error: the known series start at zero.
 func TestKnownSeriesStartAtZero(t *testing.T) {
