@@ -153,7 +153,7 @@ func requestClear(ctx context.Context, client kubernetes.Interface, nodeName, gp
 // reportedGPU resolves gpu (an index, a UUID or a PCI bus ID) among the GPUs the node's agent
 // reports: there is nothing to clear on a GPU it does not.
 func reportedGPU(node *corev1.Node, gpu string) (clearedGPU, error) {
-	uuid, index, err := resolveGPU(node, nil, gpu)
+	uuid, _, err := resolveGPU(node, nil, gpu)
 	if err != nil {
 		return clearedGPU{}, err
 	}
@@ -162,7 +162,7 @@ func reportedGPU(node *corev1.Node, gpu string) (clearedGPU, error) {
 		return clearedGPU{}, fmt.Errorf("node %s: %w", node.Name, err)
 	}
 	s, ok := summaries[uuid]
-	if !ok || index < 0 {
+	if !ok {
 		return clearedGPU{}, fmt.Errorf("node %s reports no GPU %s: there is nothing to clear on it (see gpuhealth status --node %s)", node.Name, gpu, node.Name)
 	}
 	out := clearedGPU{uuid: uuid, GPUSummary: s}
