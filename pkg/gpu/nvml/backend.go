@@ -42,8 +42,13 @@ type options struct {
 	startAttempts  int
 	startBackoff   time.Duration
 	inventoryCheck time.Duration
-	clock          clock.Clock
-	logger         logr.Logger
+	// expectedNVLinks is how many NVLinks each GPU is expected to have up (0: unknown).
+	expectedNVLinks int
+	clock           clock.Clock
+	logger          logr.Logger
+	// fabricInfoV makes the versioned fabric call (fabric.go); tests replace it, as go-nvml's
+	// mock cannot answer that call.
+	fabricInfoV fabricInfoVFunc
 }
 
 // Option configures a Backend.
@@ -69,6 +74,13 @@ func WithWaitBackoff(initial, maxDelay time.Duration) Option {
 func WithStartRetries(attempts int, initial time.Duration) Option {
 	return func(o *options) { o.startAttempts, o.startBackoff = attempts, initial }
 }
+
+// WithExpectedNVLinks sets how many NVLinks each GPU is expected to have up: the model's link
+// count, or the configuration's. Links 0 to n-1 that NVML has (their state answers) but that were
+// not active when first scanned are then watched too, and reported down until they come up: a
+// link dead from boot is a fault. Without it (or with 0) only the links active at the first scan
+// are watched, as a card without bridges or a passthrough VM has inactive links and no fault.
+func WithExpectedNVLinks(n int) Option { return func(o *options) { o.expectedNVLinks = n } }
 
 // WithClock sets the clock that times signals, sampling rounds and backoff (default the real one).
 func WithClock(c clock.Clock) Option { return func(o *options) { o.clock = c } }
@@ -156,6 +168,10 @@ type gpu struct {
 	// migComplete is set when Open read the GPU's whole MIG layout: only then is it compared
 	// with NVML's later (a device Open could not read would otherwise look new every time).
 	migComplete bool
+	// checksOff are the checks the sampler found it cannot run on this GPU (NOT_SUPPORTED, or a
+	// reading not believed) and has told the sink so, until a reading is taken again. Only the
+	// sampler touches it.
+	checksOff map[health.Check]bool
 }
 
 type eccTotals struct{ corrected, uncorrected uint64 }
@@ -195,6 +211,7 @@ func newOptions(opts []Option) options {
 		inventoryCheck: DefaultInventoryCheck,
 		clock:          clock.RealClock{},
 		logger:         logr.Discard(),
+		fabricInfoV:    goNVMLFabricInfoV,
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -220,6 +237,7 @@ func newOptions(opts []Option) options {
 	if o.inventoryCheck <= 0 {
 		o.inventoryCheck = DefaultInventoryCheck
 	}
+	o.expectedNVLinks = min(max(o.expectedNVLinks, 0), nvml.NVLINK_MAX_LINKS)
 	return o
 }
 

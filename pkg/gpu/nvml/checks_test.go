@@ -98,9 +98,9 @@ func TestMissingSymbols(t *testing.T) {
 		missing []string
 		// never lists the functions that must not be called; called those that must still be.
 		never, called []func(*server.Device) int
-		// notRunning is the check every GPU reports as not running; absent lists the signal
+		// notRunning are the checks every GPU reports as not running; absent lists the signal
 		// kinds that must not come.
-		notRunning health.Check
+		notRunning []health.Check
 		absent     []health.SignalKind
 		event      uint64 // an event to send, calling for a reading
 	}{
@@ -111,21 +111,23 @@ func TestMissingSymbols(t *testing.T) {
 		{
 			name:    "no clock-event call at all",
 			missing: []string{"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"},
-			never:   []func(*server.Device) int{clockEvents, throttle}, notRunning: health.CheckClockEvents,
+			never:   []func(*server.Device) int{clockEvents, throttle}, notRunning: []health.Check{health.CheckClockEvents},
 			absent: []health.SignalKind{health.SignalClockEvents},
 		},
 		{
 			// A driver before R450 has neither, and the event falls back to retired pages.
 			name: "no row remapper", missing: []string{"nvmlDeviceGetRemappedRows", "nvmlDeviceGetArchitecture"},
 			never:      []func(*server.Device) int{func(d *server.Device) int { return len(d.GetRemappedRowsCalls()) }},
-			notRunning: health.CheckRowRemap, absent: []health.SignalKind{health.SignalRemappedRows},
+			notRunning: []health.Check{health.CheckRowRemap}, absent: []health.SignalKind{health.SignalRemappedRows},
 			event: nvml.EventTypeDramRetirementEvent,
 		},
 		{
 			name: "no field values", missing: []string{"nvmlDeviceGetFieldValues"},
-			never:      []func(*server.Device) int{func(d *server.Device) int { return len(d.GetFieldValuesCalls()) }},
-			notRunning: health.CheckRecoveryAction, absent: []health.SignalKind{health.SignalRecoveryAction},
-			event: nvml.EventTypeGpuRecoveryAction,
+			never: []func(*server.Device) int{func(d *server.Device) int { return len(d.GetFieldValuesCalls()) }},
+			// The NVLink recovery counts are field values too.
+			notRunning: []health.Check{health.CheckNVLinkRecoveries, health.CheckRecoveryAction},
+			absent:     []health.SignalKind{health.SignalRecoveryAction, health.SignalNVLinkRecoveries},
+			event:      nvml.EventTypeGpuRecoveryAction,
 		},
 		{
 			name:    "no NVLink error counters, temperature thresholds or power limit",
@@ -185,15 +187,12 @@ func TestMissingSymbols(t *testing.T) {
 				}
 			}
 			for _, d := range m.Snapshot().Devices {
-				want := []health.Check(nil)
-				if tc.notRunning != "" {
-					want = []health.Check{tc.notRunning}
-				}
+				want := tc.notRunning
 				if !slices.Equal(d.UnmonitoredChecks, want) || d.Health != health.Healthy {
 					t.Errorf("%s: health %v, checks not running %v, want Healthy with %v", d.Device.UUID, d.Health, d.UnmonitoredChecks, want)
 				}
 			}
-			if tc.notRunning == "" && !slices.ContainsFunc(got, isKind(health.SignalClockEvents, f.uuid(0))) {
+			if !slices.Contains(tc.notRunning, health.CheckClockEvents) && !slices.ContainsFunc(got, isKind(health.SignalClockEvents, f.uuid(0))) {
 				t.Error("clock events not reported")
 			}
 			if n := len(f.srv.LookupSymbolCalls()); n != asked {

@@ -190,6 +190,12 @@ func TestDriverBranchesTable(t *testing.T) {
 		ReadingPCIeReplays:    {"nvmlDeviceGetPcieReplayCounter"},
 		ReadingNVLink:         {"nvmlDeviceGetNvLinkState"},
 		ReadingRecoveryAction: {"nvmlDeviceGetFieldValues"},
+
+		ReadingRowRemapHistogram: {"nvmlDeviceGetRowRemapperHistogram"},
+		ReadingSRAM:              {"nvmlDeviceGetSramEccErrorStatus"},
+		ReadingPCIeLink:          {"nvmlDeviceGetCurrPcieLinkWidth"},
+		ReadingFabric:            {"nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"},
+		ReadingNVLinkRecoveries:  {"nvmlDeviceGetFieldValues"},
 	}
 	rows := map[string][]string{}
 	var readings, parts []string
@@ -230,7 +236,6 @@ func TestDriverBranchesTable(t *testing.T) {
 		}
 		for _, part := range []struct{ row, fn string }{
 			{"events (XID, ECC, GPU unavailable)", "nvmlEventSetWait_v2"},
-			{"GPU fabric state (NVSwitch systems)", symGpuFabricInfo},
 			{"NVLink error counters", symNvLinkErrorCounter},
 			{"temperature thresholds", symTemperatureThreshold},
 			{"MIG instances", symMigDeviceHandleByIndex},

@@ -1,6 +1,7 @@
 package nvml_test
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -101,16 +102,96 @@ func (f *fixture) wireDevice(i int, st *gpuState) {
 			return ret
 		}
 		for i := range values {
-			if values[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
-				f.t.Errorf("field %d read, want FI_DEV_GET_GPU_RECOVERY_ACTION", values[i].FieldId)
+			v := &values[i]
+			switch v.FieldId {
+			case nvml.FI_DEV_GET_GPU_RECOVERY_ACTION:
+				// NVML reports an unsupported field in the field's own return code.
+				v.NvmlReturn = uint32(f.answer(st, gpunvml.ReadingRecoveryAction))
+				v.ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+				v.Value = [8]byte{byte(st.recovery)}
+			case nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS, nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS:
+				// The link is the scope; a link the GPU does not have is an invalid argument.
+				counts := st.recoveriesOK
+				if v.FieldId == nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS {
+					counts = st.recoveriesFailed
+				}
+				ret := f.answer(st, gpunvml.ReadingNVLinkRecoveries)
+				if int(v.ScopeId) >= len(counts) {
+					ret = nvml.ERROR_INVALID_ARGUMENT
+				}
+				v.NvmlReturn, v.ValueType = uint32(ret), uint32(st.recoveryValueType)
+				if ret == nvml.SUCCESS {
+					binary.NativeEndian.PutUint64(v.Value[:], counts[v.ScopeId])
+				}
+			default:
+				f.t.Errorf("field %d read, want the recovery action or an NVLink recovery count", v.FieldId)
 			}
-			// NVML reports an unsupported field in the field's own return code.
-			values[i].NvmlReturn = uint32(f.answer(st, gpunvml.ReadingRecoveryAction))
-			values[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
-			values[i].Value = [8]byte{byte(st.recovery)}
 		}
 		return nvml.SUCCESS
 	}
+	f.wireEarlyWarnings(d, st)
+}
+
+// wireEarlyWarnings answers the row remapper histogram, SRAM ECC status and PCIe link calls.
+func (f *fixture) wireEarlyWarnings(d *server.Device, st *gpuState) {
+	d.GetRowRemapperHistogramFunc = func() (nvml.RowRemapperHistogramValues, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if ret := f.answer(st, gpunvml.ReadingRowRemapHistogram); ret != nvml.SUCCESS {
+			return nvml.RowRemapperHistogramValues{}, ret
+		}
+		if st.mig {
+			return nvml.RowRemapperHistogramValues{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		return st.histogram, nvml.SUCCESS
+	}
+	d.GetSramEccErrorStatusFunc = func() (nvml.EccSramErrorStatus, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if ret := f.answer(st, gpunvml.ReadingSRAM); ret != nvml.SUCCESS {
+			return nvml.EccSramErrorStatus{}, ret
+		}
+		return st.sram, nvml.SUCCESS
+	}
+	pcie := func(v *int, part string) func() (int, nvml.Return) {
+		return func() (int, nvml.Return) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if ret := f.answer(st, gpunvml.ReadingPCIeLink); ret != nvml.SUCCESS {
+				return 0, ret
+			}
+			return *v, f.answer(st, part)
+		}
+	}
+	d.GetCurrPcieLinkGenerationFunc = pcie(&st.pcieGen, "pcieGen")
+	d.GetCurrPcieLinkWidthFunc = pcie(&st.pcieWidth, "pcieWidth")
+	d.GetMaxPcieLinkGenerationFunc = pcie(&st.pcieMaxGen, "pcieMaxGen")
+	d.GetGpuMaxPcieLinkGenerationFunc = pcie(&st.pcieMaxGen, "pcieMaxGen")
+	d.GetMaxPcieLinkWidthFunc = pcie(&st.pcieMaxWidth, "pcieMaxWidth")
+}
+
+// fabricInfoV answers the versioned fabric call as a driver that knows versions up to
+// maxVersion does (2 or 3; nvml.h: ARGUMENT_VERSION_MISMATCH for a later one).
+func (f *fixture) fabricInfoV(maxVersion int) gpunvml.Option {
+	return gpunvml.WithFabricInfoV(func(h nvml.Device, version int) (nvml.GpuFabricInfo_v3, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for i, d := range f.srv.Devices {
+			if d != h {
+				continue
+			}
+			st := f.gpus[i]
+			if version > maxVersion {
+				return nvml.GpuFabricInfo_v3{}, nvml.ERROR_ARGUMENT_VERSION_MISMATCH
+			}
+			if ret := f.answer(st, "fabric"); ret != nvml.SUCCESS {
+				return nvml.GpuFabricInfo_v3{}, ret
+			}
+			return nvml.GpuFabricInfo_v3{State: st.fabric, Status: st.fabricStatus, HealthMask: st.fabricMask}, nvml.SUCCESS
+		}
+		f.t.Errorf("fabricInfoV on a handle of no GPU: %v", h)
+		return nvml.GpuFabricInfo_v3{}, nvml.ERROR_INVALID_ARGUMENT
+	})
 }
 
 // wireMemory answers the ECC, row remapper and page retirement calls.
@@ -196,7 +277,7 @@ func (f *fixture) wireNVLink(d *server.Device, st *gpuState) {
 		if ret := f.answer(st, "fabric"); ret != nvml.SUCCESS {
 			return nvml.GpuFabricInfo{}, ret
 		}
-		return nvml.GpuFabricInfo{State: st.fabric, Status: uint32(nvml.SUCCESS)}, nvml.SUCCESS
+		return nvml.GpuFabricInfo{State: st.fabric, Status: st.fabricStatus}, nvml.SUCCESS
 	}
 }
 

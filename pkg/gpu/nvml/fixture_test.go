@@ -43,8 +43,19 @@ type gpuState struct {
 	linkErrors             []uint64           // per link: NVLINK_ERROR_DL_CRC_FLIT
 	linkECC                []uint64           // per link: NVLINK_ERROR_DL_ECC_DATA (Hopper)
 	// fabric is GetGpuFabricInfo's state: an HGX H100 that Fabric Manager has registered is
-	// GPU_FABRIC_STATE_COMPLETED.
-	fabric uint8
+	// GPU_FABRIC_STATE_COMPLETED. fabricStatus is its status, fabricMask the versioned call's
+	// health mask (fabricInfoV answers it).
+	fabric       uint8
+	fabricStatus uint32
+	fabricMask   uint32
+	// histogram answers GetRowRemapperHistogram, sram GetSramEccErrorStatus; pcie is the link
+	// as trained (gen, width) and the most it can (maxGen, maxWidth).
+	histogram                      nvml.RowRemapperHistogramValues
+	sram                           nvml.EccSramErrorStatus
+	pcieGen, pcieWidth             int
+	pcieMaxGen, pcieMaxWidth       int
+	recoveriesOK, recoveriesFailed []uint64 // per link: the recovery-count field values
+	recoveryValueType              nvml.ValueType
 	// arch answers GetArchitecture. Ampere and later remap rows instead of retiring pages:
 	// GetRetiredPagesPendingStatus answers ERROR_NOT_SUPPORTED on them.
 	arch nvml.DeviceArchitecture
@@ -183,16 +194,21 @@ func newFixture(t *testing.T) *fixture {
 		st := &gpuState{
 			temperature: 40, slowdown: 87, shutdown: 92, powerMw: 120000, limitMw: 700000,
 			eccCurrent: nvml.FEATURE_ENABLED, eccPending: nvml.FEATURE_ENABLED,
-			links:           make([]nvml.EnableState, 2),
-			linkErrors:      make([]uint64, 2),
-			linkECC:         make([]uint64, 2),
-			fabric:          nvml.GPU_FABRIC_STATE_COMPLETED,
-			arch:            nvml.DEVICE_ARCH_HOPPER,
-			supportedEvents: nvml.EventTypeAll,
-			registerRet:     nvml.SUCCESS,
-			unsupported:     map[string]bool{},
-			failing:         map[string]bool{},
-			rets:            map[string]nvml.Return{},
+			links:      make([]nvml.EnableState, 2),
+			linkErrors: make([]uint64, 2),
+			linkECC:    make([]uint64, 2),
+			fabric:     nvml.GPU_FABRIC_STATE_COMPLETED,
+			histogram:  nvml.RowRemapperHistogramValues{Max: 640},
+			pcieGen:    5, pcieWidth: 16, pcieMaxGen: 5, pcieMaxWidth: 16,
+			recoveriesOK:      make([]uint64, 2),
+			recoveriesFailed:  make([]uint64, 2),
+			recoveryValueType: nvml.VALUE_TYPE_UNSIGNED_LONG_LONG,
+			arch:              nvml.DEVICE_ARCH_HOPPER,
+			supportedEvents:   nvml.EventTypeAll,
+			registerRet:       nvml.SUCCESS,
+			unsupported:       map[string]bool{},
+			failing:           map[string]bool{},
+			rets:              map[string]nvml.Return{},
 		}
 		for l := range st.links {
 			st.links[l] = nvml.FEATURE_ENABLED

@@ -2,6 +2,7 @@ package nvml
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -51,22 +52,20 @@ func (b *Backend) readNVLinks(g *gpu, rd reader) error {
 // trackedLinks returns the links whose state counts: those active (NVML_FEATURE_ENABLED) when
 // they are first scanned. nvml.h's NVML_FEATURE_DISABLED only says a link is inactive: a link
 // that never was (a card without bridges, a passthrough VM) is no fault, and is not watched; a
-// watched link that goes inactive is. On a GPU of an NVLink fabric whose Fabric Manager has not
-// finished with it, no link is trained yet: pending is true and no link counts until the fabric
-// state is COMPLETED, when the links active then are watched. Without fabric information a link
-// that comes up later is watched from the next agent start. links is nil (not empty) when the
-// scan failed and is to be tried again next round.
+// watched link that goes inactive is. With an expected link count (WithExpectedNVLinks), links 0
+// to n-1 that NVML has are watched whatever their state: an expected link inactive from boot is
+// reported down. On a GPU of an NVLink fabric whose Fabric Manager has not finished with it, no
+// link is trained yet: pending is true and no link counts until the fabric state (this round's,
+// read by readFabric) is COMPLETED, when the links active then (and the expected ones) are
+// watched. Without fabric information a link that comes up later is watched from the next agent
+// start. links is nil (not empty) when the scan failed and is to be tried again next round.
 func (b *Backend) trackedLinks(g *gpu, rd reader) (links []int, pending bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.linksScanned && !g.fabricPending {
 		return g.links, false, nil
 	}
-	waiting, err := b.fabricWaiting(g, rd)
-	if err != nil {
-		return nil, false, err
-	}
-	if waiting {
+	if rd.r.Fabric.waiting() {
 		if !g.fabricPending {
 			b.log.Info("NVLinks not watched until Fabric Manager has registered the GPU", "gpu", g.dev.UUID)
 		}
@@ -80,10 +79,29 @@ func (b *Backend) trackedLinks(g *gpu, rd reader) (links []int, pending bool, er
 	if g.fabricPending {
 		b.log.Info("Fabric Manager has registered the GPU: watching its active NVLinks", "gpu", g.dev.UUID, "watched", active)
 	}
-	if len(inactive) > 0 {
-		b.log.Info("NVLinks inactive when first scanned are not watched", "gpu", g.dev.UUID, "links", inactive, "watched", active)
+	watched := active
+	if n := b.opts.expectedNVLinks; n > 0 {
+		var dead, ignored []int
+		for _, l := range inactive {
+			if l < n {
+				dead = append(dead, l)
+			} else {
+				ignored = append(ignored, l)
+			}
+		}
+		watched = slices.Sorted(slices.Values(append(slices.Clone(active), dead...)))
+		if len(dead) > 0 {
+			b.log.Info("Expected NVLinks inactive when first scanned: watched, and reported down until they come up", "gpu", g.dev.UUID, "expected", n, "links", dead)
+		}
+		if have := len(active) + len(inactive); have < n {
+			b.log.Info("The GPU has fewer NVLinks than expected: the missing ones cannot be watched", "gpu", g.dev.UUID, "expected", n, "links", have)
+		}
+		inactive = ignored
 	}
-	g.links, g.linksScanned, g.fabricPending = active, true, false
+	if len(inactive) > 0 {
+		b.log.Info("NVLinks inactive when first scanned are not watched", "gpu", g.dev.UUID, "links", inactive, "watched", watched)
+	}
+	g.links, g.linksScanned, g.fabricPending = watched, true, false
 	return g.links, false, nil
 }
 
@@ -112,28 +130,6 @@ func (b *Backend) scanNVLinks(g *gpu, rd reader) (active, inactive []int, ok boo
 		break
 	}
 	return active, inactive, true, nil
-}
-
-// fabricWaiting reports whether the GPU belongs to an NVLink fabric (Hopper and later with
-// NVSwitches) that Fabric Manager has not finished registering it with: GetGpuFabricInfo's
-// state NOT_STARTED or IN_PROGRESS. A GPU outside a fabric answers NOT_SUPPORTED, and a driver
-// without the call cannot tell: neither waits.
-func (b *Backend) fabricWaiting(g *gpu, rd reader) (bool, error) {
-	if !b.sym.has(symGpuFabricInfo) {
-		return false, nil
-	}
-	info, ret := g.handle.GetGpuFabricInfo()
-	switch {
-	case ret == nvml.SUCCESS:
-		return info.State == nvml.GPU_FABRIC_STATE_NOT_STARTED || info.State == nvml.GPU_FABRIC_STATE_IN_PROGRESS, nil
-	case notSupported(ret):
-		return false, nil
-	}
-	if err := rd.broken("GPU fabric state", ret); err != nil {
-		return false, err
-	}
-	rd.r.Errors = append(rd.r.Errors, nvmlError("reading the GPU fabric state", ret).Error())
-	return false, nil
 }
 
 // nvlinkErrors sums the link's error counters; nil when none is supported (or the driver lacks

@@ -1,6 +1,7 @@
 package nvml
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -159,10 +160,23 @@ func (b *Backend) rawGPU(g *gpu) []RawCall {
 		}
 		add(symFieldValues, "FI_DEV_GET_GPU_RECOVERY_ACTION (field 230)", ret, value)
 	}
+	b.rawEarlyWarnings(g, add)
+	if has(symGpuFabricInfoV) {
+		for _, version := range []int{3, 2} {
+			info, ret, ok := b.opts.fabricInfoV(h, version)
+			if !ok {
+				break
+			}
+			add(symGpuFabricInfoV, fmt.Sprintf("nvmlGpuFabricInfo_v%d", version), ret, map[string]any{
+				"state": info.State, "status": nvml.Return(info.Status).String(), "healthMask": fmt.Sprintf("0x%x", info.HealthMask), "healthSummary": info.HealthSummary,
+			})
+		}
+	}
 	if has(symGpuFabricInfo) {
 		info, ret := h.GetGpuFabricInfo()
 		add(symGpuFabricInfo, "", ret, map[string]any{"state": info.State, "status": nvml.Return(info.Status).String()})
 	}
+	links := 0
 	if has(symNvLinkState) {
 		for link := range nvml.NVLINK_MAX_LINKS {
 			state, ret := h.GetNvLinkState(link)
@@ -170,9 +184,55 @@ func (b *Backend) rawGPU(g *gpu) []RawCall {
 			if ret != nvml.SUCCESS {
 				break // past the GPU's last link every later one answers the same
 			}
+			links++
 		}
 	}
+	if has(symFieldValues) && links > 0 {
+		var values []nvml.FieldValue
+		for link := range links {
+			for _, id := range nvlinkRecoveryFields {
+				values = append(values, nvml.FieldValue{FieldId: id, ScopeId: uint32(link)})
+			}
+		}
+		ret := h.GetFieldValues(values)
+		var answers []map[string]any
+		for _, v := range values {
+			n, _ := fieldValue(v)
+			answers = append(answers, map[string]any{"field": v.FieldId, "link": v.ScopeId, "nvmlReturn": nvml.Return(v.NvmlReturn).String(), "valueType": v.ValueType, "value": n})
+		}
+		add(symFieldValues, fmt.Sprintf("NVLink recovery events, successful and failed (fields %d and %d), links 0-%d", nvlinkRecoveryFields[0], nvlinkRecoveryFields[1], links-1), ret, answers)
+	}
 	return calls
+}
+
+// rawEarlyWarnings makes the calls of the early-warning readings.
+func (b *Backend) rawEarlyWarnings(g *gpu, add func(call, args string, ret nvml.Return, value any)) {
+	h, has := g.handle, b.sym.has
+	if has(symRowRemapperHistogram) {
+		v, ret := h.GetRowRemapperHistogram()
+		add(symRowRemapperHistogram, "", ret, map[string]uint32{"max": v.Max, "high": v.High, "partial": v.Partial, "low": v.Low, "none": v.None})
+	}
+	if has(symSramEccErrorStatus) {
+		v, ret := h.GetSramEccErrorStatus()
+		add(symSramEccErrorStatus, "nvmlEccSramErrorStatus_v1", ret, map[string]any{
+			"bThresholdExceeded": v.BThresholdExceeded, "aggregateUncParity": v.AggregateUncParity, "aggregateUncSecDed": v.AggregateUncSecDed, "aggregateCor": v.AggregateCor,
+		})
+	}
+	for _, c := range []struct {
+		sym  string
+		call func() (int, nvml.Return)
+	}{
+		{symCurrPcieLinkGeneration, h.GetCurrPcieLinkGeneration},
+		{symCurrPcieLinkWidth, h.GetCurrPcieLinkWidth},
+		{symMaxPcieLinkGeneration, h.GetMaxPcieLinkGeneration},
+		{symGpuMaxPcieLinkGeneration, h.GetGpuMaxPcieLinkGeneration},
+		{symMaxPcieLinkWidth, h.GetMaxPcieLinkWidth},
+	} {
+		if has(c.sym) {
+			v, ret := c.call()
+			add(c.sym, "", ret, v)
+		}
+	}
 }
 
 // raw builds a RawCall; the value only counts when the call succeeded.

@@ -70,8 +70,8 @@ func TestRawCallsRecordEveryAnswerAndNeverCallAMissingFunction(t *testing.T) {
 	if ecc := findCalls(calls, 0, "nvmlDeviceGetTotalEccErrors"); len(ecc) != 2 {
 		t.Errorf("GPU 0 ECC totals: %d calls, want 2 (corrected and uncorrected, volatile, as the backend reads them)", len(ecc))
 	}
-	if rec := findCalls(calls, 0, "nvmlDeviceGetFieldValues"); len(rec) != 1 || !strings.Contains(rec[0].Args, "230") {
-		t.Errorf("GPU 0 recovery action field: %+v", rec)
+	if rec := findCalls(calls, 0, "nvmlDeviceGetFieldValues"); len(rec) != 2 || !strings.Contains(rec[0].Args, "230") || !strings.Contains(rec[1].Args, "213 and 214") {
+		t.Errorf("GPU 0 field values: %+v, want the recovery action (230) and the NVLink recovery counts (213, 214)", rec)
 	}
 	wait := findCalls(calls, -1, "nvmlEventSetWait")
 	if len(wait) != 1 || !strings.Contains(wait[0].Return, "TIMEOUT") {

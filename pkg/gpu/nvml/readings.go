@@ -30,17 +30,33 @@ type Readings struct {
 	Power               *PowerReading             `json:"power,omitempty"`
 	ClockEventReasons   *health.ClockEventReasons `json:"clockEventReasons,omitempty"`
 	PCIeReplays         *int64                    `json:"pcieReplays,omitempty"`
+	RowRemapHistogram   *RowRemapHistogramReading `json:"rowRemapHistogram,omitempty"`
+	SRAM                *SRAMReading              `json:"sram,omitempty"`
+	PCIeLink            *PCIeLinkReading          `json:"pcieLink,omitempty"`
+	Fabric              *FabricReading            `json:"fabric,omitempty"`
 	NVLinks             []NVLinkReading           `json:"nvlinks,omitempty"`
 	// NVLinkFabricPending is set while Fabric Manager has not registered the GPU with its
 	// NVLink fabric: no link is watched until it has.
-	NVLinkFabricPending bool                   `json:"nvlinkFabricPending,omitempty"`
-	RecoveryAction      *health.RecoveryAction `json:"recoveryAction,omitempty"`
+	NVLinkFabricPending bool                    `json:"nvlinkFabricPending,omitempty"`
+	NVLinkRecoveries    []NVLinkRecoveryReading `json:"nvlinkRecoveries,omitempty"`
+	RecoveryAction      *health.RecoveryAction  `json:"recoveryAction,omitempty"`
 
 	// Unsupported names the readings the GPU does not support, or that the backend does not
 	// take on it ("no data", never a fault).
 	Unsupported []string `json:"unsupported,omitempty"`
 	// Errors lists readings that failed for any other reason.
 	Errors []string `json:"errors,omitempty"`
+
+	// checks says, for the checks the sampler tells the sink about round by round, whether
+	// each ran this round (false) or cannot run (true: NOT_SUPPORTED, or a reading not
+	// believed). A check absent from it is unchanged.
+	checks []checkState
+}
+
+// checkState is one check's state in a round.
+type checkState struct {
+	check health.Check
+	off   bool
 }
 
 // ECCReading is the volatile ECC totals (since the last GPU reset).
@@ -89,6 +105,12 @@ const (
 	ReadingPCIeReplays    = "pcieReplays"
 	ReadingNVLink         = "nvlink"
 	ReadingRecoveryAction = "recoveryAction"
+
+	ReadingRowRemapHistogram = "rowRemapHistogram"
+	ReadingSRAM              = "sramEccStatus"
+	ReadingPCIeLink          = "pcieLink"
+	ReadingFabric            = "fabric"
+	ReadingNVLinkRecoveries  = "nvlinkRecoveries"
 )
 
 // errBroken stops a round: once NVML says the GPU is lost or needs a reset, nothing else it
@@ -133,6 +155,20 @@ func (rd reader) broken(name string, ret nvml.Return) error {
 	return errBroken
 }
 
+// checked records whether a check ran this round (off false) or cannot run (off true).
+func (rd reader) checked(check health.Check, off bool) {
+	rd.r.checks = append(rd.r.checks, checkState{check, off})
+}
+
+// implausible drops a reading no GPU can give (a glitch of the driver): no data this round,
+// an error that says why, a glitch counted, and its check not running until a reading is
+// believed again. It is never trusted, and never taken as a fault.
+func (b *Backend) implausible(rd reader, reading string, check health.Check, what string) {
+	rd.r.Errors = append(rd.r.Errors, fmt.Sprintf("reading %s: %s: not plausible, ignored", reading, what))
+	b.stats.add(func(s *Stats) { s.Glitches++ })
+	rd.checked(check, true)
+}
+
 // off lists a reading that is not taken on g as unsupported and reports whether it is off.
 func (rd reader) off(g *gpu, name string) bool {
 	if g.isOff(name) {
@@ -174,9 +210,12 @@ func (b *Backend) read(g *gpu) Readings {
 }
 
 func (b *Backend) readInto(g *gpu, rd reader) error {
+	// The fabric state comes before the NVLinks, which wait for it, and the links before
+	// their recovery counts.
 	for _, read := range [...]func(*gpu, reader) error{
-		b.readECC, b.readRemappedRows, b.readRetiredPages, b.readTemperature, b.readPower,
-		b.readClockEvents, b.readPCIeReplays, b.readNVLinks, b.readRecoveryAction,
+		b.readECC, b.readRemappedRows, b.readRowRemapHistogram, b.readSRAM, b.readRetiredPages,
+		b.readTemperature, b.readPower, b.readClockEvents, b.readPCIeReplays, b.readPCIeLink,
+		b.readFabric, b.readNVLinks, b.readNVLinkRecoveries, b.readRecoveryAction,
 	} {
 		if err := read(g, rd); err != nil {
 			return err

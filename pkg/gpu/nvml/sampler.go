@@ -80,6 +80,7 @@ func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 		b.stats.add(func(s *Stats) { s.SampleErrors += uint64(len(r.Errors)) })
 		b.log.Info("some readings failed", "gpu", g.dev.UUID, "errors", strings.Join(r.Errors, "; "))
 	}
+	b.markChecks(g, r.checks, sink)
 	if r.ECC != nil {
 		b.emitECC(g, *r.ECC, base, sink)
 	}
@@ -108,6 +109,7 @@ func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 		s.Value = *p
 		sink.Signal(s)
 	}
+	b.emitEarlyWarnings(r, base, sink)
 	for _, l := range r.NVLinks {
 		s := with(base, health.SignalNVLinkState)
 		s.Link, s.Down = uint32(l.Link), l.Down
@@ -118,12 +120,72 @@ func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 			sink.Signal(s)
 		}
 	}
+	for _, rc := range r.NVLinkRecoveries {
+		s := with(base, health.SignalNVLinkRecoveries)
+		s.Link, s.Value = uint32(rc.Link), int64(rc.Successful+rc.Failed) // each at most MaxPlausibleNVLinkRecoveries
+		sink.Signal(s)
+	}
 	if a := r.RecoveryAction; a != nil {
 		s := with(base, health.SignalRecoveryAction)
 		s.Action = *a
 		sink.Signal(s)
 	}
 	sink.Signal(with(base, health.SignalSample))
+}
+
+// emitEarlyWarnings passes on the row remapper histogram, the SRAM ECC status, the PCIe link
+// and the fabric state.
+func (b *Backend) emitEarlyWarnings(r Readings, base health.Signal, sink Sink) {
+	if h := r.RowRemapHistogram; h != nil {
+		s := with(base, health.SignalRowRemapHistogram)
+		s.BanksLow, s.BanksNone = h.Low, h.None
+		sink.Signal(s)
+	}
+	if st := r.SRAM; st != nil {
+		s := with(base, health.SignalSRAMThreshold)
+		s.Failure = st.ThresholdExceeded
+		sink.Signal(s)
+	}
+	if l := r.PCIeLink; l != nil {
+		s := with(base, health.SignalPCIeLink)
+		// Each at most MaxPlausiblePCIeLink: readPCIeLink dropped the rest.
+		s.PCIe = health.PCIeLinkReading{Gen: uint8(l.Gen), MaxGen: uint8(l.MaxGen), Width: uint8(l.Width), MaxWidth: uint8(l.MaxWidth)}
+		sink.Signal(s)
+	}
+	if f := r.Fabric; f != nil {
+		s := with(base, health.SignalFabric)
+		s.Fabric = f.health()
+		sink.Signal(s)
+	}
+}
+
+// markChecks tells the sink (when it is a CheckSink) of the checks whose state changed this
+// round: one that cannot run (NOT_SUPPORTED, a reading not believed) is not running on the GPU
+// and its MIG devices until a reading is taken again. The checks Open found off are announced
+// by announce and never change.
+func (b *Backend) markChecks(g *gpu, checks []checkState, sink Sink) {
+	cs, ok := sink.(CheckSink)
+	if !ok {
+		return
+	}
+	for _, c := range checks {
+		if g.checksOff[c.check] == c.off {
+			continue
+		}
+		if g.checksOff == nil {
+			g.checksOff = map[health.Check]bool{}
+		}
+		g.checksOff[c.check] = c.off
+		if c.off {
+			b.log.Info("check not running on this GPU: no data", "gpu", g.dev.UUID, "check", c.check)
+		} else {
+			b.log.Info("check running again on this GPU", "gpu", g.dev.UUID, "check", c.check)
+		}
+		cs.SetCheckUnmonitored(g.dev.UUID, c.check, c.off)
+		for _, m := range g.migs {
+			cs.SetCheckUnmonitored(m.UUID, c.check, c.off)
+		}
+	}
 }
 
 // eccNearZero is how many corrected errors volatile totals may show just after a reset (they

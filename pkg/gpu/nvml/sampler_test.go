@@ -60,8 +60,17 @@ func TestSamplingRound(t *testing.T) {
 		}),
 		with(func(s *health.Signal) { s.Kind, s.Reasons = health.SignalClockEvents, health.ClockEventHWSlowdown }),
 		with(func(s *health.Signal) { s.Kind, s.Value = health.SignalPCIeReplays, 12 }),
+		with(func(s *health.Signal) { s.Kind = health.SignalRowRemapHistogram }),
+		with(func(s *health.Signal) { s.Kind = health.SignalSRAMThreshold }),
+		with(func(s *health.Signal) {
+			s.Kind, s.PCIe = health.SignalPCIeLink, health.PCIeLinkReading{Gen: 5, MaxGen: 5, Width: 16, MaxWidth: 16}
+		}),
+		with(func(s *health.Signal) {
+			s.Kind, s.Fabric = health.SignalFabric, health.FabricReading{State: health.FabricCompleted}
+		}),
 		with(func(s *health.Signal) { s.Kind, s.Link = health.SignalNVLinkState, 0 }),
 		with(func(s *health.Signal) { s.Kind, s.Link, s.Value = health.SignalNVLinkErrors, 0, 5 }),
+		with(func(s *health.Signal) { s.Kind, s.Link, s.Value = health.SignalNVLinkRecoveries, 0, 0 }),
 		with(func(s *health.Signal) { s.Kind, s.Action = health.SignalRecoveryAction, health.RecoveryNone }),
 		with(func(s *health.Signal) { s.Kind = health.SignalSample }),
 	}
@@ -74,7 +83,8 @@ func TestSamplingNotSupported(t *testing.T) {
 	all := []string{
 		gpunvml.ReadingECC, gpunvml.ReadingRemappedRows, gpunvml.ReadingRetiredPages, gpunvml.ReadingTemperature,
 		gpunvml.ReadingPower, gpunvml.ReadingClockEvents, gpunvml.ReadingPCIeReplays, gpunvml.ReadingNVLink,
-		gpunvml.ReadingRecoveryAction,
+		gpunvml.ReadingRecoveryAction, gpunvml.ReadingRowRemapHistogram, gpunvml.ReadingSRAM, gpunvml.ReadingPCIeLink,
+		"fabric", gpunvml.ReadingNVLinkRecoveries,
 	}
 	tests := []struct {
 		name        string
@@ -92,6 +102,7 @@ func TestSamplingNotSupported(t *testing.T) {
 			name: "no thresholds: temperature without them",
 			unsupported: []string{
 				"thresholds", gpunvml.ReadingECC, gpunvml.ReadingRemappedRows, gpunvml.ReadingRetiredPages, gpunvml.ReadingClockEvents, gpunvml.ReadingPCIeReplays, gpunvml.ReadingNVLink, gpunvml.ReadingRecoveryAction,
+				gpunvml.ReadingRowRemapHistogram, gpunvml.ReadingSRAM, gpunvml.ReadingPCIeLink, "fabric",
 			},
 			wantKinds: []health.SignalKind{health.SignalTemperature, health.SignalSample},
 		},
@@ -100,8 +111,9 @@ func TestSamplingNotSupported(t *testing.T) {
 			failing:    []string{gpunvml.ReadingECC, gpunvml.ReadingTemperature},
 			wantErrors: 2,
 			wantKinds: []health.SignalKind{health.SignalRemappedRows, health.SignalClockEvents,
-				health.SignalPCIeReplays, health.SignalNVLinkState, health.SignalNVLinkErrors, health.SignalNVLinkState,
-				health.SignalNVLinkErrors, health.SignalRecoveryAction, health.SignalSample},
+				health.SignalPCIeReplays, health.SignalRowRemapHistogram, health.SignalSRAMThreshold, health.SignalPCIeLink,
+				health.SignalFabric, health.SignalNVLinkState, health.SignalNVLinkErrors, health.SignalNVLinkState,
+				health.SignalNVLinkErrors, health.SignalNVLinkRecoveries, health.SignalNVLinkRecoveries, health.SignalRecoveryAction, health.SignalSample},
 		},
 	}
 	for _, tc := range tests {

@@ -1,6 +1,7 @@
 package nvml
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -31,9 +32,18 @@ const (
 	symNvLinkErrorCounter    = "nvmlDeviceGetNvLinkErrorCounter"
 	symFieldValues           = "nvmlDeviceGetFieldValues"
 	symArchitecture          = "nvmlDeviceGetArchitecture" // R450 and later, like Ampere
-	// nvmlDeviceGetGpuFabricInfoV takes a versioned struct that a mock cannot fill; the plain
-	// call answers the same state.
-	symGpuFabricInfo = "nvmlDeviceGetGpuFabricInfo"
+	// The fabric state: the versioned call (driver 550 and later) adds the health mask; the
+	// plain one (525 and later) answers state and status only.
+	symGpuFabricInfoV = "nvmlDeviceGetGpuFabricInfoV"
+	symGpuFabricInfo  = "nvmlDeviceGetGpuFabricInfo"
+	// The early warnings (earlywarnings.go).
+	symRowRemapperHistogram     = "nvmlDeviceGetRowRemapperHistogram"
+	symSramEccErrorStatus       = "nvmlDeviceGetSramEccErrorStatus" // driver 535 and later
+	symCurrPcieLinkGeneration   = "nvmlDeviceGetCurrPcieLinkGeneration"
+	symCurrPcieLinkWidth        = "nvmlDeviceGetCurrPcieLinkWidth"
+	symMaxPcieLinkGeneration    = "nvmlDeviceGetMaxPcieLinkGeneration"
+	symGpuMaxPcieLinkGeneration = "nvmlDeviceGetGpuMaxPcieLinkGeneration" // 525 and later
+	symMaxPcieLinkWidth         = "nvmlDeviceGetMaxPcieLinkWidth"
 
 	symMigMode                = "nvmlDeviceGetMigMode"
 	symMaxMigDeviceCount      = "nvmlDeviceGetMaxMigDeviceCount"
@@ -61,12 +71,19 @@ type readingFunc struct {
 var readingFuncs = []readingFunc{
 	{ReadingECC, health.CheckECC, []string{symTotalEccErrors}},
 	{ReadingRemappedRows, health.CheckRowRemap, []string{symRemappedRows}},
+	{ReadingRowRemapHistogram, health.CheckRowRemapHistogram, []string{symRowRemapperHistogram}},
+	{ReadingSRAM, health.CheckSRAM, []string{symSramEccErrorStatus}},
 	{ReadingRetiredPages, health.CheckRetiredPages, []string{symRetiredPagesPending}},
 	{ReadingTemperature, health.CheckThermal, []string{symTemperature}},
 	{ReadingPower, "", []string{symPowerUsage}},
 	{ReadingClockEvents, health.CheckClockEvents, []string{symClocksEventReasons, symClocksThrottleReasons}},
 	{ReadingPCIeReplays, health.CheckPCIeReplays, []string{symPcieReplayCounter}},
+	// The current generation and width are the reading; the maximums, looked up on their own,
+	// are what it is compared with.
+	{ReadingPCIeLink, health.CheckPCIeLink, []string{symCurrPcieLinkWidth}},
+	{ReadingFabric, health.CheckFabric, []string{symGpuFabricInfoV, symGpuFabricInfo}},
 	{ReadingNVLink, health.CheckNVLink, []string{symNvLinkState}},
+	{ReadingNVLinkRecoveries, health.CheckNVLinkRecoveries, []string{symFieldValues}},
 	{ReadingRecoveryAction, health.CheckRecoveryAction, []string{symFieldValues}},
 }
 
@@ -86,7 +103,7 @@ var (
 	eventSymbols = []string{symEventSetCreate, symEventSetFree, symSupportedEventTypes, symRegisterEvents}
 	// Looked up on their own: one missing leaves the rest of a reading working.
 	partSymbols = []string{symEccMode, symTemperatureThreshold, symEnforcedPowerLimit, symNvLinkErrorCounter, symEventSetWait, symEventSetWaitV2,
-		symArchitecture, symGpuFabricInfo}
+		symArchitecture, symCurrPcieLinkGeneration, symMaxPcieLinkGeneration, symGpuMaxPcieLinkGeneration, symMaxPcieLinkWidth}
 )
 
 // symbols records which optional NVML functions the loaded library lacks.
@@ -110,13 +127,19 @@ func lookupSymbols(lib nvml.Interface) symbols {
 	return s
 }
 
-// optionalSymbols lists every optional function the backend may call.
+// optionalSymbols lists every optional function the backend may call, each once.
 func optionalSymbols() []string {
 	var all []string
 	for _, f := range readingFuncs {
 		all = append(all, f.anyOf...)
 	}
-	return append(append(append(all, migSymbols...), eventSymbols...), partSymbols...)
+	all = append(append(append(all, migSymbols...), eventSymbols...), partSymbols...)
+	seen := map[string]bool{}
+	return slices.DeleteFunc(all, func(name string) bool {
+		dup := seen[name]
+		seen[name] = true
+		return dup
+	})
 }
 
 // has reports whether the library has the function.
