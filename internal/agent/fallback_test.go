@@ -368,7 +368,8 @@ func TestRestoreAtStart(t *testing.T) {
 	p.xid("GPU-1", 79, 2*time.Minute) // the checkpoint write fails
 	client := nodeClient(map[string]string{gpuhealthv1.HealthKey: p.report()})
 	// A newer release's checkpoint names a newer version; its data is the same.
-	newer := bytes.Replace(saved, []byte(`"version": 1,`), []byte(`"version": 2,`), 1)
+	newer := bytes.Replace(saved, []byte(fmt.Sprintf(`"version": %d,`, health.CheckpointVersion)),
+		[]byte(fmt.Sprintf(`"version": %d,`, health.CheckpointVersion+1)), 1)
 	if bytes.Equal(newer, saved) {
 		t.Fatal("no version in the checkpoint")
 	}
@@ -383,9 +384,9 @@ func TestRestoreAtStart(t *testing.T) {
 		{name: "the report is newer than the checkpoint", file: saved, bootTime: bootAt, want: both,
 			logs: []string{`"msg"="Restored sticky faults from the node's gpu-health annotation" "gpus"=1 "faults"=1 "checkpoint"=true`}},
 		{name: "a newer release's checkpoint", file: newer, bootTime: bootAt, want: both,
-			logs: []string{`"msg"="The checkpoint holds what this release does not know`, `"version"=2 "supportedVersion"=1`}},
+			logs: []string{`"msg"="The checkpoint holds what this release does not know`, fmt.Sprintf(`"version"=%d "supportedVersion"=%d`, health.CheckpointVersion+1, health.CheckpointVersion)}},
 		{name: "no boot time: only the checkpoint", file: newer, want: []string{"GPU-0 XID/48 Unhealthy since=1m0s from checkpoint"},
-			logs: []string{`"version"=2`}},
+			logs: []string{fmt.Sprintf(`"version"=%d`, health.CheckpointVersion+1)}},
 		{name: "a corrupt checkpoint: everything reported in this boot", file: []byte("{not a checkpoint"), bootTime: bootAt,
 			want: []string{"GPU-0 XID/48 Unhealthy since=1m0s from report", "GPU-1 XID/79 Unhealthy since=2m0s from report"},
 			logs: []string{`"checkpoint"=false`}},
