@@ -248,14 +248,9 @@ func (r clearResult) now() string {
 	return "now " + r.health.String() + ", still " + strings.Join(r.remaining, ", ")
 }
 
-// clearConditions ends the conditions sel selects on the GPU uuid and on its MIG instances, and
-// publishes the result.
-//
-// The Monitor has no method for this, so it goes through the Monitor's Tracker and a Tick
-// publishes the new snapshot at once (reporters and the checkpoint follow it); the transitions
-// the clear causes reach no subscriber, so the GPURecovered Event and the transition metric miss
-// them (the GPUConditionsCleared Event says what changed). A Monitor.ClearCondition would carry
-// them.
+// clearConditions ends the conditions sel selects on the GPU uuid and on its MIG instances
+// through the Monitor, which publishes each change with its transitions (reporters, the
+// checkpoint, the GPURecovered Event and the transition metric follow).
 func clearConditions(m *health.Monitor, uuid string, sel gpuhealthv1.ConditionSelector, now time.Time) clearResult {
 	tracker := m.Tracker()
 	snap := tracker.Snapshot()
@@ -285,12 +280,9 @@ func clearConditions(m *health.Monitor, uuid string, sel gpuhealthv1.ConditionSe
 		}
 	}
 	for _, tg := range targets {
-		if _, changed, err := tracker.ClearCondition(tg.uuid, tg.typ, tg.code, now, nil); err == nil && changed && !slices.Contains(res.cleared, tg.reason) {
+		if changed, err := m.ClearCondition(tg.uuid, tg.typ, tg.code, now); err == nil && changed && !slices.Contains(res.cleared, tg.reason) {
 			res.cleared = append(res.cleared, tg.reason)
 		}
-	}
-	if len(res.cleared) > 0 {
-		m.Tick(now)
 	}
 	after := findDevice(tracker.Snapshot(), gpu.Device.UUID)
 	res.health = after.Health

@@ -91,6 +91,19 @@ func (m *Monitor) SetDrains(drained map[string]string, now time.Time) []string {
 	return unknown
 }
 
+// ClearCondition ends a condition by hand (see Tracker.ClearCondition: an administrator's
+// decision; a zero condType clears every condition of the device) and publishes the result, its
+// transitions included. It reports whether anything cleared.
+func (m *Monitor) ClearCondition(uuid string, condType ConditionType, code uint32, now time.Time) (bool, error) {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	var cleared bool
+	var err error
+	m.buf, cleared, err = m.tracker.ClearCondition(uuid, condType, code, now, m.buf[:0])
+	m.publishLocked()
+	return cleared, err
+}
+
 // Tick expires quiet periods as of now; call it periodically.
 func (m *Monitor) Tick(now time.Time) {
 	m.feed.Lock()
