@@ -259,8 +259,7 @@ func (n *node) apply(ev sim.Event) error {
 		case sim.EventReadsLower:
 			g.readsLower[ev.Reading] = true
 		case sim.EventFabric:
-			g.fabric = map[string]uint64{sim.FabricNotStarted: fabricNotStarted, sim.FabricInProgress: fabricInProgress,
-				sim.FabricCompleted: fabricCompleted}[ev.FabricState]
+			g.fabric = uint64(ev.Fabric.State) // NVML_GPU_FABRIC_STATE_*, as health.FabricState numbers them
 		case sim.EventMIG:
 			n.setMIG(g, ev.GPU, ev.MIGCount)
 			n.deliver(event{dev: wire, typ: eventMIGConfigChange, gpuInst: noInstance, ciInst: noInstance})

@@ -57,6 +57,18 @@ const (
 	EventReboot            EventKind = "reboot"
 	// EventKmsg is a kernel-log line, parsed by pkg/gpu/kmsg as the agent parses /dev/kmsg.
 	EventKmsg EventKind = "kmsg"
+	// EventFabric sets the GPU's NVLink fabric registration as Fabric Manager reports it
+	// (nvmlDeviceGetGpuFabricInfoV): Fabric's state, status and health flags.
+	EventFabric EventKind = "fabric"
+	// EventRowRemapHistogram sets the row remapper's banks with few (BanksLow) and no
+	// (BanksNone) spare rows left.
+	EventRowRemapHistogram EventKind = "rowRemapHistogram"
+	// EventSRAM sets whether the SRAM ECC errors exceeded the driver's threshold.
+	EventSRAM EventKind = "sramThresholdExceeded"
+	// EventPCIeLink retrains the PCIe link: PCIeLink's non-zero fields replace the GPU's.
+	EventPCIeLink EventKind = "pcieLink"
+	// EventNVLinkRecoveries adds to a link's lifetime recovery counts (successful, failed).
+	EventNVLinkRecoveries EventKind = "nvlinkRecoveries"
 
 	// Events only a driver can answer: the simulated driver (gpuhealth sim-driver serve) serves
 	// them; the sim backend, which reads no NVML, refuses them (ParseScenario) so that no
@@ -72,9 +84,6 @@ const (
 	// EventReadsLower makes the next read of the counter Reading answer less than the last one
 	// did (0), once: a glitch, not a reset.
 	EventReadsLower EventKind = "readsLower"
-	// EventFabric sets the GPU's NVLink fabric state as Fabric Manager reports it through
-	// nvmlDeviceGetGpuFabricInfo (FabricState: notStarted, inProgress or completed).
-	EventFabric EventKind = "fabric"
 	// EventMIG changes the GPU's MIG layout at run time (MIGCount instances; 0 turns MIG mode
 	// off), as mig-parted or nvidia-smi mig do, and sends NVML's MIG configuration-change event.
 	EventMIG EventKind = "migInstances"
@@ -83,7 +92,7 @@ const (
 // DriverOnly reports whether events of kind k are answered by the simulated driver only.
 func (k EventKind) DriverOnly() bool {
 	switch k {
-	case EventDriver, EventHang, EventOutOfRange, EventReadsLower, EventFabric, EventMIG:
+	case EventDriver, EventHang, EventOutOfRange, EventReadsLower, EventMIG:
 		return true
 	}
 	return false
@@ -105,12 +114,38 @@ const (
 // FabricStates lists the fabric states an EventFabric may set.
 var FabricStates = []string{FabricNotStarted, FabricInProgress, FabricCompleted}
 
+var fabricStates = map[string]health.FabricState{
+	FabricNotStarted: health.FabricNotStarted, FabricInProgress: health.FabricInProgress, FabricCompleted: health.FabricCompleted,
+}
+
+// FabricHealthFlags lists the fabric health flags an EventFabric may set, as nvml.h's
+// NVML_GPU_FABRIC_HEALTH_MASK_* name them.
+var FabricHealthFlags = []string{"degradedBandwidth", "routeRecovery", "routeUnhealthy", "accessTimeoutRecovery"}
+
+// MaxFabricStatus bounds a fabric registration's status, an nvmlReturn_t (NVML_ERROR_UNKNOWN is
+// 999).
+const MaxFabricStatus = 999
+
+// The simulated GPUs' row remapper and PCIe link.
+const (
+	// RemapBanks is how many banks a simulated GPU's row remapper has.
+	RemapBanks = 640
+	// PCIeGen and PCIeWidth are a simulated GPU's PCIe link: gen 5 x16, the most it can.
+	PCIeGen   = 5
+	PCIeWidth = 16
+	// MaxPCIeGen is the highest PCIe generation a scenario may train a link to.
+	MaxPCIeGen = 6
+)
+
+// PCIeWidths are the link widths PCIe has.
+var PCIeWidths = []uint8{1, 2, 4, 8, 12, 16, 32}
+
 // MaxHang is the longest a hang event may make calls wait.
 const MaxHang = 10 * time.Minute
 
 // Readings that outOfRange and readsLower events name.
 var (
-	OutOfRangeReadings = []string{"temperature", "ecc", "power", "pcieReplays"}
+	OutOfRangeReadings = []string{"temperature", "ecc", "power", "pcieReplays", "pcieLink", "rowRemapHistogram"}
 	ReadsLowerReadings = []string{"ecc", "pcieReplays"}
 )
 
@@ -173,13 +208,21 @@ type Event struct {
 	// Kmsg is the kernel-log record of an EventKmsg: a message logged by the kernel, or a
 	// whole /dev/kmsg record ("3,1042,4909922970,-;NVRM: ..."), whose facility then counts.
 	Kmsg kmsg.Record
+	// Fabric is an EventFabric's registration: state, status and health flags.
+	Fabric health.FabricReading
+	// BanksLow and BanksNone are an EventRowRemapHistogram's; SRAMThresholdExceeded an
+	// EventSRAM's; PCIeLink an EventPCIeLink's (zero fields keep the GPU's);
+	// RecoveriesSuccessful and RecoveriesFailed an EventNVLinkRecoveries' increases of Link's
+	// counts.
+	BanksLow, BanksNone                    uint32
+	SRAMThresholdExceeded                  bool
+	PCIeLink                               health.PCIeLinkReading
+	RecoveriesSuccessful, RecoveriesFailed uint64
 	// DriverAction is DriverUnload or DriverLoad (EventDriver); Hang how long calls hang
-	// (EventHang); Reading the reading an EventOutOfRange or EventReadsLower concerns;
-	// FabricState the state of an EventFabric.
+	// (EventHang); Reading the reading an EventOutOfRange or EventReadsLower concerns.
 	DriverAction string
 	Hang         time.Duration
 	Reading      string
-	FabricState  string
 	// MIGCount is the GPU's number of MIG instances after an EventMIG (0: MIG mode off).
 	MIGCount int
 }
@@ -208,27 +251,115 @@ type eventSpec struct {
 	GPUInstance     *uint32   `yaml:"gpuInstance"`
 	ComputeInstance *uint32   `yaml:"computeInstance"`
 
-	XID               *uint32    `yaml:"xid"`
-	XIDSeverity       *string    `yaml:"xidSeverity"`
-	CausedByPrevious  *bool      `yaml:"causedByPrevious"`
-	ECC               *eccSpec   `yaml:"ecc"`
-	RemappedRows      *rowsSpec  `yaml:"remappedRows"`
-	RetiredPages      *pagesSpec `yaml:"retiredPages"`
-	TemperatureC      *int64     `yaml:"temperatureC"`
-	ClockEventReasons *[]string  `yaml:"clockEventReasons"`
-	PCIeReplays       *int64     `yaml:"pcieReplays"`
-	NVLink            *linkSpec  `yaml:"nvlink"`
-	RecoveryAction    *string    `yaml:"recoveryAction"`
-	Lost              *bool      `yaml:"lost"`
-	Reset             *bool      `yaml:"reset"`
-	Reboot            *bool      `yaml:"reboot"`
-	Kmsg              *string    `yaml:"kmsg"`
-	Driver            *string    `yaml:"driver"`
-	Hang              *duration  `yaml:"hang"`
-	OutOfRange        *string    `yaml:"outOfRange"`
-	ReadsLower        *string    `yaml:"readsLower"`
-	Fabric            *string    `yaml:"fabric"`
-	MIGInstances      *int       `yaml:"migInstances"`
+	XID               *uint32         `yaml:"xid"`
+	XIDSeverity       *string         `yaml:"xidSeverity"`
+	CausedByPrevious  *bool           `yaml:"causedByPrevious"`
+	ECC               *eccSpec        `yaml:"ecc"`
+	RemappedRows      *rowsSpec       `yaml:"remappedRows"`
+	RetiredPages      *pagesSpec      `yaml:"retiredPages"`
+	TemperatureC      *int64          `yaml:"temperatureC"`
+	ClockEventReasons *[]string       `yaml:"clockEventReasons"`
+	PCIeReplays       *int64          `yaml:"pcieReplays"`
+	NVLink            *linkSpec       `yaml:"nvlink"`
+	RecoveryAction    *string         `yaml:"recoveryAction"`
+	Lost              *bool           `yaml:"lost"`
+	Reset             *bool           `yaml:"reset"`
+	Reboot            *bool           `yaml:"reboot"`
+	Kmsg              *string         `yaml:"kmsg"`
+	Driver            *string         `yaml:"driver"`
+	Hang              *duration       `yaml:"hang"`
+	OutOfRange        *string         `yaml:"outOfRange"`
+	ReadsLower        *string         `yaml:"readsLower"`
+	Fabric            *fabricSpec     `yaml:"fabric"`
+	MIGInstances      *int            `yaml:"migInstances"`
+	RowRemapHistogram *histogramSpec  `yaml:"rowRemapHistogram"`
+	SRAMExceeded      *bool           `yaml:"sramThresholdExceeded"`
+	PCIeLink          *pcieLinkSpec   `yaml:"pcieLink"`
+	NVLinkRecoveries  *recoveriesSpec `yaml:"nvlinkRecoveries"`
+}
+
+type histogramSpec struct {
+	Low  *uint32 `yaml:"low"`
+	None *uint32 `yaml:"none"`
+}
+
+type pcieLinkSpec struct {
+	Gen      *uint8 `yaml:"gen"`
+	MaxGen   *uint8 `yaml:"maxGen"`
+	Width    *uint8 `yaml:"width"`
+	MaxWidth *uint8 `yaml:"maxWidth"`
+}
+
+type recoveriesSpec struct {
+	Link       *uint32 `yaml:"link"`
+	Successful *uint64 `yaml:"successful"`
+	Failed     *uint64 `yaml:"failed"`
+}
+
+// fabricSpec is a fabric event's value: a state ("inProgress"), or a mapping of state, status
+// (an nvmlReturn_t) and health flags. It decodes itself, as strictly as the rest of the file.
+type fabricSpec struct {
+	State  string
+	Status uint32
+	Health []string
+}
+
+func (f *fabricSpec) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	shape := fmt.Errorf("line %d: fabric must be a state (%s) or a mapping of state, status and health", n.Line, strings.Join(FabricStates, ", "))
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.ShortTag() != "!!str" {
+			return shape
+		}
+		f.State = n.Value
+		return nil
+	case yaml.MappingNode:
+	default:
+		return shape
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if v.Kind == yaml.AliasNode && v.Alias != nil {
+			v = v.Alias
+		}
+		if seen[k.Value] {
+			return fmt.Errorf("line %d: fabric: %s given twice", k.Line, k.Value)
+		}
+		seen[k.Value] = true
+		switch k.Value {
+		case "state":
+			if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!str" {
+				return fmt.Errorf("line %d: fabric.state: must be one of %s", v.Line, strings.Join(FabricStates, ", "))
+			}
+			f.State = v.Value
+		case "status":
+			st, err := strconv.ParseUint(v.Value, 10, 32)
+			if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" || err != nil || st > MaxFabricStatus {
+				return fmt.Errorf("line %d: fabric.status: must be an nvmlReturn_t from 0 (success) to %d, got %q", v.Line, MaxFabricStatus, v.Value)
+			}
+			f.Status = uint32(st)
+		case "health":
+			if v.Kind != yaml.SequenceNode {
+				return fmt.Errorf("line %d: fabric.health: must be a list of %s", v.Line, strings.Join(FabricHealthFlags, ", "))
+			}
+			for _, h := range v.Content {
+				if h.Kind != yaml.ScalarNode || !slices.Contains(FabricHealthFlags, h.Value) {
+					return fmt.Errorf("line %d: fabric.health: %q is none of %s", h.Line, h.Value, strings.Join(FabricHealthFlags, ", "))
+				}
+				f.Health = append(f.Health, h.Value)
+			}
+		default:
+			return fmt.Errorf("line %d: fabric: unknown field %q (want state, status, health)", k.Line, k.Value)
+		}
+	}
+	if f.State == "" {
+		return fmt.Errorf("line %d: fabric.state: required (%s)", n.Line, strings.Join(FabricStates, ", "))
+	}
+	return nil
 }
 
 type eccSpec struct {
@@ -465,10 +596,14 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 	add(spec.OutOfRange != nil, EventOutOfRange)
 	add(spec.ReadsLower != nil, EventReadsLower)
 	add(spec.Fabric != nil, EventFabric)
+	add(spec.RowRemapHistogram != nil, EventRowRemapHistogram)
+	add(spec.SRAMExceeded != nil, EventSRAM)
+	add(spec.PCIeLink != nil, EventPCIeLink)
+	add(spec.NVLinkRecoveries != nil, EventNVLinkRecoveries)
 	add(spec.MIGInstances != nil, EventMIG)
 	switch len(kinds) {
 	case 0:
-		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg (and, for the simulated driver, driver, hang, outOfRange, readsLower, fabric, migInstances)")
+		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg, fabric, rowRemapHistogram, sramThresholdExceeded, pcieLink, nvlinkRecoveries (and, for the simulated driver, driver, hang, outOfRange, readsLower, migInstances)")
 	case 1:
 		ev.Kind = kinds[0]
 	default:
@@ -628,10 +763,45 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 		}
 		ev.Reading = *spec.ReadsLower
 	case EventFabric:
-		if !slices.Contains(FabricStates, *spec.Fabric) {
-			return ev, fmt.Errorf("fabric: must be one of %s, got %q", strings.Join(FabricStates, ", "), *spec.Fabric)
+		return ev, fabricEvent(*spec.Fabric, &ev)
+	case EventRowRemapHistogram:
+		h := spec.RowRemapHistogram
+		if h.Low == nil && h.None == nil {
+			return ev, errors.New("rowRemapHistogram: set low or none (banks with few or no spare rows left; what is absent is 0)")
 		}
-		ev.FabricState = *spec.Fabric
+		if h.Low != nil {
+			ev.BanksLow = *h.Low
+		}
+		if h.None != nil {
+			ev.BanksNone = *h.None
+		}
+		if uint64(ev.BanksLow)+uint64(ev.BanksNone) > RemapBanks {
+			return ev, fmt.Errorf("rowRemapHistogram: %d low and %d none is more than the %d banks a simulated GPU has", ev.BanksLow, ev.BanksNone, RemapBanks)
+		}
+	case EventSRAM:
+		ev.SRAMThresholdExceeded = *spec.SRAMExceeded
+	case EventPCIeLink:
+		return ev, pcieLinkEvent(*spec.PCIeLink, &ev)
+	case EventNVLinkRecoveries:
+		r := spec.NVLinkRecoveries
+		switch {
+		case r.Link == nil:
+			return ev, errors.New("nvlinkRecoveries.link: required")
+		case *r.Link >= MaxNVLinks:
+			return ev, fmt.Errorf("nvlinkRecoveries.link: must be below %d, got %d", MaxNVLinks, *r.Link)
+		case r.Successful == nil && r.Failed == nil:
+			return ev, errors.New("nvlinkRecoveries: set successful or failed (an increase of the link's recovery count)")
+		}
+		ev.Link = *r.Link
+		if r.Successful != nil {
+			ev.RecoveriesSuccessful = *r.Successful
+		}
+		if r.Failed != nil {
+			ev.RecoveriesFailed = *r.Failed
+		}
+		if ev.RecoveriesSuccessful > maxRecoveriesIncrease || ev.RecoveriesFailed > maxRecoveriesIncrease {
+			return ev, fmt.Errorf("nvlinkRecoveries: an increase of at most %d", maxRecoveriesIncrease)
+		}
 	case EventMIG:
 		if *spec.MIGInstances < 0 || *spec.MIGInstances > MaxMIGInstances {
 			return ev, fmt.Errorf("migInstances: must be between 0 (MIG off) and %d, got %d", MaxMIGInstances, *spec.MIGInstances)
@@ -639,6 +809,74 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 		ev.MIGCount = *spec.MIGInstances
 	}
 	return ev, nil
+}
+
+// maxRecoveriesIncrease bounds one event's increase of an NVLink recovery count, far below
+// where NVML's counts stop being believed (pkg/gpu/nvml's MaxPlausibleNVLinkRecoveries, 2^32).
+const maxRecoveriesIncrease = 1_000_000
+
+// fabricEvent checks a fabric event's state, status and health flags.
+func fabricEvent(f fabricSpec, ev *Event) error {
+	state, ok := fabricStates[f.State]
+	if !ok {
+		return fmt.Errorf("fabric: must be one of %s, got %q", strings.Join(FabricStates, ", "), f.State)
+	}
+	if f.Status != 0 && state != health.FabricCompleted {
+		return fmt.Errorf("fabric.status: only a completed registration has a status (the state is %s)", f.State)
+	}
+	ev.Fabric = health.FabricReading{State: state, Status: f.Status}
+	for _, h := range f.Health {
+		switch h {
+		case "degradedBandwidth":
+			ev.Fabric.DegradedBandwidth = true
+		case "routeRecovery":
+			ev.Fabric.RouteRecovery = true
+		case "routeUnhealthy":
+			ev.Fabric.RouteUnhealthy = true
+		case "accessTimeoutRecovery":
+			ev.Fabric.AccessTimeoutRecovery = true
+		}
+	}
+	return nil
+}
+
+// pcieLinkEvent checks a pcieLink event: generations 1 to MaxPCIeGen, widths PCIe has, and a
+// link trained at most as fast and as wide as the maximum given with it.
+func pcieLinkEvent(l pcieLinkSpec, ev *Event) error {
+	if l.Gen == nil && l.MaxGen == nil && l.Width == nil && l.MaxWidth == nil {
+		return errors.New("pcieLink: set gen, maxGen, width or maxWidth (what is absent stays as it was)")
+	}
+	for _, g := range []struct {
+		name string
+		v    *uint8
+		into *uint8
+	}{{"gen", l.Gen, &ev.PCIeLink.Gen}, {"maxGen", l.MaxGen, &ev.PCIeLink.MaxGen}} {
+		if g.v == nil {
+			continue
+		}
+		if *g.v < 1 || *g.v > MaxPCIeGen {
+			return fmt.Errorf("pcieLink.%s: must be a PCIe generation from 1 to %d, got %d", g.name, MaxPCIeGen, *g.v)
+		}
+		*g.into = *g.v
+	}
+	for _, w := range []struct {
+		name string
+		v    *uint8
+		into *uint8
+	}{{"width", l.Width, &ev.PCIeLink.Width}, {"maxWidth", l.MaxWidth, &ev.PCIeLink.MaxWidth}} {
+		if w.v == nil {
+			continue
+		}
+		if !slices.Contains(PCIeWidths, *w.v) {
+			return fmt.Errorf("pcieLink.%s: must be a PCIe link width (1, 2, 4, 8, 12, 16 or 32), got %d", w.name, *w.v)
+		}
+		*w.into = *w.v
+	}
+	p := ev.PCIeLink
+	if p.Gen > 0 && p.MaxGen > 0 && p.Gen > p.MaxGen || p.Width > 0 && p.MaxWidth > 0 && p.Width > p.MaxWidth {
+		return fmt.Errorf("pcieLink: gen %d x%d is more than the most the link can (gen %d x%d)", p.Gen, p.Width, p.MaxGen, p.MaxWidth)
+	}
+	return nil
 }
 
 func (sc *Scenario) resolveGPU(ref gpuRef, ev *Event) error {

@@ -446,7 +446,6 @@ func TestDriverOnlyEvents(t *testing.T) {
 		{"{at: 1s, gpu: 1, hang: 30s}", sim.Event{Kind: sim.EventHang, GPU: 1, Hang: 30 * time.Second}},
 		{"{at: 1s, gpu: 1, outOfRange: temperature}", sim.Event{Kind: sim.EventOutOfRange, GPU: 1, Reading: "temperature"}},
 		{"{at: 1s, gpu: 1, readsLower: ecc}", sim.Event{Kind: sim.EventReadsLower, GPU: 1, Reading: "ecc"}},
-		{"{at: 1s, gpu: 2, fabric: inProgress}", sim.Event{Kind: sim.EventFabric, GPU: 2, FabricState: sim.FabricInProgress}},
 	} {
 		t.Run(string(tc.want.Kind), func(t *testing.T) {
 			doc := []byte(scenario("", tc.event))
@@ -456,7 +455,7 @@ func TestDriverOnlyEvents(t *testing.T) {
 			}
 			got := sc.Events[0]
 			if got.Kind != tc.want.Kind || got.GPU != tc.want.GPU || got.DriverAction != tc.want.DriverAction ||
-				got.Hang != tc.want.Hang || got.Reading != tc.want.Reading || got.FabricState != tc.want.FabricState {
+				got.Hang != tc.want.Hang || got.Reading != tc.want.Reading {
 				t.Errorf("parsed %+v, want %+v", got, tc.want)
 			}
 			_, err = sim.ParseScenario(doc)
@@ -465,8 +464,8 @@ func TestDriverOnlyEvents(t *testing.T) {
 			}
 		})
 	}
-	_, err := sim.ParseDriverScenario([]byte(scenario("", "{at: 1s, gpu: 2, fabric: degraded}")))
-	if err == nil || !strings.Contains(err.Error(), "fabric: must be one of notStarted, inProgress, completed") {
-		t.Errorf("a bad fabric state = %v", err)
+	_, err := sim.ParseDriverScenario([]byte(scenario("", "{at: 1s, gpu: 2, outOfRange: fabric}")))
+	if err == nil || !strings.Contains(err.Error(), "outOfRange: must be one of") {
+		t.Errorf("a bad outOfRange reading = %v", err)
 	}
 }
