@@ -395,3 +395,32 @@ func TestTheHealthOverTimeExample(t *testing.T) {
 		t.Errorf("device-plugin profile: findings %+v, want none", res.Findings)
 	}
 }
+
+// The early warnings example: one condition per GPU, each where examples/early-warnings.yaml
+// says, and the fabric registration still pending after ten minutes.
+func TestTheEarlyWarningsExample(t *testing.T) {
+	sc := load(t, filepath.Join("..", "..", "examples", "early-warnings.yaml"))
+	res := run(t, sc, nil)
+	want := []string{
+		"0 Unhealthy FabricRegistrationFailed 30s",
+		"1 Degraded FabricRegistrationPending 10m0s",
+		"2 Degraded FabricBandwidthDegraded 30s",
+		"3 Degraded RowRemapAvailabilityLow 1m0s",
+		"4 Degraded RowRemapAvailabilityNone 1m0s",
+		"5 Degraded SRAMECCThresholdExceeded 2m0s",
+		"6 Degraded PCIeLinkDegraded 2m0s",
+		"7 Degraded NVLinkRecoveriesRising 8m0s",
+	}
+	var got []string
+	for _, d := range res.Devices {
+		for _, c := range d.Conditions {
+			got = append(got, fmt.Sprintf("%d %s %s %s", d.Index, d.Health, c.Reason, time.Duration(c.Since)))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("conditions\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if len(res.Transitions) != len(want) {
+		t.Errorf("transitions %q, want one per GPU", transitionLines(res))
+	}
+}
