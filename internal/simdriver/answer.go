@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // How the simulator answers each call of the library: the node's state (node.go) as NVML
@@ -233,11 +234,56 @@ func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, res
 			resp.V[0] = l.crc
 		}
 	case opField:
-		if req.A != fieldRecoveryAction {
+		switch req.A {
+		case fieldRecoveryAction:
+			resp.V[0], resp.V[1] = uint64(g.recovery), valueTypeUint
+		case fieldNVLinkRecoverySuccessful, fieldNVLinkRecoveryFailed:
+			// The link is the field's scope (B).
+			l := g.links[req.B]
+			if l == nil {
+				resp.Ret = retNotSupported
+				return
+			}
+			resp.V[0], resp.V[1] = l.recovered, valueTypeULongLong
+			if req.A == fieldNVLinkRecoveryFailed {
+				resp.V[0] = l.failed
+			}
+		default:
 			resp.Ret = retNotSupported
 			return
 		}
-		resp.V[0], resp.V[1], resp.V[2] = uint64(g.recovery), valueTypeUint, uint64(time.Now().UnixMicro())
+		resp.V[2] = uint64(time.Now().UnixMicro())
+	case opRowRemapHistogram:
+		if mig {
+			resp.Ret = retNotSupported // as GetRemappedRows: no row remapper readings in MIG mode
+			return
+		}
+		none := uint64(g.banksNone)
+		if glitch(g.outOfRange, "rowRemapHistogram") {
+			none = math.MaxUint32
+		}
+		resp.V[0] = uint64(sim.RemapBanks - g.banksLow - g.banksNone) // every other bank has all its spare rows
+		resp.V[3], resp.V[4] = uint64(g.banksLow), none
+	case opSRAMStatus:
+		resp.V[3] = b2u(g.sramExceeded)
+	case opPCIeLink:
+		switch req.A {
+		case pcieCurrGen:
+			resp.V[0] = uint64(g.pcie.Gen)
+		case pcieCurrWidth:
+			resp.V[0] = uint64(g.pcie.Width)
+			if glitch(g.outOfRange, "pcieLink") {
+				resp.V[0] = pcieLinkGlitch
+			}
+		case pcieMaxGen:
+			resp.V[0] = uint64(g.pcie.MaxGen)
+		case pcieMaxWidth:
+			resp.V[0] = uint64(g.pcie.MaxWidth)
+		case pcieGPUMaxGen:
+			resp.V[0] = sim.PCIeGen // the GPU's own, whatever the slot
+		default:
+			resp.Ret = retInvalidArgument
+		}
 	case opMIGMode:
 		resp.V[0] = b2u(len(g.migUUIDs) > 0)
 		resp.V[1] = resp.V[0]
@@ -262,9 +308,10 @@ func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, res
 			resp.Ret = retNotSupported
 			return
 		}
-		// The probe's status, the clique and the cluster UUID are what Fabric Manager reports
-		// for a registered GPU; only the state changes.
-		resp.V[0], resp.V[1], resp.V[2] = g.fabric, retSuccess, 1
+		// The clique and the cluster UUID are what Fabric Manager reports for a registered GPU;
+		// the state, the status and the health mask are the scenario's.
+		resp.V[0], resp.V[1], resp.V[2] = g.fabric, uint64(g.fabricStatus), 1
+		resp.V[3], resp.V[4] = fabricMask(g.fabricHealth)
 		resp.setStr("gpuhealth-sim-cl") // NVML_GPU_FABRIC_UUID_LEN (16) bytes
 	case opSupportedEvents:
 		resp.V[0] = supportedEvents
@@ -309,6 +356,32 @@ func (n *node) next(pid, id uint32, resp *response) (wake <-chan struct{}, done 
 		}
 	}
 	return s.wake, false
+}
+
+// fabricMask encodes a fabric's health flags as nvml.h's health mask (every field TRUE or FALSE,
+// as a driver that reports them all) and its summary (NVML_GPU_FABRIC_HEALTH_SUMMARY_*: 1
+// healthy, 2 unhealthy, 3 limited capacity).
+func fabricMask(f health.FabricReading) (mask, summary uint64) {
+	for _, field := range [...]struct {
+		set   bool
+		shift uint
+	}{
+		{f.DegradedBandwidth, fabricShiftDegradedBW}, {f.RouteRecovery, fabricShiftRouteRecovery},
+		{f.RouteUnhealthy, fabricShiftRouteUnhealthy}, {f.AccessTimeoutRecovery, fabricShiftAccessTimeoutRecov},
+	} {
+		v := uint64(fabricHealthFalse)
+		if field.set {
+			v = fabricHealthTrue
+		}
+		mask |= v << field.shift
+	}
+	switch {
+	case f.RouteUnhealthy:
+		return mask, 2
+	case f.DegradedBandwidth:
+		return mask, 3
+	}
+	return mask, 1
 }
 
 // glitch reports, and forgets, a one-read glitch of reading.

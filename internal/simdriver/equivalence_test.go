@@ -69,6 +69,7 @@ var equivalenceScenarios = []equivalenceScenario{
 	{file: "pkg/gpu/sim/testdata/issue-example.yaml", differ: map[string]string{}},
 	{file: "internal/simulate/testdata/faults.yaml", differ: map[string]string{}},
 	{file: "internal/simdriver/testdata/every-event.yaml", differ: map[string]string{}},
+	{file: "examples/early-warnings.yaml", differ: map[string]string{}},
 }
 
 // notServed matches the scenario lines no driver serves: kernel-log lines (the agent reads them

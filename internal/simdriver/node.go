@@ -76,8 +76,16 @@ type gpuState struct {
 	recovery                 health.RecoveryAction
 	lost                     bool
 	// fabric is the GPU's NVLink fabric state (NVML_GPU_FABRIC_STATE_*): NOT_SUPPORTED for a
-	// GPU outside an NVLink fabric.
-	fabric uint64
+	// GPU outside an NVLink fabric. fabricStatus is the registration's nvmlReturn_t and
+	// fabricHealth its health flags.
+	fabric       uint64
+	fabricStatus uint32
+	fabricHealth health.FabricReading
+	// The early warnings: the row remapper's banks with few and no spare rows left, the SRAM ECC
+	// threshold, the PCIe link.
+	banksLow, banksNone uint32
+	sramExceeded        bool
+	pcie                health.PCIeLinkReading
 	// hangUntil makes every call on the GPU wait until then; outOfRange and readsLower are the
 	// readings whose next read answers a value out of range, or lower than the last.
 	hangUntil  time.Time
@@ -88,6 +96,8 @@ type gpuState struct {
 type linkState struct {
 	down bool
 	crc  uint64
+	// recovered and failed are the link's lifetime recovery counts: a reset does not clear them.
+	recovered, failed uint64
 }
 
 func newNode(sc *sim.Scenario, log func(string, ...any)) *node {
@@ -95,7 +105,8 @@ func newNode(sc *sim.Scenario, log func(string, ...any)) *node {
 		unsupported: map[string]bool{}, log: log}
 	for i := range sc.GPUCount {
 		g := &gpuState{index: i, uuid: sim.GPUUUID(sc.Node, i), busID: fmt.Sprintf("00000000:%02X:00.0", 0x10+i),
-			temperature: idleTemperatureC, links: map[uint32]*linkState{}, outOfRange: map[string]bool{}, readsLower: map[string]bool{}}
+			temperature: idleTemperatureC, links: map[uint32]*linkState{}, outOfRange: map[string]bool{}, readsLower: map[string]bool{},
+			pcie: health.PCIeLinkReading{Gen: sim.PCIeGen, MaxGen: sim.PCIeGen, Width: sim.PCIeWidth, MaxWidth: sim.PCIeWidth}}
 		n.byUUID[g.uuid] = uint32(i * migSlots)
 		for m := 1; m <= sc.MIGInstances[i]; m++ {
 			u := sim.MIGUUID(sc.Node, i, m)
@@ -108,7 +119,7 @@ func newNode(sc *sim.Scenario, log func(string, ...any)) *node {
 	// and are up from the start (the sim backend samples only the links the scenario names;
 	// the others never change, so health is the same). Other GPUs have no NVLink.
 	for _, ev := range append(append([]sim.Event{}, sc.Events...), sc.AfterReset...) {
-		if ev.Kind == sim.EventNVLink && len(n.gpus[ev.GPU].links) == 0 {
+		if (ev.Kind == sim.EventNVLink || ev.Kind == sim.EventNVLinkRecoveries) && len(n.gpus[ev.GPU].links) == 0 {
 			for l := range uint32(sim.MaxNVLinks) {
 				n.gpus[ev.GPU].links[l] = &linkState{}
 			}
@@ -117,7 +128,7 @@ func newNode(sc *sim.Scenario, log func(string, ...any)) *node {
 	// An SXM GPU sits in an NVSwitch system, whose Fabric Manager has registered it (COMPLETED)
 	// unless the scenario says otherwise; so does a GPU the scenario gives a fabric state.
 	for _, ev := range append(append([]sim.Event{}, sc.Events...), sc.AfterReset...) {
-		if ev.Kind == sim.EventNVLink || ev.Kind == sim.EventFabric {
+		if ev.Kind == sim.EventNVLink || ev.Kind == sim.EventNVLinkRecoveries || ev.Kind == sim.EventFabric {
 			n.gpus[ev.GPU].fabric = fabricCompleted
 		}
 	}
@@ -260,6 +271,28 @@ func (n *node) apply(ev sim.Event) error {
 			g.readsLower[ev.Reading] = true
 		case sim.EventFabric:
 			g.fabric = uint64(ev.Fabric.State) // NVML_GPU_FABRIC_STATE_*, as health.FabricState numbers them
+			g.fabricStatus, g.fabricHealth = ev.Fabric.Status, ev.Fabric
+		case sim.EventRowRemapHistogram:
+			g.banksLow, g.banksNone = ev.BanksLow, ev.BanksNone
+		case sim.EventSRAM:
+			g.sramExceeded = ev.SRAMThresholdExceeded
+		case sim.EventPCIeLink:
+			for _, f := range [...]struct{ from, into *uint8 }{
+				{&ev.PCIeLink.Gen, &g.pcie.Gen}, {&ev.PCIeLink.MaxGen, &g.pcie.MaxGen},
+				{&ev.PCIeLink.Width, &g.pcie.Width}, {&ev.PCIeLink.MaxWidth, &g.pcie.MaxWidth},
+			} {
+				if *f.from != 0 {
+					*f.into = *f.from
+				}
+			}
+		case sim.EventNVLinkRecoveries:
+			l := g.links[ev.Link]
+			if l == nil {
+				l = &linkState{}
+				g.links[ev.Link] = l
+			}
+			l.recovered += ev.RecoveriesSuccessful
+			l.failed += ev.RecoveriesFailed
 		case sim.EventMIG:
 			n.setMIG(g, ev.GPU, ev.MIGCount)
 			n.deliver(event{dev: wire, typ: eventMIGConfigChange, gpuInst: noInstance, ciInst: noInstance})
@@ -307,7 +340,7 @@ func (n *node) reset(g *gpuState) {
 	g.rowsPending, g.pagesPending = false, false
 	g.pcieReplays = 0
 	for _, l := range g.links {
-		*l = linkState{}
+		l.down, l.crc = false, 0 // the recovery counts are the link's lifetime's
 	}
 	g.recovery = health.RecoveryNone
 	g.temperature = idleTemperatureC

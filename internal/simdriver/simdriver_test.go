@@ -817,3 +817,84 @@ func TestDeviceNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestEarlyWarnings: the simulated driver answers the early-warning readings from its scenario
+// state, and gpuhealth's NVML backend reads them through go-nvml's real cgo path, with what each
+// profile's library has: the fabric health mask through nvmlDeviceGetGpuFabricInfoV (550 only;
+// 525 and 535 have the plain call), the SRAM ECC status from 535, the histogram, the PCIe link and
+// the NVLink recovery counts on every profile. A glitch of the driver is not believed.
+func TestEarlyWarnings(t *testing.T) {
+	const sc = "node: sd-node\ngpus: {count: 6}\nevents:\n" +
+		"  - {at: 0s, gpu: 0, fabric: {state: completed, status: 999, health: [degradedBandwidth, routeRecovery]}}\n" +
+		"  - {at: 0s, gpu: 1, rowRemapHistogram: {low: 2, none: 1}}\n" +
+		"  - {at: 0s, gpu: 2, sramThresholdExceeded: true}\n" +
+		"  - {at: 0s, gpu: 3, pcieLink: {gen: 4, width: 8}}\n" +
+		"  - {at: 0s, gpu: 4, nvlinkRecoveries: {link: 3, successful: 10, failed: 2}}\n" +
+		"  - {at: 0s, gpu: 5, outOfRange: pcieLink}\n" +
+		"  - {at: 0s, gpu: 5, outOfRange: rowRemapHistogram}\n"
+	for _, v := range []string{"470", "525", "535", "550"} {
+		t.Run(v, func(t *testing.T) {
+			s := serve(t, sc, v)
+			c := startChild(t, "probe", s.root)
+			var rep gpunvml.Report
+			if err := json.Unmarshal([]byte(<-c.lines), &rep); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.wait(); err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.GPUs) != 6 {
+				t.Fatalf("%d GPUs", len(rep.GPUs))
+			}
+			r := func(i int) gpunvml.Readings { return rep.GPUs[i].Readings }
+
+			f := r(0).Fabric
+			switch v {
+			case "470":
+				if f != nil || !strings.Contains(rep.GPUs[0].Unmonitored[gpunvml.ReadingFabric], "nvmlDeviceGetGpuFabricInfo") {
+					t.Errorf("GPU 0 fabric %+v, unmonitored %v: want none on a driver without the call", f, rep.GPUs[0].Unmonitored)
+				}
+			case "550":
+				if f == nil || f.State != 3 || f.Status != 999 || f.HealthMask == nil || !f.DegradedBandwidth || !f.RouteRecovery || f.RouteUnhealthy || f.AccessTimeoutRecovery {
+					t.Errorf("GPU 0 fabric %+v, want completed with status 999, degraded bandwidth and a route recovery (the versioned call)", f)
+				}
+			default:
+				if f == nil || f.State != 3 || f.Status != 999 || f.HealthMask != nil || f.DegradedBandwidth {
+					t.Errorf("GPU 0 fabric %+v, want completed with status 999 and no health mask (the plain call)", f)
+				}
+			}
+			if v != "470" && !slices.Contains(r(1).Unsupported, gpunvml.ReadingFabric) {
+				t.Errorf("GPU 1, outside a fabric: unsupported %v, want fabric among them", r(1).Unsupported)
+			}
+
+			if h := r(1).RowRemapHistogram; h == nil || h.Low != 2 || h.None != 1 || h.Max != sim.RemapBanks-3 {
+				t.Errorf("GPU 1 histogram %+v, want 2 low, 1 none, the rest max", h)
+			}
+			sram := r(2).SRAM
+			if v == "470" || v == "525" {
+				if sram != nil || rep.GPUs[2].Unmonitored[gpunvml.ReadingSRAM] == "" {
+					t.Errorf("GPU 2 SRAM %+v on a driver without the call, unmonitored %v", sram, rep.GPUs[2].Unmonitored)
+				}
+			} else if sram == nil || !sram.ThresholdExceeded || (r(0).SRAM != nil && r(0).SRAM.ThresholdExceeded) {
+				t.Errorf("GPU 2 SRAM %+v, want the threshold exceeded (and GPU 0 not: %+v)", sram, r(0).SRAM)
+			}
+			if l := r(3).PCIeLink; l == nil || *l != (gpunvml.PCIeLinkReading{Gen: 4, MaxGen: sim.PCIeGen, Width: 8, MaxWidth: sim.PCIeWidth}) {
+				t.Errorf("GPU 3 PCIe link %+v, want gen 4 x8 of gen 5 x16", l)
+			}
+			if l := r(0).PCIeLink; l == nil || l.Width != sim.PCIeWidth {
+				t.Errorf("GPU 0 PCIe link %+v, want x16", l)
+			}
+			recov := r(4).NVLinkRecoveries
+			if len(recov) != sim.MaxNVLinks || recov[3] != (gpunvml.NVLinkRecoveryReading{Link: 3, Successful: 10, Failed: 2}) || recov[0].Successful != 0 {
+				t.Errorf("GPU 4 NVLink recoveries %+v, want every link's, link 3 with 10 and 2", recov)
+			}
+			if len(r(1).NVLinkRecoveries) != 0 || slices.Contains(r(1).Unsupported, gpunvml.ReadingNVLinkRecoveries) {
+				t.Errorf("GPU 1, without NVLink: recoveries %+v, unsupported %v; want neither", r(1).NVLinkRecoveries, r(1).Unsupported)
+			}
+			g5 := r(5)
+			if g5.PCIeLink != nil || g5.RowRemapHistogram != nil || len(g5.Errors) != 2 {
+				t.Errorf("GPU 5 after two glitches: PCIe %+v, histogram %+v, errors %q; want neither believed", g5.PCIeLink, g5.RowRemapHistogram, g5.Errors)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package simdriver
 import (
 	"encoding/binary"
 	"io"
+	"math"
 )
 
 // The wire between the simulated libnvidia-ml.so.1 and the simulator: c/sim_wire.h, mirrored
@@ -62,6 +63,9 @@ const (
 	opUnsupported
 	opInject
 	opReset
+	opRowRemapHistogram
+	opSRAMStatus
+	opPCIeLink
 	opLast
 )
 
@@ -193,13 +197,30 @@ const (
 	brandNVIDIA = 14
 	archHopper  = 9
 
-	fieldRecoveryAction = 230
-	valueTypeUint       = 1
+	fieldRecoveryAction           = 230
+	fieldNVLinkRecoverySuccessful = 213 // NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS, the link as scope
+	fieldNVLinkRecoveryFailed     = 214 // …_FAILED_EVENTS
+	valueTypeUint                 = 1
+	valueTypeULongLong            = 3
+
+	// The parts of the PCIe link opPCIeLink answers (its a).
+	pcieCurrGen    = 0
+	pcieCurrWidth  = 1
+	pcieMaxGen     = 2 // of this device and system
+	pcieMaxWidth   = 3
+	pcieGPUMaxGen  = 4 // of the GPU alone
+	pcieLinkGlitch = math.MaxUint32
+
+	// NVML_GPU_FABRIC_HEALTH_MASK_*: each field two bits, 1 TRUE, 2 FALSE.
+	fabricHealthTrue              = 1
+	fabricHealthFalse             = 2
+	fabricShiftDegradedBW         = 0
+	fabricShiftRouteRecovery      = 2
+	fabricShiftRouteUnhealthy     = 4
+	fabricShiftAccessTimeoutRecov = 6
 
 	// NVML_GPU_FABRIC_STATE_*
 	fabricNotSupported = 0
-	fabricNotStarted   = 1
-	fabricInProgress   = 2
 	fabricCompleted    = 3
 
 	noInstance = 0xFFFFFFFF

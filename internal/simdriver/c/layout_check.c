@@ -3,7 +3,8 @@
  * checks that every versioned variant writes its own struct layout and no byte past it: the
  * unversioned nvmlDeviceGetPciInfo the pre-v2 52-byte nvmlPciInfo_t, the
  * unversioned nvmlEventSetWait the 24-byte nvmlEventData_t of old callers (Volcano's bindings),
- * _v2 the 32-byte one with the MIG instance IDs. Between registering and waiting it prints
+ * _v2 the 32-byte one with the MIG instance IDs; the versioned fabric and SRAM ECC status calls
+ * the layout their version field names. Between registering and waiting it prints
  * "registered" and reads a line, so that the test injects the events.
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
@@ -95,6 +96,27 @@ int main(int argc, char **argv) {
 		if ((ret = fabric_v(dev, buf)) != NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
 			FAIL("nvmlDeviceGetGpuFabricInfoV with version 1: %d, want ARGUMENT_VERSION_MISMATCH", ret);
 	}
+
+	/* 535 and later: the SRAM ECC status writes nvmlEccSramErrorStatus_v1 and refuses another
+	 * version. */
+	nvmlReturn_t (*sram)(nvmlDevice_t, void *) = dlsym(lib, "nvmlDeviceGetSramEccErrorStatus");
+	if (sram) {
+		memset(buf, CANARY, sizeof buf);
+		((nvmlEccSramErrorStatus_v1_t *)buf)->version = nvmlEccSramErrorStatus_v1;
+		if ((ret = sram(dev, buf)) != NVML_SUCCESS)
+			FAIL("nvmlDeviceGetSramEccErrorStatus: %d", ret);
+		canary_intact(buf, sizeof(nvmlEccSramErrorStatus_v1_t), sizeof buf, "nvmlDeviceGetSramEccErrorStatus");
+		if (((nvmlEccSramErrorStatus_v1_t *)buf)->bThresholdExceeded != 0)
+			FAIL("nvmlDeviceGetSramEccErrorStatus: threshold exceeded %u", ((nvmlEccSramErrorStatus_v1_t *)buf)->bThresholdExceeded);
+		((nvmlEccSramErrorStatus_v1_t *)buf)->version = nvmlEccSramErrorStatus_v1 + (1u << 24); /* a version 2 */
+		if ((ret = sram(dev, buf)) != NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+			FAIL("nvmlDeviceGetSramEccErrorStatus with version 2: %d, want ARGUMENT_VERSION_MISMATCH", ret);
+	}
+	nvmlReturn_t (*histogram)(nvmlDevice_t, void *) = sym("nvmlDeviceGetRowRemapperHistogram");
+	memset(buf, CANARY, sizeof buf);
+	if ((ret = histogram(dev, buf)) != NVML_SUCCESS)
+		FAIL("nvmlDeviceGetRowRemapperHistogram: %d", ret);
+	canary_intact(buf, sizeof(nvmlRowRemapperHistogramValues_t), sizeof buf, "nvmlDeviceGetRowRemapperHistogram");
 
 	nvmlEventSet_t set;
 	if ((ret = create(&set)) != NVML_SUCCESS)

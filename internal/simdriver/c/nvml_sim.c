@@ -532,6 +532,44 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, un
 
 EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t d, unsigned int *v) { return dev_u32(d, SIM_OP_PCIE_REPLAYS, 0, 0, v); }
 
+/* The PCIe link as trained and the most it can: "this device and system" for the Max calls, the
+ * GPU's own for GpuMax (sim_wire.h numbers the parts). */
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { return dev_u32(d, SIM_OP_PCIE_LINK, 0, 0, v); }
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *v) { return dev_u32(d, SIM_OP_PCIE_LINK, 1, 0, v); }
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { return dev_u32(d, SIM_OP_PCIE_LINK, 2, 0, v); }
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *v) { return dev_u32(d, SIM_OP_PCIE_LINK, 3, 0, v); }
+EXPORT nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { return dev_u32(d, SIM_OP_PCIE_LINK, 4, 0, v); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t d, nvmlRowRemapperHistogramValues_t *h) {
+	struct sim_resp r;
+	if (!h)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	nvmlReturn_t ret = dev_call(d, SIM_OP_ROW_REMAP_HISTOGRAM, 0, 0, &r);
+	if (ret == NVML_SUCCESS)
+		h->max = (unsigned)r.v[0], h->high = (unsigned)r.v[1], h->partial = (unsigned)r.v[2], h->low = (unsigned)r.v[3], h->none = (unsigned)r.v[4];
+	return ret;
+}
+
+/* nvmlEccSramErrorStatus_v1 only, as NVML refuses another version. */
+EXPORT nvmlReturn_t nvmlDeviceGetSramEccErrorStatus(nvmlDevice_t d, nvmlEccSramErrorStatus_t *st) {
+	struct sim_resp r;
+	if (!st)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (st->version != nvmlEccSramErrorStatus_v1)
+		return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+	nvmlReturn_t ret = dev_call(d, SIM_OP_SRAM_STATUS, 0, 0, &r);
+	if (ret != NVML_SUCCESS)
+		return ret;
+	unsigned int version = st->version;
+	memset(st, 0, sizeof *st);
+	st->version = version;
+	st->aggregateUncParity = r.v[0];
+	st->aggregateUncSecDed = r.v[1];
+	st->aggregateCor = r.v[2];
+	st->bThresholdExceeded = (unsigned int)r.v[3];
+	return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, nvmlEnableState_t *active) {
 	return dev_u32(d, SIM_OP_NVLINK_STATE, link, 0, (unsigned int *)active);
 }
@@ -573,7 +611,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t d, nvmlGpuFabricInfo
 
 /* 550's versioned call: nvmlGpuFabricInfo_v2 adds the version before and the health mask after;
  * _v3 also the health summary, after them (v2 is a prefix of v3). Any other version is refused,
- * as NVML refuses it. */
+ * as NVML refuses it. The simulator answers the mask in v[3] and the summary in v[4]. */
 EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInfoV_t *f) {
 	struct sim_resp r;
 	if (!f)
@@ -591,7 +629,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInf
 	full.status = (nvmlReturn_t)r.v[1];
 	full.cliqueId = (unsigned int)r.v[2];
 	memcpy(full.clusterUuid, r.s, NVML_GPU_FABRIC_UUID_LEN);
-	full.healthSummary = NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY;
+	full.healthMask = (unsigned int)r.v[3];
+	full.healthSummary = (unsigned char)r.v[4];
 	memcpy(f, &full, version == nvmlGpuFabricInfo_v2 ? sizeof(nvmlGpuFabricInfo_v2_t) : sizeof full);
 	return NVML_SUCCESS;
 }

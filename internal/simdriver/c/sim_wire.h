@@ -79,6 +79,9 @@ enum sim_op {
 	SIM_OP_UNSUPPORTED, /* s: the function's name; logged once by the simulator */
 	SIM_OP_INJECT,      /* from `sim-driver inject`: c bytes of YAML follow the request */
 	SIM_OP_RESET,       /* nvidia-smi --gpu-reset of dev: refused while another process holds it */
+	SIM_OP_ROW_REMAP_HISTOGRAM,
+	SIM_OP_SRAM_STATUS,
+	SIM_OP_PCIE_LINK, /* a: 0 current generation, 1 current width, 2 maximum generation, 3 maximum width, 4 the GPU's own maximum generation */
 	SIM_OP_LAST
 };
 
