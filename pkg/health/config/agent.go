@@ -71,6 +71,78 @@ type AgentConfig struct {
 	Heartbeat *Duration `yaml:"heartbeat,omitempty" json:"heartbeat,omitempty"`
 	// CircuitBreaker stops disruptive taint effects in a mass failure.
 	CircuitBreaker CircuitBreakerConfig `yaml:"circuitBreaker,omitempty" json:"circuitBreaker,omitempty"`
+	// Eviction evicts the pods holding a GPU whose condition asks for eviction (opt-in).
+	Eviction EvictionConfig `yaml:"eviction,omitempty" json:"eviction,omitempty"`
+}
+
+// EvictionConfig: when a GPU gets a condition that asks for eviction (XID 79, a lost GPU, ...),
+// the agent evicts the pods that hold it or one of its MIG instances through the Eviction API
+// (PodDisruptionBudgets honoured): device-plugin pods found through the kubelet's pod-resources
+// API and Volcano GPU-sharing pods by their card annotation. DRA pods are left to the
+// device-taint controller (noExecute). Every GPU whose pods are evicted takes a circuit-breaker
+// slot when the breaker is on (docs/agent.md).
+type EvictionConfig struct {
+	Enabled bool `yaml:"enabled,omitempty" json:"enabled,omitempty"`
+	// DryRun records what would be evicted (Events, the gpuhealth.dev/gpu-evictions annotation
+	// that `gpuhealth status` shows) and evicts nothing.
+	DryRun bool `yaml:"dryRun,omitempty" json:"dryRun,omitempty"`
+	// GracePeriod is how long a GPU must keep asking for eviction before its pods are evicted
+	// (default 0: at once). A condition that clears within it evicts nothing.
+	GracePeriod *Duration `yaml:"gracePeriod,omitempty" json:"gracePeriod,omitempty"`
+	// ExcludeNamespaces are never evicted from, nor reported.
+	ExcludeNamespaces []string `yaml:"excludeNamespaces,omitempty" json:"excludeNamespaces,omitempty"`
+	// ReportOnlyNamespaces get an Event on the pod saying it holds a GPU that asks for
+	// eviction, and no eviction.
+	ReportOnlyNamespaces []string `yaml:"reportOnlyNamespaces,omitempty" json:"reportOnlyNamespaces,omitempty"`
+	// DaemonSetPods lets DaemonSet pods be evicted too (default false: their controller would
+	// put them back on the same node at once). The agent's own pod is never evicted.
+	DaemonSetPods bool `yaml:"daemonSetPods,omitempty" json:"daemonSetPods,omitempty"`
+	// PodResourcesSocket is the kubelet's pod-resources socket (default
+	// /var/lib/kubelet/pod-resources/kubelet.sock).
+	PodResourcesSocket string `yaml:"podResourcesSocket,omitempty" json:"podResourcesSocket,omitempty"`
+	// Retry is how often a GPU's pods are looked at again while it asks for eviction (a PDB
+	// that blocks, an unreachable kubelet; default 10s, at least 1s).
+	Retry *Duration `yaml:"retry,omitempty" json:"retry,omitempty"`
+}
+
+// Eviction defaults.
+const (
+	DefaultEvictionRetry = 10 * time.Second
+)
+
+// WithDefaults returns a copy with defaults filled in.
+func (e EvictionConfig) WithDefaults() EvictionConfig {
+	if e.GracePeriod == nil {
+		d := Duration(0)
+		e.GracePeriod = &d
+	}
+	if e.PodResourcesSocket == "" {
+		e.PodResourcesSocket = DefaultPodResourcesSocket
+	}
+	if e.Retry == nil {
+		d := Duration(DefaultEvictionRetry)
+		e.Retry = &d
+	}
+	return e
+}
+
+func (e EvictionConfig) validate(bad func(path, format string, args ...any)) {
+	if g := e.GracePeriod; g != nil && time.Duration(*g) < 0 {
+		bad("agent.eviction.gracePeriod", "must not be negative, got %v", time.Duration(*g))
+	}
+	if r := e.Retry; r != nil && time.Duration(*r) < time.Second {
+		bad("agent.eviction.retry", "must be at least 1s, got %v", time.Duration(*r))
+	}
+	for i, ns := range e.ExcludeNamespaces {
+		if slices.Contains(e.ReportOnlyNamespaces, ns) {
+			bad(fmt.Sprintf("agent.eviction.excludeNamespaces[%d]", i), "namespace %q is also in reportOnlyNamespaces", ns)
+		}
+	}
+	for i, ns := range slices.Concat(e.ExcludeNamespaces, e.ReportOnlyNamespaces) {
+		if ns == "" {
+			bad(fmt.Sprintf("agent.eviction namespaces[%d]", i), "empty namespace name")
+		}
+	}
 }
 
 // CircuitBreakerConfig: when more than MaxFraction of the cluster's GPUs would turn NoSchedule or
@@ -159,4 +231,5 @@ func (a AgentConfig) validate(bad func(path, format string, args ...any)) {
 	if w := a.CircuitBreaker.Window; w != nil && time.Duration(*w) <= 0 {
 		bad("agent.circuitBreaker.window", "must be positive, got %v", time.Duration(*w))
 	}
+	a.Eviction.validate(bad)
 }
