@@ -25,14 +25,17 @@ func newProbeCommand() *cobra.Command {
 		Long: `probe opens NVML, lists every GPU (UUID, index, PCI bus ID, minor number, model, MIG
 instances), the health events each GPU supports, and one round of readings: ECC totals, row
 remapping, retired pages, temperature and its thresholds, power, clock-event reasons, PCIe
-replays, NVLink state and errors, and NVML's recovery action. Readings a GPU does not support
-are listed as unsupported ("no data", not a fault). Without the NVIDIA driver it exits 1.
+replays, the PCIe link as trained against the most it can, the row remapper's bank histogram,
+the SRAM ECC status, the NVLink fabric registration (and its health mask), NVLink state, errors
+and recoveries, and NVML's recovery action. Readings a GPU does not support are listed as
+unsupported ("no data", not a fault). Without the NVIDIA driver it exits 1.
 
 --raw prints instead, as JSON {"calls": [...]}, every NVML call the backend
 depends on with the driver's own answer (return text and code, and the value when it succeeded):
 which optional functions the library has, the supported event mask, ECC mode and counters,
-remapped rows and retired pages, temperature thresholds, field 230 (recovery action), each
-NVLink's state, and one event-set wait. Nothing is interpreted: it is what to compare with
+remapped rows and retired pages, temperature thresholds, field 230 (recovery action), the PCIe
+link, the row remapper histogram, the SRAM ECC status, the fabric state (both calls, v3 and v2),
+each NVLink's state and fields 213/214 (its recoveries), and one event-set wait. Nothing is interpreted: it is what to compare with
 nvidia-smi, or with the fixtures of the tests, on a new driver.
 
 --kernel-log checks the kernel log instead of NVML (no driver needed): whether this process may
@@ -182,6 +185,7 @@ func writeProbeTable(out io.Writer, rep gpunvml.Report) error {
 		if p := r.PCIeReplays; p != nil {
 			fmt.Fprintf(w, "  PCIe replays:\t%d\n", *p)
 		}
+		writeEarlyWarnings(w, r)
 		if len(r.NVLinks) > 0 {
 			down, errs, counted := 0, uint64(0), false
 			for _, l := range r.NVLinks {
@@ -199,6 +203,13 @@ func writeProbeTable(out io.Writer, rep gpunvml.Report) error {
 			}
 			fmt.Fprintf(w, "  NVLink:\t%d links, %d down, %s\n", len(r.NVLinks), down, errText)
 		}
+		if len(r.NVLinkRecoveries) > 0 {
+			var ok, failed uint64
+			for _, l := range r.NVLinkRecoveries {
+				ok, failed = ok+l.Successful, failed+l.Failed
+			}
+			fmt.Fprintf(w, "  NVLink recoveries:\t%d successful, %d failed (lifetime, %d links)\n", ok, failed, len(r.NVLinkRecoveries))
+		}
 		if a := r.RecoveryAction; a != nil {
 			fmt.Fprintf(w, "  recovery action:\t%s\n", a)
 		}
@@ -210,6 +221,31 @@ func writeProbeTable(out io.Writer, rep gpunvml.Report) error {
 		}
 	}
 	return w.Flush()
+}
+
+// writeEarlyWarnings shows the readings that warn before a GPU fails, and the fabric state.
+func writeEarlyWarnings(w io.Writer, r gpunvml.Readings) {
+	if l := r.PCIeLink; l != nil {
+		most := "unknown"
+		switch {
+		case l.MaxGen > 0 && l.MaxWidth > 0:
+			most = fmt.Sprintf("gen %d x%d", l.MaxGen, l.MaxWidth)
+		case l.MaxGen > 0:
+			most = fmt.Sprintf("gen %d, width unknown", l.MaxGen)
+		case l.MaxWidth > 0:
+			most = fmt.Sprintf("x%d, generation unknown", l.MaxWidth)
+		}
+		fmt.Fprintf(w, "  PCIe link:\tgen %d x%d (the most it can here: %s)\n", l.Gen, l.Width, most)
+	}
+	if h := r.RowRemapHistogram; h != nil {
+		fmt.Fprintf(w, "  row remapper banks:\t%d with all spare rows, %d high, %d partial, %d low, %d none\n", h.Max, h.High, h.Partial, h.Low, h.None)
+	}
+	if s := r.SRAM; s != nil {
+		fmt.Fprintf(w, "  SRAM ECC:\tthreshold exceeded %t (aggregate: %d uncorrected, %d corrected)\n", s.ThresholdExceeded, s.AggregateUncorrected, s.AggregateCorrected)
+	}
+	if f := r.Fabric; f != nil {
+		fmt.Fprintf(w, "  NVLink fabric:\t%s\n", f)
+	}
 }
 
 func orDash(s string) string {

@@ -3,6 +3,7 @@ package nvml
 import (
 	"fmt"
 	"reflect"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -25,6 +26,36 @@ type FabricReading struct {
 	RouteRecovery         bool    `json:"routeRecovery,omitempty"`
 	RouteUnhealthy        bool    `json:"routeUnhealthy,omitempty"`
 	AccessTimeoutRecovery bool    `json:"accessTimeoutRecovery,omitempty"`
+}
+
+// String renders the reading as probe shows it: "completed, status Success (0), health:
+// degradedBandwidth", or "in progress" (no status before completion), with "no health mask" from
+// the plain call.
+func (f FabricReading) String() string {
+	states := [...]string{"not supported", "not started", "in progress", "completed"}
+	state := fmt.Sprintf("state %d", f.State)
+	if int(f.State) < len(states) {
+		state = states[f.State]
+	}
+	if f.State == nvml.GPU_FABRIC_STATE_COMPLETED {
+		state += ", status " + returnName(nvml.Return(f.Status))
+	}
+	if f.HealthMask == nil {
+		return state + ", no health mask (a driver before 550)"
+	}
+	var flags []string
+	for _, fl := range [...]struct {
+		set  bool
+		name string
+	}{{f.DegradedBandwidth, "degradedBandwidth"}, {f.RouteRecovery, "routeRecovery"}, {f.RouteUnhealthy, "routeUnhealthy"}, {f.AccessTimeoutRecovery, "accessTimeoutRecovery"}} {
+		if fl.set {
+			flags = append(flags, fl.name)
+		}
+	}
+	if len(flags) == 0 {
+		flags = []string{"healthy"}
+	}
+	return state + ", health: " + strings.Join(flags, ", ")
 }
 
 // waiting reports whether Fabric Manager has not finished registering the GPU: its NVLinks are
