@@ -204,6 +204,10 @@ func Run(ctx context.Context, opts Options) error {
 	if remWriter != nil {
 		writers = append(writers, remWriter)
 	}
+	evictor, startEvictor, err := newEvictor(opts, agentCfg, recorder, nodeRef)
+	if err != nil {
+		return err
+	}
 	sink := &meteredSink{metrics: m, clock: opts.Clock, kernelLog: opts.KernelLog}
 	if rem != nil {
 		sink.onReset = rem.ResetObserved
@@ -262,6 +266,9 @@ func Run(ctx context.Context, opts Options) error {
 				continue
 			}
 			latest, haveLatest = u.Snapshot, true
+			if evictor != nil {
+				evictor.Update(u.Snapshot)
+			}
 			if rem != nil {
 				rem.Update(u.Snapshot)
 				u.Snapshot = rem.Decorate(u.Snapshot)
@@ -286,6 +293,14 @@ func Run(ctx context.Context, opts Options) error {
 				return fmt.Errorf("remediation: %w", err)
 			}
 			return rem.Run(ctx)
+		})
+	}
+	if evictor != nil {
+		g.Go(func() error {
+			if err := startEvictor(ctx); err != nil {
+				return fmt.Errorf("eviction: %w", err)
+			}
+			return evictor.Run(ctx)
 		})
 	}
 	drains := &drainWatcher{nodes: caches.nodes, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
