@@ -50,6 +50,9 @@ type GPUStatus struct {
 	ExternalTaints []ExternalTaint `json:"externalTaints,omitempty"`
 	// Remediation is where the GPU's automatic repair stands (absent: none under way).
 	Remediation *gpuhealthv1.GPURemediation `json:"remediation,omitempty"`
+	// Evictions are the GPU's pods whose eviction is pending or only reported (dry run,
+	// report-only, blocked by a PodDisruptionBudget, held by the circuit breaker).
+	Evictions *gpuhealthv1.GPUEvictions `json:"evictions,omitempty"`
 	// Heartbeat is when the node's agent last confirmed its report (absent: it does not send
 	// heartbeats). Stale: older than --stale-after (or unreadable); Health is then "Unknown" and
 	// ReportedHealth what the stopped agent last said.
@@ -159,6 +162,10 @@ func collectStatus(nodes []corev1.Node, logger klog.Logger, now time.Time, stale
 		if err != nil {
 			logger.Error(err, "Ignoring a malformed remediation annotation", "node", n.Name)
 		}
+		evictions, err := gpuhealthv1.ParseEvictions(n.Annotations[gpuhealthv1.EvictionsKey])
+		if err != nil {
+			logger.Error(err, "Ignoring a malformed evictions annotation", "node", n.Name)
+		}
 		for uuid, s := range summaries {
 			row := GPUStatus{Node: n.Name, Index: s.Index, UUID: uuid, Model: s.Model, Health: s.Health,
 				Reasons: s.Reasons, Since: s.Since, PCIBusID: s.PCIBusID, Evict: s.Evict, ParentUUID: s.ParentUUID, History: s.History}
@@ -167,6 +174,9 @@ func collectStatus(nodes []corev1.Node, logger klog.Logger, now time.Time, stale
 			}
 			if r, ok := repairs[uuid]; ok {
 				row.Remediation = &r
+			}
+			if e, ok := evictions[uuid]; ok {
+				row.Evictions = &e
 			}
 			gpus = append(gpus, row)
 		}
@@ -220,7 +230,7 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
 	header := "NODE\tINDEX\tUUID\tMODEL\tHEALTH\tREASONS\tSINCE\tDRAINED\tREMEDIATION"
 	if wide {
-		header += "\tPCI BUS ID\tEVICT\tDRAINED BY\tDRAIN REASON\tHISTORY"
+		header += "\tPCI BUS ID\tEVICT\tDRAINED BY\tDRAIN REASON\tHISTORY\tEVICTIONS"
 	}
 	fmt.Fprintln(tw, header)
 	for _, g := range gpus {
@@ -255,7 +265,11 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%t\t%s", g.Node, index, g.UUID, model, healthText, reasons, since, g.Drained, repair)
 		if wide {
-			fmt.Fprintf(tw, "\t%s\t%t\t%s\t%s\t%s", cmp.Or(g.PCIBusID, "<none>"), g.Evict, cmp.Or(g.DrainedBy, "<none>"), cmp.Or(g.DrainReason, "<none>"), g.History)
+			evictions := "-"
+			if g.Evictions != nil {
+				evictions = g.Evictions.Short()
+			}
+			fmt.Fprintf(tw, "\t%s\t%t\t%s\t%s\t%s\t%s", cmp.Or(g.PCIBusID, "<none>"), g.Evict, cmp.Or(g.DrainedBy, "<none>"), cmp.Or(g.DrainReason, "<none>"), g.History, evictions)
 		}
 		fmt.Fprintln(tw)
 	}
