@@ -114,32 +114,6 @@ const (
 // FabricStates lists the fabric states an EventFabric may set.
 var FabricStates = []string{FabricNotStarted, FabricInProgress, FabricCompleted}
 
-var fabricStates = map[string]health.FabricState{
-	FabricNotStarted: health.FabricNotStarted, FabricInProgress: health.FabricInProgress, FabricCompleted: health.FabricCompleted,
-}
-
-// FabricHealthFlags lists the fabric health flags an EventFabric may set, as nvml.h's
-// NVML_GPU_FABRIC_HEALTH_MASK_* name them.
-var FabricHealthFlags = []string{"degradedBandwidth", "routeRecovery", "routeUnhealthy", "accessTimeoutRecovery"}
-
-// MaxFabricStatus bounds a fabric registration's status, an nvmlReturn_t (NVML_ERROR_UNKNOWN is
-// 999).
-const MaxFabricStatus = 999
-
-// The simulated GPUs' row remapper and PCIe link.
-const (
-	// RemapBanks is how many banks a simulated GPU's row remapper has.
-	RemapBanks = 640
-	// PCIeGen and PCIeWidth are a simulated GPU's PCIe link: gen 5 x16, the most it can.
-	PCIeGen   = 5
-	PCIeWidth = 16
-	// MaxPCIeGen is the highest PCIe generation a scenario may train a link to.
-	MaxPCIeGen = 6
-)
-
-// PCIeWidths are the link widths PCIe has.
-var PCIeWidths = []uint8{1, 2, 4, 8, 12, 16, 32}
-
 // MaxHang is the longest a hang event may make calls wait.
 const MaxHang = 10 * time.Minute
 
@@ -276,90 +250,6 @@ type eventSpec struct {
 	SRAMExceeded      *bool           `yaml:"sramThresholdExceeded"`
 	PCIeLink          *pcieLinkSpec   `yaml:"pcieLink"`
 	NVLinkRecoveries  *recoveriesSpec `yaml:"nvlinkRecoveries"`
-}
-
-type histogramSpec struct {
-	Low  *uint32 `yaml:"low"`
-	None *uint32 `yaml:"none"`
-}
-
-type pcieLinkSpec struct {
-	Gen      *uint8 `yaml:"gen"`
-	MaxGen   *uint8 `yaml:"maxGen"`
-	Width    *uint8 `yaml:"width"`
-	MaxWidth *uint8 `yaml:"maxWidth"`
-}
-
-type recoveriesSpec struct {
-	Link       *uint32 `yaml:"link"`
-	Successful *uint64 `yaml:"successful"`
-	Failed     *uint64 `yaml:"failed"`
-}
-
-// fabricSpec is a fabric event's value: a state ("inProgress"), or a mapping of state, status
-// (an nvmlReturn_t) and health flags. It decodes itself, as strictly as the rest of the file.
-type fabricSpec struct {
-	State  string
-	Status uint32
-	Health []string
-}
-
-func (f *fabricSpec) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	shape := fmt.Errorf("line %d: fabric must be a state (%s) or a mapping of state, status and health", n.Line, strings.Join(FabricStates, ", "))
-	switch n.Kind {
-	case yaml.ScalarNode:
-		if n.ShortTag() != "!!str" {
-			return shape
-		}
-		f.State = n.Value
-		return nil
-	case yaml.MappingNode:
-	default:
-		return shape
-	}
-	seen := map[string]bool{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if v.Kind == yaml.AliasNode && v.Alias != nil {
-			v = v.Alias
-		}
-		if seen[k.Value] {
-			return fmt.Errorf("line %d: fabric: %s given twice", k.Line, k.Value)
-		}
-		seen[k.Value] = true
-		switch k.Value {
-		case "state":
-			if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!str" {
-				return fmt.Errorf("line %d: fabric.state: must be one of %s", v.Line, strings.Join(FabricStates, ", "))
-			}
-			f.State = v.Value
-		case "status":
-			st, err := strconv.ParseUint(v.Value, 10, 32)
-			if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" || err != nil || st > MaxFabricStatus {
-				return fmt.Errorf("line %d: fabric.status: must be an nvmlReturn_t from 0 (success) to %d, got %q", v.Line, MaxFabricStatus, v.Value)
-			}
-			f.Status = uint32(st)
-		case "health":
-			if v.Kind != yaml.SequenceNode {
-				return fmt.Errorf("line %d: fabric.health: must be a list of %s", v.Line, strings.Join(FabricHealthFlags, ", "))
-			}
-			for _, h := range v.Content {
-				if h.Kind != yaml.ScalarNode || !slices.Contains(FabricHealthFlags, h.Value) {
-					return fmt.Errorf("line %d: fabric.health: %q is none of %s", h.Line, h.Value, strings.Join(FabricHealthFlags, ", "))
-				}
-				f.Health = append(f.Health, h.Value)
-			}
-		default:
-			return fmt.Errorf("line %d: fabric: unknown field %q (want state, status, health)", k.Line, k.Value)
-		}
-	}
-	if f.State == "" {
-		return fmt.Errorf("line %d: fabric.state: required (%s)", n.Line, strings.Join(FabricStates, ", "))
-	}
-	return nil
 }
 
 type eccSpec struct {
@@ -762,46 +652,8 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 			return ev, fmt.Errorf("readsLower: must be one of %s, got %q", strings.Join(ReadsLowerReadings, ", "), *spec.ReadsLower)
 		}
 		ev.Reading = *spec.ReadsLower
-	case EventFabric:
-		return ev, fabricEvent(*spec.Fabric, &ev)
-	case EventRowRemapHistogram:
-		h := spec.RowRemapHistogram
-		if h.Low == nil && h.None == nil {
-			return ev, errors.New("rowRemapHistogram: set low or none (banks with few or no spare rows left; what is absent is 0)")
-		}
-		if h.Low != nil {
-			ev.BanksLow = *h.Low
-		}
-		if h.None != nil {
-			ev.BanksNone = *h.None
-		}
-		if uint64(ev.BanksLow)+uint64(ev.BanksNone) > RemapBanks {
-			return ev, fmt.Errorf("rowRemapHistogram: %d low and %d none is more than the %d banks a simulated GPU has", ev.BanksLow, ev.BanksNone, RemapBanks)
-		}
-	case EventSRAM:
-		ev.SRAMThresholdExceeded = *spec.SRAMExceeded
-	case EventPCIeLink:
-		return ev, pcieLinkEvent(*spec.PCIeLink, &ev)
-	case EventNVLinkRecoveries:
-		r := spec.NVLinkRecoveries
-		switch {
-		case r.Link == nil:
-			return ev, errors.New("nvlinkRecoveries.link: required")
-		case *r.Link >= MaxNVLinks:
-			return ev, fmt.Errorf("nvlinkRecoveries.link: must be below %d, got %d", MaxNVLinks, *r.Link)
-		case r.Successful == nil && r.Failed == nil:
-			return ev, errors.New("nvlinkRecoveries: set successful or failed (an increase of the link's recovery count)")
-		}
-		ev.Link = *r.Link
-		if r.Successful != nil {
-			ev.RecoveriesSuccessful = *r.Successful
-		}
-		if r.Failed != nil {
-			ev.RecoveriesFailed = *r.Failed
-		}
-		if ev.RecoveriesSuccessful > maxRecoveriesIncrease || ev.RecoveriesFailed > maxRecoveriesIncrease {
-			return ev, fmt.Errorf("nvlinkRecoveries: an increase of at most %d", maxRecoveriesIncrease)
-		}
+	case EventFabric, EventRowRemapHistogram, EventSRAM, EventPCIeLink, EventNVLinkRecoveries:
+		return ev, earlyWarningEvent(spec, &ev)
 	case EventMIG:
 		if *spec.MIGInstances < 0 || *spec.MIGInstances > MaxMIGInstances {
 			return ev, fmt.Errorf("migInstances: must be between 0 (MIG off) and %d, got %d", MaxMIGInstances, *spec.MIGInstances)
@@ -809,74 +661,6 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 		ev.MIGCount = *spec.MIGInstances
 	}
 	return ev, nil
-}
-
-// maxRecoveriesIncrease bounds one event's increase of an NVLink recovery count, far below
-// where NVML's counts stop being believed (pkg/gpu/nvml's MaxPlausibleNVLinkRecoveries, 2^32).
-const maxRecoveriesIncrease = 1_000_000
-
-// fabricEvent checks a fabric event's state, status and health flags.
-func fabricEvent(f fabricSpec, ev *Event) error {
-	state, ok := fabricStates[f.State]
-	if !ok {
-		return fmt.Errorf("fabric: must be one of %s, got %q", strings.Join(FabricStates, ", "), f.State)
-	}
-	if f.Status != 0 && state != health.FabricCompleted {
-		return fmt.Errorf("fabric.status: only a completed registration has a status (the state is %s)", f.State)
-	}
-	ev.Fabric = health.FabricReading{State: state, Status: f.Status}
-	for _, h := range f.Health {
-		switch h {
-		case "degradedBandwidth":
-			ev.Fabric.DegradedBandwidth = true
-		case "routeRecovery":
-			ev.Fabric.RouteRecovery = true
-		case "routeUnhealthy":
-			ev.Fabric.RouteUnhealthy = true
-		case "accessTimeoutRecovery":
-			ev.Fabric.AccessTimeoutRecovery = true
-		}
-	}
-	return nil
-}
-
-// pcieLinkEvent checks a pcieLink event: generations 1 to MaxPCIeGen, widths PCIe has, and a
-// link trained at most as fast and as wide as the maximum given with it.
-func pcieLinkEvent(l pcieLinkSpec, ev *Event) error {
-	if l.Gen == nil && l.MaxGen == nil && l.Width == nil && l.MaxWidth == nil {
-		return errors.New("pcieLink: set gen, maxGen, width or maxWidth (what is absent stays as it was)")
-	}
-	for _, g := range []struct {
-		name string
-		v    *uint8
-		into *uint8
-	}{{"gen", l.Gen, &ev.PCIeLink.Gen}, {"maxGen", l.MaxGen, &ev.PCIeLink.MaxGen}} {
-		if g.v == nil {
-			continue
-		}
-		if *g.v < 1 || *g.v > MaxPCIeGen {
-			return fmt.Errorf("pcieLink.%s: must be a PCIe generation from 1 to %d, got %d", g.name, MaxPCIeGen, *g.v)
-		}
-		*g.into = *g.v
-	}
-	for _, w := range []struct {
-		name string
-		v    *uint8
-		into *uint8
-	}{{"width", l.Width, &ev.PCIeLink.Width}, {"maxWidth", l.MaxWidth, &ev.PCIeLink.MaxWidth}} {
-		if w.v == nil {
-			continue
-		}
-		if !slices.Contains(PCIeWidths, *w.v) {
-			return fmt.Errorf("pcieLink.%s: must be a PCIe link width (1, 2, 4, 8, 12, 16 or 32), got %d", w.name, *w.v)
-		}
-		*w.into = *w.v
-	}
-	p := ev.PCIeLink
-	if p.Gen > 0 && p.MaxGen > 0 && p.Gen > p.MaxGen || p.Width > 0 && p.MaxWidth > 0 && p.Width > p.MaxWidth {
-		return fmt.Errorf("pcieLink: gen %d x%d is more than the most the link can (gen %d x%d)", p.Gen, p.Width, p.MaxGen, p.MaxWidth)
-	}
-	return nil
 }
 
 func (sc *Scenario) resolveGPU(ref gpuRef, ev *Event) error {

@@ -118,9 +118,6 @@ type gpuState struct {
 	recoveriesSeen uint32 // bit set of links with a recovery event
 }
 
-// earlySeen says which early-warning readings a GPU's scenario events concern.
-type earlySeen struct{ fabric, histogram, sram, pcie bool }
-
 // New returns a backend for sc.
 func New(sc *Scenario, opts Options) *Backend {
 	if opts.SampleInterval <= 0 {
@@ -152,37 +149,8 @@ func New(sc *Scenario, opts Options) *Backend {
 			b.gpus[ev.GPU].linksSeen |= 1 << ev.Link
 		}
 	}
-	for _, ev := range append(slices.Clone(sc.Events), sc.AfterReset...) {
-		if ev.GPU < 0 {
-			continue
-		}
-		g := b.gpus[ev.GPU]
-		switch ev.Kind {
-		case EventFabric:
-			g.seen.fabric = true
-		case EventRowRemapHistogram:
-			g.seen.histogram = true
-		case EventSRAM:
-			g.seen.sram = true
-		case EventPCIeLink:
-			g.seen.pcie = true
-		case EventNVLinkRecoveries:
-			g.recoveriesSeen |= 1 << ev.Link
-		}
-	}
-	for _, g := range b.gpus {
-		g.idleEarlyWarnings()
-	}
+	b.seeEarlyWarnings()
 	return b
-}
-
-// idleEarlyWarnings sets what a GPU fresh from a boot reports: a fabric registration that
-// completed, a full row remapper, a PCIe link at its best. The row remapper's banks and the SRAM
-// threshold are the GPU's own and stay.
-func (g *gpuState) idleEarlyWarnings() {
-	g.fabric = health.FabricReading{State: health.FabricCompleted}
-	g.pcie = health.PCIeLinkReading{Gen: PCIeGen, MaxGen: PCIeGen, Width: PCIeWidth, MaxWidth: PCIeWidth}
-	g.recoveries = [MaxNVLinks]int64{}
 }
 
 // Devices returns the simulated GPUs and MIG instances.
@@ -430,28 +398,8 @@ func (g *gpuState) apply(ev Event, now time.Time, sink Sink) {
 		s := base
 		s.Kind, s.Action = health.SignalRecoveryAction, g.recovery
 		sink.Signal(s)
-	case EventFabric:
-		g.fabric = ev.Fabric
-		sink.Signal(g.fabricSignal(base))
-	case EventRowRemapHistogram:
-		g.banksLow, g.banksNone = ev.BanksLow, ev.BanksNone
-		sink.Signal(g.histogramSignal(base))
-	case EventSRAM:
-		g.sramExceeded = ev.SRAMThresholdExceeded
-		sink.Signal(g.sramSignal(base))
-	case EventPCIeLink:
-		for _, f := range [...]struct{ from, into *uint8 }{
-			{&ev.PCIeLink.Gen, &g.pcie.Gen}, {&ev.PCIeLink.MaxGen, &g.pcie.MaxGen},
-			{&ev.PCIeLink.Width, &g.pcie.Width}, {&ev.PCIeLink.MaxWidth, &g.pcie.MaxWidth},
-		} {
-			if *f.from != 0 {
-				*f.into = *f.from
-			}
-		}
-		sink.Signal(g.pcieSignal(base))
-	case EventNVLinkRecoveries:
-		// Polled only: the next sampling round reports the new total.
-		g.recoveries[ev.Link] += int64(ev.RecoveriesSuccessful + ev.RecoveriesFailed)
+	case EventFabric, EventRowRemapHistogram, EventSRAM, EventPCIeLink, EventNVLinkRecoveries:
+		g.applyEarlyWarning(ev, base, sink)
 	case EventLost:
 		g.lost = true
 		base.Kind = health.SignalLost
@@ -474,26 +422,6 @@ func (g *gpuState) reboot() {
 	*g = gpuState{uuid: g.uuid, migUUIDs: g.migUUIDs, temperature: IdleTemperatureC, rowsFailure: g.rowsFailure, linksSeen: g.linksSeen,
 		seen: g.seen, banksLow: g.banksLow, banksNone: g.banksNone, sramExceeded: g.sramExceeded, recoveriesSeen: g.recoveriesSeen}
 	g.idleEarlyWarnings()
-}
-
-func (g *gpuState) fabricSignal(base health.Signal) health.Signal {
-	base.Kind, base.Fabric = health.SignalFabric, g.fabric
-	return base
-}
-
-func (g *gpuState) histogramSignal(base health.Signal) health.Signal {
-	base.Kind, base.BanksLow, base.BanksNone = health.SignalRowRemapHistogram, g.banksLow, g.banksNone
-	return base
-}
-
-func (g *gpuState) sramSignal(base health.Signal) health.Signal {
-	base.Kind, base.Failure = health.SignalSRAMThreshold, g.sramExceeded
-	return base
-}
-
-func (g *gpuState) pcieSignal(base health.Signal) health.Signal {
-	base.Kind, base.PCIe = health.SignalPCIeLink, g.pcie
-	return base
 }
 
 func (g *gpuState) eccSignal(base health.Signal) health.Signal {
