@@ -12,10 +12,12 @@ import (
 // count says should be there, becomes a placeholder device that is Unhealthy with reason
 // GPUMissing, and the node carries a finding that it runs below its capacity.
 
+// ConditionGPUMissing is the condition of a placeholder for a missing GPU.
+const ConditionGPUMissing ConditionType = "GPUMissing"
+
 // Names of what a missing GPU raises.
 const (
-	ConditionGPUMissing ConditionType = "GPUMissing"
-	ReasonGPUMissing                  = "GPUMissing"
+	ReasonGPUMissing = "GPUMissing"
 	// ReasonBelowCapacity is the node finding's reason.
 	ReasonBelowCapacity = "GPUsMissing"
 	// MissingUUIDPrefix starts a placeholder's UUID: "MISSING-0000:3b:00.0" for a GPU on the
