@@ -76,7 +76,7 @@ func TestPrometheusRuleObject(t *testing.T) {
 		alerts = append(alerts, rule["alert"].(string))
 	}
 	// The four things the issue asks alerts for, and the rest the docs describe.
-	want := "GPUHealthGPUUnhealthy GPUHealthGPUDegraded GPUHealthGPUNeedsEviction GPUHealthGPUUnmatched " +
+	want := "GPUHealthGPUUnhealthy GPUHealthGPUDegraded GPUHealthGPUNeedsEviction GPUHealthGPUToReplace GPUHealthGPUMissing GPUHealthGPUUnmatched " +
 		"GPUHealthCircuitBreakerOpen GPUHealthBreakerControllerNotLeading GPUHealthAgentDown GPUHealthAgentsAbsent GPUHealthAPIWritesFailing"
 	if got := strings.Join(alerts, " "); got != want {
 		t.Errorf("alerts\n got %s\nwant %s", got, want)
