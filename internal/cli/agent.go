@@ -11,6 +11,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/cli/agentcmd"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -18,8 +19,8 @@ import (
 // The agent command lives in agentcmd, which cmd/gpuhealth-agent links alone.
 func newAgentCommand() *cobra.Command { return agentcmd.NewCommand() }
 
-func openBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration, nvmlOpts *cmdutil.NVMLOptions) (agentcmd.ResettingBackend, string, func(), error) {
-	return agentcmd.OpenBackend(ctx, backend, scenarioPath, node, sampleEvery, nvmlOpts)
+func openBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration, nvmlOpts *cmdutil.NVMLOptions, extra ...gpunvml.Option) (agentcmd.ResettingBackend, string, func(), error) {
+	return agentcmd.OpenBackend(ctx, backend, scenarioPath, node, sampleEvery, nvmlOpts, extra...)
 }
 
 func openKernelLog(ctx context.Context, cfg *config.HealthConfig, backend string, devices []health.Device, bootID string) *agent.KernelLog {

@@ -76,7 +76,8 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 				return err
 			}
 			// In a DaemonSet, $NODE_NAME (the pod's node) names the simulated GPUs, as for the agent.
-			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, os.Getenv("NODE_NAME"), cfg.SampleEvery(), &nvmlOpts)
+			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, os.Getenv("NODE_NAME"), cfg.SampleEvery(), &nvmlOpts,
+				gpunvml.WithExpectedNVLinks(cfg.ExpectedNVLinks()))
 			if err != nil {
 				return err
 			}

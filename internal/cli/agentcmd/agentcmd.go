@@ -109,7 +109,8 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 				func() (openedBackend, error) {
 					var o openedBackend
 					var err error
-					o.backend, o.bootID, o.cleanup, err = OpenBackend(ctx, backend, scenarioPath, nodeName, cfg.SampleEvery(), &nvmlOpts)
+					o.backend, o.bootID, o.cleanup, err = OpenBackend(ctx, backend, scenarioPath, nodeName, cfg.SampleEvery(), &nvmlOpts,
+						gpunvml.WithExpectedNVLinks(cfg.ExpectedNVLinks()))
 					return o, err
 				})
 			if err != nil {
@@ -248,7 +249,8 @@ type ResettingBackend interface {
 // DaemonSet replays the same scenario on its own node's GPUs.
 // The NVML backend's library is found under nvmlOpts' driver root; without a usable driver the
 // error wraps gpunvml.ErrNoDriver.
-func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration, nvmlOpts *cmdutil.NVMLOptions) (ResettingBackend, string, func(), error) {
+// extra are further options of the NVML backend (the expected NVLinks).
+func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sampleEvery time.Duration, nvmlOpts *cmdutil.NVMLOptions, extra ...gpunvml.Option) (ResettingBackend, string, func(), error) {
 	if err := checkBackendFlags(backend, scenarioPath); err != nil {
 		return nil, "", nil, err
 	}
@@ -265,7 +267,7 @@ func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sample
 		b := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: sampleEvery, Forever: true})
 		return simAgentBackend{b}, b.BootID(), func() {}, nil
 	case "nvml":
-		b, err := nvmlOpts.Open(gpunvml.WithSamplePeriod(sampleEvery), gpunvml.WithLogger(klog.FromContext(ctx)))
+		b, err := nvmlOpts.Open(append([]gpunvml.Option{gpunvml.WithSamplePeriod(sampleEvery), gpunvml.WithLogger(klog.FromContext(ctx))}, extra...)...)
 		if err != nil {
 			return nil, "", nil, err
 		}
