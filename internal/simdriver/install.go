@@ -150,6 +150,11 @@ func CheckScenario(sc *sim.Scenario) error {
 	if sc == nil {
 		return errors.New("no scenario")
 	}
+	if len(sc.Missing) > 0 {
+		// NVML would number the GPUs it answers for anew, and the PCI bus the agent compares
+		// with is the machine's own: a missing GPU is tried with the sim backend and a sysfs tree.
+		return errors.New("gpus.missing: the simulated driver serves every GPU of its scenario; use the sim backend (or inventory.sysfsRoot) for missing GPUs")
+	}
 	for _, ev := range append(append([]sim.Event{}, sc.Events...), sc.AfterReset...) {
 		if err := checkEvent(ev); err != nil {
 			return err

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,10 +42,12 @@ type Finding struct {
 
 // Device is one GPU's final state.
 type Device struct {
-	Index      int         `json:"index"`
-	UUID       string      `json:"uuid"`
-	PCIBusID   string      `json:"pciBusID,omitempty"`
-	Model      string      `json:"model,omitempty"`
+	Index    int    `json:"index"`
+	UUID     string `json:"uuid"`
+	PCIBusID string `json:"pciBusID,omitempty"`
+	Model    string `json:"model,omitempty"`
+	// Missing marks a GPU of gpus.missing: on the bus, but the driver answers nothing for it.
+	Missing    bool        `json:"missing,omitempty"`
 	Health     string      `json:"health"`
 	Evict      bool        `json:"evict"`
 	Conditions []Condition `json:"conditions"`
@@ -194,7 +197,7 @@ func (r *Recorder) Result(node string, end time.Time) (*Result, error) {
 func Run(ctx context.Context, sc *sim.Scenario, policy *health.Policy, opts Options) (*Result, error) {
 	backend := sim.New(sc, sim.Options{Virtual: true, SampleInterval: opts.SampleInterval, Settle: settle(policy, opts.SampleInterval)})
 	start := time.Unix(0, 0).UTC()
-	rec, err := NewRecorder(policy, backend.Devices(), backend.BootID(), start)
+	rec, err := NewRecorder(policy, slices.Concat(backend.Devices(), backend.Placeholders()), backend.BootID(), start)
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +255,7 @@ func buildResult(node string, end time.Time, rec *Recorder, snap health.Snapshot
 			continue
 		}
 		res.Devices = append(res.Devices, Device{
-			Index: d.Device.Index, UUID: d.Device.UUID, PCIBusID: d.Device.PCIBusID, Model: d.Device.Model,
+			Index: d.Device.Index, UUID: d.Device.UUID, PCIBusID: d.Device.PCIBusID, Model: d.Device.Model, Missing: d.Device.Missing,
 			Health: d.Health.String(), Evict: d.Evict, Conditions: conds(d.Conditions), XIDs: xids(d.XIDs),
 		})
 	}
@@ -290,7 +293,11 @@ func (r *Result) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\n", index, uuid, healthStr, evict, strings.Join(reasons, " "))
 	}
 	for _, d := range r.Devices {
-		row(strconv.Itoa(d.Index), d.UUID, d.Health, d.Evict, d.Conditions)
+		index := strconv.Itoa(d.Index)
+		if d.Missing {
+			index = "missing"
+		}
+		row(index, d.UUID, d.Health, d.Evict, d.Conditions)
 		for _, m := range d.MIGDevices {
 			row(fmt.Sprintf("%d/gi%d/ci%d", d.Index, m.GPUInstance, m.ComputeInstance), m.UUID, m.Health, m.Evict, m.Conditions)
 		}

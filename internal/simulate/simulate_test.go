@@ -372,6 +372,7 @@ func TestTheHealthOverTimeExample(t *testing.T) {
 	sc := load(t, filepath.Join("..", "..", "examples", "health-over-time.yaml"))
 	res := run(t, sc, nil)
 	want := []string{
+		"0s -1 Healthy->Unhealthy GPUMissing",
 		"20m0s 0 Healthy->Degraded RepeatedXID13OnSameGPU",
 		"30m0s 0 Degraded->Healthy QuietPeriodElapsed",
 		"35m0s 1 Healthy->Unhealthy XID149",
@@ -385,14 +386,24 @@ func TestTheHealthOverTimeExample(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("transitions\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if len(res.Findings) != 1 || res.Findings[0].Reason != health.ReasonXIDSpreadOverGPU || len(res.Findings[0].GPUs) != 3 ||
-		time.Duration(res.Findings[0].Since) != 32*time.Minute {
-		t.Fatalf("findings %+v, want XIDSpreadOverGPUs on 3 GPUs since 32m", res.Findings)
+	if len(res.Findings) != 2 || res.Findings[0].Reason != health.ReasonBelowCapacity ||
+		res.Findings[0].Message != "the node runs 4 of its 5 GPUs: MISSING-0000:14:00.0 missing" ||
+		res.Findings[1].Reason != health.ReasonXIDSpreadOverGPU || len(res.Findings[1].GPUs) != 3 ||
+		time.Duration(res.Findings[1].Since) != 32*time.Minute {
+		t.Fatalf("findings %+v, want GPUsMissing, then XIDSpreadOverGPUs on 3 GPUs since 32m", res.Findings)
 	}
-	// The same scenario under the device plugin's profile has no repeat rules and no finding.
+	// The missing GPU (gpus.missing) is a placeholder, and the kernel log's line naming its
+	// address is kept against it.
+	m := res.Devices[0]
+	if !m.Missing || m.UUID != "MISSING-0000:14:00.0" || m.Health != "Unhealthy" || len(m.Conditions) != 2 ||
+		m.Conditions[0].Reason != health.ReasonGPUMissing || m.Conditions[1].Reason != "GPULost" {
+		t.Errorf("missing GPU %+v, want GPUMissing and the kernel log's GPULost", m)
+	}
+	// The same scenario under the device plugin's profile has no repeat rules: only the missing
+	// GPU's finding.
 	res = run(t, sc, health.DevicePluginPolicy())
-	if len(res.Findings) != 0 {
-		t.Errorf("device-plugin profile: findings %+v, want none", res.Findings)
+	if len(res.Findings) != 1 || res.Findings[0].Reason != health.ReasonBelowCapacity {
+		t.Errorf("device-plugin profile: findings %+v, want only GPUsMissing", res.Findings)
 	}
 }
 

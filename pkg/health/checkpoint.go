@@ -118,6 +118,7 @@ func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Tra
 		}
 	}
 	ev := evaluation{t: t, now: now, out: out, restoring: true}
+	ev.out = t.markMissingOnce(&ev)
 	for _, cd := range cp.Devices {
 		ds, ok := t.devices[cd.Device.UUID]
 		if !ok {

@@ -3,7 +3,6 @@ package health
 import (
 	"fmt"
 	"strings"
-	"time"
 )
 
 // Missing GPUs: capacity a node lost without any XID (a node running 3 of its 4 GPUs: EKS node
@@ -74,10 +73,14 @@ func canonicalBusID(id string) (string, bool) {
 	return s, true
 }
 
-// markMissingLocked raises GPUMissing on every placeholder and the below-capacity finding.
-func (t *Tracker) markMissingLocked(now time.Time) {
-	ev := evaluation{t: t, now: now}
-	t.markMissingEv(&ev)
+// markMissingOnce raises GPUMissing on every placeholder and the below-capacity finding the
+// first time the tracker is told the time.
+func (t *Tracker) markMissingOnce(ev *evaluation) []Transition {
+	if t.missingMarked {
+		return ev.out
+	}
+	t.missingMarked = true
+	return t.markMissingEv(ev)
 }
 
 func (t *Tracker) markMissingEv(ev *evaluation) []Transition {

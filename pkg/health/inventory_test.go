@@ -37,7 +37,16 @@ func TestAMissingGPUIsUnhealthyAndTheNodeBelowCapacity(t *testing.T) {
 	devs := []health.Device{gpuDevice(0), gpuDevice(1)}
 	missing := health.MissingGPUs(devs, []string{"0000:00:00.0", "0000:01:00.0", "0000:07:00.0"}, 0)
 	h := newHarness(t, health.DefaultPolicy(), append(devs, missing...)...)
+	// Raised the first time the tracker learns the time, which is then its Since.
+	if st := h.status("MISSING-0000:07:00.0"); st.Health != health.Healthy {
+		t.Fatalf("placeholder before any time is known: %+v", st)
+	}
+	out := h.tick(0)
+	wantTransitions(t, out, tr("MISSING-0000:07:00.0", health.Healthy, health.Unhealthy, health.ReasonGPUMissing))
 	st := h.status("MISSING-0000:07:00.0")
+	if !st.Conditions[0].Since.Equal(at(0)) {
+		t.Errorf("since %v, want the first tick", st.Conditions[0].Since)
+	}
 	if st.Health != health.Unhealthy || len(st.Conditions) != 1 || st.Conditions[0].Reason != health.ReasonGPUMissing ||
 		st.Conditions[0].ClearsOn != health.ClearsOnRecovered {
 		t.Fatalf("placeholder %+v, want Unhealthy GPUMissing, not sticky", st)

@@ -39,6 +39,9 @@ type Tracker struct {
 	cursors map[string]Cursor
 	// findings are the node findings in effect (see NodeFinding), in the order raised.
 	findings []NodeFinding
+	// missingMarked says the placeholders' GPUMissing is raised: at the first moment the
+	// tracker is told the time (a signal, a tick, a restore), which is then its Since.
+	missingMarked bool
 }
 
 // NewTracker returns a Tracker for devices under policy. MIG instances name their parent in
@@ -56,7 +59,6 @@ func NewTracker(policy *Policy, devices []Device) (*Tracker, error) {
 	if err := t.linkLocked(); err != nil {
 		return nil, err
 	}
-	t.markMissingLocked(time.Time{})
 	return t, nil
 }
 
@@ -154,6 +156,7 @@ func (t *Tracker) observeLocked(sig Signal, out []Transition) ([]Transition, err
 		t.lastTime = sig.Time
 	}
 	ev := evaluation{t: t, now: sig.Time, out: out}
+	ev.out = t.markMissingOnce(&ev)
 	// Quiet periods run out on the whole physical GPU: backends sample the GPU, never a MIG
 	// instance, so a quiet-period condition on an instance must end with the GPU's samples.
 	gpu := ds
@@ -178,6 +181,7 @@ func (t *Tracker) Tick(now time.Time, out []Transition) []Transition {
 		t.lastTime = now
 	}
 	ev := evaluation{t: t, now: now, out: out}
+	ev.out = t.markMissingOnce(&ev)
 	for _, ds := range t.ordered {
 		ev.expireQuiet(ds)
 	}
@@ -205,6 +209,7 @@ func (t *Tracker) Reboot(bootID string, now time.Time, out []Transition) []Trans
 		t.generation++
 	}
 	// A reboot does not bring a GPU back that the backend still cannot open.
+	t.missingMarked = true
 	ev.out = t.markMissingEv(&ev)
 	return ev.out
 }

@@ -117,7 +117,7 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 				return err
 			}
 			be, bootID := opened.backend, opened.bootID
-			missing := MissingGPUs(ctx, cfg.Inventory, backend, be.Devices())
+			missing := MissingGPUs(ctx, cfg.Inventory, backend, be)
 			// The kernel log names GPUs by address: lines about a missing one are kept against it.
 			kernelLog := OpenKernelLog(ctx, cfg, backend, slices.Concat(be.Devices(), missing), bootID)
 			released := func() {
@@ -212,6 +212,9 @@ type openedBackend struct {
 type simAgentBackend struct{ b *sim.Backend }
 
 func (s simAgentBackend) Devices() []health.Device { return s.b.Devices() }
+
+// Placeholders are the scenario's missing GPUs (gpus.missing): the simulator's PCI bus.
+func (s simAgentBackend) Placeholders() []health.Device { return s.b.Placeholders() }
 func (s simAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
 	return s.b.Run(ctx, sink)
 }

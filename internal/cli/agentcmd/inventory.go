@@ -2,6 +2,7 @@ package agentcmd
 
 import (
 	"context"
+	"slices"
 
 	"k8s.io/klog/v2"
 
@@ -10,15 +11,26 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
+// placeholderBackend is a backend that knows its own bus: the simulator, whose scenario says
+// which GPUs are missing (gpus.missing).
+type placeholderBackend interface {
+	Placeholders() []health.Device
+}
+
 // MissingGPUs compares the backend's GPUs with those the node should have, as the inventory
 // section says, and returns a placeholder for each one missing. The NVML backend is compared
-// with the PCI bus (sysfs at inventory.sysfsRoot, /sys by default); the simulator only with a
-// sysfs root or an expected count the configuration names, since the machine it runs on has
-// other GPUs than its scenario. A sysfs that cannot be read compares with the expected count
-// alone and says so once.
-func MissingGPUs(ctx context.Context, inv config.InventoryConfig, backend string, devices []health.Device) []health.Device {
+// with the PCI bus (sysfs at inventory.sysfsRoot, /sys by default); the simulator with its
+// scenario's bus (gpus.missing), or with a sysfs root the configuration names (never the
+// machine's own: it has other GPUs than the scenario), and either with an expected count. A
+// sysfs that cannot be read compares with the expected count alone and says so once.
+func MissingGPUs(ctx context.Context, inv config.InventoryConfig, backend string, be interface{ Devices() []health.Device }) []health.Device {
 	if !inv.On() {
 		return nil
+	}
+	devices := be.Devices()
+	if p, ok := be.(placeholderBackend); ok && inv.SysfsRoot == "" {
+		known := slices.Concat(devices, p.Placeholders())
+		return append(p.Placeholders(), health.MissingGPUs(known, nil, inv.ExpectedGPUs)...)
 	}
 	logger := klog.FromContext(ctx)
 	root := inv.SysfsRoot

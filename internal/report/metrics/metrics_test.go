@@ -91,6 +91,7 @@ func TestNodeFindingsAreExported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tr.Tick(time.Unix(1, 0), nil) // the placeholder's GPUMissing is raised once the time is known
 	reg := prometheus.NewRegistry()
 	if err := metrics.New("n1", tr.Snapshot).Register(reg); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,7 +30,7 @@ func (sc *Scenario) kmsgEvent(spec eventSpec, ev Event) (Event, error) {
 	if !ok {
 		return ev, fmt.Errorf("kmsg: %q is not an NVRM line the parser knows (an XID, a GPU fallen off the bus, RmInitAdapter failed, or GPU at PCI:...: GPU-<uuid>)", rec.Message)
 	}
-	sigs, err := kmsg.NewMapper(sc.Devices()).Signals(nvrm, time.Time{}, nil)
+	sigs, err := kmsg.NewMapper(slices.Concat(sc.Devices(), sc.Placeholders())).Signals(nvrm, time.Time{}, nil)
 	switch {
 	case errors.Is(err, kmsg.ErrBadXID):
 		return ev, fmt.Errorf("kmsg: XID %d: %w", nvrm.Xid, err)

@@ -129,6 +129,9 @@ type Scenario struct {
 	GPUCount     int
 	Model        string
 	MIGInstances map[int]int
+	// Missing are the GPUs on the PCI bus that the driver does not answer for (gpus.missing):
+	// the backend has no device for them, and only kernel-log lines can name them.
+	Missing map[int]bool
 	// Duration, when set, is where the replay ends; otherwise it ends a settling time after the
 	// last event (see Options.Settle).
 	Duration time.Duration
@@ -215,6 +218,7 @@ type gpusSpec struct {
 	Count        *int           `yaml:"count"`
 	Model        string         `yaml:"model"`
 	MIGInstances map[string]int `yaml:"migInstances"`
+	Missing      []int          `yaml:"missing"`
 }
 
 type eventSpec struct {
@@ -372,6 +376,19 @@ func parseScenario(data []byte, driver bool) (*Scenario, error) {
 			return nil, fmt.Errorf("gpus.migInstances[%q]: must be between 1 and %d instances, got %d", k, MaxMIGInstances, n)
 		}
 		sc.MIGInstances[idx] = n
+	}
+	sc.Missing = map[int]bool{}
+	for j, idx := range f.GPUs.Missing {
+		switch {
+		case idx < 0 || idx >= sc.GPUCount:
+			return nil, fmt.Errorf("gpus.missing[%d]: must be a GPU index from 0 to %d, got %d", j, sc.GPUCount-1, idx)
+		case sc.MIGInstances[idx] > 0:
+			return nil, fmt.Errorf("gpus.missing[%d]: GPU %d has MIG instances; a GPU the driver does not answer for has none", j, idx)
+		}
+		sc.Missing[idx] = true
+	}
+	if len(sc.Missing) == sc.GPUCount {
+		return nil, errors.New("gpus.missing: every GPU is missing; keep at least one the driver answers for")
 	}
 	if f.Duration != nil {
 		if *f.Duration < 0 {
@@ -669,12 +686,12 @@ func (sc *Scenario) resolveGPU(ref gpuRef, ev *Event) error {
 			return fmt.Errorf("gpu: index %d is out of range (the scenario has %d GPUs: 0 to %d)", ref.index, sc.GPUCount, sc.GPUCount-1)
 		}
 		ev.GPU = ref.index
-		return nil
+		return sc.notMissing(ev.GPU)
 	}
 	for i := range sc.GPUCount {
 		if strings.EqualFold(ref.uuid, GPUUUID(sc.Node, i)) {
 			ev.GPU = i
-			return nil
+			return sc.notMissing(i)
 		}
 		for m := 1; m <= sc.MIGInstances[i]; m++ {
 			if strings.EqualFold(ref.uuid, MIGUUID(sc.Node, i, m)) {
@@ -684,6 +701,14 @@ func (sc *Scenario) resolveGPU(ref gpuRef, ev *Event) error {
 		}
 	}
 	return fmt.Errorf("gpu: no GPU or MIG instance has UUID %q", ref.uuid)
+}
+
+// notMissing refuses an event about a GPU the driver does not answer for.
+func (sc *Scenario) notMissing(i int) error {
+	if sc.Missing[i] {
+		return fmt.Errorf("gpu: GPU %d is in gpus.missing: the driver answers nothing for it (a kmsg line naming its PCI address can)", i)
+	}
+	return nil
 }
 
 // End is where a replay of the scenario stops: Duration when set, else settle after the last
@@ -717,6 +742,9 @@ func uuidFrom(seed string) string {
 func (sc *Scenario) Devices() []health.Device {
 	var devs []health.Device
 	for i := range sc.GPUCount {
+		if sc.Missing[i] {
+			continue
+		}
 		gpu := health.Device{
 			UUID:     GPUUUID(sc.Node, i),
 			Index:    i,
@@ -736,4 +764,20 @@ func (sc *Scenario) Devices() []health.Device {
 		}
 	}
 	return devs
+}
+
+// OnBus returns the PCI addresses of every GPU of the scenario, those in gpus.missing included,
+// in sysfs's form (0000:10:00.0): what the node's PCI bus holds.
+func (sc *Scenario) OnBus() []string {
+	out := make([]string, sc.GPUCount)
+	for i := range out {
+		out[i] = fmt.Sprintf("0000:%02x:00.0", 0x10+i)
+	}
+	return out
+}
+
+// Placeholders returns the placeholder devices of the GPUs in gpus.missing
+// (health.MissingGPUs).
+func (sc *Scenario) Placeholders() []health.Device {
+	return health.MissingGPUs(sc.Devices(), sc.OnBus(), 0)
 }

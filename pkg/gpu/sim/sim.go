@@ -90,6 +90,8 @@ type resetRequest struct {
 
 // gpuState is what NVML would report for one simulated GPU.
 type gpuState struct {
+	// missing: the GPU is on the bus but the driver answers nothing for it; it is never sampled.
+	missing      bool
 	uuid         string
 	migUUIDs     []string
 	lost         bool
@@ -133,9 +135,10 @@ func New(sc *Scenario, opts Options) *Backend {
 		opts.Start = time.Unix(0, 0).UTC()
 	}
 	b := &Backend{sc: sc, opts: opts, devices: sc.Devices(), resets: make(chan resetRequest)}
-	b.mapper = kmsg.NewMapper(b.devices)
+	// Kernel-log lines about a missing GPU name its address: they reach its placeholder.
+	b.mapper = kmsg.NewMapper(slices.Concat(b.devices, sc.Placeholders()))
 	for i := range sc.GPUCount {
-		g := &gpuState{uuid: GPUUUID(sc.Node, i), temperature: IdleTemperatureC}
+		g := &gpuState{uuid: GPUUUID(sc.Node, i), temperature: IdleTemperatureC, missing: sc.Missing[i]}
 		for m := 1; m <= sc.MIGInstances[i]; m++ {
 			g.migUUIDs = append(g.migUUIDs, MIGUUID(sc.Node, i, m))
 		}
@@ -153,7 +156,11 @@ func New(sc *Scenario, opts Options) *Backend {
 	return b
 }
 
-// Devices returns the simulated GPUs and MIG instances.
+// Placeholders returns the placeholders of the scenario's missing GPUs (gpus.missing), which
+// the tracker must know beside Devices.
+func (b *Backend) Placeholders() []health.Device { return b.sc.Placeholders() }
+
+// Devices returns the simulated GPUs and MIG instances the driver answers for.
 func (b *Backend) Devices() []health.Device { return b.devices }
 
 // NodeName returns the scenario's node name.
@@ -441,6 +448,9 @@ func (g *gpuState) temperatureSignal(base health.Signal) health.Signal {
 
 // sample emits one sampling round, as the NVML sampler would.
 func (g *gpuState) sample(now time.Time, sink Sink) {
+	if g.missing {
+		return
+	}
 	base := health.Signal{Device: g.uuid, Time: now}
 	if g.lost {
 		base.Kind = health.SignalLost
