@@ -346,3 +346,29 @@ func TestGracePeriod(t *testing.T) {
 		t.Fatalf("evicted %v after the grace period", r.evicter.evicted)
 	}
 }
+
+// TestMIGInstanceAloneMatchesByUUIDOnly: when one MIG instance asks for eviction and its GPU
+// does not, only the pods holding that instance by UUID are evicted. An index ID ("1:1") names
+// the GPU and the device plugin's own count of its instances, so it cannot say which instance a
+// pod holds: such a pod is left alone with a warning, never guessed. Volcano shares whole cards,
+// never MIG instances: a Volcano pod on the card stays.
+func TestMIGInstanceAloneMatchesByUUIDOnly(t *testing.T) {
+	mig1b := health.Device{UUID: "MIG-1111-b", Index: 1, MIG: &health.MIGPlacement{ParentUUID: "GPU-1111", GPUInstance: 2}}
+	r := newRig(t, []*corev1.Pod{pod("ml/on-mig1"), pod("ml/on-mig1b"), pod("ml/mig-by-index"), pod("ml/gpu-by-index"),
+		pod("share/on-card1", func(p *corev1.Pod) { p.Annotations = map[string]string{scheduling.GPUIndexAnnotation: "1"} })},
+		map[string][]string{"ml/on-mig1": {"MIG-1111-a"}, "ml/on-mig1b": {"MIG-1111-b"}, "ml/mig-by-index": {"1:1"}, "ml/gpu-by-index": {"1"}}, nil)
+	r.ev.Update(health.Snapshot{Devices: []health.DeviceStatus{
+		{Device: gpu0, Health: health.Healthy},
+		{Device: gpu1, Health: health.Healthy},
+		{Device: mig1, Health: health.Unhealthy, Evict: true},
+		{Device: mig1b, Health: health.Healthy},
+	}})
+	r.ev.Round(context.Background())
+	if want := []string{"ml/on-mig1"}; !slices.Equal(r.evicter.evicted, want) {
+		t.Fatalf("evicted %v, want %v", r.evicter.evicted, want)
+	}
+	all := strings.Join(r.events(), "\n")
+	if !strings.Contains(all, `"1:1" is an index on GPU 1, whose MIG instance MIG-1111-a asks for eviction`) || !strings.Contains(all, "left alone") {
+		t.Fatalf("events %s: want a warning that the index cannot name the instance", all)
+	}
+}

@@ -57,7 +57,9 @@ type PodLister interface {
 // GPU or MIG UUIDs ("GPU-...", "MIG-...", a time-sliced replica "<uuid>::<n>"), as with the
 // device plugins' default uuid strategy. Under the index strategy an ID is the GPU's index ("3",
 // "3:1" for a MIG instance of GPU 3): such a pod is matched by index, with a warning since an
-// index can shift; an ID that is neither is left alone with a warning.
+// index can shift, when the whole GPU asks for eviction; when only one of its MIG instances does,
+// an index cannot tell which instance the pod holds, and the pod is left alone with a warning, as
+// is one whose ID is neither.
 type PodResources struct {
 	Lister PodLister
 	// ResourcePrefix names the resources whose IDs may be indexes (default "nvidia.com/"); IDs
@@ -121,6 +123,11 @@ func matchID(id, resource, prefix string, gpu health.Device, uuids []string) (bo
 	if n != gpu.Index {
 		return false, ""
 	}
+	if gpu.MIG != nil {
+		// Only this MIG instance asks, not its GPU: an index names the GPU and the plugin's own
+		// count of its instances, which says nothing of which instance this one is.
+		return false, fmt.Sprintf("%s device ID %q is an index on GPU %d, whose MIG instance %s asks for eviction: which instance it names is unknown; left alone", resource, short(id), gpu.Index, gpu.UUID)
+	}
 	if gpu.Index < 0 || gpu.Missing {
 		return false, fmt.Sprintf("%s device ID %q is an index and GPU %s has none; left alone", resource, short(id), gpu.UUID)
 	}
@@ -177,8 +184,12 @@ type Volcano struct {
 
 var _ Finder = Volcano{}
 
-// Find implements Finder. MIG instances are not shared through Volcano: only the GPU counts.
+// Find implements Finder. MIG instances are not shared through Volcano: only the GPU counts,
+// and a MIG instance that asks for eviction alone (its GPU does not) has no Volcano pods.
 func (v Volcano) Find(ctx context.Context, gpu health.Device, _ []health.Device) (Found, error) {
+	if gpu.MIG != nil {
+		return Found{}, nil
+	}
 	pods, err := v.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", v.NodeName).String(),
 	})
