@@ -120,3 +120,49 @@ func TestAgentReportsAMissingGPU(t *testing.T) {
 		return ok, fmt.Sprintf("missing=%+v (of %d) ids=%q condition=%s %q", m, len(sums), ann[gpuhealthv1.UnhealthyIDsKey], cond.Status, cond.Message), nil
 	})
 }
+
+// TestAgentReportsEarlyWarnings runs the fabric and early-warning checks through a real agent to
+// the real API server: a failed fabric registration keeps new work off its GPU (Volcano's list),
+// and the warnings that only ask for a replacement soon (spare rows running out, SRAM past its
+// threshold, a PCIe link trained narrow) make their GPUs Degraded, not Unhealthy.
+func TestAgentReportsEarlyWarnings(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	const node = "agent-early-warnings"
+	uuids := gpuNode(t, c, node, 5)
+	startAgent(t, agentSetup{
+		node: node, gpus: 5, kubeconfig: agentKubeconfig(t, c), checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+		scenario: `events:
+  - {at: 1s, gpu: 0, fabric: {state: completed, status: 999}}
+  - {at: 1s, gpu: 1, rowRemapHistogram: {low: 2, none: 1}}
+  - {at: 1s, gpu: 2, sramThresholdExceeded: true}
+  - {at: 1s, gpu: 3, pcieLink: {width: 8}}
+`,
+	})
+	want := map[int][2]string{
+		0: {"Unhealthy", "FabricRegistrationFailed"},
+		1: {"Degraded", "RowRemapAvailabilityNone"},
+		2: {"Degraded", "SRAMECCThresholdExceeded"},
+		3: {"Degraded", "PCIeLinkDegraded"},
+		4: {"Healthy", ""},
+	}
+	eventually(t, "every early warning on the gpu-health annotation", func(ctx context.Context) (bool, string, error) {
+		ann, err := nodeAnnotations(ctx, c, node)
+		if err != nil {
+			return false, "", err
+		}
+		sums, err := gpuhealthv1.ParseHealth(ann[gpuhealthv1.HealthKey])
+		if err != nil {
+			return false, "", err
+		}
+		ok := ann[gpuhealthv1.UnhealthyIDsKey] == "0"
+		var got []string
+		for i, w := range want {
+			s := sums[uuids[i]]
+			got = append(got, fmt.Sprintf("%d:%s%v", i, s.Health, s.Reasons))
+			ok = ok && s.Health == w[0] && (w[1] == "" || slices.Contains(s.Reasons, w[1]))
+		}
+		slices.Sort(got)
+		return ok, fmt.Sprintf("ids=%q %v", ann[gpuhealthv1.UnhealthyIDsKey], got), nil
+	})
+}
