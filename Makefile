@@ -49,13 +49,20 @@ simulate: build ## Replay examples/scenario.yaml (an hour of faults on 8 GPUs) o
 	$(BIN)/gpuhealth simulate --scenario examples/scenario.yaml --output table
 
 .PHONY: test
-test: verify unit e2e ## Everything CI runs: lint, unit tests (race), e2e tests on a real control plane.
+test: verify unit chart fuzz-short e2e ## Everything CI runs: lint, unit tests (race), the chart's tests, fuzzing, e2e tests on a real control plane.
 
 .PHONY: unit
-unit: ## Unit tests with the race detector, plus a short run of every fuzz target; NVIDIA's real NVML libraries (hack/nvidia-drivers.sh) included.
-	hack/tools.sh install helm promtool
-	GPUHEALTH_NVIDIA_DRIVERS="$$(hack/nvidia-drivers.sh)" $(GO) test $(GOFLAGS_TEST) ./...
+unit: ## The inner loop: unit tests of every module with the race detector, NVIDIA's real NVML libraries (hack/nvidia-drivers.sh) included; no helm, promtool or fuzzing (make chart, make fuzz).
+	GPUHEALTH_NVIDIA_DRIVERS="$$(hack/nvidia-drivers.sh)" $(GO) test $(GOFLAGS_TEST) $$($(GO) list ./... | grep -v '/test/helm$$')
 	for m in $(EXAMPLES); do (cd $$m && $(GO) test $(GOFLAGS_TEST) ./...); done
+
+.PHONY: chart
+chart: ## The chart's tests: helm lint and template, the rendered objects and policies, promtool on the alerts.
+	hack/tools.sh install helm promtool
+	$(GO) test $(GOFLAGS_TEST) ./test/helm/...
+
+.PHONY: fuzz-short
+fuzz-short: ## A short run of every fuzz target (10s each), as make test runs it; make fuzz runs them longer.
 	hack/fuzz.sh 10s
 
 .PHONY: e2e
