@@ -12,10 +12,13 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -273,4 +276,112 @@ func dumpEvictionState(t *testing.T, c *controlplane.Cluster, ns, node string) {
 	}
 	p, err := pendingEvictions(ctx, c, node)
 	t.Logf("pending evictions on %s: %+v (%v)", node, p, err)
+}
+
+// TestEvictionReplacementLandsOnAHealthyNode: a Deployment's pod holds the only healthy GPU of
+// one real node; the GPU falls off the bus (the node's device plugin and agent both see it). The
+// agent evicts the pod, and the Deployment's replacement lands on a healthy GPU of the other
+// node, as the kubelets' pod-resources APIs show.
+func TestEvictionReplacementLandsOnAHealthyNode(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{KubeletNodes: 2})
+	ctx := t.Context()
+	sick, healthy := c.KubeletNode(controlplane.KubeletNodeName(0)), c.KubeletNode(controlplane.KubeletNodeName(1))
+	const ns = "evict-deploy"
+	if _, err := c.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	faults := func(from int) string {
+		var b strings.Builder
+		b.WriteString("events:\n")
+		for i := from; i < 8; i++ {
+			fmt.Fprintf(&b, "  - {at: 0s, gpu: %d, xid: 79}\n", i)
+		}
+		return b.String()
+	}
+	// Only GPU 0 of the first node is healthy, and the second node has no GPUs yet: the
+	// Deployment's pod can only land on that GPU.
+	plugin := startDevicePlugin(t, sick, faults(1), filepath.Join(t.TempDir(), "dp.json"))
+	waitGPUs(t, c, sick.Name, 8, 1)
+	labels := map[string]string{"app": "trainer"}
+	template := gpuPod(ns, "", "", 1)
+	template.Spec.NodeSelector = nil
+	deploy := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "trainer"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: template.Spec},
+		},
+	}
+	if _, err := c.Admin().AppsV1().Deployments(ns).Create(ctx, deploy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	first := waitDeploymentPod(t, c, ns, labels, "")
+	if first.Spec.NodeName != sick.Name {
+		t.Fatalf("the Deployment's pod runs on %s, want %s", first.Spec.NodeName, sick.Name)
+	}
+	if held := podResourcesGPUs(t, sick, ns, first.Name); !slices.Equal(held, []string{simUUID(sick.Name, 0)}) {
+		t.Fatalf("pod-resources: %s holds %v, want GPU 0 of %s", first.Name, held, sick.Name)
+	}
+
+	// GPU 0 falls off the bus. The node's device plugin sees it too (restarted with the fault,
+	// as after the driver lost the GPU), so the kubelet has no healthy GPU left to give.
+	plugin.stop(t)
+	waitGPUs(t, c, sick.Name, 8, 0)
+	after := startDevicePlugin(t, sick, faults(0), filepath.Join(t.TempDir(), "dp-after.json"))
+	startDevicePlugin(t, healthy, "events: []\n", filepath.Join(t.TempDir(), "dp-healthy.json"))
+	waitGPUs(t, c, healthy.Name, 8, 8)
+	eventually(t, "the restarted device plugin registered", func(context.Context) (bool, string, error) {
+		b, err := os.ReadFile(after.log)
+		return strings.Contains(string(b), "Registered with the kubelet"), "", err
+	})
+	waitGPUs(t, c, sick.Name, 8, 0)
+	assertPodUntouched(t, c, first) // the kubelet moves no running pod off an Unhealthy device
+
+	kubeconfig := agentKubeconfigOnNode(t, c, sick.Name)
+	evictionRBAC(t, c)
+	startAgent(t, agentSetup{node: sick.Name, gpus: 8, kubeconfig: kubeconfig,
+		checkpoint: filepath.Join(t.TempDir(), "ckpt.json"), topConfig: evictionConfig(sick.PodResourcesSocket()),
+		scenario: "events:\n  - {at: 1s, gpu: 0, xid: 79}\n"})
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpEvictionState(t, c, ns, sick.Name)
+		}
+	})
+
+	waitPodGone(t, c, ns, first.Name, first.UID)
+	waitEvent(t, c, ns, first.Name, "GPUEvicted", fmt.Sprintf("GPU 0 (%s) through device-plugin", simUUID(sick.Name, 0)))
+	next := waitDeploymentPod(t, c, ns, labels, first.UID)
+	if next.Spec.NodeName != healthy.Name {
+		t.Fatalf("the replacement %s runs on %s, want %s", next.Name, next.Spec.NodeName, healthy.Name)
+	}
+	held := podResourcesGPUs(t, healthy, ns, next.Name)
+	if len(held) != 1 || gpuIndex(healthy.Name, held[0]) < 0 {
+		t.Fatalf("pod-resources of %s: the replacement holds %v, want one of its GPUs", healthy.Name, held)
+	}
+}
+
+// waitDeploymentPod waits for a Running pod of the Deployment (by its labels) other than the
+// one with UID not, and returns it.
+func waitDeploymentPod(t *testing.T, c *controlplane.Cluster, ns string, labels map[string]string, not types.UID) *corev1.Pod {
+	t.Helper()
+	var found *corev1.Pod
+	eventually(t, "a Running pod of the Deployment", func(ctx context.Context) (bool, string, error) {
+		list, err := c.Admin().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: labels})})
+		if err != nil {
+			return false, "", err
+		}
+		var seen []string
+		for i := range list.Items {
+			p := &list.Items[i]
+			seen = append(seen, fmt.Sprintf("%s on %q %s", p.Name, p.Spec.NodeName, p.Status.Phase))
+			if p.UID != not && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				found = p
+				return true, "", nil
+			}
+		}
+		return false, fmt.Sprint(seen), nil
+	})
+	return found
 }
