@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -200,13 +201,17 @@ func (e *Evictor) Round(ctx context.Context) {
 	now := e.opts.Clock.Now()
 	pending := map[string]gpuhealthv1.GPUEvictions{}
 	seen := map[string]bool{}
+	held := map[types.UID]bool{}
+	known := true
 	for _, t := range targets(snap) {
 		uuid := t.gpu.UUID
 		seen[uuid] = true
 		if _, ok := e.since[uuid]; !ok {
 			e.since[uuid] = now
 		}
-		if p := e.gpu(ctx, t, now); len(p) > 0 {
+		p, ok := e.gpu(ctx, t, now, held)
+		known = known && ok
+		if len(p) > 0 {
 			pending[uuid] = gpuhealthv1.GPUEvictions{Index: t.gpu.Index, Pods: p}
 		}
 	}
@@ -214,6 +219,9 @@ func (e *Evictor) Round(ctx context.Context) {
 		if !seen[uuid] {
 			delete(e.since, uuid) // it no longer asks: a later fault starts a new grace period
 		}
+	}
+	if known {
+		e.forget(held)
 	}
 	e.mu.Lock()
 	changed := !equalPending(e.pending, pending)
@@ -227,8 +235,25 @@ func (e *Evictor) Round(ctx context.Context) {
 	}
 }
 
-// gpu evicts what it may of one GPU's pods and returns the pods whose eviction is pending.
-func (e *Evictor) gpu(ctx context.Context, t target, now time.Time) []gpuhealthv1.PodEviction {
+// forget drops what the Evictor keeps of the pods that no GPU asking for eviction holds (their
+// backoff, their Events already recorded): when a GPU asks again later, its pods are a new case,
+// and what a long-running agent keeps stays bounded by the pods it is evicting.
+func (e *Evictor) forget(held map[types.UID]bool) {
+	for uid := range e.pods {
+		if !held[uid] {
+			delete(e.pods, uid)
+		}
+	}
+	for key := range e.noticed {
+		if uid, _, _ := strings.Cut(key, "/"); uid != "node" && !held[types.UID(uid)] {
+			delete(e.noticed, key)
+		}
+	}
+}
+
+// gpu evicts what it may of one GPU's pods and returns the pods whose eviction is pending. It
+// marks each holder it read in held; ok is false when it could not tell (or read) them all.
+func (e *Evictor) gpu(ctx context.Context, t target, now time.Time, held map[types.UID]bool) (_ []gpuhealthv1.PodEviction, ok bool) {
 	logger := klog.FromContext(ctx).WithValues("gpu", t.gpu.UUID, "index", t.gpu.Index)
 	holders, err := e.find(ctx, t)
 	if err != nil {
@@ -236,8 +261,9 @@ func (e *Evictor) gpu(ctx context.Context, t target, now time.Time) []gpuhealthv
 		e.noticeNode(corev1.EventTypeWarning, "GPUEvictionUnknown",
 			fmt.Sprintf("GPU %d (%s) asks for eviction but the pods holding it are unknown, so none is evicted: %v", t.gpu.Index, t.gpu.UUID, err))
 		logger.Error(err, "Cannot tell which pods hold the GPU; evicting none")
-		return nil
+		return nil, false
 	}
+	ok = true
 	var pending []gpuhealthv1.PodEviction
 	var admitted *bool
 	for _, h := range holders {
@@ -247,8 +273,10 @@ func (e *Evictor) gpu(ctx context.Context, t target, now time.Time) []gpuhealthv
 		}
 		if err != nil {
 			logger.Error(err, "Cannot read a pod holding the GPU; retrying", "pod", h.String())
+			ok = false
 			continue
 		}
+		held[pod.UID] = true
 		if reason := e.skip(pod); reason != "" {
 			if reason != skipSilently {
 				e.noticePod(pod, corev1.EventTypeNormal, "GPUEvictionSkipped",
@@ -294,7 +322,7 @@ func (e *Evictor) gpu(ctx context.Context, t target, now time.Time) []gpuhealthv
 		}
 		pending = append(pending, entry)
 	}
-	return pending
+	return pending, ok
 }
 
 const skipSilently = "-"

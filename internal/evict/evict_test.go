@@ -372,3 +372,40 @@ func TestMIGInstanceAloneMatchesByUUIDOnly(t *testing.T) {
 		t.Fatalf("events %s: want a warning that the index cannot name the instance", all)
 	}
 }
+
+// TestAFaultThatReturnsStartsAfresh: a pod a PDB blocks, whose GPU stops asking for eviction
+// and later asks again, is a new case: its pending entry is dated from the new fault and its
+// backoff starts from retry again. The Evictor keeps nothing of the pods no GPU asks about.
+func TestAFaultThatReturnsStartsAfresh(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, []*corev1.Pod{pod("ml/guarded")}, map[string][]string{"ml/guarded": {"GPU-1111"}}, nil)
+	r.evicter.refuse["ml/guarded"] = 100
+	r.ev.Round(ctx) // refused: backoff 10s
+	r.clock.Step(10 * time.Second)
+	r.ev.Round(ctx) // refused: backoff 20s
+	r.clock.Step(20 * time.Second)
+	r.ev.Round(ctx) // refused: backoff 40s
+	if r.evicter.refuse["ml/guarded"] != 97 {
+		t.Fatalf("%d refusals, want 3", 100-r.evicter.refuse["ml/guarded"])
+	}
+
+	r.ev.Update(health.Snapshot{Devices: []health.DeviceStatus{{Device: gpu0, Health: health.Healthy}, {Device: gpu1, Health: health.Healthy}}})
+	r.ev.Round(ctx)
+	if len(r.ev.pods) != 0 {
+		t.Fatalf("the Evictor still keeps %d pods that no GPU asks about", len(r.ev.pods))
+	}
+
+	r.clock.Step(time.Minute)
+	returned := r.clock.Now()
+	r.ev.Update(snapshot())
+	r.ev.Round(ctx) // refused: backoff 10s again
+	got := r.annotation(t)["GPU-1111"]
+	if len(got.Pods) != 1 || got.Pods[0].State != gpuhealthv1.EvictionBlocked || !got.Pods[0].Since.Equal(returned) {
+		t.Fatalf("annotation %+v, want the pod Blocked since the fault returned (%s)", got, returned)
+	}
+	r.clock.Step(10 * time.Second)
+	r.ev.Round(ctx)
+	if n := 100 - r.evicter.refuse["ml/guarded"]; n != 5 {
+		t.Fatalf("%d refusals, want 5: the backoff did not start again from retry", n)
+	}
+}
