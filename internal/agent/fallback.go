@@ -136,6 +136,12 @@ func restoreFromNode(ctx context.Context, client kube.Interface, nodeName string
 		if s.ParentUUID != "" {
 			continue // MIG instances come back with their parent's inventory; an XID scoped to one is not rebuilt
 		}
+		// The GPU's history comes back from the report too (the tracker takes it only for a GPU
+		// whose history it does not have), whatever the GPU's health.
+		if s.History != nil && len(s.History.Recent) > 0 && !s.Missing {
+			dev := health.Device{UUID: uuid, Index: s.Index, PCIBusID: s.PCIBusID, Model: s.Model}
+			cp.Devices = append(cp.Devices, health.CheckpointedDevice{Device: dev, Conditions: []health.Condition{}, History: s.History.Recent})
+		}
 		if s.Health == health.Healthy.String() || s.Since == nil || !s.Since.After(in.BootTime) {
 			continue
 		}

@@ -147,7 +147,7 @@ func TestBenchSignalToObject(t *testing.T) {
 	agentDone := make(chan error, 1)
 	go func() {
 		agentDone <- agent.Run(agentCtx, agent.Options{
-			NodeName: node, Client: client, Backend: backend, Policy: health.DefaultPolicy(), BootID: sim.New(&sim.Scenario{Node: node, GPUCount: 1}, sim.Options{}).BootID(),
+			NodeName: node, Client: client, Backend: backend, Policy: cyclingPolicy(), BootID: sim.New(&sim.Scenario{Node: node, GPUCount: 1}, sim.Options{}).BootID(),
 			Agent:    config.AgentConfig{CheckpointPath: "-", Resync: ptrDuration(time.Hour), Reporters: reporters},
 			Registry: reg,
 		})
@@ -469,4 +469,13 @@ func latencyFigure(name, path string, lat []time.Duration) figure.Figure {
 	f.Value = milliseconds(p50)
 	f.Percentiles = map[string]float64{figure.P50: milliseconds(p50), figure.P99: milliseconds(p99), figure.Max: milliseconds(maximum)}
 	return f
+}
+
+// cyclingPolicy is the default policy without escalation: the benchmark faults and resets the
+// same GPUs hundreds of times to time the paths, which to a GPU's history is a fault that keeps
+// returning after every repair (ReplaceGPU, which no reset clears).
+func cyclingPolicy() *health.Policy {
+	p := health.DefaultPolicy()
+	p.Escalation.Enabled = false
+	return p
 }

@@ -139,12 +139,17 @@ func TestChaosAgentKilledAtRandomPoints(t *testing.T) {
 	}
 	t.Logf("chaos seed %d (GPUHEALTH_CHAOS_SEED=%d replays it)", seed, seed)
 	rnd := rand.New(rand.NewPCG(seed, seed))
+	// Each start replays the scenario from its beginning, which to the GPUs' histories (kept in
+	// the checkpoint) is GPU 1's XID 48 coming back after every reset: escalation would make it
+	// ReplaceGPU. A real restart replays no faults, so escalation is off here; its own tests are
+	// TestAgentJudgesHealthOverTime and pkg/health's.
+	const noEscalation = "escalation: {enabled: false}\n"
 	for range 4 {
-		a := startAgent(t, agentSetup{node: node, gpus: 8, kubeconfig: kubeconfig, checkpoint: checkpoint, scenario: busy})
+		a := startAgent(t, agentSetup{node: node, gpus: 8, kubeconfig: kubeconfig, checkpoint: checkpoint, scenario: busy, topConfig: noEscalation})
 		time.Sleep(time.Duration(rnd.IntN(5000)) * time.Millisecond)
 		a.kill()
 	}
-	startAgent(t, agentSetup{node: node, gpus: 8, kubeconfig: kubeconfig, checkpoint: checkpoint, scenario: busy})
+	startAgent(t, agentSetup{node: node, gpus: 8, kubeconfig: kubeconfig, checkpoint: checkpoint, scenario: busy, topConfig: noEscalation})
 	ids, ruled := expectedState(t, node, 8, busy)
 	converged(t, c, node, ids, ruled)
 }

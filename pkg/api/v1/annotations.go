@@ -61,18 +61,21 @@ type GPUSummary struct {
 	Missing bool `json:"missing,omitempty"`
 }
 
-// HistorySummary is a GPU's history as the annotation carries it: counts, and the newest
-// entries, so that an operator sees a card that keeps failing without reading the node's disk.
+// HistorySummary is a GPU's history as the annotation carries it: counts, and the entries, so
+// that an operator sees a card that keeps failing without reading the node's disk, and an agent
+// whose checkpoint is lost rebuilds the history from its own report.
 type HistorySummary struct {
 	Faults  int `json:"faults"`
 	Resets  int `json:"resets"`
 	Reboots int `json:"reboots"`
-	// Recent are the newest entries, oldest first, at most MaxRecentHistory.
+	// Recent are the entries, oldest first: all the tracker keeps (health.MaxHistory), so the
+	// counts are the entries' own. Histories change only on faults and repairs, and most GPUs
+	// have none.
 	Recent []health.HistoryEntry `json:"recent,omitempty"`
 }
 
-// MaxRecentHistory bounds HistorySummary.Recent, which keeps the annotation small.
-const MaxRecentHistory = 4
+// MaxRecentHistory bounds HistorySummary.Recent.
+const MaxRecentHistory = health.MaxHistory
 
 // SummarizeHistory reduces a GPU's history; nil when it has none.
 func SummarizeHistory(h []health.HistoryEntry) *HistorySummary {

@@ -24,9 +24,9 @@ func TestSummarizeHistory(t *testing.T) {
 	if s.Faults != 3 || s.Resets != 3 || s.Reboots != 1 || s.String() != "3 faults, 3 resets, 1 reboot" {
 		t.Errorf("summary %+v %q", s, s.String())
 	}
-	if len(s.Recent) != gpuhealthv1.MaxRecentHistory || s.Recent[len(s.Recent)-1].Kind != health.HistoryReboot ||
+	if len(s.Recent) != len(h) || s.Recent[len(s.Recent)-1].Kind != health.HistoryReboot ||
 		s.Recent[0].Time.Location() != time.UTC {
-		t.Errorf("recent %+v, want the newest %d in UTC", s.Recent, gpuhealthv1.MaxRecentHistory)
+		t.Errorf("recent %+v, want all %d entries in UTC", s.Recent, len(h))
 	}
 	// The summary reaches the annotation's GPU summary.
 	sum := gpuhealthv1.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-a"}, History: h})
