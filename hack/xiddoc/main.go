@@ -91,7 +91,7 @@ func writeRepeats(w *bufio.Writer, p *health.Policy) {
 		fmt.Fprintf(w, "| `%s` | %s | %s | %v | %v apart | %s | %s |\n", r.Name, r.XIDList(), when, r.Window, r.Burst, raises, r.Source)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, qualifiers, p.RootCauseWindow)
+	fmt.Fprintf(w, qualifiers, p.RootCauseWindow, p.RootCauseWindow)
 	e := p.Escalation
 	fmt.Fprintf(w, escalation, e.Window, e.Returns, health.MaxHistory)
 	fmt.Fprint(w, missing)
@@ -167,6 +167,15 @@ driver says **an earlier XID caused** is attributed to the GPU of the node with 
 of its own seen within the last %v (the GPU with the XID the driver named first): that root GPU
 keeps its fault, and this one is Degraded with reason ` + "`XID<n>CausedByGPU<root index>`" + ` and action
 ` + "`inspect`" + `. With no such GPU the XID keeps its rule: failing safe beats blaming a GPU nobody saw fail.
+
+Across nodes: a GB200 NVL72 rack is one NVLink domain of 18 nodes, and one GPU's NVLink error
+reaches GPUs of other nodes. The agent of a node labelled with its domain (` + "`nvidia.com/gpu.clique`" + `,
+which GPU feature discovery sets; ` + "`agent.nvlinkDomainLabel`" + `) reads the faults the agents of the
+other nodes of the domain report (the gpu-health annotation's ` + "`xidFaults`" + `), and attributes a
+caused-by XID to a peer's fault that began within %v of it either way (the peer's report comes
+late, and clocks differ) when no GPU of its own node had one: reason ` + "`XID<n>CausedByPeerGPU`" + `,
+the peer's node and GPU in the message and the Event. An XID raised before the peer's report
+arrived is attributed when it does.
 
 `
 

@@ -16,8 +16,9 @@ import (
 // The Helm chart's ClusterRole must match (test/helm checks every reporter set).
 func ClusterRoleRulesFor(reporters []string, remediationOn bool) []rbacv1.PolicyRule {
 	on := func(r string) bool { return slices.Contains(reporters, r) }
-	// Every reporter reads its own Node (the shared cache, the drains annotation); the annotation,
-	// Volcano and HAMi reporters patch its annotations.
+	// Every reporter reads its own Node (the shared cache, the drains annotation), the peers
+	// watcher the other Nodes of its NVLink domain; the annotation, Volcano and HAMi reporters
+	// patch its annotations.
 	rules := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}}}
 	if on(config.ReporterCondition) {
 		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}})

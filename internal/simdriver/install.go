@@ -145,7 +145,7 @@ func writeAtomic(path string, data []byte, mode os.FileMode) error {
 }
 
 // CheckScenario refuses what a driver cannot serve: kernel-log lines (the agent reads the kernel
-// log itself) and node reboots (a driver cannot reboot its node).
+// log itself), node reboots (a driver cannot reboot its node) and peer nodes' faults.
 func CheckScenario(sc *sim.Scenario) error {
 	if sc == nil {
 		return errors.New("no scenario")
@@ -169,6 +169,8 @@ func checkEvent(ev sim.Event) error {
 		return fmt.Errorf("line %d: kmsg: the simulated driver serves NVML, not the kernel log (the agent reads the node's own)", ev.Line)
 	case sim.EventReboot:
 		return fmt.Errorf("line %d: reboot: a driver cannot reboot its node (restart the simulator instead)", ev.Line)
+	case sim.EventPeerFault:
+		return fmt.Errorf("line %d: peerFault: a driver knows nothing of other nodes (the agent reads its peers' reports)", ev.Line)
 	}
 	return nil
 }

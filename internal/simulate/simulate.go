@@ -163,6 +163,18 @@ func (r *Recorder) Reboot(bootID string, at time.Time) {
 	r.transitions = append(r.transitions, r.tracker.Reboot(bootID, at, nil)...)
 }
 
+// SetPeerFaults applies the peer nodes' faults (sim.PeerSink).
+func (r *Recorder) SetPeerFaults(faults []health.PeerFault, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var err error
+	r.buf, err = r.tracker.SetPeerFaults(faults, at, r.buf[:0])
+	if err != nil && r.err == nil {
+		r.err = fmt.Errorf("peer faults: %w", err)
+	}
+	r.transitions = append(r.transitions, r.buf...)
+}
+
 // SetUnmonitored marks a device whose events cannot be watched.
 func (r *Recorder) SetUnmonitored(uuid string, unmonitored bool) {
 	r.mu.Lock()

@@ -379,10 +379,7 @@ func TestTheHealthOverTimeExample(t *testing.T) {
 		"35m0s 2 Healthy->Degraded XID145CausedByGPU1",
 		"36m0s 3 Healthy->Degraded XID144",
 	}
-	var got []string
-	for _, tr := range res.Transitions {
-		got = append(got, fmt.Sprintf("%s %d %s->%s %s", time.Duration(tr.At), tr.Index, tr.From, tr.To, tr.Reason))
-	}
+	got := transitionLines(res)
 	if !slices.Equal(got, want) {
 		t.Fatalf("transitions\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
@@ -433,5 +430,26 @@ func TestTheEarlyWarningsExample(t *testing.T) {
 	}
 	if len(res.Transitions) != len(want) {
 		t.Errorf("transitions %q, want one per GPU", transitionLines(res))
+	}
+}
+
+// The NVLink-domain example: caused-by XIDs attributed to a peer node's fault, before and after
+// its report, and not once it has ended.
+func TestTheNVLinkDomainExample(t *testing.T) {
+	sc := load(t, filepath.Join("..", "..", "examples", "nvlink-domain.yaml"))
+	res := run(t, sc, nil)
+	want := []string{
+		"5s 0 Healthy->Unhealthy XID145",
+		"6s 0 Unhealthy->Degraded " + health.ReasonAttributedToPeer,
+		"10s 1 Healthy->Degraded XID145CausedByPeerGPU",
+		"11s 3 Healthy->Unhealthy XID145",
+		"12m0s 2 Healthy->Unhealthy XID145",
+	}
+	got := transitionLines(res)
+	if !slices.Equal(got, want) {
+		t.Fatalf("transitions\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if c := res.Devices[0].Conditions[0]; !strings.Contains(c.Message, "caused by XID 149 on GPU 2 (GPU-") || !strings.HasSuffix(c.Message, " of node nvl72-a-0") {
+		t.Errorf("GPU 0's message %q does not name the peer's GPU and node", c.Message)
 	}
 }

@@ -21,7 +21,7 @@ import (
 // of data, data) and the meaning of every field already there; a reader ignores the fields it
 // does not know, skips the entries it cannot represent, restores the rest and says what it left
 // out (CheckpointNotes). testdata/checkpoint-v*.json hold what each version looks like.
-const CheckpointVersion = 2
+const CheckpointVersion = 3
 
 // ErrCorruptCheckpoint is wrapped by ReadCheckpoint when the file exists but cannot be trusted:
 // not JSON, a wrong checksum, no version, or data without the shape every version shares.

@@ -33,8 +33,11 @@ import (
 //     same faults, the cursor, GPU 0's XID 48 that came back after a reset, and a placeholder
 //     for a missing GPU with the XID 79 a kernel-log line named (restored only into a tracker
 //     whose inventory has the placeholder: a GPU that is back is not held missing).
+//   - checkpoint-v3.json: version 3, which marks the XID conditions the driver said an earlier
+//     XID caused (causedByPrevious): the same as version 2, and GPU 1's XID 145 caused by
+//     another's (sticky, restored; never taken for a root cause).
 //   - checkpoint-next.json: a checkpoint of a newer release, made by hand from checkpoint-v1.json:
-//     version 3 (it said 2 until version 2 was made), fields this release does not know at every level, a condition type it does not
+//     version 4 (it said 2 until version 2 was made, 3 until version 3), fields this release does not know at every level, a condition type it does not
 //     raise (kept), a severity and a clearsOn it does not have (skipped), a vanished GPU, a new
 //     cursor and a cursor of another shape (skipped).
 //
@@ -131,6 +134,7 @@ func TestCheckpointFixturesRestore(t *testing.T) {
 		{"checkpoint-v1-nocursors.json", v1Faults(), map[string]health.Cursor{}},
 		{"checkpoint-v1.json", v1Faults(), map[string]health.Cursor{"kmsg": kmsg}},
 		{"checkpoint-v2.json", v1Faults(), map[string]health.Cursor{"kmsg": kmsg}},
+		{"checkpoint-v3.json", currentFaults(), map[string]health.Cursor{"kmsg": kmsg}},
 		{"checkpoint-next.json", with(v1Faults(),
 			"GPU-0000 C2CLinkDown/1 Unhealthy gpuReset evict=true since=03:04:13",      // a type this release does not raise
 			"GPU-0003 FabricDegraded/0 Degraded nodeReboot evict=false since=03:04:16", // on a GPU that vanished
@@ -322,35 +326,40 @@ func obj(v any, path ...any) map[string]any {
 	return v.(map[string]any)
 }
 
+// currentFaults are the faults of this release's fixture (checkpoint-v<CheckpointVersion>.json).
+func currentFaults() []string {
+	return with(v1Faults(), "GPU-0001 XID/145 Unhealthy gpuReset evict=true since=03:04:10")
+}
+
 func compatCases(t *testing.T) []compatCase {
 	kmsg := map[string]health.Cursor{"kmsg": {BootID: fixtureBoot, Seq: 1234}}
 	return []compatCase{
 		{name: "a newer version", version: health.CheckpointVersion + 1,
 			change: func(env, _ map[string]any) { env["version"] = health.CheckpointVersion + 1 },
-			faults: v1Faults(), cursors: kmsg},
+			faults: currentFaults(), cursors: kmsg},
 		{name: "a field in the envelope", unknown: []string{"writer"},
 			change: func(env, _ map[string]any) { env["writer"] = "gpuhealth v9" },
-			faults: v1Faults(), cursors: kmsg},
+			faults: currentFaults(), cursors: kmsg},
 		{name: "a field in the data", unknown: []string{"data.nodeName"},
 			change: func(_, data map[string]any) { data["nodeName"] = "node-a" },
-			faults: v1Faults(), cursors: kmsg},
+			faults: currentFaults(), cursors: kmsg},
 		{name: "a field in a device's identity", unknown: []string{"data.devices[].device.serial"},
 			change: func(_, data map[string]any) { obj(data, "devices", 0, "device")["serial"] = "1650923012345" },
-			faults: v1Faults(), cursors: kmsg},
+			faults: currentFaults(), cursors: kmsg},
 		{name: "a field in a MIG placement", unknown: []string{"data.devices[].device.mig.profile"},
 			change: func(_, data map[string]any) { obj(data, "devices", 2, "device", "mig")["profile"] = "1g.10gb" },
-			faults: v1Faults(), cursors: kmsg},
+			faults: currentFaults(), cursors: kmsg},
 		{name: "a field beside a device's conditions", unknown: []string{"data.devices[].xids"},
 			change: func(_, data map[string]any) {
 				obj(data, "devices", 0)["xids"] = []any{map[string]any{"xid": 13, "count": 2}}
 			},
-			faults: v1Faults(), cursors: kmsg},
+			faults: currentFaults(), cursors: kmsg},
 		{name: "a field in a condition", unknown: []string{"data.devices[].conditions[].count"},
 			change: func(_, data map[string]any) { obj(data, "devices", 0, "conditions", 0)["count"] = 3 },
-			faults: v1Faults(), cursors: kmsg},
+			faults: currentFaults(), cursors: kmsg},
 		{name: "a field in a cursor", unknown: []string{"data.cursors.*.offset"},
 			change: func(_, data map[string]any) { obj(data, "cursors", "kmsg")["offset"] = 991 },
-			faults: v1Faults(), cursors: kmsg},
+			faults: currentFaults(), cursors: kmsg},
 		{name: "a condition type this release does not raise",
 			change: func(_, data map[string]any) {
 				d := obj(data, "devices", 0)
@@ -359,21 +368,21 @@ func compatCases(t *testing.T) []compatCase {
 					"since": "2026-01-02T03:04:13Z", "lastSeen": "2026-01-02T03:04:13Z", "clearsOn": "gpuReset", "recommendedAction": "resetGPU",
 				})
 			},
-			faults: with(v1Faults(), "GPU-0000 C2CLinkDown/1 Unhealthy gpuReset evict=false since=03:04:13"), cursors: kmsg},
+			faults: with(currentFaults(), "GPU-0000 C2CLinkDown/1 Unhealthy gpuReset evict=false since=03:04:13"), cursors: kmsg},
 		{name: "a severity this release does not have", skipped: 1,
 			change: func(_, data map[string]any) { obj(data, "devices", 0, "conditions", 1)["severity"] = "Critical" },
-			faults: without(t, v1Faults(), "GPU-0000 XID/92"), cursors: kmsg},
+			faults: without(t, currentFaults(), "GPU-0000 XID/92"), cursors: kmsg},
 		{name: "a clearsOn this release does not have", skipped: 1,
 			change: func(_, data map[string]any) { obj(data, "devices", 1, "conditions", 0)["clearsOn"] = "driverReload" },
-			faults: without(t, v1Faults(), "GPU-0001 XID/79"), cursors: kmsg},
+			faults: without(t, currentFaults(), "GPU-0001 XID/79"), cursors: kmsg},
 		{name: "a cursor of another shape", skipped: 1,
 			change: func(_, data map[string]any) {
 				obj(data, "cursors")["nvmlEvents"] = map[string]any{"bootID": fixtureBoot, "seq": "token-9"}
 			},
-			faults: v1Faults(), cursors: kmsg},
+			faults: currentFaults(), cursors: kmsg},
 		{name: "a device identity of another shape", skipped: 1,
 			change: func(_, data map[string]any) { obj(data, "devices", 2, "device")["index"] = "two" },
-			faults: without(t, v1Faults(), "MIG-0002-2-0 XID/62"), cursors: kmsg},
+			faults: without(t, currentFaults(), "MIG-0002-2-0 XID/62"), cursors: kmsg},
 	}
 }
 

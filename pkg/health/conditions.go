@@ -189,7 +189,11 @@ func (ev *evaluation) settle(ds *deviceState, clearReason string) {
 	if ds.health > from || reason == "" {
 		reason = ds.worstReason()
 	}
-	ev.out = append(ev.out, Transition{Time: ev.now, Device: ds.dev, From: from, To: ds.health, Reason: reason})
+	var msg string
+	if c := ds.worst(); c != nil && ds.health > Healthy {
+		msg = c.Message
+	}
+	ev.out = append(ev.out, Transition{Time: ev.now, Device: ds.dev, From: from, To: ds.health, Reason: reason, Message: msg})
 }
 
 // refreshLocked recomputes effective health from the device's and its parent's own state.
@@ -204,6 +208,15 @@ func (t *Tracker) refreshLocked(ds *deviceState) {
 // worstReason returns the reason of the most severe condition in effect, the earliest raised
 // among equals.
 func (ds *deviceState) worstReason() string {
+	if c := ds.worst(); c != nil {
+		return c.Reason
+	}
+	return ""
+}
+
+// worst is the condition in effect that sets the device's health (the device's own or its
+// parent's): the most severe, the earliest among equals; nil when there is none.
+func (ds *deviceState) worst() *Condition {
 	var best *Condition
 	consider := func(cs []condState) {
 		for i := range cs {
@@ -217,10 +230,7 @@ func (ds *deviceState) worstReason() string {
 	if ds.parent != nil {
 		consider(ds.parent.conds)
 	}
-	if best == nil {
-		return ""
-	}
-	return best.Reason
+	return best
 }
 
 // WorstFirst returns the conditions ordered by severity, most severe first, earliest first

@@ -55,9 +55,9 @@ type condState struct {
 	// instant count once.
 	cleanSamples int
 	cleanAt      time.Time
-	// consequential marks an XID condition the driver said an earlier XID caused: it is never
-	// taken for another GPU's root cause.
-	consequential bool
+	// causeXID is the XID the driver named as the cause of a CausedByPrevious XID condition
+	// (zero when it named none), for attributing it once a peer's fault arrives.
+	causeXID uint32
 }
 
 // maxTrackedLinks bounds the NVLink numbers the tracker keeps state for; signals about higher

@@ -91,6 +91,17 @@ func (m *Monitor) SetDrains(drained map[string]string, now time.Time) []string {
 	return unknown
 }
 
+// SetPeerFaults applies the complete set of the peer nodes' faults (see Tracker.SetPeerFaults)
+// and publishes the result; it returns the invalid faults it dropped, as errors.
+func (m *Monitor) SetPeerFaults(faults []PeerFault, now time.Time) error {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	var err error
+	m.buf, err = m.tracker.SetPeerFaults(faults, now, m.buf[:0])
+	m.publishLocked()
+	return err
+}
+
 // ClearCondition ends a condition by hand (see Tracker.ClearCondition: an administrator's
 // decision; a zero condType clears every condition of the device) and publishes the result, its
 // transitions included. It reports whether anything cleared.

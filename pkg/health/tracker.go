@@ -39,6 +39,9 @@ type Tracker struct {
 	cursors map[string]Cursor
 	// findings are the node findings in effect (see NodeFinding), in the order raised.
 	findings []NodeFinding
+	// peers are the faults of the GPUs of the peer nodes in this node's NVLink domain, most
+	// recent first (see SetPeerFaults).
+	peers []PeerFault
 	// missingMarked says the placeholders' GPUMissing is raised: at the first moment the
 	// tracker is told the time (a signal, a tick, a restore), which is then its Since.
 	missingMarked bool

@@ -209,6 +209,10 @@ type Condition struct {
 	RecommendedAction Action    `json:"recommendedAction"`
 	// Evict asks for running work on the device to be evicted, not just for new work to stay away.
 	Evict bool `json:"evict,omitempty"`
+	// CausedByPrevious marks an XID condition the driver said an earlier XID caused ("caused by
+	// previous Xid 149"): it is never taken for another GPU's root cause, on this node or on a
+	// peer's (PeerFault).
+	CausedByPrevious bool `json:"causedByPrevious,omitempty"`
 }
 
 // XIDCount records how often an XID was seen on a device, including XIDs that do not change
@@ -260,4 +264,7 @@ type Transition struct {
 	// Reason is the reason of the worst condition after the change, or, when the device became
 	// healthier, why the last condition cleared.
 	Reason string `json:"reason"`
+	// Message is the message of the worst condition after the change; empty when the device is
+	// healthy.
+	Message string `json:"message,omitempty"`
 }

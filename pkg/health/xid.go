@@ -55,12 +55,11 @@ func (ev *evaluation) xidOn(ds *deviceState, sig Signal, rule XIDRule) {
 	if rule.FollowRecoveryAction || rule.Severity == Healthy {
 		return
 	}
-	var root *deviceState
-	var rootXID uint32
+	var root rootFault
 	if sig.XIDFlags&XIDCausedByPrevious != 0 {
-		root, rootXID = ev.rootCause(ds, sig.CauseXID)
+		root = ev.rootCause(ds, sig.CauseXID, ev.now)
 	}
-	softened := root != nil || sig.XIDFlags&XIDNonfatal != 0
+	softened := root.found() || sig.XIDFlags&XIDNonfatal != 0
 	if softened {
 		rule.Severity, rule.Evict = min(rule.Severity, Degraded), false
 	}
@@ -81,48 +80,90 @@ func (ev *evaluation) xidOn(ds *deviceState, sig Signal, rule XIDRule) {
 	cond := condState{Condition: Condition{
 		Type: ConditionXID, Code: xid, Severity: rule.Severity, ClearsOn: rule.ClearsOn, Evict: rule.Evict,
 		RecommendedAction: rule.Action, Reason: fmt.Sprintf("XID%d", xid), Message: fmt.Sprintf("XID %d: %s", xid, desc),
-	}, consequential: sig.XIDFlags&XIDCausedByPrevious != 0}
+		CausedByPrevious: sig.XIDFlags&XIDCausedByPrevious != 0,
+	}, causeXID: sig.CauseXID}
 	switch {
-	case root != nil:
-		cond.Reason = fmt.Sprintf("XID%dCausedByGPU%d", xid, root.dev.Index)
-		cond.Message = fmt.Sprintf("XID %d: %s, caused by XID %d on GPU %d (%s)", xid, desc, rootXID, root.dev.Index, root.dev.UUID)
-		cond.RecommendedAction = ActionInspect
+	case root.found():
+		root.attribute(&cond.Condition)
 	case sig.XIDFlags&XIDNonfatal != 0:
 		cond.Message += " (Nonfatal)"
 	}
 	ev.replace(ds, cond)
 }
 
-// rootCause finds the GPU whose fault an XID on ds followed: another physical GPU with an
-// Unhealthy XID condition of its own, not itself caused by another, seen within the policy's
-// RootCauseWindow; a fault of the XID the driver named (cause, when not zero) beats any other,
-// then the most recent wins. It returns nil when there is none: the XID then keeps its rule,
-// since failing safe beats blaming a GPU nobody saw fail.
-func (ev *evaluation) rootCause(ds *deviceState, cause uint32) (*deviceState, uint32) {
+// rootFault is the fault an XID the driver says an earlier one caused is attributed to: an XID
+// of another GPU of this node (local), or of a GPU of a peer node in the same NVLink domain
+// (peer, see PeerFault).
+type rootFault struct {
+	local *deviceState
+	peer  *PeerFault
+	xid   uint32
+	seen  time.Time
+}
+
+func (r rootFault) found() bool { return r.local != nil || r.peer != nil }
+
+// attribute makes an XID condition the consequence of r: Degraded at most, no eviction, the
+// action inspect, a reason naming the root (XID45CausedByGPU3, or XID45CausedByPeerGPU for a
+// peer's, whose node a reason cannot hold) and a message saying which XID of which GPU.
+func (r rootFault) attribute(c *Condition) {
+	c.Severity, c.Evict, c.RecommendedAction = min(c.Severity, Degraded), false, ActionInspect
+	if r.local != nil {
+		c.Reason = fmt.Sprintf("XID%dCausedByGPU%d", c.Code, r.local.dev.Index)
+		c.Message += fmt.Sprintf(", caused by XID %d on GPU %d (%s)", r.xid, r.local.dev.Index, r.local.dev.UUID)
+		return
+	}
+	c.Reason = fmt.Sprintf("XID%dCausedByPeerGPU", c.Code)
+	c.Message += fmt.Sprintf(", caused by XID %d on GPU %d (%s) of node %s", r.xid, r.peer.Index, r.peer.UUID, r.peer.Node)
+}
+
+// rootCause finds the fault an XID on ds at time at followed: an Unhealthy XID condition of
+// another physical GPU of this node, not itself caused by another, seen within the policy's
+// RootCauseWindow before at; or a peer's fault (PeerFault) that began within the window either
+// side of at (the peer's agent reports it after its own debounce, and the nodes' clocks differ a
+// little). A fault of the XID the driver named (cause, when not zero) beats any other, then the
+// most recent wins. None found: the XID keeps its rule, since failing safe beats blaming a GPU
+// nobody saw fail.
+func (ev *evaluation) rootCause(ds *deviceState, cause uint32, at time.Time) rootFault {
 	self := ds
 	if ds.parent != nil {
 		self = ds.parent
 	}
-	var root *deviceState
-	var rootXID uint32
-	var rootSeen time.Time
+	window := ev.t.policy.RootCauseWindow
+	var root rootFault
+	better := func(xid uint32, seen time.Time) bool {
+		if !root.found() {
+			return true
+		}
+		if (xid == cause) != (root.xid == cause) {
+			return xid == cause
+		}
+		return seen.After(root.seen)
+	}
 	for _, other := range ev.t.ordered {
 		if other == self || other.parent != nil {
 			continue
 		}
 		for i := range other.conds {
 			c := &other.conds[i]
-			if c.Type != ConditionXID || c.consequential || c.Severity < Unhealthy || ev.now.Sub(c.LastSeen) > ev.t.policy.RootCauseWindow {
+			if c.Type != ConditionXID || c.CausedByPrevious || c.Severity < Unhealthy || at.Sub(c.LastSeen) > window {
 				continue
 			}
-			better := root == nil || (c.Code == cause) != (rootXID == cause) && c.Code == cause ||
-				(c.Code == cause) == (rootXID == cause) && c.LastSeen.After(rootSeen)
-			if better {
-				root, rootXID, rootSeen = other, c.Code, c.LastSeen
+			if better(c.Code, c.LastSeen) {
+				root = rootFault{local: other, xid: c.Code, seen: c.LastSeen}
 			}
 		}
 	}
-	return root, rootXID
+	for i := range ev.t.peers {
+		p := &ev.t.peers[i]
+		if d := at.Sub(p.Since); d > window || d < -window {
+			continue
+		}
+		if better(p.XID, p.Since) {
+			root = rootFault{peer: p, xid: p.XID, seen: p.Since}
+		}
+	}
+	return root
 }
 
 // countXID counts every XID, including those that change nothing, keeping the counts sorted by

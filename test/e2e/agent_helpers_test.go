@@ -95,8 +95,14 @@ func agentKubeconfig(t *testing.T, c *controlplane.Cluster) string {
 // simulator's for that node, so the agent's sim backend and the DRA devices agree.
 func gpuNode(t *testing.T, c *controlplane.Cluster, node string, count int) []string {
 	t.Helper()
+	return labelledGPUNode(t, c, node, count, nil)
+}
+
+// labelledGPUNode is gpuNode with the Node's labels.
+func labelledGPUNode(t *testing.T, c *controlplane.Cluster, node string, count int, labels map[string]string) []string {
+	t.Helper()
 	ctx := t.Context()
-	if _, err := c.CreateReadyNode(ctx, node, nil); err != nil {
+	if _, err := c.CreateReadyNode(ctx, node, labels); err != nil {
 		t.Fatal(err)
 	}
 	uuids := make([]string, count)

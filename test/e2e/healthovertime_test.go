@@ -166,3 +166,74 @@ func TestAgentReportsEarlyWarnings(t *testing.T) {
 		return ok, fmt.Sprintf("ids=%q %v", ann[gpuhealthv1.UnhealthyIDsKey], got), nil
 	})
 }
+
+// TestAgentsAttributeAnXIDToAPeerNodesGPU runs the NVL72 pattern across nodes through real
+// agents and the real API server: on two nodes of one NVLink domain (GPU feature discovery's
+// nvidia.com/gpu.clique label), one GPU logs XID 149 and a GPU of the other node an XID 145 its
+// driver says an earlier XID caused. The second node's agent reads the first's report and makes
+// its GPU Degraded, attributed to the peer's (XID145CausedByPeerGPU, off Volcano's list), while
+// its own XID 145 of no cause stays Unhealthy; a node of another domain blames nobody.
+func TestAgentsAttributeAnXIDToAPeerNodesGPU(t *testing.T) {
+	t.Parallel()
+	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
+	const clique = "nvidia.com/gpu.clique"
+	rack := map[string]string{clique: "9277d399-0674-44a9-b64e-d85bb19ce2b0.32766"}
+	other := map[string]string{clique: "0d5e1f7c-4a4b-4c1e-9a55-7ad3f2b7c001.1"}
+	const root, peer, elsewhere = "nvl72-a-0", "nvl72-a-1", "nvl72-b-0"
+	rootUUIDs := labelledGPUNode(t, c, root, 4, rack)
+	peerUUIDs := labelledGPUNode(t, c, peer, 4, rack)
+	elseUUIDs := labelledGPUNode(t, c, elsewhere, 4, other)
+	kubeconfig := agentKubeconfig(t, c)
+	caused := "  - {at: 1s, gpu: 0, xid: 145, causedByPrevious: true}\n"
+	startAgent(t, agentSetup{node: root, gpus: 4, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+		scenario: "events:\n  - {at: 1s, gpu: 2, xid: 149}\n"})
+	startAgent(t, agentSetup{node: peer, gpus: 4, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+		scenario: "events:\n" + caused + "  - {at: 1s, gpu: 1, xid: 145}\n"})
+	startAgent(t, agentSetup{node: elsewhere, gpus: 4, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
+		scenario: "events:\n" + caused})
+	summaries := func(ctx context.Context, node string) (map[string]gpuhealthv1.GPUSummary, map[string]string, error) {
+		ann, err := nodeAnnotations(ctx, c, node)
+		if err != nil {
+			return nil, nil, err
+		}
+		sums, err := gpuhealthv1.ParseHealth(ann[gpuhealthv1.HealthKey])
+		return sums, ann, err
+	}
+	eventually(t, "the peer's caused-by XID attributed to the root node's GPU, and no one else's", func(ctx context.Context) (bool, string, error) {
+		rootSums, _, err := summaries(ctx, root)
+		if err != nil {
+			return false, "", err
+		}
+		peerSums, peerAnn, err := summaries(ctx, peer)
+		if err != nil {
+			return false, "", err
+		}
+		elseSums, _, err := summaries(ctx, elsewhere)
+		if err != nil {
+			return false, "", err
+		}
+		r2, p0, p1, e0 := rootSums[rootUUIDs[2]], peerSums[peerUUIDs[0]], peerSums[peerUUIDs[1]], elseSums[elseUUIDs[0]]
+		ok := r2.Health == "Unhealthy" && len(r2.XIDFaults) == 1 && r2.XIDFaults[0].XID == 149 &&
+			p0.Health == "Degraded" && slices.Equal(p0.Reasons, []string{"XID145CausedByPeerGPU"}) && len(p0.XIDFaults) == 0 &&
+			p1.Health == "Unhealthy" && slices.Equal(p1.Reasons, []string{"XID145"}) &&
+			peerAnn[gpuhealthv1.UnhealthyIDsKey] == "1" &&
+			e0.Health == "Unhealthy" && slices.Equal(e0.Reasons, []string{"XID145"})
+		return ok, fmt.Sprintf("root gpu2=%+v peer gpu0=%+v gpu1=%+v ids=%q elsewhere gpu0=%+v", r2, p0, p1, peerAnn[gpuhealthv1.UnhealthyIDsKey], e0), nil
+	})
+	// The attribution's Event on the peer's Node names the root's node and GPU.
+	want := "caused by XID 149 on GPU 2 (" + rootUUIDs[2] + ") of node " + root
+	eventually(t, "the peer's Event naming the root", func(ctx context.Context) (bool, string, error) {
+		events, err := nodeEvents(ctx, c, peer, nodecondition.EventGPUDegraded)
+		if err != nil {
+			return false, "", err
+		}
+		var msgs []string
+		for _, e := range events {
+			if strings.Contains(e.Message, want) {
+				return true, "", nil
+			}
+			msgs = append(msgs, e.Message)
+		}
+		return false, fmt.Sprintf("GPUDegraded Events %q, want one saying %q", msgs, want), nil
+	})
+}

@@ -407,5 +407,9 @@ func (e *Events) Record(t health.Transition) {
 	if t.Device.MIG != nil {
 		what = fmt.Sprintf("MIG instance %s of GPU %d (GI %d, CI %d)", t.Device.UUID, t.Device.Index, t.Device.MIG.GPUInstance, t.Device.MIG.ComputeInstance)
 	}
-	e.recorder.Eventf(e.node, eventType, reason, "%s: %s -> %s: %s", what, t.From, t.To, t.Reason)
+	if t.Message == "" {
+		e.recorder.Eventf(e.node, eventType, reason, "%s: %s -> %s: %s", what, t.From, t.To, t.Reason)
+		return
+	}
+	e.recorder.Eventf(e.node, eventType, reason, "%s: %s -> %s: %s (%s)", what, t.From, t.To, t.Reason, t.Message)
 }

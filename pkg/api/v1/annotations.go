@@ -1,6 +1,7 @@
 package v1
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -59,6 +60,16 @@ type GPUSummary struct {
 	// Missing marks a GPU the node should have and the driver does not answer for (a
 	// placeholder: index -1, UUID MISSING-<PCI address>). It is in no scheduler's pool.
 	Missing bool `json:"missing,omitempty"`
+	// XIDFaults are the physical GPU's Unhealthy XID conditions of its own (none the driver
+	// said another XID caused), with when each began: the faults the agents of the other nodes
+	// of its NVLink domain attribute their GPUs' caused-by XIDs to (PeerFaults).
+	XIDFaults []XIDFault `json:"xidFaults,omitempty"`
+}
+
+// XIDFault is one XID fault of a GPU's own, as GPUSummary.XIDFaults carries it.
+type XIDFault struct {
+	XID   uint32    `json:"xid"`
+	Since time.Time `json:"since"`
 }
 
 // HistorySummary is a GPU's history as the annotation carries it: counts, and the entries, so
@@ -148,7 +159,37 @@ func Summarize(d health.DeviceStatus) GPUSummary {
 		since := conds[0].Since.UTC()
 		s.Since = &since
 	}
+	if d.Device.MIG == nil {
+		for _, c := range d.Conditions {
+			if c.Type == health.ConditionXID && c.Severity >= health.Unhealthy && !c.CausedByPrevious {
+				s.XIDFaults = append(s.XIDFaults, XIDFault{XID: c.Code, Since: c.Since.UTC()})
+			}
+		}
+		slices.SortFunc(s.XIDFaults, func(a, b XIDFault) int { return cmp.Compare(a.XID, b.XID) })
+	}
 	return s
+}
+
+// PeerFaults are the XID faults a peer node reports on its GPUs (its HealthKey's summaries),
+// as health.Tracker.SetPeerFaults takes them: the faults of its physical GPUs that are not
+// missing, each of them valid (health.PeerFault.Validate), sorted by GPU index then XID.
+func PeerFaults(node string, summaries map[string]GPUSummary) []health.PeerFault {
+	var out []health.PeerFault
+	for uuid, s := range summaries {
+		if s.ParentUUID != "" || s.Missing {
+			continue
+		}
+		for _, f := range s.XIDFaults {
+			p := health.PeerFault{Node: node, UUID: uuid, Index: s.Index, XID: f.XID, Since: f.Since}
+			if p.Validate() == nil {
+				out = append(out, p)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b health.PeerFault) int {
+		return cmp.Or(cmp.Compare(a.Index, b.Index), cmp.Compare(a.UUID, b.UUID), cmp.Compare(a.XID, b.XID))
+	})
+	return out
 }
 
 // Summaries returns HealthKey's value for a snapshot: every device's summary by UUID.

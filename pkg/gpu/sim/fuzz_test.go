@@ -26,6 +26,12 @@ func (s *trackerSink) Signal(sig health.Signal) {
 
 func (s *trackerSink) Reboot(bootID string, at time.Time) { s.tr.Reboot(bootID, at, nil) }
 
+func (s *trackerSink) SetPeerFaults(faults []health.PeerFault, at time.Time) {
+	if _, err := s.tr.SetPeerFaults(faults, at, nil); err != nil && s.err == nil {
+		s.err = err
+	}
+}
+
 // FuzzParseScenario feeds arbitrary bytes to the scenario parser. It must never panic; a
 // rejection is one non-empty line; an accepted scenario is sorted, refers only to its own GPUs,
 // and (when small) replays through a Tracker without a signal for an unknown device.
@@ -73,7 +79,7 @@ func FuzzParseScenario(f *testing.F) {
 			if i > 0 && ev.At < sc.Events[i-1].At {
 				t.Fatalf("events not sorted: %v after %v", ev.At, sc.Events[i-1].At)
 			}
-			if ev.At < 0 || ev.Repeat < 1 || (ev.Kind != sim.EventReboot && (ev.GPU < 0 || ev.GPU >= sc.GPUCount)) {
+			if ev.At < 0 || ev.Repeat < 1 || (ev.Kind != sim.EventReboot && ev.Kind != sim.EventPeerFault && (ev.GPU < 0 || ev.GPU >= sc.GPUCount)) {
 				t.Fatalf("event %+v accepted", ev)
 			}
 			if ev.MIG > sc.MIGInstances[ev.GPU] {

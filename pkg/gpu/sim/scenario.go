@@ -202,6 +202,10 @@ type Event struct {
 	Reading      string
 	// MIGCount is the GPU's number of MIG instances after an EventMIG (0: MIG mode off).
 	MIGCount int
+	// Peer is an EventPeerFault's fault (its Since is the event's time); PeerCleared says the
+	// peer no longer reports it.
+	Peer        health.PeerFault
+	PeerCleared bool
 }
 
 // scenarioFile mirrors the file; pointers tell "absent" from zero.
@@ -254,6 +258,7 @@ type eventSpec struct {
 	SRAMExceeded      *bool           `yaml:"sramThresholdExceeded"`
 	PCIeLink          *pcieLinkSpec   `yaml:"pcieLink"`
 	NVLinkRecoveries  *recoveriesSpec `yaml:"nvlinkRecoveries"`
+	PeerFault         *peerFaultSpec  `yaml:"peerFault"`
 }
 
 type eccSpec struct {
@@ -508,9 +513,10 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 	add(spec.PCIeLink != nil, EventPCIeLink)
 	add(spec.NVLinkRecoveries != nil, EventNVLinkRecoveries)
 	add(spec.MIGInstances != nil, EventMIG)
+	add(spec.PeerFault != nil, EventPeerFault)
 	switch len(kinds) {
 	case 0:
-		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg, fabric, rowRemapHistogram, sramThresholdExceeded, pcieLink, nvlinkRecoveries (and, for the simulated driver, driver, hang, outOfRange, readsLower, migInstances)")
+		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg, fabric, rowRemapHistogram, sramThresholdExceeded, pcieLink, nvlinkRecoveries, peerFault (and, for the simulated driver, driver, hang, outOfRange, readsLower, migInstances)")
 	case 1:
 		ev.Kind = kinds[0]
 	default:
@@ -519,6 +525,9 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 
 	if ev.Kind == EventKmsg {
 		return sc.kmsgEvent(spec, ev)
+	}
+	if ev.Kind == EventPeerFault {
+		return sc.peerFaultEvent(spec, ev)
 	}
 	if ev.Kind == EventDriver {
 		if *spec.Driver != DriverUnload && *spec.Driver != DriverLoad {

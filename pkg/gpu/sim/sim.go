@@ -78,6 +78,8 @@ type Backend struct {
 	spoofed     int
 	// resets carries Reset's requests to the Run loop, which owns the GPUs' state.
 	resets chan resetRequest
+	// peers are the peer nodes' faults the scenario's peerFault events reported so far.
+	peers map[peerKey]health.PeerFault
 }
 
 var _ gpu.Resetter = (*Backend)(nil)
@@ -175,6 +177,10 @@ func (b *Backend) End() time.Duration { return b.sc.End(b.opts.Settle) }
 // Run replays the scenario into sink. It returns nil at the scenario's end (or, with Forever,
 // when ctx is cancelled), and ctx's error if cancelled before the end.
 func (b *Backend) Run(ctx context.Context, sink Sink) error {
+	if _, ok := sink.(PeerSink); !ok && b.sc.HasPeerFaults() {
+		return errors.New("scenario: peerFault events are replayed by gpuhealth simulate only; an agent reads its peers' faults from their nodes' reports")
+	}
+	b.peers = map[peerKey]health.PeerFault{}
 	start := b.opts.Start
 	if !b.opts.Virtual {
 		start = b.opts.Clock.Now()
@@ -331,6 +337,10 @@ func (b *Backend) apply(ev Event, now time.Time, sink Sink) {
 		for range ev.Repeat {
 			b.applyKmsg(ev, now, sink)
 		}
+		return
+	}
+	if ev.Kind == EventPeerFault {
+		b.applyPeerFault(ev, now, sink.(PeerSink)) // Run refused a sink without peers
 		return
 	}
 	g := b.gpus[ev.GPU]

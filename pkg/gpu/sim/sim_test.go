@@ -458,3 +458,44 @@ func TestForeverKeepsSamplingPastTheEnd(t *testing.T) {
 		t.Fatalf("%d rounds, want 6 (0s to 50s, past the 10s duration)", n)
 	}
 }
+
+// peerRecorder is a recorder that takes the peers' faults.
+type peerRecorder struct {
+	recorder
+	sets [][]health.PeerFault
+}
+
+func (r *peerRecorder) SetPeerFaults(faults []health.PeerFault, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sets = append(r.sets, faults)
+}
+
+func TestPeerFaultsReachOnlyASinkThatTakesThem(t *testing.T) {
+	data := scenario("gpus: {count: 1}\n",
+		"{at: 1s, peerFault: {node: n0, gpu: 2, xid: 149}}",
+		"{at: 2s, peerFault: {node: n0, gpu: 3, xid: 79}}",
+		"{at: 3s, peerFault: {node: n0, gpu: 2, xid: 149, cleared: true}}")
+	sc := mustParseScenario(t, data)
+	rec := &peerRecorder{}
+	if err := sim.New(sc, sim.Options{Virtual: true}).Run(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, set := range rec.sets {
+		var s []string
+		for _, f := range set {
+			s = append(s, fmt.Sprintf("%s/%d/%d@%v", f.Node, f.Index, f.XID, f.Since.Sub(epoch)))
+		}
+		got = append(got, strings.Join(s, ","))
+	}
+	want := []string{"n0/2/149@1s", "n0/2/149@1s,n0/3/79@2s", "n0/3/79@2s"}
+	if !slices.Equal(got, want) {
+		t.Errorf("peer fault sets %q, want %q", got, want)
+	}
+	// An agent's sink takes no peers from a scenario: it reads them from the API server.
+	err := sim.New(sc, sim.Options{Virtual: true}).Run(context.Background(), &recorder{})
+	if err == nil || !strings.Contains(err.Error(), "peerFault events are replayed by gpuhealth simulate only") {
+		t.Errorf("Run on a sink without peers: %v", err)
+	}
+}

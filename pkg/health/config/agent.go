@@ -2,9 +2,12 @@ package config
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -38,6 +41,8 @@ const (
 	DefaultCheckpointPath    = "/var/lib/gpuhealth/checkpoint.json"
 	DefaultResync            = 5 * time.Minute
 	DefaultHeartbeat         = 5 * time.Minute
+	// DefaultNVLinkDomainLabel is GPU feature discovery's label of a node's NVLink clique.
+	DefaultNVLinkDomainLabel = "nvidia.com/gpu.clique"
 	MinHeartbeat             = 10 * time.Second
 )
 
@@ -73,6 +78,12 @@ type AgentConfig struct {
 	CircuitBreaker CircuitBreakerConfig `yaml:"circuitBreaker,omitempty" json:"circuitBreaker,omitempty"`
 	// Eviction evicts the pods holding a GPU whose condition asks for eviction (opt-in).
 	Eviction EvictionConfig `yaml:"eviction,omitempty" json:"eviction,omitempty"`
+	// NVLinkDomainLabel is the Node label that names the node's NVLink domain (default
+	// nvidia.com/gpu.clique, which NVIDIA's GPU feature discovery sets to the fabric's
+	// <clusterUUID>.<cliqueID>; "-" turns it off). The agent of a node with the label watches
+	// the other nodes with the same value, and attributes an XID its driver says an earlier one
+	// caused to a fault one of them reports (docs/agent.md, "NVLink domains").
+	NVLinkDomainLabel string `yaml:"nvlinkDomainLabel,omitempty" json:"nvlinkDomainLabel,omitempty"`
 }
 
 // EvictionConfig: when a GPU gets a condition that asks for eviction (XID 79, a lost GPU, ...),
@@ -195,6 +206,9 @@ func (a AgentConfig) WithDefaults() AgentConfig {
 		d := Duration(DefaultHeartbeat)
 		a.Heartbeat = &d
 	}
+	if a.NVLinkDomainLabel == "" {
+		a.NVLinkDomainLabel = DefaultNVLinkDomainLabel
+	}
 	if a.CircuitBreaker.MaxFraction == 0 {
 		a.CircuitBreaker.MaxFraction = DefaultBreakerFraction
 	}
@@ -231,5 +245,31 @@ func (a AgentConfig) validate(bad func(path, format string, args ...any)) {
 	if w := a.CircuitBreaker.Window; w != nil && time.Duration(*w) <= 0 {
 		bad("agent.circuitBreaker.window", "must be positive, got %v", time.Duration(*w))
 	}
+	if l := a.NVLinkDomainLabel; l != "" && l != "-" {
+		if err := validLabelKey(l); err != nil {
+			bad("agent.nvlinkDomainLabel", "%q is not a label key: %v", l, err)
+		}
+	}
 	a.Eviction.validate(bad)
+}
+
+// Label keys as Kubernetes takes them (apimachinery's IsQualifiedName, which pkg/health may not
+// import): an optional DNS-subdomain prefix and a slash, then a name of at most 63 characters.
+var (
+	labelName   = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+	labelPrefix = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+)
+
+func validLabelKey(key string) error {
+	prefix, name, hasPrefix := strings.Cut(key, "/")
+	if !hasPrefix {
+		name, prefix = prefix, ""
+	}
+	switch {
+	case hasPrefix && (prefix == "" || len(prefix) > 253 || !labelPrefix.MatchString(prefix)):
+		return errors.New("the prefix must be a DNS subdomain (lowercase alphanumerics, '-' and '.', at most 253 characters)")
+	case name == "" || len(name) > 63 || !labelName.MatchString(name):
+		return errors.New("the name must be 1 to 63 alphanumerics, '-', '_' or '.', beginning and ending with an alphanumeric")
+	}
+	return nil
 }

@@ -1,0 +1,25 @@
+package simdriver_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/gpuhealth/gpuhealth/internal/simdriver"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+)
+
+func TestCheckScenarioRefusesWhatNoDriverServes(t *testing.T) {
+	for event, want := range map[string]string{
+		"{at: 1s, reboot: true}": "reboot: a driver cannot reboot its node",
+		"{at: 1s, kmsg: \"NVRM: Xid (PCI:0000:10:00): 79, GPU has fallen off the bus.\"}": "kmsg: the simulated driver serves NVML",
+		"{at: 1s, peerFault: {node: n0, gpu: 2, xid: 149}}":                               "peerFault: a driver knows nothing of other nodes",
+	} {
+		sc, err := sim.ParseDriverScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: n1\ngpus: {count: 1}\nevents:\n  - " + event + "\n"))
+		if err != nil {
+			t.Fatalf("%s: %v", event, err)
+		}
+		if err := simdriver.CheckScenario(sc); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: CheckScenario %v, want %q", event, err, want)
+		}
+	}
+}
