@@ -40,10 +40,10 @@ mkdir -p "$dir"
 # gpuhealth-agent is the agent alone, which the DaemonSet runs (cmd/gpuhealth-agent); grpcnotrace:
 # see the Makefile's build.
 CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$cc go build -trimpath -tags grpcnotrace \
-	-ldflags "-s -w -X github.com/gpuhealth/gpuhealth/internal/cli.version=$version" \
+	-ldflags "-s -w -X github.com/gpuhealth/gpuhealth/internal/version.Version=$version" \
 	-o "$dir/gpuhealth" ./cmd/gpuhealth
 CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$cc go build -trimpath -tags grpcnotrace \
-	-ldflags "-s -w -X main.version=$version" \
+	-ldflags "-s -w -X github.com/gpuhealth/gpuhealth/internal/version.Version=$version" \
 	-o "$dir/gpuhealth-agent" ./cmd/gpuhealth-agent
 
 # The files the dynamic loader will look for: the interpreter at its absolute path, and each

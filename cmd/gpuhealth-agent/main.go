@@ -9,19 +9,15 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/gpuhealth/gpuhealth/internal/cli/agentcmd"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	"github.com/gpuhealth/gpuhealth/internal/version"
 )
-
-// version is set at link time: -ldflags "-X main.version=v0.1.0".
-var version = "devel"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -37,14 +33,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SilenceUsage, root.SilenceErrors = true, true
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	goVersion := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		goVersion = bi.GoVersion
-	}
 	// cobra's default version line: a custom template would bring in text/template, whose
 	// MethodByName makes the linker keep every exported method of every type (a binary twice as
 	// large).
-	root.Version = fmt.Sprintf("%s (%s)", version, goVersion)
+	root.Version = version.String()
 	cmdutil.MarkUsageErrors(root)
 	if len(args) > 0 && args[0] == "agent" {
 		args = args[1:]

@@ -7,7 +7,7 @@
 //	                                                       Writers (condition, claimstatus)
 //
 // Every loop runs under one errgroup: the backend, one goroutine per writer, the fan-out, the
-// followers, the drains and clears watchers, the NVLink-domain peers watcher (peers.go), the
+// followers, the drains and clears watchers, the NVLink-domain peers' lookup (peers.go), the
 // quiet-period ticker and the HTTP server (/metrics, /healthz, /readyz). The first loop that
 // fails cancels the others; a cancelled context (SIGTERM) stops everything cleanly.
 package agent
@@ -308,7 +308,7 @@ func Run(ctx context.Context, opts Options) error {
 	clears := &clearWatcher{nodes: caches.nodes, client: opts.Client, monitor: monitor, clock: opts.Clock, recorder: recorder, nodeRef: nodeRef}
 	g.Go(func() error { return clears.run(ctx) })
 	if label := agentCfg.NVLinkDomainLabel; label != "-" {
-		peers := &peerWatcher{client: opts.Client, nodes: caches.nodes, label: label, monitor: monitor, clock: opts.Clock}
+		peers := &peerResolver{client: opts.Client, nodes: caches.nodes, label: label, monitor: monitor, clock: opts.Clock}
 		g.Go(func() error { return peers.run(ctx) })
 	}
 	if opts.MetricsAddress != "" {

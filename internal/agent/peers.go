@@ -3,13 +3,12 @@ package agent
 import (
 	"context"
 	"slices"
-	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -19,189 +18,154 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// peerWatcher follows the other nodes of this node's NVLink domain (the nodes whose domain
-// label has this node's value: the 18 nodes of a GB200 NVL72 rack) and hands the faults their
-// agents report (the gpu-health annotation's xidFaults) to the monitor, which attributes to
-// them the XIDs this node's driver says an earlier XID caused. A node without the label watches
-// nothing: one watch, server-side filtered by the label, only where a domain exists. When the
-// label's value changes (a node moved to another rack, GPU feature discovery labelled it late),
-// the watch follows it.
+// Peer lookups back off from peerLookupFirstRetry to peerLookupMaxRetry while an XID waits for
+// its root cause.
+const (
+	peerLookupFirstRetry = time.Second
+	peerLookupMaxRetry   = 30 * time.Second
+)
+
+// peerResolver reads the faults the agents of the other nodes of this node's NVLink domain (the
+// nodes whose domain label has this node's value: the 18 nodes of a GB200 NVL72 rack) report on
+// their gpu-health annotations, and hands them to the monitor, which attributes to them the XIDs
+// this node's driver says an earlier XID caused.
+//
+// It reads them only when they matter: while this node has such an XID that nothing explains
+// yet (Unhealthy, seen within the policy's RootCauseWindow), it lists the domain's nodes at once
+// and then again, backing off, until the XID is attributed or its window passes. A watch of the
+// domain's nodes would cost the API server a dispatch to every agent's watch for every Node
+// change in the cluster (a label selector is not indexed, as the DeviceTaintRule syncer found
+// at fleet scale); a few LISTs of 18 nodes during a fault cost nothing at steady state. A node
+// without the label looks nothing up, and an XID stays its GPU's own.
 //
 // A peer's malformed annotation is reported and its faults last read are kept: a typo must not
 // turn an attribution back into a fault of this node's GPU, nor the reverse.
-type peerWatcher struct {
+type peerResolver struct {
 	client  kube.Interface
 	nodes   *nodecache.Cache // this agent's own Node
 	label   string
 	monitor *health.Monitor
-	clock   clock.PassiveClock
+	clock   clock.WithTicker
 
-	mu     sync.Mutex
 	faults map[string][]health.PeerFault // by peer node, as last read well
 	bad    map[string]string             // peer node to the annotation it could not read, reported once
+	domain string                        // the domain last looked up
 }
 
-// run follows the domain until ctx is done.
-func (w *peerWatcher) run(ctx context.Context) error {
-	logger := klog.FromContext(ctx).WithValues("watcher", "peers", "label", w.label)
+// run looks peers up whenever an XID waits for its root cause, until ctx is done.
+func (r *peerResolver) run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithValues("peers", r.label)
 	ctx = klog.NewContext(ctx, logger)
-	domains := make(chan string, 1)
-	if err := w.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { offerDomain(domains, obj, w.label) },
-		UpdateFunc: func(_, obj any) { offerDomain(domains, obj, w.label) },
-	}); err != nil {
+	sub := r.monitor.Subscribe()
+	defer sub.Close()
+	if err := r.nodes.Start(ctx); err != nil {
 		return err
 	}
-	if err := w.nodes.Start(ctx); err != nil {
-		return err
-	}
-	var domain string
-	var current *domainWatch
-	defer func() { current.stop() }()
+	r.faults, r.bad = map[string][]health.PeerFault{}, map[string]string{}
+	retry := peerLookupFirstRetry
 	for {
+		if !r.waiting(r.monitor.Snapshot()) {
+			retry = peerLookupFirstRetry
+			if _, ok := sub.Wait(ctx); !ok {
+				return nil
+			}
+			continue
+		}
+		r.lookup(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
-		case d := <-domains:
-			if d == domain {
-				continue
+		case <-r.clock.After(retry):
+		}
+		retry = min(2*retry, peerLookupMaxRetry)
+	}
+}
+
+// waiting reports whether an XID the driver says an earlier one caused waits for its root: still
+// at its rule's severity (above Degraded; an attributed one is Degraded at most) and seen within
+// the policy's RootCauseWindow, so that a peer's fault could still explain it.
+func (r *peerResolver) waiting(snap health.Snapshot) bool {
+	window := r.monitor.Tracker().Policy().RootCauseWindow
+	now := r.clock.Now()
+	for _, d := range snap.Devices {
+		for _, c := range d.Conditions {
+			if c.Type == health.ConditionXID && c.CausedByPrevious && c.Severity > health.Degraded && now.Sub(c.LastSeen) <= window {
+				return true
 			}
-			current.stop()
-			domain, current = d, nil
-			w.reset(ctx)
-			if d == "" {
-				logger.Info("This node is in no NVLink domain; watching no peers")
-				continue
-			}
-			logger.Info("Watching the other nodes of this node's NVLink domain", "domain", d)
-			current = w.startWatch(ctx, d)
 		}
 	}
+	return false
 }
 
-// domainWatch is the running watch of one domain's nodes.
-type domainWatch struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func (w *peerWatcher) startWatch(ctx context.Context, domain string) *domainWatch {
-	ctx, cancel := context.WithCancel(ctx)
-	dw := &domainWatch{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(dw.done)
-		w.watch(ctx, domain)
-	}()
-	return dw
-}
-
-// stop ends the watch and waits for its informer; nil is a watch that never ran.
-func (dw *domainWatch) stop() {
-	if dw == nil {
+// lookup lists the domain's other nodes and hands their faults to the monitor.
+func (r *peerResolver) lookup(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	self, err := r.nodes.Get(ctx)
+	if err != nil {
+		logger.Error(err, "Cannot read this node's NVLink domain")
 		return
 	}
-	dw.cancel()
-	<-dw.done
-}
-
-// offerDomain hands the latest domain label value to the watcher, replacing one not yet taken.
-func offerDomain(domains chan string, obj any, label string) {
-	node, ok := obj.(*corev1.Node)
-	if !ok {
-		return
-	}
-	d := node.Labels[label]
-	select {
-	case <-domains:
-	default:
-	}
-	domains <- d
-}
-
-// reset forgets every peer: a new domain has other peers.
-func (w *peerWatcher) reset(ctx context.Context) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	had := len(w.faults) > 0
-	w.faults, w.bad = map[string][]health.PeerFault{}, map[string]string{}
-	if had {
-		w.publishLocked(ctx)
-	}
-}
-
-// watch runs an informer of the domain's other nodes until ctx is done.
-func (w *peerWatcher) watch(ctx context.Context, domain string) {
-	self := w.nodes.NodeName()
-	inf := kube.NewInformer(w.client, w.client.CoreV1().Nodes(), &corev1.Node{}, func(o *metav1.ListOptions) {
-		o.LabelSelector = labels.SelectorFromSet(labels.Set{w.label: domain}).String()
-		o.FieldSelector = fields.OneTermNotEqualSelector("metadata.name", self).String()
-	})
-	update := func(obj any) {
-		if node, ok := obj.(*corev1.Node); ok {
-			w.read(ctx, node)
+	domain := self.Labels[r.label]
+	if domain != r.domain {
+		// Another domain has other peers (the node moved, or was labelled late).
+		r.faults, r.bad, r.domain = map[string][]health.PeerFault{}, map[string]string{}, domain
+		if domain == "" {
+			logger.Info("An XID waits for its root cause, but this node is in no NVLink domain (no label): it stays its GPU's own")
 		}
 	}
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    update,
-		UpdateFunc: func(_, obj any) { update(obj) },
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if node, ok := obj.(*corev1.Node); ok {
-				w.forget(ctx, node.Name)
-			}
-		},
+	if domain == "" {
+		r.publish(ctx)
+		return
+	}
+	list, err := r.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{
+		LabelSelector: labels.SelectorFromSet(labels.Set{r.label: domain}).String(),
+		FieldSelector: fields.OneTermNotEqualSelector("metadata.name", self.Name).String(),
 	})
-	inf.RunWithContext(ctx)
+	if err != nil {
+		logger.Error(err, "Cannot list the nodes of this node's NVLink domain; trying again", "domain", domain)
+		return
+	}
+	seen := make(map[string]bool, len(list.Items))
+	for i := range list.Items {
+		seen[list.Items[i].Name] = true
+		r.read(ctx, &list.Items[i])
+	}
+	for name := range r.faults {
+		if !seen[name] {
+			delete(r.faults, name) // left the domain, or deleted
+		}
+	}
+	logger.V(2).Info("Looked up the NVLink domain's faults", "domain", domain, "peers", len(list.Items))
+	r.publish(ctx)
 }
 
 // read takes a peer's reported faults.
-func (w *peerWatcher) read(ctx context.Context, node *corev1.Node) {
-	logger := klog.FromContext(ctx)
+func (r *peerResolver) read(ctx context.Context, node *corev1.Node) {
 	value := node.Annotations[gpuhealthv1.HealthKey]
 	summaries, err := gpuhealthv1.ParseHealth(value)
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	if err != nil {
-		if w.bad[node.Name] != value {
-			w.bad[node.Name] = value
-			logger.Error(err, "Ignoring a peer's malformed report; keeping its faults last read", "peer", node.Name)
+		if r.bad[node.Name] != value {
+			r.bad[node.Name] = value
+			klog.FromContext(ctx).Error(err, "Ignoring a peer's malformed report; keeping its faults last read", "peer", node.Name)
 		}
 		return
 	}
-	delete(w.bad, node.Name)
-	faults := gpuhealthv1.PeerFaults(node.Name, summaries)
-	if slices.Equal(faults, w.faults[node.Name]) {
-		return // the peer's annotation changed elsewhere, or another of its fields did
-	}
-	if len(faults) == 0 {
-		delete(w.faults, node.Name)
+	delete(r.bad, node.Name)
+	if faults := gpuhealthv1.PeerFaults(node.Name, summaries); len(faults) > 0 {
+		r.faults[node.Name] = faults
 	} else {
-		w.faults[node.Name] = faults
+		delete(r.faults, node.Name)
 	}
-	logger.V(2).Info("A peer's faults changed", "peer", node.Name, "faults", len(faults))
-	w.publishLocked(ctx)
 }
 
-// forget drops a peer that left the domain or was deleted.
-func (w *peerWatcher) forget(ctx context.Context, name string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	delete(w.bad, name)
-	if _, ok := w.faults[name]; !ok {
-		return
-	}
-	delete(w.faults, name)
-	w.publishLocked(ctx)
-}
-
-func (w *peerWatcher) publishLocked(ctx context.Context) {
+// publish hands every peer's faults to the monitor.
+func (r *peerResolver) publish(ctx context.Context) {
 	var all []health.PeerFault
-	for _, f := range w.faults {
+	for _, f := range r.faults {
 		all = append(all, f...)
 	}
-	if err := w.monitor.SetPeerFaults(all, w.clock.Now()); err != nil {
+	slices.SortFunc(all, func(a, b health.PeerFault) int { return a.Since.Compare(b.Since) })
+	if err := r.monitor.SetPeerFaults(all, r.clock.Now()); err != nil {
 		klog.FromContext(ctx).Error(err, "Dropped invalid peer faults")
 	}
 }

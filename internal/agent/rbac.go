@@ -42,7 +42,7 @@ func ClusterRoleRulesFor(reporters []string, remediationOn bool) []rbacv1.Policy
 			rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
 			// The API server's per-driver check for status.devices: only for claims allocated on
 			// the agent's own node (its token is bound to a pod there), only for the GPU driver.
-			rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, Verbs: []string{"associated-node:patch"}, ResourceNames: []string{DefaultDriverName}})
+			rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, Verbs: []string{"associated-node:patch"}, ResourceNames: []string{config.DefaultDriverName}})
 	}
 	return rules
 }
@@ -62,10 +62,6 @@ const EventsNamespace = "default"
 func EventsRoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}}
 }
-
-// DefaultDriverName is the DRA driver the default ClusterRole lets the agent write claim status
-// for; an installation with another driver changes the rule (the Helm chart takes it from values).
-const DefaultDriverName = "gpu.nvidia.com"
 
 // ClientQPS and ClientBurst bound the agent's requests to the API server; they are the kubelet's
 // defaults. A state change costs about four requests (a write each for the annotation, the

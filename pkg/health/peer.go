@@ -85,7 +85,8 @@ func (t *Tracker) SetPeerFaults(faults []PeerFault, now time.Time, out []Transit
 
 // attributeToPeers attributes the device's CausedByPrevious XID conditions that no root was
 // known for (still at their rule's severity, above Degraded) to a peer's fault, when one began
-// within the window of the XID's last occurrence and no GPU of this node had a fault then.
+// within the window of the XID's last occurrence. A fault of this node's GPUs is no candidate:
+// one there when the XID came was found then, and one raised after it did not cause it.
 func (ev *evaluation) attributeToPeers(ds *deviceState) {
 	changed := false
 	for i := range ds.conds {
@@ -93,9 +94,9 @@ func (ev *evaluation) attributeToPeers(ds *deviceState) {
 		if c.Type != ConditionXID || !c.CausedByPrevious || c.Severity <= Degraded {
 			continue
 		}
-		root := ev.rootCause(ds, c.causeXID, c.LastSeen)
-		if root.peer == nil {
-			continue // none, or this node's own: that one was there when the XID came
+		root := ev.rootCause(ds, c.causeXID, c.LastSeen, true)
+		if !root.found() {
+			continue
 		}
 		root.attribute(&c.Condition)
 		changed = true

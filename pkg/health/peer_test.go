@@ -124,3 +124,15 @@ func TestALocalRootStaysWhenPeersReport(t *testing.T) {
 		t.Errorf("reason %q, want XID145CausedByGPU1", c.Reason)
 	}
 }
+
+func TestALocalFaultAfterTheXIDIsNoRootWhenPeersReport(t *testing.T) {
+	g0, g1 := gpuDevice(0), gpuDevice(1)
+	h := newHarness(t, health.DefaultPolicy(), g0, g1)
+	// GPU 0's caused-by XID, then at the same instant GPU 1's own fault: it came after, so it is
+	// no root of GPU 0's; the peer's fault that arrives later is.
+	h.signal(health.SignalXID, g0.UUID, 0, causedBy149)
+	h.xid(g1.UUID, 145, 0)
+	out := h.setPeers(time.Second, peer149(-time.Second))
+	wantTransitions(t, out, tr(g0.UUID, health.Unhealthy, health.Degraded, health.ReasonAttributedToPeer))
+	h.wantHealth(g1.UUID, health.Unhealthy, false)
+}

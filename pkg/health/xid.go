@@ -57,7 +57,7 @@ func (ev *evaluation) xidOn(ds *deviceState, sig Signal, rule XIDRule) {
 	}
 	var root rootFault
 	if sig.XIDFlags&XIDCausedByPrevious != 0 {
-		root = ev.rootCause(ds, sig.CauseXID, ev.now)
+		root = ev.rootCause(ds, sig.CauseXID, ev.now, false)
 	}
 	softened := root.found() || sig.XIDFlags&XIDNonfatal != 0
 	if softened {
@@ -123,8 +123,10 @@ func (r rootFault) attribute(c *Condition) {
 // side of at (the peer's agent reports it after its own debounce, and the nodes' clocks differ a
 // little). A fault of the XID the driver named (cause, when not zero) beats any other, then the
 // most recent wins. None found: the XID keeps its rule, since failing safe beats blaming a GPU
-// nobody saw fail.
-func (ev *evaluation) rootCause(ds *deviceState, cause uint32, at time.Time) rootFault {
+// nobody saw fail. peersOnly looks at the peers' faults alone: when an XID already raised is
+// judged again, a fault this node's GPUs had then was found then, and one that came after it
+// did not cause it.
+func (ev *evaluation) rootCause(ds *deviceState, cause uint32, at time.Time, peersOnly bool) rootFault {
 	self := ds
 	if ds.parent != nil {
 		self = ds.parent
@@ -141,7 +143,7 @@ func (ev *evaluation) rootCause(ds *deviceState, cause uint32, at time.Time) roo
 		return seen.After(root.seen)
 	}
 	for _, other := range ev.t.ordered {
-		if other == self || other.parent != nil {
+		if peersOnly || other == self || other.parent != nil {
 			continue
 		}
 		for i := range other.conds {

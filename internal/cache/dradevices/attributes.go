@@ -9,16 +9,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-)
 
-// Default attribute names: those NVIDIA's DRA driver (gpu.nvidia.com) publishes. The driver sets
-// uuid on whole GPUs, static MIG devices and VFIO devices, parentUUID on static and dynamic MIG
-// devices, and the Kubernetes standard attribute resource.kubernetes.io/pciBusID on every device
-// of a physical GPU (see docs/dra-devices.md).
-const (
-	DefaultUUIDAttribute       = "uuid"
-	DefaultParentUUIDAttribute = "parentUUID"
-	DefaultPCIBusIDAttribute   = "resource.kubernetes.io/pciBusID"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // Attributes names the device attributes that tie a DRA device to a GPU. A name without a
@@ -36,9 +28,12 @@ type Attributes struct {
 	PCIBusID string
 }
 
-// DefaultAttributes returns the NVIDIA driver's attribute names.
+// DefaultAttributes returns the attribute names NVIDIA's DRA driver (gpu.nvidia.com) publishes,
+// the agent configuration's defaults: it sets uuid on whole GPUs, static MIG devices and VFIO
+// devices, parentUUID on static and dynamic MIG devices, and the Kubernetes standard attribute
+// resource.kubernetes.io/pciBusID on every device of a physical GPU (see docs/dra-devices.md).
 func DefaultAttributes() Attributes {
-	return Attributes{UUID: DefaultUUIDAttribute, ParentUUID: DefaultParentUUIDAttribute, PCIBusID: DefaultPCIBusIDAttribute}
+	return Attributes{UUID: config.DefaultUUIDAttribute, ParentUUID: config.DefaultParentUUIDAttribute, PCIBusID: config.DefaultPCIBusIDAttribute}
 }
 
 // WithDefaults returns a copy with the default name in place of every empty one.

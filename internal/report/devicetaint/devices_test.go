@@ -18,6 +18,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 type attrs = map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
@@ -29,7 +30,7 @@ func str(s string) resourceapi.DeviceAttribute {
 func nodeSlice(name string, devs ...resourceapi.Device) *resourceapi.ResourceSlice {
 	return &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: resourceapi.ResourceSliceSpec{Driver: devicetaint.DefaultDriver, NodeName: ptr.To("n1"),
+		Spec: resourceapi.ResourceSliceSpec{Driver: config.DefaultDriverName, NodeName: ptr.To("n1"),
 			Pool: resourceapi.ResourcePool{Name: "n1", ResourceSliceCount: 1}, Devices: devs},
 	}
 }

@@ -45,6 +45,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // Labels on every rule.
@@ -54,8 +55,6 @@ const (
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	ManagedBy      = "gpuhealth"
 	TaintKeyPrefix = dra.TaintKeyPrefix
-	DefaultDriver  = "gpu.nvidia.com"
-	DefaultUUIDKey = dradevices.DefaultUUIDAttribute
 )
 
 // Options configure a Syncer.
@@ -134,7 +133,7 @@ var (
 // New returns a Syncer for nodeName.
 func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Driver == "" {
-		opts.Driver = DefaultDriver
+		opts.Driver = config.DefaultDriverName
 	}
 	attrs := opts.attributes()
 	opts.UUIDAttribute, opts.ParentUUIDAttribute, opts.PCIBusIDAttribute = attrs.UUID, attrs.ParentUUID, attrs.PCIBusID

@@ -25,13 +25,14 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 func slice(node string, uuids ...string) *resourceapi.ResourceSlice {
 	s := &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: node + "-gpus"},
 		Spec: resourceapi.ResourceSliceSpec{
-			Driver: devicetaint.DefaultDriver, NodeName: ptr.To(node),
+			Driver: config.DefaultDriverName, NodeName: ptr.To(node),
 			Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
 		},
 	}
@@ -125,7 +126,7 @@ func TestSyncCreatesUpdatesAndDeletesRules(t *testing.T) {
 		t.Fatalf("no rule %s; rules: %v", devicetaint.RuleName("n1", "GPU-a"), rules())
 	}
 	sel := r.Spec.DeviceSelector
-	if *sel.Driver != devicetaint.DefaultDriver || *sel.Pool != "n1" || *sel.Device != "gpu-0" ||
+	if *sel.Driver != config.DefaultDriverName || *sel.Pool != "n1" || *sel.Device != "gpu-0" ||
 		r.Spec.Taint.Effect != resourceapi.DeviceTaintEffectNone || r.Labels[devicetaint.NodeLabel] != "n1" ||
 		r.Labels[devicetaint.UUIDLabel] != "GPU-a" || len(r.OwnerReferences) != 1 || r.OwnerReferences[0].UID != "uid-n1" {
 		t.Errorf("rule = %+v", r)

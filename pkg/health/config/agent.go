@@ -80,9 +80,10 @@ type AgentConfig struct {
 	Eviction EvictionConfig `yaml:"eviction,omitempty" json:"eviction,omitempty"`
 	// NVLinkDomainLabel is the Node label that names the node's NVLink domain (default
 	// nvidia.com/gpu.clique, which NVIDIA's GPU feature discovery sets to the fabric's
-	// <clusterUUID>.<cliqueID>; "-" turns it off). The agent of a node with the label watches
-	// the other nodes with the same value, and attributes an XID its driver says an earlier one
-	// caused to a fault one of them reports (docs/agent.md, "NVLink domains").
+	// <clusterUUID>.<cliqueID>; "-" turns it off). The agent of a node with the label reads the
+	// reports of the other nodes with the same value while an XID its driver says an earlier one
+	// caused waits for its root, and attributes it to a fault one of them reports (docs/agent.md,
+	// "NVLink domains").
 	NVLinkDomainLabel string `yaml:"nvlinkDomainLabel,omitempty" json:"nvlinkDomainLabel,omitempty"`
 }
 
