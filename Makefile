@@ -95,10 +95,11 @@ cluster-down: ## Stop everything cluster-up started.
 	hack/controlplane/cluster.sh down
 
 .PHONY: lint
-lint: ## golangci-lint (pinned, installed by hack/tools.sh), including the go-nvml import rule.
-	hack/tools.sh install golangci-lint
+lint: ## golangci-lint (pinned, installed by hack/tools.sh), including the go-nvml import rule, and logcheck -check-contextual (contextual logging only).
+	hack/tools.sh install golangci-lint logcheck
 	$(TOOLS_BIN)/golangci-lint run ./...
-	for m in $(EXAMPLES); do (cd $$m && $(TOOLS_BIN)/golangci-lint run ./...); done
+	$(TOOLS_BIN)/logcheck -check-contextual -config hack/logcheck.conf ./...
+	for m in $(EXAMPLES); do (cd $$m && $(TOOLS_BIN)/golangci-lint run ./... && $(TOOLS_BIN)/logcheck -check-contextual ./...); done
 
 .PHONY: verify
 verify: lint ## gofmt, go vet, go mod tidy, generated docs, and lint.

@@ -3,7 +3,7 @@
 # version, outside the work tree so fresh clones on the same machine reuse them.
 #
 #   hack/tools.sh bindir               print the directory holding the tools
-#   hack/tools.sh install NAME...      install NAME if missing (golangci-lint, helm, promtool)
+#   hack/tools.sh install NAME...      install NAME if missing (golangci-lint, helm, promtool, logcheck)
 set -euo pipefail
 
 GOLANGCI_LINT_VERSION=v2.15.0
@@ -14,6 +14,9 @@ HELM_VERSION=v3.22.0
 # v3.16.0, the first whose go.mod has no replace directive, which `go install module@version`
 # refuses.
 PROMTOOL_VERSION=v0.316.0
+# logcheck (Kubernetes' structured and contextual logging checks, as dra-example-driver runs
+# it): `make lint` runs it with -check-contextual.
+LOGCHECK_VERSION=v0.11.0
 
 cache_root=${GPUHEALTH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}
 bin_dir="$cache_root/tools/bin"
@@ -32,6 +35,10 @@ install_tool() {
 	promtool)
 		module=github.com/prometheus/prometheus/cmd/promtool
 		version=$PROMTOOL_VERSION
+		;;
+	logcheck)
+		module=sigs.k8s.io/logtools/logcheck
+		version=$LOGCHECK_VERSION
 		;;
 	*)
 		echo "hack/tools.sh: unknown tool $name" >&2

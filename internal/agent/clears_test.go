@@ -21,6 +21,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 var clearsT0 = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
@@ -294,28 +295,16 @@ func TestClearWatcherRun(t *testing.T) {
 	if _, err := f.client.CoreV1().Nodes().Patch(ctx, "n1", "application/merge-patch+json", []byte(body), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the request applied", func() bool { return findDevice(f.monitor.Snapshot(), "GPU-b").Health == health.Healthy })
+	healthtest.Eventually(t, "the request applied", func() bool { return findDevice(f.monitor.Snapshot(), "GPU-b").Health == health.Healthy })
 	// The first removal was refused: the watcher waits a second on its clock and tries again.
-	waitFor(t, "the retry's timer", func() bool { return f.clock.HasWaiters() })
+	healthtest.Eventually(t, "the retry's timer", func() bool { return f.clock.HasWaiters() })
 	f.clock.Step(clearRetryFirst)
-	waitFor(t, "the request removed", func() bool {
+	healthtest.Eventually(t, "the request removed", func() bool {
 		n, err := f.client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
 		_, pending := n.Annotations[gpuhealthv1.ClearsKey]
 		return err == nil && !pending
 	})
 	if events := f.events(); len(events) != 1 || !strings.Contains(events[0], "GPUConditionsCleared") {
 		t.Errorf("events %q, want the request applied once", events)
-	}
-}
-
-// waitFor polls cond on the real clock: the informer's goroutines deliver on their own time.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -123,7 +123,6 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 			kernelLog.Close()
 			cleanup()
 			klog.FromContext(ctx).Info("Re-executing the device plugin to load the driver that came back", "reason", err.Error())
-			klog.Flush()
 			return cmdutil.Reexec()
 		},
 	}

@@ -12,6 +12,7 @@ import (
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // fakeSession is an NVML session whose Run ends as the test says.
@@ -277,8 +278,8 @@ func TestReattachingBackendLetsGoWhileTheOperatorPauses(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(t.Context(), sink) }()
 	pause.set("the GPU operator paused GPU clients (nvidia.com/gpu.deploy.device-plugin=paused-for-driver-upgrade)")
-	waitUntil(t, "the session closed for the pause", first.isClosed)
-	waitUntil(t, "the devices unmonitored", func() bool { return sink.get("GPU-a") })
+	healthtest.Eventually(t, "the session closed for the pause", first.isClosed)
+	healthtest.Eventually(t, "the devices unmonitored", func() bool { return sink.get("GPU-a") })
 	clk.Step(time.Hour)
 	time.Sleep(10 * time.Millisecond)
 	if r.currentSession() != nvmlSession(first) {
@@ -286,21 +287,10 @@ func TestReattachingBackendLetsGoWhileTheOperatorPauses(t *testing.T) {
 	}
 	pause.set("")
 	stepWhenWaiting(clk, time.Second)
-	waitUntil(t, "the next session after the pause", func() bool { return r.currentSession() == nvmlSession(second) })
+	healthtest.Eventually(t, "the next session after the pause", func() bool { return r.currentSession() == nvmlSession(second) })
 	select {
 	case err := <-done:
 		t.Fatalf("Run ended: %v", err)
 	default:
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

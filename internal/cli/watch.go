@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
@@ -78,7 +79,7 @@ a MIG instance).`,
 				}()
 				src = watchSource{devices: b.Devices(), run: func(ctx context.Context, m *health.Monitor) error { return b.Run(ctx, m) }}
 			}
-			return runWatch(cmd.Context(), src, policy, output, cmd.OutOrStdout(), logger)
+			return runWatch(klog.NewContext(cmd.Context(), logger), src, policy, output, cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVar(&backend, "backend", "nvml", "GPU backend: nvml (this node's GPUs) or sim (a scenario)")
@@ -97,8 +98,10 @@ type watchSource struct {
 }
 
 // runWatch runs src into a monitor and prints each transition until src returns (the end of a
-// scenario) or ctx ends (a signal). The backend runs in a goroutine this function waits for.
-func runWatch(ctx context.Context, src watchSource, policy *health.Policy, output string, out io.Writer, log logr.Logger) error {
+// scenario) or ctx ends (a signal). The backend runs in a goroutine this function waits for; it
+// logs through ctx's logger.
+func runWatch(ctx context.Context, src watchSource, policy *health.Policy, output string, out io.Writer) error {
+	log := klog.FromContext(ctx)
 	rt, err := health.NewRuntime(policy, src.devices, health.RuntimeOptions{})
 	if err != nil {
 		return err

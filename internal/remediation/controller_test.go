@@ -16,6 +16,7 @@ import (
 
 	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // lockedEnv makes fakeEnv's holders and slots safe to share with the controller's goroutine.
@@ -69,17 +70,6 @@ func (o *observer) Event(kind string, _ time.Duration) {
 }
 func (o *observer) Phases(map[string]int) {}
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func TestControllerRepairsSavesAndResumes(t *testing.T) {
 	clk := testingclock.NewFakeClock(t0)
 	statePath := filepath.Join(t.TempDir(), StateFileName)
@@ -107,12 +97,12 @@ func TestControllerRepairsSavesAndResumes(t *testing.T) {
 	if got := <-resetter.calls; got != gpu(0).UUID {
 		t.Fatalf("reset %s", got)
 	}
-	waitUntil(t, "probation", func() bool { return ctrl.States()[gpu(0).UUID].Phase == PhaseProbation })
+	healthtest.Eventually(t, "probation", func() bool { return ctrl.States()[gpu(0).UUID].Phase == PhaseProbation })
 	ctrl.Update(health.Snapshot{Time: t0.Add(time.Second), Devices: []health.DeviceStatus{status(gpu(0))}})
 	if d := ctrl.Decorate(health.Snapshot{Devices: []health.DeviceStatus{status(gpu(0))}}).Devices[0]; d.Health != health.Unhealthy {
 		t.Fatalf("GPU on probation reported %v", d.Health)
 	}
-	waitUntil(t, "the state file", func() bool {
+	healthtest.Eventually(t, "the state file", func() bool {
 		states, _ := LoadState(statePath, "boot-1")
 		return states[gpu(0).UUID].Phase == PhaseProbation
 	})
@@ -137,9 +127,9 @@ func TestControllerRepairsSavesAndResumes(t *testing.T) {
 	defer cancel()
 	go func() { done <- ctrl2.Run(ctx) }()
 	ctrl2.Update(health.Snapshot{Time: t0.Add(2 * time.Second), Devices: []health.DeviceStatus{status(gpu(0))}})
-	waitUntil(t, "the ticker", clk.HasWaiters)
+	healthtest.Eventually(t, "the ticker", clk.HasWaiters)
 	clk.Step(time.Minute)
-	waitUntil(t, "repaired", func() bool {
+	healthtest.Eventually(t, "repaired", func() bool {
 		_, ok := ctrl2.States()[gpu(0).UUID]
 		return ok && ctrl2.States()[gpu(0).UUID].Phase == PhaseIdle
 	})
@@ -253,7 +243,7 @@ func TestControllerNamesTheProcessesHoldingAFailedReset(t *testing.T) {
 	go func() { _ = ctrl.Run(ctx) }()
 	ctrl.Update(health.Snapshot{Time: t0, Devices: []health.DeviceStatus{status(dev, xid48)}})
 	<-resetter.calls
-	waitUntil(t, "the failed attempt", func() bool { return ctrl.States()[dev.UUID].Phase == PhaseWaitingForPods })
+	healthtest.Eventually(t, "the failed attempt", func() bool { return ctrl.States()[dev.UUID].Phase == PhaseWaitingForPods })
 	if msg := ctrl.States()[dev.UUID].Message; !strings.Contains(msg, "in use by another client") ||
 		!strings.Contains(msg, "processes holding the GPU's device file: 4321 (nv-hostengine)") {
 		t.Errorf("the failed attempt says %q, want the tool's refusal and the process holding /dev/nvidia3", msg)

@@ -148,8 +148,7 @@ func (w *Writer) Trigger() { w.queue.Add(queueKey) }
 // Run starts the syncer (if it is a Starter) and processes syncs until ctx is done. It returns
 // an error only when the syncer cannot start (not when ctx ends while it starts).
 func (w *Writer) Run(ctx context.Context) error {
-	logger := klog.FromContext(ctx).WithValues("reporter", w.Name())
-	ctx = klog.NewContext(ctx, logger)
+	ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("reporter", w.Name()))
 	go func() {
 		<-ctx.Done()
 		w.queue.ShutDown()
@@ -163,12 +162,13 @@ func (w *Writer) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	for w.processNext(ctx, logger) {
+	for w.processNext(ctx) {
 	}
 	return nil
 }
 
-func (w *Writer) processNext(ctx context.Context, logger klog.Logger) bool {
+func (w *Writer) processNext(ctx context.Context) bool {
+	logger := klog.FromContext(ctx)
 	key, quit := w.queue.Get()
 	if quit {
 		return false

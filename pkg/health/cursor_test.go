@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 func TestAdvanceAppliesSignalsAndMovesTheCursorTogether(t *testing.T) {
@@ -76,14 +77,14 @@ func TestRuntimeSavesTheCursorAndARestartDoesNotApplyARecordTwice(t *testing.T) 
 	// tick (a storm of such records costs one write a tick).
 	f.rt.Monitor().Advance("kmsg", health.Cursor{BootID: "boot-1", Seq: 10}, health.XIDSignal(uuid, 13, t0))
 	f.rt.Monitor().Advance("kmsg", health.Cursor{BootID: "boot-1", Seq: 11}, health.XIDSignal(uuid, 13, t0))
-	eventually(t, "a checkpoint with cursor 11 after a tick", func() bool {
+	healthtest.Eventually(t, "a checkpoint with cursor 11 after a tick", func() bool {
 		f.step(health.DefaultTickInterval)
 		cp, err := health.ReadCheckpoint(path)
 		return err == nil && cp.Cursors["kmsg"].Seq == 11
 	})
 	// A sticky change is written at once, with its cursor.
 	f.rt.Monitor().Advance("kmsg", health.Cursor{BootID: "boot-1", Seq: 12}, health.XIDSignal(uuid, 79, t0))
-	eventually(t, "a checkpoint with XID 79 and cursor 12", func() bool {
+	healthtest.Eventually(t, "a checkpoint with XID 79 and cursor 12", func() bool {
 		cp, err := health.ReadCheckpoint(path)
 		return err == nil && cp.Cursors["kmsg"].Seq == 12 && len(cp.Devices) == 1
 	})

@@ -11,6 +11,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // runtimeFixture runs a Runtime on a fake clock until the test ends.
@@ -72,18 +73,6 @@ func (f *runtimeFixture) health(i int) health.Severity {
 	return f.rt.Monitor().Snapshot().Devices[i].Health
 }
 
-// eventually polls cond: the Runtime's goroutine applies ticks and writes files asynchronously.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func TestRuntimeTicksOnItsClock(t *testing.T) {
 	p := health.DefaultPolicy()
 	p.QuietPeriod = time.Minute
@@ -99,7 +88,7 @@ func TestRuntimeTicksOnItsClock(t *testing.T) {
 		t.Fatalf("59s into a 1m quiet period: %v, want Degraded", got)
 	}
 	f.step(time.Second)
-	eventually(t, "the quiet period to end on the fake clock", func() bool { return f.health(0) == health.Healthy })
+	healthtest.Eventually(t, "the quiet period to end on the fake clock", func() bool { return f.health(0) == health.Healthy })
 }
 
 func TestRuntimeSavesOnChangeAndRestoresAfterARestart(t *testing.T) {
@@ -108,7 +97,7 @@ func TestRuntimeSavesOnChangeAndRestoresAfterARestart(t *testing.T) {
 	f.run(nil)
 	uuid := gpuDevice(1).UUID
 	f.rt.Monitor().Signal(health.XIDSignal(uuid, 79, t0))
-	eventually(t, "a checkpoint naming GPU 1", func() bool {
+	healthtest.Eventually(t, "a checkpoint naming GPU 1", func() bool {
 		cp, err := health.ReadCheckpoint(path)
 		return err == nil && len(cp.Devices) == 1 && cp.Devices[0].Device.UUID == uuid && cp.BootID == "boot-1"
 	})
@@ -143,7 +132,7 @@ func TestRuntimeSavesOnChangeAndRestoresAfterARestart(t *testing.T) {
 		t.Fatalf("GPU 1 after a reboot is %v, want Healthy", got)
 	}
 	h.run(nil)
-	eventually(t, "a checkpoint of boot-2", func() bool {
+	healthtest.Eventually(t, "a checkpoint of boot-2", func() bool {
 		cp, err := health.ReadCheckpoint(path)
 		return err == nil && cp.BootID == "boot-2" && len(cp.Devices) == 1 && len(cp.Devices[0].Conditions) == 0 &&
 			len(cp.Devices[0].History) == 2 && cp.Devices[0].History[0].Kind == health.HistoryFault &&
@@ -199,7 +188,7 @@ func TestRuntimeKeepsTickingAfterTheFeedEnds(t *testing.T) {
 	})
 	<-fed
 	f.step(2 * time.Second)
-	eventually(t, "ticks after the feed ended", func() bool { return f.health(0) == health.Healthy })
+	healthtest.Eventually(t, "ticks after the feed ended", func() bool { return f.health(0) == health.Healthy })
 }
 
 // TestRuntimeRetriesAFailedCheckpointEveryTick: a checkpoint write that fails is counted, leaves
@@ -215,13 +204,13 @@ func TestRuntimeRetriesAFailedCheckpointEveryTick(t *testing.T) {
 	f := newRuntime(t, health.DefaultPolicy(), "boot-1", path)
 	f.run(nil)
 	f.rt.Monitor().Signal(health.XIDSignal(gpuDevice(0).UUID, 79, t0))
-	eventually(t, "the failed write counted", func() bool { return f.rt.CheckpointFailures() >= 1 })
+	healthtest.Eventually(t, "the failed write counted", func() bool { return f.rt.CheckpointFailures() >= 1 })
 	if f.rt.CheckpointSaved() {
 		t.Fatal("CheckpointSaved after a failed write")
 	}
 	before := f.rt.CheckpointFailures()
 	f.step(health.DefaultTickInterval)
-	eventually(t, "a retry at the tick", func() bool { return f.rt.CheckpointFailures() > before })
+	healthtest.Eventually(t, "a retry at the tick", func() bool { return f.rt.CheckpointFailures() > before })
 
 	if err := os.Remove(blocker); err != nil {
 		t.Fatal(err)
@@ -230,7 +219,7 @@ func TestRuntimeRetriesAFailedCheckpointEveryTick(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.step(health.DefaultTickInterval)
-	eventually(t, "saved at the next tick", f.rt.CheckpointSaved)
+	healthtest.Eventually(t, "saved at the next tick", f.rt.CheckpointSaved)
 	cp, err := health.ReadCheckpoint(path)
 	if err != nil {
 		t.Fatal(err)

@@ -162,14 +162,12 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 				// A new MIG layout: a fresh image opens NVML on it (new inventory, checkpoint
 				// restored); nothing waits.
 				logger.Info("Re-executing the agent to watch the new MIG layout", "change", changed.Error())
-				klog.Flush()
 				return cmdutil.Reexec(DriverAwayEnv + "=")
 			}
 			if release == nil {
 				return err
 			}
 			logger.Info("Released NVML: re-executing the agent so that it holds no file of the driver until the driver is back", "reason", release.Reason)
-			klog.Flush()
 			return reexec(*release)
 		},
 	}

@@ -5,12 +5,15 @@ import (
 	"os"
 	"strings"
 	"syscall"
+
+	"k8s.io/klog/v2"
 )
 
 // Reexec replaces this process with a fresh image of its own binary: same pid, same arguments,
 // the environment with set (KEY=VALUE entries) added or replaced. A process that used NVML does
 // it to let go of the driver's library, which the dynamic loader never unmaps
-// (docs/nvml.md, "When the driver goes away"). It returns only when the exec fails.
+// (docs/nvml.md, "When the driver goes away"). The log's buffered lines are flushed first: the
+// new image starts with none. It returns only when the exec fails.
 func Reexec(set ...string) error {
 	exe, err := os.Executable()
 	if err != nil {
@@ -24,6 +27,7 @@ func Reexec(set ...string) error {
 		}
 	}
 	env = append(env, set...)
+	klog.Flush()
 	if err := syscall.Exec(exe, os.Args, env); err != nil {
 		return fmt.Errorf("re-executing %s: %w", exe, err)
 	}

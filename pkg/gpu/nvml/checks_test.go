@@ -10,6 +10,7 @@ import (
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 const eccEvents = nvml.EventTypeSingleBitEccError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccErrorStorm
@@ -66,7 +67,7 @@ func TestECCMode(t *testing.T) {
 				t.Errorf("ECC totals reported with ECC off: %v", got)
 			}
 			var registered uint64
-			waitFor(t, "GPU 2's registration", func() bool {
+			healthtest.Eventually(t, "GPU 2's registration", func() bool {
 				f.mu.Lock()
 				defer f.mu.Unlock()
 				registered = f.gpus[2].registered
@@ -167,7 +168,7 @@ func TestMissingSymbols(t *testing.T) {
 			f.run(b, teeSink{rec, m})
 			if tc.event != 0 {
 				f.event(0, tc.event, 0)
-				waitFor(t, "the event", func() bool { return b.Stats().Events == 1 })
+				healthtest.Eventually(t, "the event", func() bool { return b.Stats().Events == 1 })
 			}
 			f.step(b)
 			for i, never := range tc.never {
@@ -219,7 +220,7 @@ func TestMissingEventFunctions(t *testing.T) {
 	if n := callsOnAnyGPU(f, func(d *server.Device) int { return len(d.GetSupportedEventTypesCalls()) }); n != 0 {
 		t.Errorf("GetSupportedEventTypes called %d times", n)
 	}
-	waitFor(t, "every GPU unmonitored for events", func() bool {
+	healthtest.Eventually(t, "every GPU unmonitored for events", func() bool {
 		for i := range f.srv.Devices {
 			if u, known := rec.isUnmonitored(f.uuid(i)); !u || !known {
 				return false

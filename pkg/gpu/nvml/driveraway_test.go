@@ -11,6 +11,7 @@ import (
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // The driver going away under a running backend (an upgrade, a driver container restart): Run
@@ -120,8 +121,8 @@ func (f *fixture) runToEnd(b *gpunvml.Backend, sink gpunvml.Sink) <-chan error {
 	f.t.Cleanup(cancel)
 	done := make(chan error, 1)
 	go func() { done <- b.Run(ctx, sink) }()
-	waitFor(f.t, "the first sampling round", func() bool { return b.Stats().Rounds >= 1 })
-	waitFor(f.t, "the first Wait", func() bool { return f.waitCalls.Load() > 0 })
+	healthtest.Eventually(f.t, "the first sampling round", func() bool { return b.Stats().Rounds >= 1 })
+	healthtest.Eventually(f.t, "the first Wait", func() bool { return f.waitCalls.Load() > 0 })
 	return done
 }
 

@@ -10,6 +10,7 @@ import (
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // sig is the part of a signal an event test checks.
@@ -150,7 +151,7 @@ func TestEventsRegisteredPerGPU(t *testing.T) {
 	b := f.open()
 	f.run(b, newRecorder())
 	// Registration runs in the event loop's goroutine, not before the first sampling round.
-	waitFor(t, "the registrations", func() bool {
+	healthtest.Eventually(t, "the registrations", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.gpus[0].registered != 0 && f.gpus[1].registered != 0
@@ -181,7 +182,7 @@ func TestRegistrationNotSupported(t *testing.T) {
 	m := newMonitor(t, b)
 	f.run(b, m)
 	// GPUs register in order in the event loop's goroutine: GPU 7 is the last.
-	waitFor(t, "the registrations", func() bool {
+	healthtest.Eventually(t, "the registrations", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.gpus[7].registered != 0
@@ -219,7 +220,7 @@ func TestNoEventSupportAtAll(t *testing.T) {
 	rec := newRecorder()
 	f.run(b, rec)
 	// The event loop's goroutine says so, not before the first sampling round.
-	waitFor(t, "every GPU unmonitored for events", func() bool {
+	healthtest.Eventually(t, "every GPU unmonitored for events", func() bool {
 		for i := range 8 {
 			if u, _ := rec.isUnmonitored(f.uuid(i)); !u {
 				return false
@@ -291,7 +292,7 @@ func TestMIGAttribution(t *testing.T) {
 				}
 				return migs[j]
 			}
-			waitFor(t, "the XID", func() bool {
+			healthtest.Eventually(t, "the XID", func() bool {
 				d, _ := deviceStatus(m.Snapshot(), name(tc.unhealthy[0]))
 				return d.Health == health.Unhealthy
 			})
@@ -322,7 +323,7 @@ func TestWaitErrorsBackOffAndRecover(t *testing.T) {
 	wantBackoff := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}
 	for i, want := range wantBackoff {
 		f.send(nvml.EventData{}, nvml.ERROR_UNKNOWN)
-		waitFor(t, "the wait error to be counted", func() bool { return b.Stats().WaitErrors == uint64(i+1) })
+		healthtest.Eventually(t, "the wait error to be counted", func() bool { return b.Stats().WaitErrors == uint64(i+1) })
 		st := b.Stats()
 		if st.Backoff != want || st.ConsecutiveWaitErrors != uint64(i+1) || !strings.Contains(st.LastWaitError, "ERROR_UNKNOWN") {
 			t.Errorf("after %d errors: Stats = %+v, want backoff %v", i+1, st, want)
@@ -335,11 +336,11 @@ func TestWaitErrorsBackOffAndRecover(t *testing.T) {
 			t.Fatalf("Wait called during the backoff")
 		}
 		f.clock.Step(time.Millisecond)
-		waitFor(t, "the retry", func() bool { return f.waitCalls.Load() > calls })
+		healthtest.Eventually(t, "the retry", func() bool { return f.waitCalls.Load() > calls })
 	}
 	// Recovery: events flow again and the backoff is gone.
 	f.event(0, nvml.EventTypeXidCriticalError, 48)
-	waitFor(t, "the event after recovery", func() bool {
+	healthtest.Eventually(t, "the event after recovery", func() bool {
 		d, _ := deviceStatus(m.Snapshot(), f.uuid(0))
 		return d.Health == health.Unhealthy
 	})
@@ -371,10 +372,10 @@ func TestRunReturnsWhenCancelledWhileWaiting(t *testing.T) {
 			stop := f.run(b, newRecorder())
 			if tc.inBackoff {
 				f.send(nvml.EventData{}, nvml.ERROR_UNKNOWN)
-				waitFor(t, "the backoff", func() bool { return b.Stats().Backoff > 0 })
+				healthtest.Eventually(t, "the backoff", func() bool { return b.Stats().Backoff > 0 })
 			} else {
 				calls := f.waitCalls.Load()
-				waitFor(t, "a Wait call", func() bool { return f.waitCalls.Load() > calls })
+				healthtest.Eventually(t, "a Wait call", func() bool { return f.waitCalls.Load() > calls })
 			}
 			stop() // fails the test unless Run returns and frees the event set
 		})

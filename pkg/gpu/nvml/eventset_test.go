@@ -10,6 +10,7 @@ import (
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // nvml.h, nvmlDeviceRegisterEvents: "If function reports NVML_ERROR_UNKNOWN, event set is in
@@ -55,7 +56,7 @@ func TestEventSetMadeAnewAfterUnknown(t *testing.T) {
 		}
 		// Events flow from the new set.
 		f.event(0, nvml.EventTypeXidCriticalError, 48)
-		waitFor(t, "the event", func() bool {
+		healthtest.Eventually(t, "the event", func() bool {
 			d, _ := deviceStatus(m.Snapshot(), f.uuid(0))
 			return d.Health == health.Unhealthy
 		})
@@ -94,7 +95,7 @@ func TestEventSetStartRetries(t *testing.T) {
 		m := newMonitor(t, b)
 		f.run(b, m)
 		// The next try waits for the injected clock, not for real time.
-		waitFor(t, "the first try", func() bool { return len(f.srv.EventSetCreateCalls()) == 1 })
+		healthtest.Eventually(t, "the first try", func() bool { return len(f.srv.EventSetCreateCalls()) == 1 })
 		time.Sleep(20 * time.Millisecond)
 		if n := len(f.srv.EventSetCreateCalls()); n != 1 {
 			t.Fatalf("EventSetCreate called %d times before the clock moved, want 1", n)
@@ -104,7 +105,7 @@ func TestEventSetStartRetries(t *testing.T) {
 			t.Errorf("EventSetCreate called %d times, want 3", n)
 		}
 		f.event(0, nvml.EventTypeXidCriticalError, 48)
-		waitFor(t, "the event", func() bool {
+		healthtest.Eventually(t, "the event", func() bool {
 			d, _ := deviceStatus(m.Snapshot(), f.uuid(0))
 			return d.Health == health.Unhealthy
 		})

@@ -15,6 +15,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // The tests drive go-nvml's own mock: a dgxh100 server fixture for inventory and MIG, with the
@@ -323,10 +324,10 @@ func (f *fixture) run(b *gpunvml.Backend, sink gpunvml.Sink) (stop func()) {
 		})
 	}
 	f.t.Cleanup(stop)
-	waitFor(f.t, "the first sampling round", func() bool { return b.Stats().Rounds >= 1 })
+	healthtest.Eventually(f.t, "the first sampling round", func() bool { return b.Stats().Rounds >= 1 })
 	if events {
 		// Registration runs in the event loop's goroutine: wait until it waits for events.
-		waitFor(f.t, "the first Wait", func() bool { return f.waitCalls.Load() > 0 })
+		healthtest.Eventually(f.t, "the first Wait", func() bool { return f.waitCalls.Load() > 0 })
 	}
 	return stop
 }
@@ -336,30 +337,18 @@ func (f *fixture) step(b *gpunvml.Backend) {
 	f.t.Helper()
 	want := b.Stats().Rounds + 1
 	f.clock.Step(samplePeriod)
-	waitFor(f.t, "a sampling round", func() bool { return b.Stats().Rounds >= want })
+	healthtest.Eventually(f.t, "a sampling round", func() bool { return b.Stats().Rounds >= want })
 }
 
 // stepUntil steps the fake clock by d until cond holds. The backend may make a timer after any
 // one step, so it keeps stepping rather than step once.
 func (f *fixture) stepUntil(what string, d time.Duration, cond func() bool) {
 	f.t.Helper()
-	waitFor(f.t, what, func() bool {
+	healthtest.Eventually(f.t, what, func() bool {
 		if cond() {
 			return true
 		}
 		f.clock.Step(d)
 		return false
 	})
-}
-
-// waitFor polls cond until it holds or a generous deadline passes: no timed assertions.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // NVML may answer a lost GPU's UUID from its cache; a reading that touches the hardware answers
@@ -121,7 +122,7 @@ func TestLostGPU(t *testing.T) {
 		if kinds := kindsBy(got); len(kinds) != 1 {
 			t.Errorf("signals = %v, want only GPU 4 lost", kinds)
 		}
-		waitFor(t, "the wait error to be counted", func() bool { return b.Stats().WaitErrors == 1 })
+		healthtest.Eventually(t, "the wait error to be counted", func() bool { return b.Stats().WaitErrors == 1 })
 	})
 	t.Run("registration on a lost GPU", func(t *testing.T) {
 		f := newFixture(t)

@@ -10,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // A MIG layout that changes under a running backend (mig-parted, nvidia-smi mig) ends Run with an
@@ -43,7 +44,7 @@ func TestMIGLayoutChangeEndsRun(t *testing.T) {
 			served.Store(1) // MIG device 2 destroyed
 			if tc.event {
 				f.send(nvml.EventData{Device: f.srv.Devices[2], EventType: nvml.EventMigConfigChange}, nvml.SUCCESS)
-				waitFor(t, "the event", func() bool { return b.Stats().Events >= 1 })
+				healthtest.Eventually(t, "the event", func() bool { return b.Stats().Events >= 1 })
 			}
 			// The change must be seen within this many sampling periods of the fake clock.
 			limit := 1 + int(tc.check/samplePeriod)
@@ -60,7 +61,7 @@ func TestMIGLayoutChangeEndsRun(t *testing.T) {
 						t.Fatalf("Run still running %d sampling periods after the MIG layout changed", steps)
 					}
 					f.clock.Step(samplePeriod)
-					waitFor(t, "the next round or the end of Run", func() bool { return b.Stats().Rounds > rounds || len(done) > 0 })
+					healthtest.Eventually(t, "the next round or the end of Run", func() bool { return b.Stats().Rounds > rounds || len(done) > 0 })
 					continue
 				}
 				break

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // recorder is a Sink that keeps everything.
@@ -51,7 +52,7 @@ func (r *recorder) isUnmonitored(uuid string) (unmonitored, known bool) {
 func (r *recorder) waitSignals(t *testing.T, what string, last func(health.Signal) bool) []health.Signal {
 	t.Helper()
 	var got []health.Signal
-	waitFor(t, what, func() bool {
+	healthtest.Eventually(t, what, func() bool {
 		got = append(got, r.take()...)
 		return slices.ContainsFunc(got, last)
 	})

@@ -11,6 +11,7 @@ import (
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // newMonitor returns a Monitor over b's inventory with the default policy.
@@ -359,7 +360,7 @@ func TestStalledReportsAHungCall(t *testing.T) {
 		err := b.Stalled(at)
 		return err != nil && strings.Contains(err.Error(), "sampling round has been in NVML")
 	}
-	waitFor(t, "the round to start", func() bool { return samplerStalled(f.clock.Now().Add(time.Hour)) })
+	healthtest.Eventually(t, "the round to start", func() bool { return samplerStalled(f.clock.Now().Add(time.Hour)) })
 	if samplerStalled(f.clock.Now()) {
 		t.Error("stalled at once; a slow call is no hung one yet")
 	}
@@ -367,7 +368,7 @@ func TestStalledReportsAHungCall(t *testing.T) {
 		t.Errorf("not stalled after the limit: %v", b.Stalled(f.clock.Now().Add(3*samplePeriod+time.Minute)))
 	}
 	close(hang)
-	waitFor(t, "the round to end", func() bool { return !samplerStalled(f.clock.Now().Add(time.Hour)) })
+	healthtest.Eventually(t, "the round to end", func() bool { return !samplerStalled(f.clock.Now().Add(time.Hour)) })
 }
 
 // A temperature no GPU can have (4,294,967,295 °C, a driver's glitch) is no reading, not a GPU

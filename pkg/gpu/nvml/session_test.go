@@ -16,6 +16,7 @@ import (
 	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // The tests of a reset's hand-over of NVML: the fixture fails a test that calls NVML while it
@@ -62,7 +63,7 @@ func index(t *testing.T, log []string, from int, call string) int {
 // of the call log) has every GPU not in skip registered on it.
 func (f *fixture) waitWatching(from int, skip ...int) {
 	f.t.Helper()
-	waitFor(f.t, "the event set made anew with the GPUs registered", func() bool {
+	healthtest.Eventually(f.t, "the event set made anew with the GPUs registered", func() bool {
 		log := f.callLog()
 		if !slices.Contains(log[from:], "create") || f.waitCalls.Load() == 0 {
 			return false
@@ -95,7 +96,7 @@ func TestResetLetsGoOfNVMLWhileTheCommandRuns(t *testing.T) {
 		// A sampling round falls due while the command runs: the sampler must wait (the
 		// fixture fails any NVML call now), and so must the event loop.
 		f.clock.Step(samplePeriod)
-		waitFor(t, "the event loop and the sampler parked", func() bool { return gpunvml.ParkedLoops(b) == runLoops })
+		healthtest.Eventually(t, "the event loop and the sampler parked", func() bool { return gpunvml.ParkedLoops(b) == runLoops })
 		return []byte("GPU 00000000:1B:00.0 was successfully reset."), nil
 	})
 	rec.take()
@@ -124,7 +125,7 @@ func TestResetLetsGoOfNVMLWhileTheCommandRuns(t *testing.T) {
 	// The round that fell due during the reset runs once NVML is back, and reports the reset.
 	sigs := rec.waitSignals(t, "the reset reported", isKind(health.SignalReset, f.uuid(1)))
 	// A round is counted once its signals are out: wait for the count, not just the signals.
-	waitFor(t, "a sampling round after the reset", func() bool { return b.Stats().Rounds > rounds })
+	healthtest.Eventually(t, "a sampling round after the reset", func() bool { return b.Stats().Rounds > rounds })
 	if kinds := kindsOf(sigs, f.uuid(1)); kinds[0] != health.SignalReset {
 		t.Errorf("GPU 1 signals %v, want the reset first", kinds)
 	}
@@ -200,7 +201,7 @@ func TestInitFailingAfterResetIsRetriedWithBackoff(t *testing.T) {
 		t.Fatalf("Reset: %v", err)
 	}
 	resetAt := f.clock.Now()
-	waitFor(t, "every GPU unmonitored", func() bool {
+	healthtest.Eventually(t, "every GPU unmonitored", func() bool {
 		for i := range f.gpus {
 			if unmonitored, _ := rec.isUnmonitored(f.uuid(i)); !unmonitored {
 				return false
@@ -215,7 +216,7 @@ func TestInitFailingAfterResetIsRetriedWithBackoff(t *testing.T) {
 	// Sampling rounds fall due meanwhile: nothing may call NVML (the fixture checks).
 	f.stepUntil("NVML initialised again", time.Second, func() bool { return f.initCalls() == 4 && f.live.Load() })
 	f.waitWatching(before)
-	waitFor(t, "every GPU monitored again", func() bool {
+	healthtest.Eventually(t, "every GPU monitored again", func() bool {
 		for i := range f.gpus {
 			if unmonitored, _ := rec.isUnmonitored(f.uuid(i)); unmonitored {
 				return false
