@@ -5,13 +5,9 @@ import (
 	"errors"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/record"
-
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/evict"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
-	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // newEvictor builds the evictor of the pods holding GPUs that ask for eviction
@@ -19,7 +15,8 @@ import (
 // its own (one more watch of the breaker's ConfigMap by name): slots are per node and GPU, so a
 // GPU whose taint already took a slot is admitted by the same slot, and one that did not takes
 // one. start must run before the evictor's Run.
-func newEvictor(opts Options, cfg config.AgentConfig, recorder record.EventRecorder, nodeRef *corev1.ObjectReference) (ev *evict.Evictor, start func(context.Context) error, err error) {
+func (w *wiring) newEvictor() (ev *evict.Evictor, start func(context.Context) error, err error) {
+	opts, cfg := w.opts, w.cfg
 	ec := cfg.Eviction.WithDefaults()
 	if !ec.Enabled {
 		return nil, nil, nil
@@ -34,16 +31,13 @@ func newEvictor(opts Options, cfg config.AgentConfig, recorder record.EventRecor
 			evict.PodResources{Lister: evict.Socket{Path: ec.PodResourcesSocket}},
 			evict.Volcano{Client: opts.Client, NodeName: opts.NodeName},
 		},
-		Recorder: recorder, NodeRef: nodeRef, Clock: opts.Clock, Self: selfPod(),
+		Recorder: w.recorder, NodeRef: w.nodeRef, Clock: opts.Clock, Self: selfPod(),
 		DryRun: ec.DryRun, GracePeriod: time.Duration(*ec.GracePeriod), Retry: time.Duration(*ec.Retry),
 		ExcludeNamespaces: ec.ExcludeNamespaces, ReportOnlyNamespaces: ec.ReportOnlyNamespaces, DaemonSetPods: ec.DaemonSetPods,
 	}
 	var cb *breaker.Breaker
 	if cfg.CircuitBreaker.Enabled {
-		cb = breaker.New(opts.Client, opts.NodeName, breaker.Options{
-			Namespace: cfg.CircuitBreaker.Namespace, MaxFraction: cfg.CircuitBreaker.MaxFraction,
-			Window: time.Duration(*cfg.CircuitBreaker.Window), Clock: opts.Clock,
-		})
+		cb = w.newBreaker()
 		eo.Breaker = cb
 	}
 	ev, err = evict.New(eo)

@@ -9,21 +9,19 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 func TestConditionFromReason(t *testing.T) {
@@ -336,26 +334,6 @@ func TestRestoreFromNodeBadReportsCostOnlyThemselves(t *testing.T) {
 	}
 }
 
-// logLines is a logger that keeps what it logs.
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) context() context.Context {
-	return klog.NewContext(context.Background(), funcr.New(func(prefix, args string) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.lines = append(l.lines, args)
-	}, funcr.Options{}))
-}
-
-func (l *logLines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
-}
-
 // TestRestoreAtStart runs the agent's start sequence: Runtime.Restore on a checkpoint file, then
 // restoreFromNodeReport.
 func TestRestoreAtStart(t *testing.T) {
@@ -406,9 +384,9 @@ func TestRestoreAtStart(t *testing.T) {
 				t.Fatal(err)
 			}
 			restored, _ := rt.Restore() // a corrupt checkpoint is the agent's to report, not this test's
-			var logs logLines
+			var logs healthtest.Log
 			opts := Options{NodeName: testNode, Client: client, BootID: "boot-1", BootTime: tc.bootTime, Clock: clocktesting.NewFakeClock(after(time.Hour))}
-			restoreFromNodeReport(logs.context(), opts, rt.Monitor(), path, restored)
+			restoreFromNodeReport(logs.Context(), opts, rt.Monitor(), path, restored)
 			if got := faultsOf(rt.Monitor()); !slices.Equal(got, tc.want) {
 				t.Errorf("faults\n got %q\nwant %q", got, tc.want)
 			}

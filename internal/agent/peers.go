@@ -63,12 +63,17 @@ func (r *peerResolver) run(ctx context.Context) error {
 	}
 	r.faults, r.bad = map[string][]health.PeerFault{}, map[string]string{}
 	retry := peerLookupFirstRetry
+	// Conditions change only by updates, so the latest update's snapshot is the monitor's
+	// (no copy of our own); the window is read against the clock each time.
+	snap := r.monitor.Snapshot()
 	for {
-		if !r.waiting(r.monitor.Snapshot()) {
+		if !r.waiting(snap) {
 			retry = peerLookupFirstRetry
-			if _, ok := sub.Wait(ctx); !ok {
+			u, ok := sub.Wait(ctx)
+			if !ok {
 				return nil
 			}
+			snap = u.Snapshot
 			continue
 		}
 		r.lookup(ctx)
@@ -78,6 +83,9 @@ func (r *peerResolver) run(ctx context.Context) error {
 		case <-r.clock.After(retry):
 		}
 		retry = min(2*retry, peerLookupMaxRetry)
+		if u, ok := sub.Next(); ok {
+			snap = u.Snapshot
+		}
 	}
 }
 

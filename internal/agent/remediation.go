@@ -8,9 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
@@ -30,10 +27,9 @@ type RemediationOptions struct {
 }
 
 // newRemediation builds the remediation controller and the writer of its Node annotation, or
-// nothing when remediation is off. changed is called when the repair states change.
-func newRemediation(ctx context.Context, opts Options, agentCfg config.AgentConfig, caches sharedCaches, reg prometheus.Registerer,
-	recorder record.EventRecorder, nodeRef *corev1.ObjectReference, wopts report.WriterOptions, changed func(),
-) (*remediation.Controller, *report.Writer, error) {
+// nothing when remediation is off. The fan-out hears when the repair states change.
+func (w *wiring) newRemediation(ctx context.Context) (*remediation.Controller, *report.Writer, error) {
+	opts, agentCfg, caches := w.opts, w.cfg, w.caches
 	r := opts.Remediation
 	if !r.Config.Enabled {
 		return nil, nil, nil
@@ -72,7 +68,7 @@ func newRemediation(ctx context.Context, opts Options, agentCfg config.AgentConf
 		pauser, _ = remediation.NewComponentPauser(opts.Client, opts.NodeName, "")
 	}
 	m := metrics.NewRemediation(opts.NodeName)
-	if err := m.Register(reg); err != nil {
+	if err := m.Register(opts.Registry); err != nil {
 		return nil, nil, fmt.Errorf("agent: register remediation metrics: %w", err)
 	}
 	// A slot is held from the reset to the end of probation; past that (an agent that died) it
@@ -81,14 +77,13 @@ func newRemediation(ctx context.Context, opts Options, agentCfg config.AgentConf
 	ctrl, err := remediation.New(ctx, remediation.Options{
 		NodeName: opts.NodeName, Config: mc, Poll: r.Poll, Clock: opts.Clock, Holders: holders,
 		Slots:    remediation.NewBudget(opts.Client, cfg.Namespace, opts.NodeName, *cfg.MaxConcurrent, hold, opts.Clock),
-		Resetter: r.Resetter, StatePath: statePath, BootID: opts.BootID, Recorder: recorder, NodeRef: nodeRef,
-		Observer: m, Changed: changed, Components: components, Pauser: pauser,
+		Resetter: r.Resetter, StatePath: statePath, BootID: opts.BootID, Recorder: w.recorder, NodeRef: w.nodeRef,
+		Observer: m, Changed: w.fan.repairsChanged, Components: components, Pauser: pauser,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent: %w", err)
 	}
-	w := report.NewWriter(remediation.NewAnnotationSyncer(opts.Client, caches.nodes, ctrl.States, mc.MaxAttempts), wopts)
-	return ctrl, w, nil
+	return ctrl, report.NewWriter(remediation.NewAnnotationSyncer(opts.Client, caches.nodes, ctrl.States, mc.MaxAttempts), w.writerOptions), nil
 }
 
 // selfPod is this agent's pod, "namespace/name", from the downward API ($POD_NAMESPACE,

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
@@ -55,7 +56,7 @@ chart runs it when the breaker is on).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			client, err := newUserClient(kubeconfig)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			return breakerStatus(cmd.Context(), client, namespace, window, cmd.OutOrStdout())
 		},
@@ -68,7 +69,7 @@ chart runs it when the breaker is on).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			client, err := newUserClient(kubeconfig)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			at, err := breaker.Acknowledge(cmd.Context(), adapt.Clientset(client), namespace, time.Now())
 			if err != nil {
@@ -159,15 +160,15 @@ acknowledgement), remediation's once they expire (agents may delete only their o
 				return err
 			}
 			if window <= 0 {
-				return badInput(fmt.Errorf("--window must be positive, not %v", window))
+				return cmdutil.BadInput(fmt.Errorf("--window must be positive, not %v", window))
 			}
-			cfg, err := componentConfig(kubeconfig, "gpuhealth-breaker-controller", breakerControllerQPS, breakerControllerBurst)
+			cfg, err := cmdutil.ComponentConfig(kubeconfig, "gpuhealth-breaker-controller", breakerControllerQPS, breakerControllerBurst)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			client, err := kubernetes.NewForConfig(cfg)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			kc := adapt.Clientset(client)
 			m := breaker.NewControllerMetrics()
@@ -327,7 +328,7 @@ func serveBreakerController(ctx context.Context, addr string, registry *promethe
 	})
 	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
 	if err != nil {
-		return badInput(fmt.Errorf("--metrics-address: %w", err))
+		return cmdutil.BadInput(fmt.Errorf("--metrics-address: %w", err))
 	}
 	return httpserve.Serve(ctx, lis, mux)
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -52,22 +53,22 @@ cleared nothing or did not answer in time (the request then stays for the agent 
 		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if strings.TrimSpace(reason) == "" {
-				return badInput(errors.New("--reason: required (say why, for the next person)"))
+				return cmdutil.BadInput(errors.New("--reason: required (say why, for the next person)"))
 			}
 			if waitFor < 0 {
-				return badInput(fmt.Errorf("--wait: must not be negative, got %v", waitFor))
+				return cmdutil.BadInput(fmt.Errorf("--wait: must not be negative, got %v", waitFor))
 			}
 			var condition string
 			if len(args) == 3 {
 				sel, err := gpuhealthv1.ParseConditionSelector(args[2])
 				if err != nil {
-					return badInput(err)
+					return cmdutil.BadInput(err)
 				}
 				condition = sel.String()
 			}
 			client, err := newUserClient(kubeconfig)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			ctx := cmd.Context()
 			if by == "" {
@@ -119,7 +120,7 @@ func requestClear(ctx context.Context, client kubernetes.Interface, nodeName, gp
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			return badInput(fmt.Errorf("node %q not found", nodeName))
+			return cmdutil.BadInput(fmt.Errorf("node %q not found", nodeName))
 		}
 		if err != nil {
 			return err
@@ -129,7 +130,7 @@ func requestClear(ctx context.Context, client kubernetes.Interface, nodeName, gp
 			return fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
 		}
 		if target, err = reportedGPU(node, gpu); err != nil {
-			return badInput(err)
+			return cmdutil.BadInput(err)
 		}
 		req.Index = target.Index
 		clears[target.uuid] = append(clears[target.uuid], *req)

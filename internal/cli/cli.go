@@ -9,9 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli/agentcmd"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
-	"github.com/gpuhealth/gpuhealth/pkg/health"
-	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // Exit codes.
@@ -20,9 +19,6 @@ const (
 	ExitFailure  = cmdutil.ExitFailure
 	ExitBadInput = cmdutil.ExitBadInput
 )
-
-// badInput marks err as one the user fixes by changing their input.
-func badInput(err error) error { return cmdutil.BadInput(err) }
 
 // Execute runs the command line args and returns the process exit code.
 func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -42,16 +38,10 @@ Unhealthy, and recovers it when the fault clears.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand(), newAgentCommand(), newDrainCommand(), newUndrainCommand(), newClearCommand(), newStatusCommand(), newExtenderCommand(), newDevicePluginCommand(), newBreakerCommand(), newSimDriverCommand())
+	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand(), agentcmd.NewCommand(), newDrainCommand(), newUndrainCommand(), newClearCommand(), newStatusCommand(), newExtenderCommand(), newDevicePluginCommand(), newBreakerCommand(), newSimDriverCommand())
 	// Cobra adds these when it executes; added now, MarkUsageErrors covers them too.
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	cmdutil.MarkUsageErrors(root)
 	return root
-}
-
-// loadConfig reads the HealthConfig at path (the built-in default when path is empty) and builds
-// its policy; anything wrong with either is bad input.
-func loadConfig(path string) (*config.HealthConfig, *health.Policy, error) {
-	return cmdutil.LoadConfig(path)
 }

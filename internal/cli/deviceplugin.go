@@ -14,15 +14,15 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/cli/agentcmd"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/pkg/deviceplugin"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
-	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 func newDevicePluginCommand() *cobra.Command {
@@ -63,25 +63,25 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 				return err
 			}
 			if resourceName == "" || !strings.Contains(resourceName, "/") {
-				return badInput(fmt.Errorf("--resource-name: must be a domain-prefixed name such as nvidia.com/gpu, got %q", resourceName))
+				return cmdutil.BadInput(fmt.Errorf("--resource-name: must be a domain-prefixed name such as nvidia.com/gpu, got %q", resourceName))
 			}
 			if socketDir == "" {
-				return badInput(errors.New("--kubelet-socket-dir: required"))
+				return cmdutil.BadInput(errors.New("--kubelet-socket-dir: required"))
 			}
 			if err := deviceplugin.ValidateReplicas(replicas); err != nil {
-				return badInput(fmt.Errorf("--%w", err))
+				return cmdutil.BadInput(fmt.Errorf("--%w", err))
 			}
-			cfg, policy, err := loadConfig(configPath)
+			cfg, policy, err := cmdutil.LoadConfig(configPath)
 			if err != nil {
 				return err
 			}
 			// In a DaemonSet, $NODE_NAME (the pod's node) names the simulated GPUs, as for the agent.
-			be, bootID, cleanup, err := openBackend(ctx, backend, scenarioPath, os.Getenv("NODE_NAME"), cfg.SampleEvery(), &nvmlOpts,
+			be, bootID, cleanup, err := agentcmd.OpenBackend(ctx, backend, scenarioPath, os.Getenv("NODE_NAME"), cfg.SampleEvery(), &nvmlOpts,
 				gpunvml.WithExpectedNVLinks(cfg.ExpectedNVLinks()))
 			if err != nil {
 				return err
 			}
-			var run agent.Backend = be
+			var run gpu.Backend = be
 			// Across the driver going away the NVML backend is replaced: it closes itself.
 			if nb := agentcmd.NVMLBackend(be); nb != nil {
 				logger := klog.FromContext(ctx)
@@ -107,7 +107,7 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 				}
 			}
 			defer cleanup()
-			kernelLog := openKernelLog(ctx, cfg, backend, be.Devices(), bootID)
+			kernelLog := agentcmd.OpenKernelLog(ctx, cfg, backend, be.Devices(), bootID)
 			defer kernelLog.Close()
 			opts := deviceplugin.ServiceOptions{CDI: cdi, Options: deviceplugin.Options{Replicas: replicas}}
 			if backend == "nvml" {
@@ -144,9 +144,9 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 
 // devicePluginRun is what runDevicePlugin wires together.
 type devicePluginRun struct {
-	backend agent.Backend
+	backend gpu.Backend
 	// kernelLog is read beside the backend; nil means none.
-	kernelLog  *agent.KernelLog
+	kernelLog  *kmsg.Companion
 	policy     *health.Policy
 	bootID     string
 	checkpoint string
@@ -161,7 +161,7 @@ type devicePluginRun struct {
 func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 	logger := klog.FromContext(ctx)
 	if r.kernelLog == nil {
-		r.kernelLog = agent.OpenKernelLog(ctx, config.KernelLogConfig{}, nil, "")
+		r.kernelLog = kmsg.NewCompanion()
 	}
 	rt, err := health.NewRuntime(r.policy, r.backend.Devices(), health.RuntimeOptions{
 		Clock: r.clock, CheckpointPath: r.checkpoint, BootID: r.bootID,
@@ -181,7 +181,7 @@ func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		err := rt.Run(gctx, func(ctx context.Context, m *health.Monitor) error {
-			return r.kernelLog.Run(ctx, m, func(ctx context.Context) error { return r.backend.Run(ctx, r.kernelLog.DedupSink(m)) })
+			return r.kernelLog.Run(ctx, m, func(ctx context.Context) error { return r.backend.Run(ctx, r.kernelLog.BackendFeed(m, nil)) })
 		})
 		if err != nil {
 			return fmt.Errorf("GPU backend: %w", err)

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
@@ -39,11 +40,11 @@ gpuhealth.dev/gpu-health annotation.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if strings.TrimSpace(reason) == "" {
-				return badInput(errors.New("--reason: required (say why, for the next person)"))
+				return cmdutil.BadInput(errors.New("--reason: required (say why, for the next person)"))
 			}
 			client, err := newUserClient(kubeconfig)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			ctx := cmd.Context()
 			if by == "" {
@@ -77,7 +78,7 @@ condition keeps it Unhealthy. GPU is an index, a UUID or a PCI bus ID.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			client, err := newUserClient(kubeconfig)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			uuid, index, err := changeDrains(cmd.Context(), client, args[0], args[1], func(drains map[string]gpuhealthv1.Drain, uuid string, _ int) (bool, error) {
 				if _, ok := drains[uuid]; !ok {
@@ -107,7 +108,7 @@ func changeDrains(ctx context.Context, client kubernetes.Interface, nodeName, gp
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			return badInput(fmt.Errorf("node %q not found", nodeName))
+			return cmdutil.BadInput(fmt.Errorf("node %q not found", nodeName))
 		}
 		if err != nil {
 			return err
@@ -118,7 +119,7 @@ func changeDrains(ctx context.Context, client kubernetes.Interface, nodeName, gp
 		}
 		uuid, index, err = resolveGPU(node, drains, gpu)
 		if err != nil {
-			return badInput(err)
+			return cmdutil.BadInput(err)
 		}
 		changed, err := change(drains, uuid, index)
 		if err != nil || !changed {

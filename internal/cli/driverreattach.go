@@ -13,7 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 
-	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -74,15 +74,15 @@ type pauseWatch interface {
 	Changes() <-chan struct{}
 }
 
-var _ agent.Backend = (*reattachingBackend)(nil)
+var _ gpu.Backend = (*reattachingBackend)(nil)
 
-// Devices implements agent.Backend.
+// Devices implements gpu.Backend.
 func (r *reattachingBackend) Devices() []health.Device { return r.devices }
 
-// Run implements agent.Backend: it runs the current backend and, each time the driver goes
+// Run implements gpu.Backend: it runs the current backend and, each time the driver goes
 // away under it, closes it, waits for the driver and runs the next one on the same sink. It
 // returns errReexec when only a new process can go on.
-func (r *reattachingBackend) Run(ctx context.Context, sink agent.Sink) error {
+func (r *reattachingBackend) Run(ctx context.Context, sink gpu.Sink) error {
 	for {
 		current := r.currentSession()
 		paused, err := r.runUnlessPaused(ctx, current, sink)
@@ -143,7 +143,7 @@ func (r *reattachingBackend) reattach(ctx context.Context) error {
 
 // runUnlessPaused runs the session until it returns or the GPU operator pauses GPU clients; it
 // returns the pause's reason ("" when not paused) or the session's result.
-func (r *reattachingBackend) runUnlessPaused(ctx context.Context, current nvmlSession, sink agent.Sink) (string, error) {
+func (r *reattachingBackend) runUnlessPaused(ctx context.Context, current nvmlSession, sink gpu.Sink) (string, error) {
 	if r.pause == nil {
 		return "", current.Run(ctx, sink)
 	}

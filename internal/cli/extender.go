@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
@@ -62,21 +63,21 @@ the --scheduler-name schedulers onto a node that passes the filter now. See docs
 				return err
 			}
 			if _, _, err := net.SplitHostPort(listenAddress); err != nil {
-				return badInput(fmt.Errorf("--listen-address: %w", err))
+				return cmdutil.BadInput(fmt.Errorf("--listen-address: %w", err))
 			}
 			if maxRequestBytes <= 0 {
-				return badInput(fmt.Errorf("--max-request-bytes: must be positive, got %d", maxRequestBytes))
+				return cmdutil.BadInput(fmt.Errorf("--max-request-bytes: must be positive, got %d", maxRequestBytes))
 			}
 			if maxConcurrent <= 0 {
-				return badInput(fmt.Errorf("--max-concurrent-requests: must be positive, got %d", maxConcurrent))
+				return cmdutil.BadInput(fmt.Errorf("--max-concurrent-requests: must be positive, got %d", maxConcurrent))
 			}
 			tlsConfig, err := extenderTLS(insecure, certFile, keyFile, caFile)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			client, err := newExtenderClient(kubeconfig)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			ln, err := net.Listen("tcp", listenAddress)
 			if err != nil {
@@ -132,5 +133,9 @@ func extenderTLS(insecure bool, certFile, keyFile, caFile string) (*tls.Config, 
 }
 
 func newExtenderClient(kubeconfig string) (kubernetes.Interface, error) {
-	return newComponentClient(kubeconfig, "gpuhealth-extender", extenderQPS, extenderBurst)
+	cfg, err := cmdutil.ComponentConfig(kubeconfig, "gpuhealth-extender", extenderQPS, extenderBurst)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
 }

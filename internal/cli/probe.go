@@ -50,11 +50,11 @@ can work there; it exits 1 when the log cannot be read, with the reason.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "json" && output != "table" {
-				return badInput(fmt.Errorf("--output: must be json or table, got %q", output))
+				return cmdutil.BadInput(fmt.Errorf("--output: must be json or table, got %q", output))
 			}
 			if kernelLog {
 				if rawCalls {
-					return badInput(fmt.Errorf("--raw and --kernel-log: choose one"))
+					return cmdutil.BadInput(fmt.Errorf("--raw and --kernel-log: choose one"))
 				}
 				return probeKernelLog(cmd, kernelLogPath, output)
 			}

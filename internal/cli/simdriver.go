@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/simdriver"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 )
@@ -46,14 +47,14 @@ line and field; kernel-log lines and reboots are refused (a driver serves neithe
 				return err
 			}
 			if scenarioPath == "" || driverRoot == "" {
-				return badInput(errors.New("--scenario and --driver-root: both required"))
+				return cmdutil.BadInput(errors.New("--scenario and --driver-root: both required"))
 			}
 			sc, err := sim.LoadDriverScenario(scenarioPath)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			if err := simdriver.CheckScenario(sc); err != nil {
-				return badInput(fmt.Errorf("%s: %w", scenarioPath, err))
+				return cmdutil.BadInput(fmt.Errorf("%s: %w", scenarioPath, err))
 			}
 			return simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: driverRoot, Version: version,
 				LibraryDir: libraryDir, LibrarySubdir: librarySubdir, Logger: klog.FromContext(ctx)})
@@ -81,11 +82,11 @@ func newSimDriverInjectCommand() *cobra.Command {
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if driverRoot == "" {
-				return badInput(errors.New("--driver-root: required"))
+				return cmdutil.BadInput(errors.New("--driver-root: required"))
 			}
 			err := simdriver.Inject(driverRoot, args[0])
 			if errors.Is(err, simdriver.ErrInjectRefused) {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			return err
 		},

@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/simulate"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 )
@@ -22,16 +23,16 @@ final state and every health transition. Exit status 2 means the scenario or con
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "json" && output != "table" {
-				return badInput(fmt.Errorf("--output: must be json or table, got %q", output))
+				return cmdutil.BadInput(fmt.Errorf("--output: must be json or table, got %q", output))
 			}
 			if scenarioPath == "" {
-				return badInput(fmt.Errorf("--scenario: required"))
+				return cmdutil.BadInput(fmt.Errorf("--scenario: required"))
 			}
 			sc, err := sim.LoadScenario(scenarioPath)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
-			cfg, policy, err := loadConfig(configPath)
+			cfg, policy, err := cmdutil.LoadConfig(configPath)
 			if err != nil {
 				return err
 			}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
@@ -82,18 +83,18 @@ shows its GPUs as "Unknown (stale since ...)": its agent stopped, and its last w
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "wide" && output != "json" {
-				return badInput(fmt.Errorf("-o: must be table, wide or json, got %q", output))
+				return cmdutil.BadInput(fmt.Errorf("-o: must be table, wide or json, got %q", output))
 			}
 			client, err := newUserClient(kubeconfig)
 			if err != nil {
-				return badInput(err)
+				return cmdutil.BadInput(err)
 			}
 			ctx := cmd.Context()
 			var nodes []corev1.Node
 			if node != "" {
 				n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 				if apierrors.IsNotFound(err) {
-					return badInput(fmt.Errorf("node %q not found", node))
+					return cmdutil.BadInput(fmt.Errorf("node %q not found", node))
 				}
 				if err != nil {
 					return err

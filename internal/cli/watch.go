@@ -41,17 +41,17 @@ a MIG instance).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "json" && output != "table" {
-				return badInput(fmt.Errorf("--output: must be json or table, got %q", output))
+				return cmdutil.BadInput(fmt.Errorf("--output: must be json or table, got %q", output))
 			}
 			switch {
 			case backend != "nvml" && backend != "sim":
-				return badInput(fmt.Errorf("--backend: must be nvml or sim, got %q", backend))
+				return cmdutil.BadInput(fmt.Errorf("--backend: must be nvml or sim, got %q", backend))
 			case backend == "sim" && scenarioPath == "":
-				return badInput(errors.New("--scenario: required with --backend sim"))
+				return cmdutil.BadInput(errors.New("--scenario: required with --backend sim"))
 			case backend == "nvml" && scenarioPath != "":
-				return badInput(errors.New("--scenario: only with --backend sim"))
+				return cmdutil.BadInput(errors.New("--scenario: only with --backend sim"))
 			}
-			cfg, policy, err := loadConfig(configPath)
+			cfg, policy, err := cmdutil.LoadConfig(configPath)
 			if err != nil {
 				return err
 			}
@@ -63,7 +63,7 @@ a MIG instance).`,
 			if backend == "sim" {
 				sc, err := sim.LoadScenario(scenarioPath)
 				if err != nil {
-					return badInput(err)
+					return cmdutil.BadInput(err)
 				}
 				be := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: cfg.SampleEvery()})
 				src = watchSource{devices: be.Devices(), run: func(ctx context.Context, m *health.Monitor) error { return be.Run(ctx, m) }}

@@ -1,8 +1,14 @@
-// Package gpu holds what GPU backends offer besides their signals. Each backend lives in a
-// package below this one (nvml, sim, kmsg).
+// Package gpu holds what every GPU backend is (Backend, the Sink it feeds) and offers besides
+// its signals (Resetter). Each backend lives in a package below this one (nvml, sim), and so
+// does the kernel log read beside them (kmsg).
 package gpu
 
-import "context"
+import (
+	"context"
+	"time"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
 
 // Resetter resets one GPU. Reset returns once the reset is done, or with what went wrong; after
 // a successful reset the backend's signal stream reports it (health.SignalReset for the GPU), as
@@ -10,4 +16,19 @@ import "context"
 // must not be reset while work runs on it: the caller checks.
 type Resetter interface {
 	Reset(ctx context.Context, uuid string) error
+}
+
+// Sink is what a Backend feeds: a *health.Monitor, or a kmsg.BackendSink in front of one.
+// A backend may ask its sink for more (the NVML backend's CheckSink).
+type Sink interface {
+	Signal(health.Signal)
+	Reboot(bootID string, at time.Time)
+	SetUnmonitored(uuid string, unmonitored bool)
+}
+
+// Backend is a source of GPU signals: the GPUs it watches, and a Run that feeds their signals
+// to a sink until its context ends or the backend fails.
+type Backend interface {
+	Devices() []health.Device
+	Run(ctx context.Context, sink Sink) error
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -331,7 +332,7 @@ type faultyGPU struct{ gpu health.Device }
 
 func (b faultyGPU) Devices() []health.Device { return []health.Device{b.gpu} }
 
-func (b faultyGPU) Run(ctx context.Context, sink agent.Sink) error {
+func (b faultyGPU) Run(ctx context.Context, sink gpu.Sink) error {
 	sink.SetUnmonitored(b.gpu.UUID, true)
 	sink.Signal(health.XIDSignal(b.gpu.UUID, 79, time.Now()))
 	<-ctx.Done()

@@ -4,7 +4,7 @@ package agenttest
 import (
 	"context"
 
-	"github.com/gpuhealth/gpuhealth/internal/agent"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -16,13 +16,13 @@ type Backend struct {
 	Signals chan health.Signal
 }
 
-var _ agent.Backend = (*Backend)(nil)
+var _ gpu.Backend = (*Backend)(nil)
 
-// Devices implements agent.Backend.
+// Devices implements gpu.Backend.
 func (b *Backend) Devices() []health.Device { return b.GPUs }
 
-// Run implements agent.Backend.
-func (b *Backend) Run(ctx context.Context, sink agent.Sink) error {
+// Run implements gpu.Backend.
+func (b *Backend) Run(ctx context.Context, sink gpu.Sink) error {
 	for {
 		select {
 		case <-ctx.Done():

@@ -19,6 +19,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -213,7 +214,7 @@ func (s simAgentBackend) Devices() []health.Device { return s.b.Devices() }
 
 // Placeholders are the scenario's missing GPUs (gpus.missing): the simulator's PCI bus.
 func (s simAgentBackend) Placeholders() []health.Device { return s.b.Placeholders() }
-func (s simAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
+func (s simAgentBackend) Run(ctx context.Context, sink gpu.Sink) error {
 	return s.b.Run(ctx, sink)
 }
 
@@ -223,7 +224,7 @@ func (s simAgentBackend) Resetter([]string) (gpu.Resetter, error) { return s.b, 
 type nvmlAgentBackend struct{ b *gpunvml.Backend }
 
 func (n nvmlAgentBackend) Devices() []health.Device { return n.b.Devices() }
-func (n nvmlAgentBackend) Run(ctx context.Context, sink agent.Sink) error {
+func (n nvmlAgentBackend) Run(ctx context.Context, sink gpu.Sink) error {
 	return n.b.Run(ctx, sink)
 }
 
@@ -240,7 +241,7 @@ func (n nvmlAgentBackend) Resetter(command []string) (gpu.Resetter, error) {
 
 // ResettingBackend is an agent backend that can reset its GPUs.
 type ResettingBackend interface {
-	agent.Backend
+	gpu.Backend
 	Resetter(command []string) (gpu.Resetter, error)
 }
 
@@ -285,13 +286,12 @@ func OpenBackend(ctx context.Context, backend, scenarioPath, node string, sample
 // OpenKernelLog opens the node's kernel log beside the NVML backend, as the config's kernelLog
 // section says. The simulator reads no kernel log of the machine it runs on: its scenarios
 // carry kernel-log lines of their own (kmsg events), which it parses itself.
-func OpenKernelLog(ctx context.Context, cfg *config.HealthConfig, backend string, devices []health.Device, bootID string) *agent.KernelLog {
+func OpenKernelLog(ctx context.Context, cfg *config.HealthConfig, backend string, devices []health.Device, bootID string) *kmsg.Companion {
 	k := cfg.KernelLogSection()
-	if backend != "nvml" {
-		off := false
-		k.Enabled = &off
+	if backend != "nvml" || k.Enabled == nil || !*k.Enabled {
+		return kmsg.NewCompanion()
 	}
-	return agent.OpenKernelLog(ctx, k, devices, bootID)
+	return kmsg.OpenCompanion(ctx, kmsg.CompanionOptions{Path: k.Path, Devices: devices, BootID: bootID})
 }
 
 // NVMLBackend returns the NVML backend OpenBackend opened (nil for the simulator).

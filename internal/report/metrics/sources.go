@@ -4,13 +4,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// KernelLog is what the source metrics read of the agent's kernel log (agent.KernelLog).
+// KernelLog is what the source metrics read of the agent's kernel log (kmsg.Companion).
 type KernelLog interface {
 	Up() bool
 	Stats() kmsg.Stats
-	XIDSources() map[string]kmsg.DedupStats
+	XIDSources() map[string]health.DedupStats
 }
 
 // Backend is what the source metrics read of a GPU backend that can be down while the agent runs

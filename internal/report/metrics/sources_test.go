@@ -9,17 +9,18 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 type fakeKernelLog struct {
 	up    bool
 	stats kmsg.Stats
-	xids  map[string]kmsg.DedupStats
+	xids  map[string]health.DedupStats
 }
 
-func (f fakeKernelLog) Up() bool                               { return f.up }
-func (f fakeKernelLog) Stats() kmsg.Stats                      { return f.stats }
-func (f fakeKernelLog) XIDSources() map[string]kmsg.DedupStats { return f.xids }
+func (f fakeKernelLog) Up() bool                                 { return f.up }
+func (f fakeKernelLog) Stats() kmsg.Stats                        { return f.stats }
+func (f fakeKernelLog) XIDSources() map[string]health.DedupStats { return f.xids }
 
 type fakeBackend struct{ up bool }
 
@@ -38,7 +39,7 @@ func TestSourcesMetrics(t *testing.T) {
 			log: fakeKernelLog{
 				up:    true,
 				stats: kmsg.Stats{Records: 900, Spoofed: 2, Overruns: 1},
-				xids:  map[string]kmsg.DedupStats{"nvml": {Reported: 2}, "kmsg": {Reported: 1, Duplicates: 1}},
+				xids:  map[string]health.DedupStats{"nvml": {Reported: 2}, "kmsg": {Reported: 1, Duplicates: 1}},
 			},
 			want: `
 # HELP gpuhealth_source_up 1 while a signal source is read (source=nvml: the GPU backend; source=kmsg: the kernel log), 0 when it is off or cannot be read.

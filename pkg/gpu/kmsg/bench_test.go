@@ -115,7 +115,7 @@ func BenchmarkParseMixedLog(b *testing.B) {
 	var allocs, bytes uint64
 	b.ResetTimer()
 	for range b.N {
-		src := newSource(&lineRecords{lines: lines}, devices, SourceOptions{BootID: "b1", Dedup: NewDedup(0), clock: testClock})
+		src := newSource(&lineRecords{lines: lines}, devices, SourceOptions{BootID: "b1", Dedup: health.NewDedup(0), clock: testClock})
 		sink := &discardSink{}
 		a, by := allocsPer(func() {
 			if err := src.Run(context.Background(), sink); !errors.Is(err, io.EOF) {

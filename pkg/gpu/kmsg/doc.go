@@ -25,7 +25,11 @@
 //     feeds a [Sink] (a *health.Monitor) one record at a time with [health.Monitor.Advance],
 //     so the cursor and the faults it produced are saved together. Only records of the kernel
 //     facility count: an NVRM line a process wrote is counted as spoofed ([Stats]).
-//   - [Dedup] makes an XID that both NVML and the kernel log report count once.
+//   - [Companion] runs the kernel log beside a GPU backend as the agent and the device plugin
+//     do: opened again after read errors, its XIDs and the backend's paired up by a
+//     [health.Dedup] so that one reported by both counts once, the backend's fed to the
+//     Monitor through [Companion.BackendFeed] (a [health.Feed]: NVML's signals never pass
+//     through this package's code).
 //
 // ParseRecord and ParseNVRM are pure functions of their input, so they are safe for
 // concurrent use. The package imports nothing from Kubernetes, so a device plugin or a DRA

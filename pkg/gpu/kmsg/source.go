@@ -35,8 +35,8 @@ type SourceOptions struct {
 	// BootID names the current boot (health.ReadBootID). Sequence numbers restart at every boot,
 	// so a cursor of another boot is ignored and the whole buffer is replayed.
 	BootID string
-	// Dedup, when set, drops XIDs that NVML already reported (see Dedup).
-	Dedup *Dedup
+	// Dedup, when set, drops XIDs that NVML already reported (see health.Dedup).
+	Dedup *health.Dedup
 	// clock returns the wall time and the kernel's time since boot, read together; nil reads
 	// the real clocks. Tests replace it.
 	clock func() (time.Time, time.Duration)

@@ -215,7 +215,7 @@ func TestSourceResumesAfterItsCursorInTheSameBootOnly(t *testing.T) {
 }
 
 func TestSourceDropsXIDsNVMLReported(t *testing.T) {
-	d := NewDedup(time.Second)
+	d := health.NewDedup(time.Second)
 	// NVML saw XID 79 on GPU-aaaa a moment after the driver logged it (10s after boot).
 	if !d.Admit("nvml", health.Signal{Kind: health.SignalXID, Device: "GPU-aaaa", XID: 79, Time: boot.Add(10*time.Second + 300*time.Millisecond)}) {
 		t.Fatal("NVML's first report was not admitted")
@@ -236,7 +236,7 @@ func TestSourceDropsXIDsNVMLReported(t *testing.T) {
 	if st := src.Stats(); st.Duplicates != 1 || st.Signals != 1 {
 		t.Errorf("stats = %+v, want 1 duplicate, 1 signal", st)
 	}
-	want := map[string]DedupStats{"nvml": {Reported: 1}, SourceName: {Reported: 2, Duplicates: 1}}
+	want := map[string]health.DedupStats{"nvml": {Reported: 1}, SourceName: {Reported: 2, Duplicates: 1}}
 	if got := d.Stats(); !reflect.DeepEqual(got, want) {
 		t.Errorf("dedup stats = %+v, want %+v", got, want)
 	}

@@ -4,15 +4,13 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
 
 // The fixture answers as nvml.h documents: nvmlDeviceGpuRecoveryAction_t's values,
@@ -145,32 +143,6 @@ func TestResetRequired(t *testing.T) {
 	})
 }
 
-// logLines is a logger that keeps what it is told.
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) logger() logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.lines = append(l.lines, prefix+" "+args)
-	}, funcr.Options{})
-}
-
-func (l *logLines) containing(parts ...string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, line := range l.lines {
-		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
-			out = append(out, line)
-		}
-	}
-	return out
-}
-
 func TestOpenLeavesOutABrokenGPUItCannotName(t *testing.T) {
 	handle := func(ret nvml.Return) func(*fixture) {
 		return func(f *fixture) {
@@ -204,8 +176,8 @@ func TestOpenLeavesOutABrokenGPUItCannotName(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			tc.setup(f)
-			var logs logLines
-			b := f.open(gpunvml.WithLogger(logs.logger()))
+			var logs healthtest.Log
+			b := f.open(gpunvml.WithLogger(logs.Logger()))
 			if n := len(b.Devices()); n != 7 {
 				t.Errorf("got %d devices, want 7", n)
 			}
@@ -220,7 +192,7 @@ func TestOpenLeavesOutABrokenGPUItCannotName(t *testing.T) {
 			if tc.broken {
 				want = append(want, "cannot be tracked or marked Unhealthy")
 			}
-			if got := logs.containing(want...); len(got) != 1 {
+			if got := logs.Containing(want...); len(got) != 1 {
 				t.Errorf("log lines about GPU 5: %q, want one saying %q", got, want)
 			}
 			if rep := b.Probe(); len(rep.Skipped) != 1 {

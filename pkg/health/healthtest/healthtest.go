@@ -1,7 +1,7 @@
 // Package healthtest holds the fakes and helpers that tests of the health library, and of code
 // that embeds it, share: Eventually, a poll on the real clock for what other goroutines do (an
-// informer, the Runtime's loop, a backend), and Recorder, a sink that records what a backend
-// sends it.
+// informer, the Runtime's loop, a backend); Recorder, a sink that records what a backend sends
+// it; and Log, a logger that keeps what code logs.
 package healthtest
 
 import (

@@ -1,11 +1,9 @@
-package kmsg
+package health
 
 import (
 	"reflect"
 	"testing"
 	"time"
-
-	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 func TestDedup(t *testing.T) {
@@ -68,7 +66,7 @@ func TestDedup(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := NewDedup(5 * time.Second)
 			for i, r := range tc.seq {
-				s := health.Signal{Kind: health.SignalXID, Device: r.device, XID: r.xid, Time: t0.Add(r.at)}
+				s := Signal{Kind: SignalXID, Device: r.device, XID: r.xid, Time: t0.Add(r.at)}
 				if got := d.Admit(r.source, s); got != r.want {
 					t.Errorf("report %d (%+v): Admit = %v, want %v", i, r, got, r.want)
 				}
@@ -82,7 +80,7 @@ func TestDedup(t *testing.T) {
 
 func TestDedupAdmitsEverySignalThatIsNotAnXID(t *testing.T) {
 	d := NewDedup(0)
-	s := health.Signal{Kind: health.SignalLost, Device: "GPU-a"}
+	s := Signal{Kind: SignalLost, Device: "GPU-a"}
 	if !d.Admit("nvml", s) || !d.Admit("kmsg", s) {
 		t.Error("a lost signal was dropped")
 	}
@@ -97,7 +95,7 @@ func TestDedupForgetsExpiredReports(t *testing.T) {
 	d := NewDedup(time.Second)
 	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
 	for i := range sweepEvery {
-		d.Admit("nvml", health.Signal{Kind: health.SignalXID, Device: "GPU-a", XID: uint32(i + 1), Time: t0.Add(time.Duration(i) * time.Millisecond)})
+		d.Admit("nvml", Signal{Kind: SignalXID, Device: "GPU-a", XID: uint32(i + 1), Time: t0.Add(time.Duration(i) * time.Millisecond)})
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -1,11 +1,9 @@
-package kmsg
+package health
 
 import (
 	"maps"
 	"sync"
 	"time"
-
-	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // DefaultDedupWindow is how far apart in time two sources may report one XID. NVML stamps an
@@ -62,8 +60,8 @@ func NewDedup(window time.Duration) *Dedup {
 
 // Admit reports whether source's signal s should be applied. Signals other than XIDs always
 // are: they are states (lost, recovery action), and applying one twice changes nothing.
-func (d *Dedup) Admit(source string, s health.Signal) bool {
-	if s.Kind != health.SignalXID {
+func (d *Dedup) Admit(source string, s Signal) bool {
+	if s.Kind != SignalXID {
 		return true
 	}
 	d.mu.Lock()
@@ -121,4 +119,46 @@ func absDuration(d time.Duration) time.Duration {
 		return -d
 	}
 	return d
+}
+
+// Feed returns mon as the sink of one of the sources Dedup pairs up (a GPU backend beside the
+// kernel log): its XIDs another source reported already are left out, and observe, when not
+// nil, hears of every signal applied (the agent measures how long signals waited, and sees
+// resets, by it). A Feed offers a backend's sink methods (Signal, Reboot, SetUnmonitored,
+// SetCheckUnmonitored) and nothing more of the Monitor's.
+func (d *Dedup) Feed(mon *Monitor, source string, observe func(Signal)) *Feed {
+	return &Feed{monitor: mon, dedup: d, source: source, observe: observe}
+}
+
+// Feed is what Dedup.Feed returns.
+type Feed struct {
+	monitor *Monitor
+	dedup   *Dedup
+	source  string
+	observe func(Signal)
+}
+
+// Signal applies sig unless another source reported it already.
+func (f *Feed) Signal(sig Signal) {
+	if !f.dedup.Admit(f.source, sig) {
+		return
+	}
+	f.monitor.Signal(sig)
+	if f.observe != nil {
+		f.observe(sig)
+	}
+}
+
+// Reboot is the Monitor's.
+func (f *Feed) Reboot(bootID string, at time.Time) { f.monitor.Reboot(bootID, at) }
+
+// SetUnmonitored is the Monitor's.
+func (f *Feed) SetUnmonitored(uuid string, unmonitored bool) {
+	f.monitor.SetUnmonitored(uuid, unmonitored)
+}
+
+// SetCheckUnmonitored is the Monitor's: what a backend cannot watch on a GPU (a missing driver
+// function, ECC off).
+func (f *Feed) SetCheckUnmonitored(uuid string, check Check, unmonitored bool) {
+	f.monitor.SetCheckUnmonitored(uuid, check, unmonitored)
 }
