@@ -41,18 +41,27 @@ say "\$ helm install gpuhealth deployments/helm/gpuhealth -n gpuhealth-system --
 	--set-file agent.sim.scenario="$scenario" --wait --timeout 3m >/dev/null
 $kubectl -n gpuhealth-system get pods -o wide
 
-node=gpuhealth-node-0
+# Every agent replays the same scenario, so every step waits for every node before it shows them.
+mapfile -t nodes < <($kubectl get nodes -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}')
+node=${nodes[0]}
+# on_every_node WHAT CHECK ARGS...: wait_for CHECK NODE ARGS... on each node.
+on_every_node() {
+	local what=$1 check=$2 n
+	shift 2
+	for n in "${nodes[@]}"; do wait_for "$what on $n" "$check" "$n" "$@"; done
+}
 say "every agent replays $scenario on its own node: GPU 3 falls off the bus, GPU 5 overheats"
-wait_for "GPUs 3 and 5 of $node to be reported" unhealthy_ids "$node" 3,5
+on_every_node "GPUs 3 and 5 to be reported" unhealthy_ids 3,5
 bin/gpuhealth status --kubeconfig "$KUBECONFIG" --problems
 say "\$ kubectl get devicetaintrules: one per sick GPU, selecting its device in the node's ResourceSlice"
-wait_for "a DeviceTaintRule for each of them" rules "$node" 2
-$kubectl get devicetaintrules -l gpuhealth.dev/node="$node"
-wait_for "the kubelet of $node to count 6 healthy GPUs" allocatable "$node" 6
+on_every_node "a DeviceTaintRule for each of them" rules 2
+$kubectl get devicetaintrules
+on_every_node "the kubelet to count 6 healthy GPUs" allocatable 6
 gpus
 
 say "GPU 5 cools down and recovers; GPU 3 stays out until the node reboots"
-wait_for "GPU 5 of $node to recover" unhealthy_ids "$node" 3
+on_every_node "GPU 5 to recover" unhealthy_ids 3
+on_every_node "the kubelet to count 7 healthy GPUs" allocatable 7
 gpus
 say "\$ kubectl -n gpuhealth-system logs <agent on $node> -c agent | tail -4"
 pod=$($kubectl -n gpuhealth-system get pods --field-selector spec.nodeName="$node" -o jsonpath='{.items[0].metadata.name}')

@@ -412,7 +412,7 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 	if err := cmd.Run(); err != nil {
 		return err
 	}
-	if err := waitFor(ctx, "the drain to reach every reporter", func() (bool, error) {
+	if err := waitFor(ctx, "the drain to reach the node's gpu-unhealthy-ids", func() (bool, error) {
 		n, err := admin.CoreV1().Nodes().Get(ctx, nodes[1], metav1.GetOptions{})
 		return err == nil && n.Annotations[gpuhealthv1.UnhealthyIDsKey] == "2", err
 	}); err != nil {

@@ -43,7 +43,7 @@ func TestECCMode(t *testing.T) {
 				t.Errorf("probe: unmonitored %v, want ecc off because %q", g.Unmonitored, tc.why)
 			}
 			m := newMonitor(t, b)
-			rec := newRecorder()
+			rec := &healthtest.Recorder{}
 			f.run(b, teeSink{rec, m})
 			f.step(b)
 			d, _ := deviceStatus(m.Snapshot(), f.uuid(2))
@@ -63,7 +63,7 @@ func TestECCMode(t *testing.T) {
 			if n := len(f.device(2).GetTotalEccErrorsCalls()); n != 0 {
 				t.Errorf("GetTotalEccErrors called %d times with ECC off", n)
 			}
-			if got := kindsOf(rec.take(), f.uuid(2)); slices.Contains(got, health.SignalECCCounters) {
+			if got := kindsOf(rec.Take(), f.uuid(2)); slices.Contains(got, health.SignalECCCounters) {
 				t.Errorf("ECC totals reported with ECC off: %v", got)
 			}
 			var registered uint64
@@ -164,7 +164,7 @@ func TestMissingSymbols(t *testing.T) {
 			asked := len(f.srv.LookupSymbolCalls())
 			b.Probe()
 			m := newMonitor(t, b)
-			rec := newRecorder()
+			rec := &healthtest.Recorder{}
 			f.run(b, teeSink{rec, m})
 			if tc.event != 0 {
 				f.event(0, tc.event, 0)
@@ -181,7 +181,7 @@ func TestMissingSymbols(t *testing.T) {
 					t.Errorf("function %d was never called", i)
 				}
 			}
-			got := rec.take()
+			got := rec.Take()
 			for _, kind := range tc.absent {
 				if slices.ContainsFunc(got, func(s health.Signal) bool { return s.Kind == kind }) {
 					t.Errorf("%v reported without the function it needs", kind)
@@ -193,7 +193,7 @@ func TestMissingSymbols(t *testing.T) {
 					t.Errorf("%s: health %v, checks not running %v, want Healthy with %v", d.Device.UUID, d.Health, d.UnmonitoredChecks, want)
 				}
 			}
-			if !slices.Contains(tc.notRunning, health.CheckClockEvents) && !slices.ContainsFunc(got, isKind(health.SignalClockEvents, f.uuid(0))) {
+			if !slices.Contains(tc.notRunning, health.CheckClockEvents) && !slices.ContainsFunc(got, healthtest.OfKind(health.SignalClockEvents, f.uuid(0))) {
 				t.Error("clock events not reported")
 			}
 			if n := len(f.srv.LookupSymbolCalls()); n != asked {
@@ -211,7 +211,7 @@ func TestMissingEventFunctions(t *testing.T) {
 	if g := b.Probe().GPUs[0]; !strings.Contains(g.EventsError, "nvmlEventSetCreate") || len(g.Events) != 0 {
 		t.Errorf("probe: events %v, error %q, want none and the missing function named", g.Events, g.EventsError)
 	}
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, rec)
 	f.step(b)
 	if n := len(f.srv.EventSetCreateCalls()); n != 0 {
@@ -222,13 +222,13 @@ func TestMissingEventFunctions(t *testing.T) {
 	}
 	healthtest.Eventually(t, "every GPU unmonitored for events", func() bool {
 		for i := range f.srv.Devices {
-			if u, known := rec.isUnmonitored(f.uuid(i)); !u || !known {
+			if u, known := rec.Unmonitored(f.uuid(i)); !u || !known {
 				return false
 			}
 		}
 		return true
 	})
-	if !slices.ContainsFunc(rec.take(), isKind(health.SignalSample, f.uuid(0))) {
+	if !slices.ContainsFunc(rec.Take(), healthtest.OfKind(health.SignalSample, f.uuid(0))) {
 		t.Error("sampling stopped")
 	}
 }

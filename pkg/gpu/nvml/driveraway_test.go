@@ -45,9 +45,9 @@ func TestDriverGoneEndsRun(t *testing.T) {
 			f := newFixture(t)
 			answer := f.driverAnswers()
 			b := f.open()
-			rec := newRecorder()
+			rec := &healthtest.Recorder{}
 			done := f.runToEnd(b, rec)
-			rec.take()
+			rec.Take()
 
 			tc.cut(f, answer, tc.ret)
 			var err error
@@ -70,12 +70,12 @@ func TestDriverGoneEndsRun(t *testing.T) {
 				t.Error("Stats().DriverGone is empty")
 			}
 			for i := range f.gpus {
-				if u, known := rec.isUnmonitored(f.uuid(i)); !u || !known {
+				if u, known := rec.Unmonitored(f.uuid(i)); !u || !known {
 					t.Errorf("GPU %d not marked unmonitored", i)
 				}
 			}
 			// Nothing that would move a GPU's health: the driver going is no news about them.
-			if sigs := without(rec.take(), health.SignalSample); len(sigs) > 0 {
+			if sigs := without(rec.Take(), health.SignalSample); len(sigs) > 0 {
 				t.Errorf("signals after the driver went away: %v", sigs)
 			}
 			if c, fr := f.creates.Load(), f.frees.Load(); c != fr {
@@ -89,7 +89,7 @@ func TestDriverGoneEndsRun(t *testing.T) {
 func TestWaitFailureThatIsNotTheDriverKeepsRunning(t *testing.T) {
 	f := newFixture(t)
 	b := f.open()
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, rec)
 	f.send(nvml.EventData{}, nvml.ERROR_UNKNOWN)
 	f.stepUntil("a new event set", time.Second, func() bool { return b.Stats().EventSetRebuilds == 1 })
@@ -132,7 +132,7 @@ func (f *fixture) runToEnd(b *gpunvml.Backend, sink gpunvml.Sink) <-chan error {
 func TestDriverGoneWhileNVMLIsDownAfterAReset(t *testing.T) {
 	f := newFixture(t)
 	b := f.open()
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	done := f.runToEnd(b, rec)
 	r := f.resetter(b, func(context.Context, []string) ([]byte, error) {
 		f.mu.Lock()
@@ -166,7 +166,7 @@ func TestDriverGoneAtTheFirstEventSet(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- b.Run(ctx, newRecorder()) }()
+	go func() { done <- b.Run(ctx, &healthtest.Recorder{}) }()
 	var err error
 	select {
 	case err = <-done:

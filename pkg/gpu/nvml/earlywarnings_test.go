@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
@@ -21,14 +23,14 @@ type earlyRun struct {
 	f   *fixture
 	b   *gpunvml.Backend
 	m   *health.Monitor
-	rec *recorder
+	rec *healthtest.Recorder
 }
 
 // runEarly opens and runs the fixture's backend; the first round has run when it returns.
 func runEarly(t *testing.T, f *fixture, opts ...gpunvml.Option) *earlyRun {
 	t.Helper()
 	b := f.open(opts...)
-	r := &earlyRun{f: f, b: b, m: newMonitor(t, b), rec: newRecorder()}
+	r := &earlyRun{f: f, b: b, m: newMonitor(t, b), rec: &healthtest.Recorder{}}
 	f.run(b, teeSink{r.rec, r.m})
 	return r
 }
@@ -36,7 +38,7 @@ func runEarly(t *testing.T, f *fixture, opts ...gpunvml.Option) *earlyRun {
 // signals returns, and forgets, GPU i's signals of kind.
 func (r *earlyRun) signals(i int, kind health.SignalKind) []health.Signal {
 	var out []health.Signal
-	for _, s := range r.rec.take() {
+	for _, s := range r.rec.Take() {
 		if s.Device == r.f.uuid(i) && s.Kind == kind {
 			out = append(out, s)
 		}
@@ -191,7 +193,7 @@ func TestRowRemapHistogram(t *testing.T) {
 	f.update(3, func(s *gpuState) { s.histogram.None = 0xFFFFFFFF })
 	r := runEarly(t, f)
 	got := map[int][]health.Signal{}
-	sigs := r.rec.take()
+	sigs := r.rec.Take()
 	for i := range 4 {
 		for _, s := range sigs {
 			if s.Device == f.uuid(i) && s.Kind == health.SignalRowRemapHistogram {
@@ -418,7 +420,7 @@ func TestExpectedNVLinks(t *testing.T) {
 	})
 	// Four expected, two present: only the two NVML has can be watched.
 	r := runEarly(t, f, gpunvml.WithExpectedNVLinks(4))
-	sigs := r.rec.take()
+	sigs := r.rec.Take()
 	if got := linkStates(sigs, f.uuid(0)); !mapsEqual(got, map[uint32]bool{0: false, 1: true}) {
 		t.Errorf("GPU 0 link states %v, want link 1 down from boot", got)
 	}
@@ -435,7 +437,7 @@ func TestExpectedNVLinks(t *testing.T) {
 	}
 	f.update(1, func(s *gpuState) { s.fabric, s.links[0] = nvml.GPU_FABRIC_STATE_COMPLETED, nvml.FEATURE_ENABLED })
 	r.f.step(r.b)
-	if got := linkStates(r.rec.take(), f.uuid(1)); !mapsEqual(got, map[uint32]bool{0: false, 1: true}) {
+	if got := linkStates(r.rec.Take(), f.uuid(1)); !mapsEqual(got, map[uint32]bool{0: false, 1: true}) {
 		t.Errorf("GPU 1 once registered: link states %v, want link 1 down", got)
 	}
 	// The dead link comes up: the GPU recovers (after the NVLink check's samples).

@@ -119,15 +119,15 @@ func TestEventsBecomeSignals(t *testing.T) {
 				f.update(3, tc.open)
 			}
 			b := f.open()
-			rec := newRecorder()
+			rec := &healthtest.Recorder{}
 			f.run(b, rec)
-			rec.take()
+			rec.Take()
 			if tc.setup != nil {
 				f.update(3, tc.setup)
 			}
 			f.event(3, tc.typ, tc.data)
 			last := tc.want[len(tc.want)-1].Kind
-			got := rec.waitSignals(t, "the event's signals", isKind(last, f.uuid(3)))
+			got := rec.TakeUntil(t, "the event's signals", healthtest.OfKind(last, f.uuid(3)))
 			if s := sigsOf(got, f.uuid(3)); !slices.Equal(s, tc.want) {
 				t.Errorf("signals = %+v, want %+v", s, tc.want)
 			}
@@ -149,7 +149,7 @@ func TestEventsRegisteredPerGPU(t *testing.T) {
 		s.supportedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypePState | nvml.EventTypeGpuUnavailableError
 	})
 	b := f.open()
-	f.run(b, newRecorder())
+	f.run(b, &healthtest.Recorder{})
 	// Registration runs in the event loop's goroutine, not before the first sampling round.
 	healthtest.Eventually(t, "the registrations", func() bool {
 		f.mu.Lock()
@@ -217,12 +217,12 @@ func TestNoEventSupportAtAll(t *testing.T) {
 	f := newFixture(t)
 	f.eventSetRet = nvml.ERROR_NOT_SUPPORTED
 	b := f.open()
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, rec)
 	// The event loop's goroutine says so, not before the first sampling round.
 	healthtest.Eventually(t, "every GPU unmonitored for events", func() bool {
 		for i := range 8 {
-			if u, _ := rec.isUnmonitored(f.uuid(i)); !u {
+			if u, _ := rec.Unmonitored(f.uuid(i)); !u {
 				return false
 			}
 		}
@@ -230,7 +230,7 @@ func TestNoEventSupportAtAll(t *testing.T) {
 	})
 	// Sampling goes on.
 	f.step(b)
-	if got := rec.take(); !slices.ContainsFunc(got, isKind(health.SignalSample, f.uuid(0))) {
+	if got := rec.Take(); !slices.ContainsFunc(got, healthtest.OfKind(health.SignalSample, f.uuid(0))) {
 		t.Errorf("no sampling round without events: %v", got)
 	}
 }
@@ -369,7 +369,7 @@ func TestRunReturnsWhenCancelledWhileWaiting(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			b := f.open(gpunvml.WithEventWait(50 * time.Millisecond))
-			stop := f.run(b, newRecorder())
+			stop := f.run(b, &healthtest.Recorder{})
 			if tc.inBackoff {
 				f.send(nvml.EventData{}, nvml.ERROR_UNKNOWN)
 				healthtest.Eventually(t, "the backoff", func() bool { return b.Stats().Backoff > 0 })

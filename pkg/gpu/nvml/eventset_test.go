@@ -115,7 +115,7 @@ func TestEventSetStartRetries(t *testing.T) {
 		f.eventSetRet = nvml.ERROR_UNKNOWN
 		b := f.open(gpunvml.WithStartRetries(3, time.Second))
 		done := make(chan error, 1)
-		go func() { done <- b.Run(context.Background(), newRecorder()) }()
+		go func() { done <- b.Run(context.Background(), &healthtest.Recorder{}) }()
 		var err error
 		f.stepUntil("Run to return", time.Second, func() bool {
 			select {

@@ -74,13 +74,13 @@ func TestResetRequired(t *testing.T) {
 		f.update(3, func(s *gpuState) { s.corrected = 5 })
 		b := f.open()
 		m := newMonitor(t, b)
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, teeSink{rec, m})
-		rec.take()
+		rec.Take()
 		// The temperature answers it: what the round read before no longer counts.
 		f.update(3, func(s *gpuState) { s.rets[gpunvml.ReadingTemperature] = nvml.ERROR_RESET_REQUIRED })
 		f.step(b)
-		if s := sigsOf(rec.take(), f.uuid(3)); !slices.Equal(s, []sig{{Kind: health.SignalResetRequired}}) {
+		if s := sigsOf(rec.Take(), f.uuid(3)); !slices.Equal(s, []sig{{Kind: health.SignalResetRequired}}) {
 			t.Errorf("GPU 3 signals = %+v, want only resetRequired", s)
 		}
 		d, _ := deviceStatus(m.Snapshot(), f.uuid(3))
@@ -105,12 +105,12 @@ func TestResetRequired(t *testing.T) {
 	t.Run("after an event", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		rec.take()
+		rec.Take()
 		f.update(2, func(s *gpuState) { s.resetRequired = true })
 		f.event(2, nvml.EventTypeXidCriticalError, 154)
-		got := rec.waitSignals(t, "resetRequired", isKind(health.SignalResetRequired, f.uuid(2)))
+		got := rec.TakeUntil(t, "resetRequired", healthtest.OfKind(health.SignalResetRequired, f.uuid(2)))
 		want := []sig{{Kind: health.SignalXID, XID: 154}, {Kind: health.SignalResetRequired}}
 		if s := sigsOf(without(got, health.SignalSample), f.uuid(2)); !slices.Equal(s, want) {
 			t.Errorf("GPU 2 signals = %+v, want %+v", s, want)
@@ -120,23 +120,23 @@ func TestResetRequired(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
 		f.update(1, func(s *gpuState) { s.resetRequired = true })
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		if got := rec.take(); !slices.ContainsFunc(got, isKind(health.SignalResetRequired, f.uuid(1))) ||
-			slices.ContainsFunc(got, isKind(health.SignalLost, f.uuid(1))) {
+		if got := rec.Take(); !slices.ContainsFunc(got, healthtest.OfKind(health.SignalResetRequired, f.uuid(1))) ||
+			slices.ContainsFunc(got, healthtest.OfKind(health.SignalLost, f.uuid(1))) {
 			t.Errorf("GPU 1: %v, want resetRequired and not lost", kindsBy(got)[f.uuid(1)])
 		}
 	})
 	t.Run("Wait answers it without saying which GPU", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		rec.take()
+		rec.Take()
 		// Its readings answer it; the UUID still comes.
 		f.update(4, func(s *gpuState) { s.resetRequired = true })
 		f.send(nvml.EventData{}, nvml.ERROR_RESET_REQUIRED)
-		got := rec.waitSignals(t, "resetRequired", isKind(health.SignalResetRequired, f.uuid(4)))
+		got := rec.TakeUntil(t, "resetRequired", healthtest.OfKind(health.SignalResetRequired, f.uuid(4)))
 		if kinds := kindsBy(got); len(kinds) != 1 {
 			t.Errorf("signals = %v, want only GPU 4", kinds)
 		}
@@ -218,9 +218,9 @@ func TestOpenMarksAGPUBrokenWhileOpening(t *testing.T) {
 			f.device(1).GetMinorNumberFunc = func() (int, nvml.Return) { return 0, kind.ret }
 			b := f.open()
 			m := newMonitor(t, b)
-			rec := newRecorder()
+			rec := &healthtest.Recorder{}
 			f.run(b, teeSink{rec, m})
-			if s := sigsOf(rec.take(), f.uuid(1)); len(s) == 0 || s[0].Kind != kind.signal {
+			if s := sigsOf(rec.Take(), f.uuid(1)); len(s) == 0 || s[0].Kind != kind.signal {
 				t.Errorf("GPU 1 signals = %+v, want %v first", s, kind.signal)
 			}
 			d, _ := deviceStatus(m.Snapshot(), f.uuid(1))

@@ -20,13 +20,13 @@ func TestLostGPUWhoseUUIDNVMLStillKnows(t *testing.T) {
 	t.Run("Wait answers GPU_IS_LOST: the lost GPU leaves the event set", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		rec.take()
+		rec.Take()
 		first := f.lastSet()
 		f.update(4, func(s *gpuState) { s.lost, s.uuidCached = true, true })
 		f.send(nvml.EventData{}, nvml.ERROR_GPU_IS_LOST)
-		got := rec.waitSignals(t, "lost", isKind(health.SignalLost, f.uuid(4)))
+		got := rec.TakeUntil(t, "lost", healthtest.OfKind(health.SignalLost, f.uuid(4)))
 		if kinds := kindsBy(got); len(kinds) != 1 {
 			t.Errorf("signals = %v, want only GPU 4 lost", kinds)
 		}
@@ -48,14 +48,14 @@ func TestLostGPUWhoseUUIDNVMLStillKnows(t *testing.T) {
 	t.Run("an event no GPU can be tied to marks only the lost one", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		rec.take()
+		rec.Take()
 		f.update(6, func(s *gpuState) { s.lost, s.uuidCached = true, true })
 		gone := &mock.Device{GetUUIDFunc: func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }}
 		f.send(nvml.EventData{Device: gone, EventType: nvml.EventTypeXidCriticalError, EventData: 79,
 			GpuInstanceId: health.NoInstance, ComputeInstanceId: health.NoInstance}, nvml.SUCCESS)
-		got := rec.waitSignals(t, "lost", isKind(health.SignalLost, f.uuid(6)))
+		got := rec.TakeUntil(t, "lost", healthtest.OfKind(health.SignalLost, f.uuid(6)))
 		if kinds := kindsBy(got); len(kinds) != 1 || !slices.Equal(kinds[f.uuid(6)], []health.SignalKind{health.SignalLost}) {
 			t.Errorf("signals = %v, want only GPU 6 lost", kinds)
 		}
@@ -66,14 +66,14 @@ func TestLostGPU(t *testing.T) {
 	t.Run("an event whose handle is gone marks only the GPU that stopped answering", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		rec.take()
+		rec.Take()
 		f.update(6, func(s *gpuState) { s.lost = true })
 		gone := &mock.Device{GetUUIDFunc: func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }}
 		f.send(nvml.EventData{Device: gone, EventType: nvml.EventTypeXidCriticalError, EventData: 79,
 			GpuInstanceId: health.NoInstance, ComputeInstanceId: health.NoInstance}, nvml.SUCCESS)
-		got := rec.waitSignals(t, "lost", isKind(health.SignalLost, f.uuid(6)))
+		got := rec.TakeUntil(t, "lost", healthtest.OfKind(health.SignalLost, f.uuid(6)))
 		if kinds := kindsBy(got); len(kinds) != 1 || !slices.Equal(kinds[f.uuid(6)], []health.SignalKind{health.SignalLost}) {
 			t.Errorf("signals = %v, want only GPU 6 lost", kinds)
 		}
@@ -84,12 +84,12 @@ func TestLostGPU(t *testing.T) {
 	t.Run("an event nobody can be tied to goes to every GPU", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		rec.take()
+		rec.Take()
 		f.send(nvml.EventData{Device: nil, EventType: nvml.EventTypeXidCriticalError, EventData: 79,
 			GpuInstanceId: health.NoInstance, ComputeInstanceId: health.NoInstance}, nvml.SUCCESS)
-		got := rec.waitSignals(t, "XIDs", isKind(health.SignalXID, f.uuid(7)))
+		got := rec.TakeUntil(t, "XIDs", healthtest.OfKind(health.SignalXID, f.uuid(7)))
 		if kinds := kindsBy(got); len(kinds) != 8 {
 			t.Errorf("signals = %v, want the XID on all 8 GPUs", kinds)
 		}
@@ -97,28 +97,28 @@ func TestLostGPU(t *testing.T) {
 	t.Run("the sampler finds a lost GPU", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		rec.take()
+		rec.Take()
 		f.update(1, func(s *gpuState) { s.lost = true })
 		f.step(b)
-		got := rec.take()
+		got := rec.Take()
 		if s := sigsOf(got, f.uuid(1)); !slices.Equal(s, []sig{{Kind: health.SignalLost}}) {
 			t.Errorf("GPU 1 signals = %+v, want only lost", s)
 		}
-		if !slices.ContainsFunc(got, isKind(health.SignalSample, f.uuid(0))) {
+		if !slices.ContainsFunc(got, healthtest.OfKind(health.SignalSample, f.uuid(0))) {
 			t.Error("the other GPUs were not sampled")
 		}
 	})
 	t.Run("Wait says a GPU is lost without saying which", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		rec.take()
+		rec.Take()
 		f.update(4, func(s *gpuState) { s.lost = true })
 		f.send(nvml.EventData{}, nvml.ERROR_GPU_IS_LOST)
-		got := rec.waitSignals(t, "lost", isKind(health.SignalLost, f.uuid(4)))
+		got := rec.TakeUntil(t, "lost", healthtest.OfKind(health.SignalLost, f.uuid(4)))
 		if kinds := kindsBy(got); len(kinds) != 1 {
 			t.Errorf("signals = %v, want only GPU 4 lost", kinds)
 		}
@@ -128,9 +128,9 @@ func TestLostGPU(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
 		f.update(0, func(s *gpuState) { s.lost = true })
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
-		if got := rec.take(); !slices.ContainsFunc(got, isKind(health.SignalLost, f.uuid(0))) {
+		if got := rec.Take(); !slices.ContainsFunc(got, healthtest.OfKind(health.SignalLost, f.uuid(0))) {
 			t.Errorf("no lost signal for GPU 0: %v", got)
 		}
 	})

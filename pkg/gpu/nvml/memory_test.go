@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
@@ -26,7 +28,7 @@ func TestMIGModeStopsMemoryChecks(t *testing.T) {
 		}
 	}
 	m := newMonitor(t, b)
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, teeSink{rec, m})
 	f.step(b)
 	// The row remapper's histogram answers NOT_SUPPORTED in MIG mode too (the fixture says so, as
@@ -41,15 +43,15 @@ func TestMIGModeStopsMemoryChecks(t *testing.T) {
 	if d, _ := deviceStatus(m.Snapshot(), f.uuid(0)); len(d.UnmonitoredChecks) != 0 {
 		t.Errorf("GPU 0 (no MIG): checks not running %v", d.UnmonitoredChecks)
 	}
-	got := rec.take()
+	got := rec.Take()
 	for _, kind := range []health.SignalKind{health.SignalECCCounters, health.SignalRemappedRows, health.SignalRetiredPages} {
-		if slices.ContainsFunc(got, isKind(kind, f.uuid(2))) {
+		if slices.ContainsFunc(got, healthtest.OfKind(kind, f.uuid(2))) {
 			t.Errorf("GPU 2 in MIG mode reported %v", kind)
 		}
 	}
 	// A DRAM retirement event on an H100 is about the row remapper, never retired pages.
 	f.event(2, nvml.EventTypeDramRetirementEvent, 0)
-	got = rec.waitSignals(t, "the event's signal", func(s health.Signal) bool {
+	got = rec.TakeUntil(t, "the event's signal", func(s health.Signal) bool {
 		return s.Device == f.uuid(2) && (s.Kind == health.SignalRemappedRows || s.Kind == health.SignalRetiredPages)
 	})
 	if s := sigsOf(without(got, health.SignalSample), f.uuid(2)); !slices.Equal(s, []sig{{Kind: health.SignalRemappedRows, Pending: true}}) {
@@ -88,9 +90,9 @@ func TestRetiredPagesOnlyBeforeAmpere(t *testing.T) {
 			}
 			b := f.open()
 			m := newMonitor(t, b)
-			rec := newRecorder()
+			rec := &healthtest.Recorder{}
 			f.run(b, teeSink{rec, m})
-			sampled := slices.ContainsFunc(rec.take(), isKind(health.SignalRetiredPages, f.uuid(3)))
+			sampled := slices.ContainsFunc(rec.Take(), healthtest.OfKind(health.SignalRetiredPages, f.uuid(3)))
 			if sampled != tc.pageReader || (callsOnAnyGPU(f, retired) > 0) != tc.pageReader {
 				t.Errorf("retired pages sampled %v, read %d times, want read: %v", sampled, callsOnAnyGPU(f, retired), tc.pageReader)
 			}
@@ -98,7 +100,7 @@ func TestRetiredPagesOnlyBeforeAmpere(t *testing.T) {
 				t.Errorf("probe unsupported %v, want retiredPages listed: %v", u, !tc.pageReader)
 			}
 			f.event(3, nvml.EventTypeDramRetirementEvent, 0)
-			got := rec.waitSignals(t, "the event's signal", func(s health.Signal) bool {
+			got := rec.TakeUntil(t, "the event's signal", func(s health.Signal) bool {
 				return s.Device == f.uuid(3) && (s.Kind == health.SignalRemappedRows || s.Kind == health.SignalRetiredPages)
 			})
 			if s := sigsOf(without(got, health.SignalSample), f.uuid(3)); !slices.Equal(s, []sig{tc.want}) {

@@ -39,7 +39,7 @@ func TestMIGLayoutChangeEndsRun(t *testing.T) {
 				return all(j)
 			}
 			b := f.open(gpunvml.WithInventoryCheck(tc.check))
-			done := f.runToEnd(b, newRecorder())
+			done := f.runToEnd(b, &healthtest.Recorder{})
 
 			served.Store(1) // MIG device 2 destroyed
 			if tc.event {

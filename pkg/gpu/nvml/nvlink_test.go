@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
@@ -33,10 +35,10 @@ func TestNVLinksInactiveFromTheStartAreIgnored(t *testing.T) {
 	f.update(0, func(s *gpuState) { s.links[1] = nvml.FEATURE_DISABLED })
 	b := f.open()
 	m := newMonitor(t, b)
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, teeSink{rec, m})
 	f.step(b)
-	if got := linkStates(rec.take(), f.uuid(0)); len(got) != 1 || got[0] {
+	if got := linkStates(rec.Take(), f.uuid(0)); len(got) != 1 || got[0] {
 		t.Errorf("link states %v, want link 0 up and link 1 not reported", got)
 	}
 	if d, _ := deviceStatus(m.Snapshot(), f.uuid(0)); d.Health != health.Healthy {
@@ -64,7 +66,7 @@ func TestNoNVLinkEverActive(t *testing.T) {
 	}
 	b := f.open()
 	m := newMonitor(t, b)
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, teeSink{rec, m})
 	f.step(b)
 	for i := range f.gpus {
@@ -73,7 +75,7 @@ func TestNoNVLinkEverActive(t *testing.T) {
 			t.Errorf("GPU %d: %v %+v, want Healthy", i, d.Health, d.Conditions)
 		}
 	}
-	if got := linkStates(rec.take(), f.uuid(0)); len(got) != 0 {
+	if got := linkStates(rec.Take(), f.uuid(0)); len(got) != 0 {
 		t.Errorf("link states %v, want none", got)
 	}
 	if r := b.Probe().GPUs[0].Readings; !slices.Contains(r.Unsupported, gpunvml.ReadingNVLink) || len(r.NVLinks) != 0 {
@@ -90,7 +92,7 @@ func TestNVLinksWaitForFabricManager(t *testing.T) {
 	})
 	b := f.open()
 	m := newMonitor(t, b)
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, teeSink{rec, m})
 	steps := []struct {
 		name    string
@@ -111,9 +113,9 @@ func TestNVLinksWaitForFabricManager(t *testing.T) {
 	}
 	for _, st := range steps {
 		f.update(0, st.change)
-		rec.take()
+		rec.Take()
 		f.step(b)
-		if got := linkStates(rec.take(), f.uuid(0)); !mapsEqual(got, st.states) {
+		if got := linkStates(rec.Take(), f.uuid(0)); !mapsEqual(got, st.states) {
 			t.Errorf("%s: link states %v, want %v", st.name, got, st.states)
 		}
 		if d, _ := deviceStatus(m.Snapshot(), f.uuid(0)); d.Health != st.health {
@@ -134,12 +136,12 @@ func TestNVLinksComingUpWithoutFabricStateWaitForARestart(t *testing.T) {
 	})
 	b := f.open()
 	m := newMonitor(t, b)
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, teeSink{rec, m})
 	for _, state := range []nvml.EnableState{nvml.FEATURE_ENABLED, nvml.FEATURE_DISABLED} {
 		f.update(0, func(s *gpuState) { s.links[0] = state })
 		f.step(b)
-		if got := linkStates(rec.take(), f.uuid(0)); len(got) != 0 {
+		if got := linkStates(rec.Take(), f.uuid(0)); len(got) != 0 {
 			t.Errorf("link 0 %v: link states %v, want none", state, got)
 		}
 		if d, _ := deviceStatus(m.Snapshot(), f.uuid(0)); d.Health != health.Healthy {
@@ -181,10 +183,10 @@ func TestNVLinkECCDataErrorsCount(t *testing.T) {
 			f.update(0, tc.setup)
 			b := f.open()
 			m := newMonitor(t, b)
-			rec := newRecorder()
+			rec := &healthtest.Recorder{}
 			f.run(b, teeSink{rec, m})
 			var got []int64
-			for _, s := range rec.take() {
+			for _, s := range rec.Take() {
 				if s.Device == f.uuid(0) && s.Kind == health.SignalNVLinkErrors && s.Link == 0 {
 					got = append(got, s.Value)
 				}

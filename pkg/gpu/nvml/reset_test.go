@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
+
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -27,14 +29,14 @@ func TestCommandResetterRunsTheCommandAndReportsTheReset(t *testing.T) {
 	f := newFixture(t)
 	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 40, 2 })
 	b := f.open()
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, rec)
 	cmd, argsFile := fakeResetCommand(t, 0, "GPU reset successfully")
 	r, err := b.CommandResetter([]string{cmd, "--gpu-reset", "-i", "{uuid}"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec.take()
+	rec.Take()
 	if err := r.Reset(t.Context(), f.uuid(1)); err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +48,7 @@ func TestCommandResetterRunsTheCommandAndReportsTheReset(t *testing.T) {
 		t.Fatalf("command got %q, want %q", got, want)
 	}
 	f.step(b)
-	sigs := rec.take()
+	sigs := rec.Take()
 	if kinds := kindsOf(sigs, f.uuid(1)); len(kinds) == 0 || kinds[0] != health.SignalReset {
 		t.Fatalf("GPU 1 signals %v, want the reset first", kinds)
 	}
@@ -54,7 +56,7 @@ func TestCommandResetterRunsTheCommandAndReportsTheReset(t *testing.T) {
 		t.Fatal("GPU 0 reported reset too")
 	}
 	f.step(b)
-	if slices.Contains(kindsOf(rec.take(), f.uuid(1)), health.SignalReset) {
+	if slices.Contains(kindsOf(rec.Take(), f.uuid(1)), health.SignalReset) {
 		t.Fatal("the reset was reported twice")
 	}
 }
@@ -62,7 +64,7 @@ func TestCommandResetterRunsTheCommandAndReportsTheReset(t *testing.T) {
 func TestCommandResetterFailures(t *testing.T) {
 	f := newFixture(t)
 	b := f.open()
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, rec)
 	cmd, argsFile := fakeResetCommand(t, 3, "Unable to reset GPU: in use by another client")
 	r, err := b.CommandResetter([]string{cmd, "-r", "{uuid}"})
@@ -84,7 +86,7 @@ func TestCommandResetterFailures(t *testing.T) {
 		t.Fatal("a missing command succeeded")
 	}
 	f.step(b)
-	if slices.Contains(kindsOf(rec.take(), f.uuid(0)), health.SignalReset) {
+	if slices.Contains(kindsOf(rec.Take(), f.uuid(0)), health.SignalReset) {
 		t.Fatal("a failed reset was reported as a reset")
 	}
 	if _, err := b.CommandResetter(nil); err == nil {

@@ -37,9 +37,9 @@ func TestSamplingRound(t *testing.T) {
 		s.recovery = uint32(health.RecoveryNone)
 	})
 	b := f.open()
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, rec)
-	got := rec.take()
+	got := rec.Take()
 	var mine []health.Signal
 	for _, s := range got {
 		if s.Device == f.uuid(0) {
@@ -131,9 +131,9 @@ func TestSamplingNotSupported(t *testing.T) {
 			})
 			b := f.open()
 			m := newMonitor(t, b)
-			rec := newRecorder()
+			rec := &healthtest.Recorder{}
 			f.run(b, teeSink{rec, m})
-			got := rec.take()
+			got := rec.Take()
 			if kinds := kindsOf(got, f.uuid(0)); !slices.Equal(kinds, tc.wantKinds) {
 				t.Errorf("kinds = %v, want %v", kinds, tc.wantKinds)
 			}
@@ -246,12 +246,12 @@ func TestResetDetectedFromECCTotals(t *testing.T) {
 	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 40, 2 })
 	b := f.open()
 	m := newMonitor(t, b)
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, teeSink{rec, m})
 	if d, _ := deviceStatus(m.Snapshot(), f.uuid(0)); d.Health != health.Unhealthy {
 		t.Fatalf("uncorrected errors: Health = %v, want Unhealthy", d.Health)
 	}
-	rec.take()
+	rec.Take()
 	sub := m.Subscribe()
 	defer sub.Close()
 	sub.Next()
@@ -260,7 +260,7 @@ func TestResetDetectedFromECCTotals(t *testing.T) {
 	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 1, 0 })
 	f.step(b)
 
-	kinds := kindsOf(rec.take(), f.uuid(0))
+	kinds := kindsOf(rec.Take(), f.uuid(0))
 	if len(kinds) < 2 || kinds[0] != health.SignalReset || kinds[1] != health.SignalECCCounters {
 		t.Errorf("kinds = %v, want the reset before the ECC totals", kinds)
 	}
@@ -273,7 +273,7 @@ func TestResetDetectedFromECCTotals(t *testing.T) {
 	}
 	// Same totals again: no second reset.
 	f.step(b)
-	if kinds := kindsOf(rec.take(), f.uuid(0)); slices.Contains(kinds, health.SignalReset) {
+	if kinds := kindsOf(rec.Take(), f.uuid(0)); slices.Contains(kinds, health.SignalReset) {
 		t.Errorf("a second reset was reported: %v", kinds)
 	}
 }
@@ -285,12 +285,12 @@ func TestECCGlitchIsNotAReset(t *testing.T) {
 	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 40, 2 })
 	b := f.open()
 	m := newMonitor(t, b)
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, teeSink{rec, m})
-	rec.take()
+	rec.Take()
 	f.update(0, func(s *gpuState) { s.eccLowReads = 2 }) // one round's corrected and uncorrected read 0
 	f.step(b)
-	if kinds := kindsOf(rec.take(), f.uuid(0)); slices.Contains(kinds, health.SignalReset) {
+	if kinds := kindsOf(rec.Take(), f.uuid(0)); slices.Contains(kinds, health.SignalReset) {
 		t.Errorf("a glitch was reported as a reset: %v", kinds)
 	}
 	if d, _ := deviceStatus(m.Snapshot(), f.uuid(0)); d.Health != health.Unhealthy {
@@ -309,13 +309,13 @@ func TestLowerECCTotalsAreCorroborated(t *testing.T) {
 	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 40, 2 })
 	b := f.open()
 	m := newMonitor(t, b)
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, teeSink{rec, m})
 	m.Signal(health.XIDSignal(f.uuid(0), 48, time.Now()))
-	rec.take()
+	rec.Take()
 	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 39, 2 })
 	f.step(b)
-	if kinds := kindsOf(rec.take(), f.uuid(0)); slices.Contains(kinds, health.SignalReset) {
+	if kinds := kindsOf(rec.Take(), f.uuid(0)); slices.Contains(kinds, health.SignalReset) {
 		t.Errorf("40 -> 39 was reported as a reset: %v", kinds)
 	}
 	if st := b.Stats(); st.Glitches != 1 || st.Resets != 0 {
@@ -324,7 +324,7 @@ func TestLowerECCTotalsAreCorroborated(t *testing.T) {
 	f.update(0, func(s *gpuState) { s.corrected, s.uncorrected = 0, 0 })
 	f.step(b)
 	var reset *health.Signal
-	for _, s := range rec.take() {
+	for _, s := range rec.Take() {
 		if s.Device == f.uuid(0) && s.Kind == health.SignalReset {
 			reset = &s
 		}
@@ -347,7 +347,7 @@ func TestLowerECCTotalsAreCorroborated(t *testing.T) {
 func TestStalledReportsAHungCall(t *testing.T) {
 	f := newFixture(t)
 	b := f.open()
-	f.run(b, newRecorder())
+	f.run(b, &healthtest.Recorder{})
 	if err := b.Stalled(f.clock.Now()); err != nil {
 		t.Fatalf("Stalled while running well: %v", err)
 	}
@@ -378,9 +378,9 @@ func TestImplausibleTemperatureIgnored(t *testing.T) {
 	f.update(1, func(s *gpuState) { s.temperature = math.MaxUint32 })
 	b := f.open()
 	m := newMonitor(t, b)
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, teeSink{rec, m})
-	if kinds := kindsOf(rec.take(), f.uuid(1)); slices.Contains(kinds, health.SignalTemperature) {
+	if kinds := kindsOf(rec.Take(), f.uuid(1)); slices.Contains(kinds, health.SignalTemperature) {
 		t.Errorf("the implausible temperature was passed on: %v", kinds)
 	}
 	if d, _ := deviceStatus(m.Snapshot(), f.uuid(1)); d.Health != health.Healthy {

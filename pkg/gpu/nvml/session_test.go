@@ -81,7 +81,7 @@ func (f *fixture) waitWatching(from int, skip ...int) {
 func TestResetLetsGoOfNVMLWhileTheCommandRuns(t *testing.T) {
 	f := newFixture(t)
 	b := f.open()
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, rec)
 	before := len(f.callLog())
 	rounds := b.Stats().Rounds
@@ -99,7 +99,7 @@ func TestResetLetsGoOfNVMLWhileTheCommandRuns(t *testing.T) {
 		healthtest.Eventually(t, "the event loop and the sampler parked", func() bool { return gpunvml.ParkedLoops(b) == runLoops })
 		return []byte("GPU 00000000:1B:00.0 was successfully reset."), nil
 	})
-	rec.take()
+	rec.Take()
 	if err := r.Reset(t.Context(), f.uuid(1)); err != nil {
 		t.Fatalf("Reset: %v", err)
 	}
@@ -123,20 +123,20 @@ func TestResetLetsGoOfNVMLWhileTheCommandRuns(t *testing.T) {
 	}
 
 	// The round that fell due during the reset runs once NVML is back, and reports the reset.
-	sigs := rec.waitSignals(t, "the reset reported", isKind(health.SignalReset, f.uuid(1)))
+	sigs := rec.TakeUntil(t, "the reset reported", healthtest.OfKind(health.SignalReset, f.uuid(1)))
 	// A round is counted once its signals are out: wait for the count, not just the signals.
 	healthtest.Eventually(t, "a sampling round after the reset", func() bool { return b.Stats().Rounds > rounds })
 	if kinds := kindsOf(sigs, f.uuid(1)); kinds[0] != health.SignalReset {
 		t.Errorf("GPU 1 signals %v, want the reset first", kinds)
 	}
 	for i := range f.gpus {
-		if unmonitored, _ := rec.isUnmonitored(f.uuid(i)); unmonitored {
+		if unmonitored, _ := rec.Unmonitored(f.uuid(i)); unmonitored {
 			t.Errorf("GPU %d unmonitored after the reset", i)
 		}
 	}
 	// The new event set delivers events.
 	f.event(3, nvml.EventTypeXidCriticalError, 79)
-	rec.waitSignals(t, "an XID on the new event set", isKind(health.SignalXID, f.uuid(3)))
+	rec.TakeUntil(t, "an XID on the new event set", healthtest.OfKind(health.SignalXID, f.uuid(3)))
 }
 
 func TestResetOfAGPUThatDoesNotComeBack(t *testing.T) {
@@ -150,7 +150,7 @@ func TestResetOfAGPUThatDoesNotComeBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			b := f.open()
-			rec := newRecorder()
+			rec := &healthtest.Recorder{}
 			f.run(b, rec)
 			before := len(f.callLog())
 			r := f.resetter(b, func(context.Context, []string) ([]byte, error) {
@@ -161,9 +161,9 @@ func TestResetOfAGPUThatDoesNotComeBack(t *testing.T) {
 				t.Fatalf("Reset: %v", err)
 			}
 			f.waitWatching(before, 2)
-			rec.take()
+			rec.Take()
 			f.step(b)
-			sigs := rec.take()
+			sigs := rec.Take()
 			if kinds := kindsOf(sigs, f.uuid(2)); !slices.Contains(kinds, health.SignalLost) {
 				t.Errorf("GPU 2 signals %v, want it lost", kinds)
 			}
@@ -172,9 +172,9 @@ func TestResetOfAGPUThatDoesNotComeBack(t *testing.T) {
 			}
 			// An event whose handle matches no GPU probes them: GPU 2, without a handle, is
 			// lost; the others answer.
-			rec.take()
+			rec.Take()
 			f.send(nvml.EventData{EventType: nvml.EventTypeXidCriticalError, EventData: 79}, nvml.SUCCESS)
-			sigs = rec.waitSignals(t, "GPU 2 lost again", isKind(health.SignalLost, f.uuid(2)))
+			sigs = rec.TakeUntil(t, "GPU 2 lost again", healthtest.OfKind(health.SignalLost, f.uuid(2)))
 			for _, s := range without(sigs, health.SignalSample) {
 				if s.Device != f.uuid(2) {
 					t.Errorf("signal %v for a GPU that came back", s)
@@ -187,7 +187,7 @@ func TestResetOfAGPUThatDoesNotComeBack(t *testing.T) {
 func TestInitFailingAfterResetIsRetriedWithBackoff(t *testing.T) {
 	f := newFixture(t)
 	b := f.open()
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, rec)
 	before := len(f.callLog())
 	r := f.resetter(b, func(context.Context, []string) ([]byte, error) {
@@ -203,7 +203,7 @@ func TestInitFailingAfterResetIsRetriedWithBackoff(t *testing.T) {
 	resetAt := f.clock.Now()
 	healthtest.Eventually(t, "every GPU unmonitored", func() bool {
 		for i := range f.gpus {
-			if unmonitored, _ := rec.isUnmonitored(f.uuid(i)); !unmonitored {
+			if unmonitored, _ := rec.Unmonitored(f.uuid(i)); !unmonitored {
 				return false
 			}
 		}
@@ -218,7 +218,7 @@ func TestInitFailingAfterResetIsRetriedWithBackoff(t *testing.T) {
 	f.waitWatching(before)
 	healthtest.Eventually(t, "every GPU monitored again", func() bool {
 		for i := range f.gpus {
-			if unmonitored, _ := rec.isUnmonitored(f.uuid(i)); unmonitored {
+			if unmonitored, _ := rec.Unmonitored(f.uuid(i)); unmonitored {
 				return false
 			}
 		}
@@ -232,16 +232,16 @@ func TestInitFailingAfterResetIsRetriedWithBackoff(t *testing.T) {
 		t.Errorf("calls %v, want two failed Inits before the one that worked", log)
 	}
 	f.step(b)
-	rec.waitSignals(t, "the reset reported once NVML is back", isKind(health.SignalReset, f.uuid(0)))
+	rec.TakeUntil(t, "the reset reported once NVML is back", healthtest.OfKind(health.SignalReset, f.uuid(0)))
 	f.event(1, nvml.EventTypeXidCriticalError, 48)
-	rec.waitSignals(t, "an XID on the new event set", isKind(health.SignalXID, f.uuid(1)))
+	rec.TakeUntil(t, "an XID on the new event set", healthtest.OfKind(health.SignalXID, f.uuid(1)))
 }
 
 func TestResetCancelled(t *testing.T) {
 	t.Run("while the command runs", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
 		before := len(f.callLog())
 		ctx, cancel := context.WithCancel(t.Context())
@@ -257,18 +257,18 @@ func TestResetCancelled(t *testing.T) {
 		}
 		// NVML is taken back whatever the command did.
 		f.waitWatching(before)
-		rec.take()
+		rec.Take()
 		f.step(b)
-		if slices.Contains(kindsOf(rec.take(), f.uuid(4)), health.SignalReset) {
+		if slices.Contains(kindsOf(rec.Take(), f.uuid(4)), health.SignalReset) {
 			t.Error("a cancelled reset was reported as a reset")
 		}
 		f.event(4, nvml.EventTypeXidCriticalError, 79)
-		rec.waitSignals(t, "an XID after the cancelled reset", isKind(health.SignalXID, f.uuid(4)))
+		rec.TakeUntil(t, "an XID after the cancelled reset", healthtest.OfKind(health.SignalXID, f.uuid(4)))
 	})
 	t.Run("before NVML is let go", func(t *testing.T) {
 		f := newFixture(t)
 		b := f.open()
-		rec := newRecorder()
+		rec := &healthtest.Recorder{}
 		f.run(b, rec)
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
@@ -283,7 +283,7 @@ func TestResetCancelled(t *testing.T) {
 			t.Errorf("Shutdown called %d times, want none", n)
 		}
 		f.event(4, nvml.EventTypeXidCriticalError, 79)
-		rec.waitSignals(t, "an XID on the same event set", isKind(health.SignalXID, f.uuid(4)))
+		rec.TakeUntil(t, "an XID on the same event set", healthtest.OfKind(health.SignalXID, f.uuid(4)))
 		if n := f.creates.Load(); n != 1 {
 			t.Errorf("%d event sets created, want the first one kept", n)
 		}
@@ -293,7 +293,7 @@ func TestResetCancelled(t *testing.T) {
 func TestConcurrentResetsAreSerialised(t *testing.T) {
 	f := newFixture(t)
 	b := f.open()
-	rec := newRecorder()
+	rec := &healthtest.Recorder{}
 	f.run(b, rec)
 	var active atomic.Int32
 	release, started := make(chan struct{}), make(chan string, 3)

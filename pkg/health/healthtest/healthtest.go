@@ -91,6 +91,28 @@ func (r *Recorder) Signals(match ...func(health.Signal) bool) []health.Signal {
 	return out
 }
 
+// Take returns the signals recorded so far and forgets them, for a test that checks what came
+// since its last look.
+func (r *Recorder) Take() []health.Signal {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.signals
+	r.signals = nil
+	return s
+}
+
+// TakeUntil waits (Eventually) until a signal matching last has come, and returns and forgets
+// every signal recorded by then.
+func (r *Recorder) TakeUntil(t testing.TB, what string, last func(health.Signal) bool) []health.Signal {
+	t.Helper()
+	var got []health.Signal
+	Eventually(t, what, func() bool {
+		got = append(got, r.Take()...)
+		return slices.ContainsFunc(got, last)
+	})
+	return got
+}
+
 // Reboots returns the boot IDs of the reboots recorded so far.
 func (r *Recorder) Reboots() []string {
 	r.mu.Lock()
