@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -298,8 +300,8 @@ func (w *wiring) newBreaker() *breaker.Breaker {
 }
 
 // draAttributes are the DRA device attribute names the agent matches GPUs by.
-func draAttributes(cfg config.AgentConfig) dradevices.Attributes {
-	return dradevices.Attributes{UUID: cfg.UUIDAttribute, ParentUUID: cfg.ParentUUIDAttribute, PCIBusID: cfg.PCIBusIDAttribute}
+func draAttributes(cfg config.AgentConfig) dra.Attributes {
+	return dra.Attributes{UUID: cfg.UUIDAttribute, ParentUUID: cfg.ParentUUIDAttribute, PCIBusID: cfg.PCIBusIDAttribute}
 }
 
 // breakerOrNil keeps a nil *Breaker from becoming a non-nil interface.

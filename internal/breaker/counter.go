@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -231,7 +233,7 @@ func gpusInSlices(objs []any, driver string) map[string]int {
 	}
 	out := make(map[string]int, len(byNode))
 	for node, list := range byNode {
-		catalog, _ := dradevices.NewCatalog(list, node, driver, dradevices.DefaultAttributes())
+		catalog, _ := dra.NewCatalog(list, node, driver, dra.DefaultAttributes())
 		out[node] = catalog.PhysicalGPUs()
 	}
 	return out

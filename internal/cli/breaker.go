@@ -3,37 +3,24 @@ package cli
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"sync"
 	"text/tabwriter"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
-
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
-	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
-
-// LeaderElectionLease is the Lease the breaker controller's replicas elect a leader with.
-const LeaderElectionLease = "gpuhealth-breaker-controller"
 
 func newBreakerCommand() *cobra.Command {
 	var kubeconfig, namespace string
@@ -150,7 +137,7 @@ than --stale-after not at all), and writes the count into the
 ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker's budget. It
 also deletes the slots that stopped counting: the breaker's once they leave --window (or an
 acknowledgement), remediation's once they expire (agents may delete only their own). With
---leader-elect (default) its replicas elect one leader through the Lease ` + LeaderElectionLease + `.
+--leader-elect (default) its replicas elect one leader through the Lease ` + breaker.LeaderElectionLease + `.
 --metrics-address serves /healthz (failing when a leader stopped renewing its lease) and /metrics
 (gpuhealth_breaker_cluster_gpus, gpuhealth_breaker_leader, gpuhealth_breaker_slots_swept_total).`,
 		Args: cobra.NoArgs,
@@ -170,165 +157,26 @@ acknowledgement), remediation's once they expire (agents may delete only their o
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
-			kc := adapt.Clientset(client)
-			m := breaker.NewControllerMetrics()
-			counter := &breaker.Counter{Client: kc, Namespace: namespace, Driver: driver, CapacityResources: capacityResources, StaleAfter: staleAfter,
-				Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }, Stale: func(n int) { m.StaleNodes.Set(float64(n)) }}
-			sweeper := &breaker.Sweeper{
-				Pools: []breaker.SweptPool{
-					breaker.BreakerPool(breaker.BreakerSlots(kc, namespace), window, breaker.AcknowledgedAt(kc, namespace)),
-					breaker.ExpiringPool(remediation.SlotPool(kc, namespace)),
-				},
-				Swept: func(prefix string, n int) { m.SlotsSwept.WithLabelValues(prefix).Add(float64(n)) },
-			}
-			work := func(ctx context.Context) error {
-				g, ctx := errgroup.WithContext(ctx)
-				g.Go(func() error { return counter.Run(ctx) })
-				g.Go(func() error { return sweeper.Run(ctx) })
-				return g.Wait()
-			}
-			watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
-			g, ctx := errgroup.WithContext(ctx)
-			if metricsAddress != "" {
-				g.Go(func() error { return serveBreakerController(ctx, metricsAddress, m.Registry, watchdog) })
-			}
-			g.Go(func() error {
-				if !leaderElect {
-					m.Leader.Set(1)
-					return work(ctx)
-				}
-				return runLeaderElected(ctx, breakerElection(client, namespace, breakerIdentity(), watchdog), func(ctx context.Context) error {
-					m.Leader.Set(1)
-					defer m.Leader.Set(0)
-					return work(ctx)
-				})
+			err = breaker.RunController(ctx, breaker.ControllerOptions{
+				Client: client, Namespace: namespace, Driver: driver, CapacityResources: capacityResources,
+				Window: window, StaleAfter: staleAfter, LeaderElect: leaderElect, MetricsAddress: metricsAddress,
+				MoreSlots: []breaker.SweptPool{breaker.ExpiringPool(remediation.SlotPool(adapt.Clientset(client), namespace))},
 			})
-			return g.Wait()
+			if errors.Is(err, breaker.ErrListen) {
+				return cmdutil.BadInput(fmt.Errorf("--metrics-address: %w", err))
+			}
+			return err
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	f.StringVarP(&namespace, "namespace", "n", cmp.Or(os.Getenv("POD_NAMESPACE"), config.DefaultBreakerNamespace), "namespace of the circuit breaker's ConfigMap and slots (and remediation's slots)")
 	f.DurationVar(&window, "window", config.DefaultBreakerWindow, "the agents' circuitBreaker.window: a breaker slot older than this is deleted")
-	f.StringVar(&driver, "driver", "gpu.nvidia.com", "the DRA driver whose ResourceSlices bound each node's GPU count")
+	f.StringVar(&driver, "driver", config.DefaultDriverName, "the DRA driver whose ResourceSlices bound each node's GPU count")
 	f.DurationVar(&staleAfter, "stale-after", gpuhealthv1.DefaultStaleAfter, "a node whose agent's heartbeat is older (or unreadable) is left out of the count (0: count every node)")
 	f.StringSliceVar(&capacityResources, "capacity-resources", breaker.DefaultCapacityResources, "extended resources whose capacity bounds each node's GPU count (a trailing * is a prefix)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "elect one leader among the replicas")
 	f.StringVar(&metricsAddress, "metrics-address", ":9403", "address to serve /healthz and /metrics on (empty: none)")
 	logs.addFlags(f)
 	return cmd
-}
-
-// breakerElection is how the breaker controller's replicas elect their leader: through the Lease
-// LeaderElectionLease in namespace, which identity holds while it leads.
-func breakerElection(client kubernetes.Interface, namespace, identity string, watchdog *leaderelection.HealthzAdaptor) leaderelection.LeaderElectionConfig {
-	return leaderelection.LeaderElectionConfig{
-		Lock: &resourcelock.LeaseLock{
-			LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: LeaderElectionLease},
-			Client:     client.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
-		},
-		ReleaseOnCancel: true,
-		LeaseDuration:   15 * time.Second,
-		RenewDeadline:   10 * time.Second,
-		RetryPeriod:     2 * time.Second,
-		Name:            LeaderElectionLease,
-		WatchDog:        watchdog,
-	}
-}
-
-// breakerIdentity names this replica in the Lease: the pod's host name and a random suffix, so
-// that a restarted container never mistakes its predecessor's lease for its own.
-func breakerIdentity() string {
-	host, _ := os.Hostname()
-	return host + "_" + uuid.NewString()
-}
-
-// runLeaderElected campaigns with cfg (whose Callbacks it sets) and runs run while this process
-// leads. It returns when ctx is done, when run returns, or when the lead is lost (the Deployment
-// restarts the container, which then campaigns again); in every case only once run has
-// returned, with run's error if it failed.
-func runLeaderElected(ctx context.Context, cfg leaderelection.LeaderElectionConfig, run func(context.Context) error) error {
-	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var work leaderWork
-	cfg.Callbacks = leaderelection.LeaderCallbacks{
-		OnStartedLeading: func(leadCtx context.Context) {
-			defer cancel() // the work is over: stop renewing the lease, so that Run returns
-			work.do(leadCtx, run)
-		},
-		OnStoppedLeading: cancel,
-	}
-	le, err := leaderelection.NewLeaderElector(cfg)
-	if err != nil {
-		return err
-	}
-	le.Run(ctx)
-	if err := work.wait(); err != nil {
-		return err
-	}
-	if parent.Err() == nil {
-		return fmt.Errorf("lost the lead (Lease %s)", cfg.Lock.Describe())
-	}
-	return nil
-}
-
-// leaderWork owns the work OnStartedLeading runs. client-go calls that callback in a goroutine
-// that LeaderElector.Run does not wait for, so the work registers here and wait, called once Run
-// has returned, waits for it and hands over its error; work that would start only after wait
-// began does not start at all.
-type leaderWork struct {
-	mu      sync.Mutex
-	waiting bool
-	err     error
-	running sync.WaitGroup
-}
-
-// do runs run with ctx, unless wait has begun, and keeps its error for wait.
-func (w *leaderWork) do(ctx context.Context, run func(context.Context) error) {
-	var start bool
-	w.locked(func() {
-		if start = !w.waiting; start {
-			w.running.Add(1)
-		}
-	})
-	if !start {
-		return
-	}
-	defer w.running.Done()
-	err := run(ctx)
-	w.locked(func() { w.err = err })
-}
-
-// wait returns once the work, if it started, has returned, with its error.
-func (w *leaderWork) wait() (err error) {
-	w.locked(func() { w.waiting = true })
-	w.running.Wait()
-	w.locked(func() { err = w.err })
-	return err
-}
-
-func (w *leaderWork) locked(f func()) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	f()
-}
-
-// serveBreakerController serves /healthz and /metrics until ctx is done.
-func serveBreakerController(ctx context.Context, addr string, registry *prometheus.Registry, watchdog *leaderelection.HealthzAdaptor) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if err := watchdog.Check(r); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		_, _ = w.Write([]byte("ok"))
-	})
-	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
-	if err != nil {
-		return cmdutil.BadInput(fmt.Errorf("--metrics-address: %w", err))
-	}
-	return httpserve.Serve(ctx, lis, mux)
 }

@@ -6,12 +6,13 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -38,7 +39,7 @@ type draView struct {
 	slices []*resourceapi.ResourceSlice
 	rules  []resourceapi.DeviceTaintRule
 	driver string
-	attrs  dradevices.Attributes
+	attrs  dra.Attributes
 }
 
 // readDRAView lists the driver's ResourceSlices and every DeviceTaintRule. A user who may not
@@ -53,7 +54,7 @@ func readDRAView(ctx context.Context, client kubernetes.Interface, driver string
 		return nil, fmt.Errorf("list DeviceTaintRules: %w", err)
 	}
 	// Status assumes the attribute names of NVIDIA's driver.
-	v := &draView{driver: driver, attrs: dradevices.DefaultAttributes(), rules: rules.Items}
+	v := &draView{driver: driver, attrs: dra.DefaultAttributes(), rules: rules.Items}
 	for i := range sl.Items {
 		v.slices = append(v.slices, &sl.Items[i])
 	}
@@ -63,13 +64,13 @@ func readDRAView(ctx context.Context, client kubernetes.Interface, driver string
 // addExternalTaints fills in ExternalTaints of each row, and a reason per taint key marked with
 // ExternalReasonPrefix.
 func (v *draView) addExternalTaints(rows []GPUStatus, logger klog.Logger) {
-	catalogs := map[string]*dradevices.Catalog{}
+	catalogs := map[string]*dra.Catalog{}
 	for i := range rows {
 		row := &rows[i]
 		cat, ok := catalogs[row.Node]
 		if !ok {
-			var problems []dradevices.Problem
-			cat, problems = dradevices.NewCatalog(v.slices, row.Node, v.driver, v.attrs)
+			var problems []dra.Problem
+			cat, problems = dra.NewCatalog(v.slices, row.Node, v.driver, v.attrs)
 			for _, p := range problems {
 				logger.V(2).Info("ResourceSlice problem", "node", row.Node, "problem", p.String())
 			}
@@ -80,7 +81,7 @@ func (v *draView) addExternalTaints(rows []GPUStatus, logger klog.Logger) {
 			dev.MIG = &health.MIGPlacement{ParentUUID: row.ParentUUID}
 		}
 		for _, target := range cat.Targets(dev) {
-			row.ExternalTaints = append(row.ExternalTaints, v.taintsOf(target.Pool, target.Name)...)
+			row.ExternalTaints = append(row.ExternalTaints, v.taintsOf(target.Pool, target.Device)...)
 		}
 		for _, t := range row.ExternalTaints {
 			if reason := ExternalReasonPrefix + t.Key; !slices.Contains(row.Reasons, reason) {

@@ -4,12 +4,13 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 )
 
@@ -40,7 +41,7 @@ func TestExternalTaints(t *testing.T) {
 	view := &draView{
 		slices: []*resourceapi.ResourceSlice{slice},
 		driver: driver,
-		attrs:  dradevices.DefaultAttributes(),
+		attrs:  dra.DefaultAttributes(),
 		rules: []resourceapi.DeviceTaintRule{
 			// gpuhealth's own rule: not external.
 			rule("gpuhealth-gpu-0", map[string]string{devicetaint.NodeLabel: node}, &resourceapi.DeviceTaintSelector{Driver: ptr.To(driver), Pool: ptr.To(node), Device: ptr.To("gpu-0")}, "gpuhealth.dev/xid"),

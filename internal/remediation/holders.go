@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -16,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -88,7 +89,7 @@ func (p PodResources) Holders(ctx context.Context, dev health.Device, migs []hea
 }
 
 // Claims finds the pods on the node whose allocated ResourceClaims name one of the GPU's DRA
-// devices (its own, its MIG partitions', its passthrough device's: dradevices.Catalog.Targets).
+// devices (its own, its MIG partitions', its passthrough device's: dra.Catalog.Targets).
 // It lists the node's pods and reads each of their claims, only while a GPU waits for a reset.
 type Claims struct {
 	Client   kube.Interface
@@ -99,7 +100,7 @@ type Claims struct {
 
 // Catalogs gives the node's DRA devices as they are now (dradevices.Index does).
 type Catalogs interface {
-	Catalog(ctx context.Context) (*dradevices.Catalog, error)
+	Catalog(ctx context.Context) (*dra.Catalog, error)
 }
 
 var _ HolderFinder = Claims{}
@@ -110,10 +111,10 @@ func (c Claims) Holders(ctx context.Context, dev health.Device, migs []health.De
 	if err != nil {
 		return nil, err
 	}
-	targets := map[dradevices.Device]bool{}
+	targets := map[dra.DeviceID]bool{}
 	for _, d := range append([]health.Device{dev}, migs...) {
 		for _, t := range catalog.Targets(d) {
-			targets[t.Device] = true
+			targets[t.DeviceID] = true
 		}
 	}
 	if len(targets) == 0 {
@@ -131,14 +132,14 @@ func (c Claims) Holders(ctx context.Context, dev health.Device, migs []health.De
 		if pod.Spec.NodeName != c.NodeName || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			continue // its containers are gone
 		}
-		for _, name := range dradevices.PodClaimNames(pod) {
+		for _, name := range dra.PodClaimNames(pod) {
 			claim, err := c.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				// A claim the pod names but that cannot be read may hold the GPU.
 				return nil, fmt.Errorf("read ResourceClaim %s/%s of pod %s: %w", pod.Namespace, name, pod.Name, err)
 			}
 			if a := claim.Status.Allocation; a != nil && slices.ContainsFunc(a.Devices.Results, func(r resourceapi.DeviceRequestAllocationResult) bool {
-				return r.Driver == c.Driver && targets[dradevices.Device{Pool: r.Pool, Name: r.Device}]
+				return r.Driver == c.Driver && targets[dra.DeviceID{Pool: r.Pool, Device: r.Device}]
 			}) {
 				out = append(out, fmt.Sprintf("%s/%s (claim %s)", pod.Namespace, pod.Name, name))
 			}

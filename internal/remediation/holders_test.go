@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -17,7 +19,6 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -97,9 +98,9 @@ func TestPodResourcesUnreachableIsAnError(t *testing.T) {
 	}
 }
 
-type staticCatalog struct{ c *dradevices.Catalog }
+type staticCatalog struct{ c *dra.Catalog }
 
-func (s staticCatalog) Catalog(context.Context) (*dradevices.Catalog, error) { return s.c, nil }
+func (s staticCatalog) Catalog(context.Context) (*dra.Catalog, error) { return s.c, nil }
 
 func slice(node string, uuids ...string) *resourceapi.ResourceSlice {
 	s := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: node + "-gpus"}, Spec: resourceapi.ResourceSliceSpec{
@@ -128,7 +129,7 @@ func allocated(name, pool, device string) *resourceapi.ResourceClaim {
 }
 
 func TestClaimHolders(t *testing.T) {
-	catalog, _ := dradevices.NewCatalog([]*resourceapi.ResourceSlice{slice("n1", "GPU-a", "GPU-b")}, "n1", "gpu.nvidia.com", dradevices.DefaultAttributes())
+	catalog, _ := dra.NewCatalog([]*resourceapi.ResourceSlice{slice("n1", "GPU-a", "GPU-b")}, "n1", "gpu.nvidia.com", dra.DefaultAttributes())
 	// The fake clientset ignores field selectors: the pod on n2 must be left out all the same.
 	client := fake.NewClientset(
 		claimPod("runs", "n1", corev1.PodRunning, "c-a"),

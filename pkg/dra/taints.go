@@ -6,6 +6,14 @@
 //     its slices' device.taints; the scheduler then keeps new claims off sick GPUs). SetTaints
 //     writes them into a device list, leaving other taints alone.
 //   - Message says why a device is not Healthy, in the words and length the kubelet keeps.
+//   - Catalog says which DRA devices a GPU's health applies to, read from ResourceSlices the way
+//     NVIDIA's DRA driver publishes them (Attributes): a whole GPU reaches its own device, every
+//     device naming it as parent (static MIG devices, DynamicMIG partitions) and every device at
+//     its PCI address (a VFIO passthrough device); a MIG device reaches the device carrying its
+//     own UUID. Assign picks the worst status per device; NormalizePCIBusID turns NVML's PCI
+//     addresses into the standard attribute's form. gpuhealth's agent taints and reports claim
+//     status through it; a driver with MIG, DynamicMIG or VFIO devices can match the same way.
+//   - PodClaimNames lists the ResourceClaims a pod uses (named, templated, extended resources).
 //   - Package healthstream (a sub-package, because it needs the kubelet's gRPC API and
 //     client-go) implements the kubelet's DRA device-health stream through the
 //     k8s.io/dynamic-resource-allocation kubeletplugin helper (DRAPlugin.WatchHealthStatus), so
@@ -15,8 +23,8 @@
 // This package imports only k8s.io/api and k8s.io/apimachinery types, never client-go: a driver
 // embeds it whatever client it uses (TestNoClientGo holds it to that).
 //
-// GPUs are matched to the driver's devices by UUID (case-insensitively); the driver says which
-// of its devices carries which GPU.
+// Taints matches GPUs to the driver's devices by UUID (case-insensitively): the driver says which
+// of its devices carries which GPU. Catalog matches them by the published attributes instead.
 package dra
 
 import (

@@ -12,10 +12,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
@@ -123,7 +124,7 @@ func simNVIDIAGPUs(t *testing.T, node string, count int, mig map[int]int) []cont
 		if d.MIG != nil {
 			continue
 		}
-		bus, err := dradevices.NormalizePCIBusID(d.PCIBusID)
+		bus, err := dra.NormalizePCIBusID(d.PCIBusID)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,10 +1,8 @@
-// Package dradevices finds this node's GPUs among DRA devices: it keeps an informer cache of the
-// node's ResourceSlices of one driver and ties their devices to GPUs by three attributes (see
-// Attributes): the device's own UUID (whole GPUs, static MIG devices), its parent GPU's UUID
-// (static MIG devices and dynamic MIG partitions, which have no UUID of their own) and its PCI
-// address (VFIO passthrough devices, whose uuid is derived from the address). Defaults are the
-// names NVIDIA's DRA driver publishes. The devicetaint and claimstatus reporters share one Index
-// per agent: one watch, one cache.
+// Package dradevices is the agent's informer cache of its node's ResourceSlices of one driver,
+// read as a dra.Catalog: which DRA devices a GPU's health applies to (the matching itself, by
+// UUID, parent UUID and PCI address, is pkg/dra's, where DRA drivers embed it too). The
+// devicetaint and claimstatus reporters and remediation share one Index per agent: one watch,
+// one cache, each problem with the slices logged once.
 package dradevices
 
 import (
@@ -21,15 +19,13 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
 )
-
-// Device names a DRA device.
-type Device struct{ Pool, Name string }
 
 // Index is the cache of one node's devices of one driver. Its methods are safe for concurrent use.
 type Index struct {
 	nodeName, driver string
-	attrs            Attributes
+	attrs            dra.Attributes
 	informers        kube.Informers
 	informer         cache.SharedIndexInformer
 	slices           resourcelisters.ResourceSliceLister
@@ -44,12 +40,12 @@ type Index struct {
 // New returns the Index of nodeName's devices of driver, with uuidAttribute carrying the GPU
 // UUID and the default names for the other attributes. Nothing runs until Start.
 func New(client kube.Interface, nodeName, driver, uuidAttribute string) *Index {
-	return NewWithAttributes(client, nodeName, driver, Attributes{UUID: uuidAttribute})
+	return NewWithAttributes(client, nodeName, driver, dra.Attributes{UUID: uuidAttribute})
 }
 
 // NewWithAttributes returns the Index of nodeName's devices of driver, tied to GPUs by attrs
-// (empty names take the defaults; see Attributes.Validate). Nothing runs until Start.
-func NewWithAttributes(client kube.Interface, nodeName, driver string, attrs Attributes) *Index {
+// (empty names take the defaults; see dra.Attributes.Validate). Nothing runs until Start.
+func NewWithAttributes(client kube.Interface, nodeName, driver string, attrs dra.Attributes) *Index {
 	ix := &Index{nodeName: nodeName, driver: driver, attrs: attrs.WithDefaults(), reported: map[string]bool{}}
 	ix.informer = ix.informers.Add(kube.NewInformer(client, client.ResourceV1().ResourceSlices(), &resourceapi.ResourceSlice{}, func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.AndSelectors(
@@ -62,7 +58,7 @@ func NewWithAttributes(client kube.Interface, nodeName, driver string, attrs Att
 }
 
 // Attributes returns the attribute names the index matches by.
-func (ix *Index) Attributes() Attributes { return ix.attrs }
+func (ix *Index) Attributes() dra.Attributes { return ix.attrs }
 
 // OnChange calls f for every change to the node's slices (a driver may publish them after the
 // agent starts).
@@ -84,7 +80,7 @@ func (ix *Index) Start(ctx context.Context) error {
 // Attach is how a reporter gets its devices: the agent's shared Index ix, or a new one of its own
 // when ix is nil, with onChange registered and the cache filled. attrs (empty names take the
 // defaults) must be valid and, for a shared index, the ones it matches by.
-func Attach(ctx context.Context, ix *Index, client kube.Interface, nodeName, driver string, attrs Attributes, onChange func()) (*Index, error) {
+func Attach(ctx context.Context, ix *Index, client kube.Interface, nodeName, driver string, attrs dra.Attributes, onChange func()) (*Index, error) {
 	attrs = attrs.WithDefaults()
 	if err := attrs.Validate(); err != nil {
 		return nil, fmt.Errorf("DRA device attributes: %w", err)
@@ -116,19 +112,19 @@ func OnAnyChange(f func()) cache.ResourceEventHandlerFuncs {
 	}
 }
 
-// Catalog reads the node's devices as the cache has them now. Each problem with the slices (see
-// NewCatalog) is logged once while it lasts, however many reporters ask.
-func (ix *Index) Catalog(ctx context.Context) (*Catalog, error) {
+// Catalog reads the node's devices as the cache has them now (dra.NewCatalog). Each problem with
+// the slices is logged once while it lasts, however many reporters ask.
+func (ix *Index) Catalog(ctx context.Context) (*dra.Catalog, error) {
 	list, err := ix.slices.List(labels.Everything())
 	if err != nil {
 		return nil, fmt.Errorf("list ResourceSlices: %w", err)
 	}
-	c, problems := NewCatalog(list, ix.nodeName, ix.driver, ix.attrs)
+	c, problems := dra.NewCatalog(list, ix.nodeName, ix.driver, ix.attrs)
 	ix.report(ctx, problems)
 	return c, nil
 }
 
-func (ix *Index) report(ctx context.Context, problems []Problem) {
+func (ix *Index) report(ctx context.Context, problems []dra.Problem) {
 	logger := klog.FromContext(ctx)
 	ix.mu.Lock()
 	defer ix.mu.Unlock()

@@ -6,11 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
-	resourceapi "k8s.io/api/resource/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+	"github.com/gpuhealth/gpuhealth/pkg/dra/dratest"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
@@ -18,32 +19,14 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-type attrs = map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
-
-func slice(name, node, driver string, devices ...resourceapi.Device) *resourceapi.ResourceSlice {
-	return &resourceapi.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: ptr.To(node),
-			Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1}, Devices: devices},
-	}
-}
-
-func dev(name string, a attrs) resourceapi.Device {
-	return resourceapi.Device{Name: name, Attributes: a}
-}
-
-func str(s string) resourceapi.DeviceAttribute {
-	return resourceapi.DeviceAttribute{StringValue: ptr.To(s)}
-}
-
 func TestIndexFindsGPUsByBareAndQualifiedUUIDs(t *testing.T) {
 	client := fake.NewClientset(
-		slice("a", "n1", "gpu.nvidia.com",
-			dev("gpu-0", attrs{"uuid": str("GPU-A")}),
-			dev("gpu-1", attrs{"gpu.nvidia.com/uuid": str("GPU-B")}),
+		dratest.Slice("a", "n1", "gpu.nvidia.com",
+			dratest.Device("gpu-0", dratest.Attrs{"uuid": dratest.String("GPU-A")}),
+			dratest.Device("gpu-1", dratest.Attrs{"gpu.nvidia.com/uuid": dratest.String("GPU-B")}),
 		),
-		slice("b", "n2", "gpu.nvidia.com", dev("gpu-0", attrs{"uuid": str("GPU-C")})),
-		slice("c", "n1", "other.driver", dev("gpu-0", attrs{"uuid": str("GPU-D")})),
+		dratest.Slice("b", "n2", "gpu.nvidia.com", dratest.Device("gpu-0", dratest.Attrs{"uuid": dratest.String("GPU-C")})),
+		dratest.Slice("c", "n1", "other.driver", dratest.Device("gpu-0", dratest.Attrs{"uuid": dratest.String("GPU-D")})),
 	)
 	ix := dradevices.New(adapt.Clientset(client), "n1", "gpu.nvidia.com", "uuid")
 	if err := ix.Start(t.Context()); err != nil {
@@ -55,11 +38,11 @@ func TestIndexFindsGPUsByBareAndQualifiedUUIDs(t *testing.T) {
 	}
 	for uuid, want := range map[string]string{"GPU-A": "gpu-0", "gpu-b": "gpu-1", "GPU-C": "", "GPU-D": ""} {
 		got := c.Targets(health.Device{UUID: uuid})
-		if want == "" && len(got) != 0 || want != "" && (len(got) != 1 || got[0] != dradevices.Target{Device: dradevices.Device{Pool: "n1", Name: want}, Own: true}) {
+		if want == "" && len(got) != 0 || want != "" && (len(got) != 1 || got[0] != dra.Target{DeviceID: dra.DeviceID{Pool: "n1", Device: want}, Own: true}) {
 			t.Errorf("Targets(%s) = %v, want %q of n1's gpu.nvidia.com slice only", uuid, got, want)
 		}
 	}
-	if !c.Known(dradevices.Device{Pool: "n1", Name: "gpu-1"}) || c.Known(dradevices.Device{Pool: "n2", Name: "gpu-0"}) {
+	if !c.Known(dra.DeviceID{Pool: "n1", Device: "gpu-1"}) || c.Known(dra.DeviceID{Pool: "n2", Device: "gpu-0"}) {
 		t.Error("Known is wrong about n1/gpu-1 or n2/gpu-0")
 	}
 }
@@ -68,9 +51,9 @@ func TestIndexFindsGPUsByBareAndQualifiedUUIDs(t *testing.T) {
 // broken slice must not flood the log, yet a problem that goes away and comes back is logged
 // again.
 func TestEachProblemIsLoggedOnceWhileItLasts(t *testing.T) {
-	var lines []string
-	ctx := klog.NewContext(context.Background(), funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{}))
-	broken := slice("a", "n1", "gpu.nvidia.com", dev("gpu-0", attrs{"uuid": {IntValue: ptr.To[int64](3)}}))
+	var log healthtest.Log
+	ctx := log.Context()
+	broken := dratest.Slice("a", "n1", "gpu.nvidia.com", dratest.Device("gpu-0", dratest.Attrs{"uuid": {IntValue: ptr.To[int64](3)}}))
 	client := fake.NewClientset(broken)
 	ix := dradevices.New(adapt.Clientset(client), "n1", "gpu.nvidia.com", "uuid")
 	if err := ix.Start(t.Context()); err != nil {
@@ -81,12 +64,12 @@ func TestEachProblemIsLoggedOnceWhileItLasts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(lines) != 1 || !strings.Contains(lines[0], "is not a string") || !strings.Contains(lines[0], `"device"="gpu-0"`) {
+	if lines := log.Lines(); len(lines) != 1 || !strings.Contains(lines[0], "is not a string") || !strings.Contains(lines[0], `"device"="gpu-0"`) {
 		t.Fatalf("log = %q, want one line naming gpu-0 and the problem", lines)
 	}
 
 	fixed := broken.DeepCopy()
-	fixed.Spec.Devices[0].Attributes["uuid"] = str("GPU-A")
+	fixed.Spec.Devices[0].Attributes["uuid"] = dratest.String("GPU-A")
 	if _, err := client.ResourceV1().ResourceSlices().Update(t.Context(), fixed, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +78,7 @@ func TestEachProblemIsLoggedOnceWhileItLasts(t *testing.T) {
 		t.Fatal(err)
 	}
 	pollCatalog(ctx, t, ix, false)
-	if len(lines) != 2 {
+	if lines := log.Lines(); len(lines) != 2 {
 		t.Errorf("log = %q, want the problem logged again after it came back", lines)
 	}
 }
@@ -126,12 +109,12 @@ func TestAttachChecksTheAttributes(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		ix    *dradevices.Index
-		attrs dradevices.Attributes
+		attrs dra.Attributes
 		err   string
 	}{
-		{"defaults fill empty names", shared, dradevices.Attributes{}, ""},
-		{"a malformed name", nil, dradevices.Attributes{ParentUUID: "parent uuid"}, "parentUUIDAttribute"},
-		{"the shared index matches by other names", shared, dradevices.Attributes{PCIBusID: "example.com/bus"}, "shared device index"},
+		{"defaults fill empty names", shared, dra.Attributes{}, ""},
+		{"a malformed name", nil, dra.Attributes{ParentUUID: "parent uuid"}, "parentUUIDAttribute"},
+		{"the shared index matches by other names", shared, dra.Attributes{PCIBusID: "example.com/bus"}, "shared device index"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := dradevices.Attach(t.Context(), tc.ix, adapt.Clientset(client), "n1", "gpu.nvidia.com", tc.attrs, func() {})

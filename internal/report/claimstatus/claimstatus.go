@@ -33,6 +33,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -62,7 +64,7 @@ const (
 // Options configure a Syncer.
 type Options struct {
 	// Driver and the attributes find this node's GPUs among DRA devices, as for DeviceTaintRules
-	// (empty attribute names take the NVIDIA driver's, see dradevices.Attributes): a claim holding
+	// (empty attribute names take the NVIDIA driver's, see dra.Attributes): a claim holding
 	// a MIG partition or the VFIO device of a sick GPU is marked too.
 	Driver, UUIDAttribute, ParentUUIDAttribute, PCIBusIDAttribute string
 	// Devices, when set, is the agent's shared index of this node's DRA devices (of Driver and
@@ -102,7 +104,7 @@ func (s *Syncer) Name() string { return "claimstatus" }
 
 // Start fills the caches of this node's pods (claims come and go with them) and slices.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	attrs := dradevices.Attributes{UUID: s.opts.UUIDAttribute, ParentUUID: s.opts.ParentUUIDAttribute, PCIBusID: s.opts.PCIBusIDAttribute}
+	attrs := dra.Attributes{UUID: s.opts.UUIDAttribute, ParentUUID: s.opts.ParentUUIDAttribute, PCIBusID: s.opts.PCIBusIDAttribute}
 	devices, err := dradevices.Attach(ctx, s.opts.Devices, s.client, s.nodeName, s.opts.Driver, attrs, trigger)
 	if err != nil {
 		return fmt.Errorf("claimstatus: %w", err)
@@ -117,14 +119,14 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	}
 	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if pod, ok := obj.(*corev1.Pod); !ok || len(dradevices.PodClaimNames(pod)) > 0 {
+			if pod, ok := obj.(*corev1.Pod); !ok || len(dra.PodClaimNames(pod)) > 0 {
 				trigger()
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Pod)
 			n, ok2 := newObj.(*corev1.Pod)
-			if !ok1 || !ok2 || !slices.Equal(dradevices.PodClaimNames(o), dradevices.PodClaimNames(n)) {
+			if !ok1 || !ok2 || !slices.Equal(dra.PodClaimNames(o), dra.PodClaimNames(n)) {
 				trigger()
 			}
 		},
@@ -167,15 +169,12 @@ func (s *Syncer) claimsOnNode() (map[types.NamespacedName]bool, error) {
 		if pod.Spec.NodeName != s.nodeName {
 			continue
 		}
-		for _, name := range dradevices.PodClaimNames(pod) {
+		for _, name := range dra.PodClaimNames(pod) {
 			out[types.NamespacedName{Namespace: pod.Namespace, Name: name}] = true
 		}
 	}
 	return out, nil
 }
-
-// deviceKey names a DRA device.
-type deviceKey = dradevices.Device
 
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
@@ -255,8 +254,8 @@ func setMark(marked map[types.NamespacedName]bool, key types.NamespacedName, on 
 
 // desired returns, for each device of this node the claim holds whose GPU is not Healthy, the
 // condition it should carry.
-func (s *Syncer) desired(claim *resourceapi.ResourceClaim, assigned map[deviceKey]dradevices.Assignment) map[deviceKey]metav1.Condition {
-	out := map[deviceKey]metav1.Condition{}
+func (s *Syncer) desired(claim *resourceapi.ResourceClaim, assigned map[dra.DeviceID]dra.Assignment) map[dra.DeviceID]metav1.Condition {
+	out := map[dra.DeviceID]metav1.Condition{}
 	if claim.Status.Allocation == nil {
 		return out
 	}
@@ -264,7 +263,7 @@ func (s *Syncer) desired(claim *resourceapi.ResourceClaim, assigned map[deviceKe
 		if r.Driver != s.opts.Driver {
 			continue
 		}
-		key := deviceKey{Pool: r.Pool, Name: r.Device}
+		key := dra.DeviceID{Pool: r.Pool, Device: r.Device}
 		if a, ok := assigned[key]; ok {
 			out[key] = condition(a.Status)
 		}
@@ -292,10 +291,10 @@ func condition(d health.DeviceStatus) metav1.Condition {
 }
 
 // current returns our conditions now in the claim's status, for this node's devices.
-func current(claim *resourceapi.ResourceClaim, mine func(deviceKey) bool, driver string) map[deviceKey]metav1.Condition {
-	out := map[deviceKey]metav1.Condition{}
+func current(claim *resourceapi.ResourceClaim, mine func(dra.DeviceID) bool, driver string) map[dra.DeviceID]metav1.Condition {
+	out := map[dra.DeviceID]metav1.Condition{}
 	for _, ds := range claim.Status.Devices {
-		key := deviceKey{Pool: ds.Pool, Name: ds.Device}
+		key := dra.DeviceID{Pool: ds.Pool, Device: ds.Device}
 		if !mine(key) || ds.Driver != driver {
 			continue
 		}
@@ -317,7 +316,7 @@ func hasOurConditions(claim *resourceapi.ResourceClaim) bool {
 	return false
 }
 
-func (s *Syncer) differs(claim *resourceapi.ResourceClaim, catalog *dradevices.Catalog, desired map[deviceKey]metav1.Condition) bool {
+func (s *Syncer) differs(claim *resourceapi.ResourceClaim, catalog *dra.Catalog, desired map[dra.DeviceID]metav1.Condition) bool {
 	have := current(claim, catalog.Known, s.opts.Driver)
 	if len(have) != len(desired) {
 		return true
@@ -334,13 +333,15 @@ func (s *Syncer) differs(claim *resourceapi.ResourceClaim, catalog *dradevices.C
 // apply writes every condition of the claim's devices on this node in one server-side apply;
 // devices left out (all of them, on recovery) lose what this field manager owned, and server-side
 // apply removes the entries nobody else owns.
-func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, desired map[deviceKey]metav1.Condition) error {
-	have := current(claim, func(deviceKey) bool { return true }, s.opts.Driver)
-	keys := make([]deviceKey, 0, len(desired))
+func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, desired map[dra.DeviceID]metav1.Condition) error {
+	have := current(claim, func(dra.DeviceID) bool { return true }, s.opts.Driver)
+	keys := make([]dra.DeviceID, 0, len(desired))
 	for k := range desired {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b deviceKey) int { return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Name, b.Name)) })
+	slices.SortFunc(keys, func(a, b dra.DeviceID) int {
+		return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Device, b.Device))
+	})
 	now := metav1.NewTime(s.opts.Clock.Now())
 	body := claimStatusApply{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim"}
 	body.Metadata.Name, body.Metadata.Namespace = claim.Name, claim.Namespace
@@ -351,7 +352,7 @@ func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, de
 			since = got.LastTransitionTime
 		}
 		body.Status.Devices = append(body.Status.Devices, deviceStatusApply{
-			Driver: s.opts.Driver, Pool: k.Pool, Device: k.Name,
+			Driver: s.opts.Driver, Pool: k.Pool, Device: k.Device,
 			Conditions: []conditionApply{{
 				Type: want.Type, Status: want.Status, Reason: want.Reason, Message: want.Message,
 				LastTransitionTime: since, ObservedGeneration: claim.Generation,

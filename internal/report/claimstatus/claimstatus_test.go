@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,7 +14,6 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -28,7 +29,7 @@ func TestDesiredAndDiffers(t *testing.T) {
 			{Name: "gpu-0-mig-1g10gb-19-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"parentUUID": str("GPU-a")}},
 			{Name: "gpu-1-mig-1g10gb-19-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"parentUUID": str("GPU-b")}},
 		}}}
-	catalog, problems := dradevices.NewCatalog([]*resourceapi.ResourceSlice{slice}, "n1", "gpu.nvidia.com", dradevices.DefaultAttributes())
+	catalog, problems := dra.NewCatalog([]*resourceapi.ResourceSlice{slice}, "n1", "gpu.nvidia.com", dra.DefaultAttributes())
 	if len(problems) > 0 {
 		t.Fatalf("problems: %v", problems)
 	}
@@ -52,7 +53,7 @@ func TestDesiredAndDiffers(t *testing.T) {
 		t.Fatalf("desired = %+v, want conditions for the sick GPU and its MIG partition only", want)
 	}
 	for _, dev := range []string{"gpu-0", "gpu-0-mig-1g10gb-19-0"} {
-		c := want[deviceKey{Pool: "n1", Name: dev}]
+		c := want[dra.DeviceID{Pool: "n1", Device: dev}]
 		if c.Type != ConditionType || c.Status != metav1.ConditionFalse || c.Reason != ReasonUnhealthy ||
 			!strings.Contains(c.Message, "XID79") || !strings.Contains(c.Message, "eviction requested") {
 			t.Errorf("condition of %s = %+v", dev, c)
@@ -62,12 +63,12 @@ func TestDesiredAndDiffers(t *testing.T) {
 		t.Error("a claim without the condition does not differ from one with it")
 	}
 	for key, c := range want {
-		claim.Status.Devices = append(claim.Status.Devices, resourceapi.AllocatedDeviceStatus{Driver: "gpu.nvidia.com", Pool: key.Pool, Device: key.Name, Conditions: []metav1.Condition{c}})
+		claim.Status.Devices = append(claim.Status.Devices, resourceapi.AllocatedDeviceStatus{Driver: "gpu.nvidia.com", Pool: key.Pool, Device: key.Device, Conditions: []metav1.Condition{c}})
 	}
 	if s.differs(claim, catalog, want) {
 		t.Error("the claim already carries the conditions, yet differs")
 	}
-	if !s.differs(claim, catalog, map[deviceKey]metav1.Condition{}) {
+	if !s.differs(claim, catalog, map[dra.DeviceID]metav1.Condition{}) {
 		t.Error("recovery (no condition wanted) does not differ from a claim that has one")
 	}
 }

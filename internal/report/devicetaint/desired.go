@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -78,22 +77,22 @@ func (s *Syncer) desired(ctx context.Context, snap health.Snapshot) (map[string]
 }
 
 // desiredRules returns the rules this node should have for snap: one per DRA device that a GPU
-// or MIG device which is not Healthy applies to (see dradevices.Catalog.Assign). The rule of a
+// or MIG device which is not Healthy applies to (see dra.Catalog.Assign). The rule of a
 // device's own GPU or MIG device is named RuleName(uuid); a device reached through its parent
 // GPU or PCI address (a MIG partition, a VFIO device) gets the device's name after that. Names
 // depend only on the devices, never on the order the cache lists them in, so an unchanged state
 // never rewrites a rule.
-func (s *Syncer) desiredRules(ctx context.Context, snap health.Snapshot, catalog *dradevices.Catalog) map[string]*resourceapi.DeviceTaintRule {
+func (s *Syncer) desiredRules(ctx context.Context, snap health.Snapshot, catalog *dra.Catalog) map[string]*resourceapi.DeviceTaintRule {
 	assigned, unmatched := catalog.Assign(snap)
 	s.reportUnmatched(ctx, snap, unmatched)
-	devs := slices.SortedFunc(maps.Keys(assigned), func(a, b dradevices.Device) int {
+	devs := slices.SortedFunc(maps.Keys(assigned), func(a, b dra.DeviceID) int {
 		if oa, ob := assigned[a].Own, assigned[b].Own; oa != ob {
 			if oa {
 				return -1
 			}
 			return 1
 		}
-		return cmp.Or(strings.Compare(a.Pool, b.Pool), strings.Compare(a.Name, b.Name))
+		return cmp.Or(strings.Compare(a.Pool, b.Pool), strings.Compare(a.Device, b.Device))
 	})
 	desired := make(map[string]*resourceapi.DeviceTaintRule, len(devs))
 	for _, dev := range devs {
@@ -113,16 +112,16 @@ func (s *Syncer) desiredRules(ctx context.Context, snap health.Snapshot, catalog
 // deviceRuleName is base followed by the device's name, and its pool's when that is not the
 // node's. Device names are DNS labels; a pool name may hold characters a rule name cannot, so
 // a hash of it keeps two pools apart. Every name keeps base's node prefix.
-func deviceRuleName(base string, dev dradevices.Device, node string) string {
-	name := base + "-" + dev.Name
+func deviceRuleName(base string, dev dra.DeviceID, node string) string {
+	name := base + "-" + dev.Device
 	if dev.Pool != node {
-		name = base + "-" + strings.Trim(invalidName.ReplaceAllString(strings.ToLower(dev.Pool), "-"), "-") + "-" + dev.Name + "-" + hash(dev.Pool)
+		name = base + "-" + strings.Trim(invalidName.ReplaceAllString(strings.ToLower(dev.Pool), "-"), "-") + "-" + dev.Device + "-" + hash(dev.Pool)
 	}
 	if len(name) > maxRuleName || len(validation.IsDNS1123Subdomain(name)) > 0 {
-		name = base + "-" + hash(dev.Pool+"/"+dev.Name)
+		name = base + "-" + hash(dev.Pool+"/"+dev.Device)
 	}
 	if len(name) > maxRuleName {
-		name = RulePrefix(node) + hash(base+"/"+dev.Pool+"/"+dev.Name)
+		name = RulePrefix(node) + hash(base+"/"+dev.Pool+"/"+dev.Device)
 	}
 	return name
 }
@@ -165,9 +164,9 @@ func (s *Syncer) reportUnmatched(ctx context.Context, snap health.Snapshot, unma
 	}
 }
 
-func (s *Syncer) rule(name string, d health.DeviceStatus, t dradevices.Device) *resourceapi.DeviceTaintRule {
+func (s *Syncer) rule(name string, d health.DeviceStatus, t dra.DeviceID) *resourceapi.DeviceTaintRule {
 	key, value := dra.TaintKeyValue(d)
-	driver, pool, device := s.opts.Driver, t.Pool, t.Name
+	driver, pool, device := s.opts.Driver, t.Pool, t.Device
 	return &resourceapi.DeviceTaintRule{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,

@@ -146,8 +146,8 @@ func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	return &Syncer{client: client, nodeName: nodeName, opts: opts, reported: map[string]health.Severity{}, taken: map[string]bool{}}
 }
 
-func (o Options) attributes() dradevices.Attributes {
-	return dradevices.Attributes{UUID: o.UUIDAttribute, ParentUUID: o.ParentUUIDAttribute, PCIBusID: o.PCIBusIDAttribute}.WithDefaults()
+func (o Options) attributes() dra.Attributes {
+	return dra.Attributes{UUID: o.UUIDAttribute, ParentUUID: o.ParentUUIDAttribute, PCIBusID: o.PCIBusIDAttribute}.WithDefaults()
 }
 
 // Name implements report.Syncer.

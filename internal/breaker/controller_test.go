@@ -1,4 +1,4 @@
-package cli
+package breaker
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 
 // testElection is the breaker controller's election on a fake clientset, as the replica "me".
 func testElection(client *fake.Clientset) leaderelection.LeaderElectionConfig {
-	return breakerElection(client, "ns", "me", leaderelection.NewLeaderHealthzAdaptor(time.Second))
+	return election(client, "ns", "me", leaderelection.NewLeaderHealthzAdaptor(time.Second))
 }
 
 // elect runs runLeaderElected in a goroutine; the channel has its result.

@@ -1,4 +1,4 @@
-package dradevices
+package dra
 
 import (
 	"cmp"
@@ -12,12 +12,13 @@ import (
 )
 
 // Catalog is what ties the devices of one node and driver to GPUs, read from its ResourceSlices
-// at one moment. It is built by NewCatalog or Index.Catalog and never changes.
+// at one moment. It is built by NewCatalog (the agent's informer cache, internal/cache/dradevices,
+// builds one per read) and never changes.
 type Catalog struct {
-	own    map[string][]Device // by the UUID attribute (lower case)
-	parent map[string][]Device // by the parent UUID attribute (lower case)
-	bus    map[string][]Device // by the PCI bus ID attribute (normalized)
-	known  map[Device]bool
+	own    map[string][]DeviceID // by the UUID attribute (lower case)
+	parent map[string][]DeviceID // by the parent UUID attribute (lower case)
+	bus    map[string][]DeviceID // by the PCI bus ID attribute (normalized)
+	known  map[DeviceID]bool
 	// gpus are the physical GPUs: "bus:<address>", or "uuid:<uuid>" for a device with neither an
 	// address nor a parent.
 	gpus map[string]bool
@@ -47,14 +48,14 @@ func (p Problem) String() string {
 // published twice or a UUID on more than one device (which is still matched: tainting both is
 // the safe side).
 func NewCatalog(list []*resourceapi.ResourceSlice, node, driver string, attrs Attributes) (*Catalog, []Problem) {
-	c := &Catalog{own: map[string][]Device{}, parent: map[string][]Device{}, bus: map[string][]Device{}, known: map[Device]bool{}, gpus: map[string]bool{}}
+	c := &Catalog{own: map[string][]DeviceID{}, parent: map[string][]DeviceID{}, bus: map[string][]DeviceID{}, known: map[DeviceID]bool{}, gpus: map[string]bool{}}
 	var problems []Problem
 	for _, slice := range newest(list, node, driver) {
 		for i := range slice.Spec.Devices {
 			dev := &slice.Spec.Devices[i]
-			key := Device{Pool: slice.Spec.Pool.Name, Name: dev.Name}
+			key := DeviceID{Pool: slice.Spec.Pool.Name, Device: dev.Name}
 			if c.known[key] {
-				problems = append(problems, Problem{Pool: key.Pool, Device: key.Name, What: "is published more than once in the pool's newest generation; the first is used"})
+				problems = append(problems, Problem{Pool: key.Pool, Device: key.Device, What: "is published more than once in the pool's newest generation; the first is used"})
 				continue
 			}
 			c.known[key] = true
@@ -65,9 +66,9 @@ func NewCatalog(list []*resourceapi.ResourceSlice, node, driver string, attrs At
 		if len(devs) > 1 {
 			names := make([]string, len(devs))
 			for i, d := range devs {
-				names[i] = d.Pool + "/" + d.Name
+				names[i] = d.Pool + "/" + d.Device
 			}
-			problems = append(problems, Problem{Attribute: attrs.UUID, Pool: devs[0].Pool, Device: devs[0].Name,
+			problems = append(problems, Problem{Attribute: attrs.UUID, Pool: devs[0].Pool, Device: devs[0].Device,
 				What: fmt.Sprintf("value %q is on %d devices (%s); all of them are tainted with it", uuid, len(devs), strings.Join(names, ", "))})
 		}
 	}
@@ -97,12 +98,12 @@ func newest(list []*resourceapi.ResourceSlice, node, driver string) []*resourcea
 }
 
 // add records what ties one device to a GPU.
-func (c *Catalog) add(key Device, dev *resourceapi.Device, driver string, attrs Attributes) []Problem {
+func (c *Catalog) add(key DeviceID, dev *resourceapi.Device, driver string, attrs Attributes) []Problem {
 	var problems []Problem
 	get := func(name string) string {
 		v, what := lookup(dev.Attributes, driver, name)
 		if what != "" {
-			problems = append(problems, Problem{Pool: key.Pool, Device: key.Name, Attribute: name, What: what})
+			problems = append(problems, Problem{Pool: key.Pool, Device: key.Device, Attribute: name, What: what})
 		}
 		return v
 	}
@@ -110,7 +111,7 @@ func (c *Catalog) add(key Device, dev *resourceapi.Device, driver string, attrs 
 	if bus != "" {
 		norm, err := NormalizePCIBusID(bus)
 		if err != nil {
-			problems = append(problems, Problem{Pool: key.Pool, Device: key.Name, Attribute: attrs.PCIBusID, What: "is not a PCI address: " + err.Error()})
+			problems = append(problems, Problem{Pool: key.Pool, Device: key.Device, Attribute: attrs.PCIBusID, What: "is not a PCI address: " + err.Error()})
 		}
 		bus = norm
 	}
@@ -130,7 +131,7 @@ func (c *Catalog) add(key Device, dev *resourceapi.Device, driver string, attrs 
 		c.gpus["uuid:"+uuid] = true
 	}
 	if uuid == "" && parent == "" && bus == "" && len(problems) == 0 {
-		problems = append(problems, Problem{Pool: key.Pool, Device: key.Name,
+		problems = append(problems, Problem{Pool: key.Pool, Device: key.Device,
 			What: fmt.Sprintf("carries none of %s, %s and %s, so no GPU fault can taint it", attrs.UUID, attrs.ParentUUID, attrs.PCIBusID)})
 	}
 	return problems
@@ -166,7 +167,7 @@ func lookup(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, dri
 
 // Target is a DRA device that a GPU's health applies to.
 type Target struct {
-	Device
+	DeviceID
 	// Own is set for the device that is the GPU or MIG device itself (its UUID attribute carries
 	// the device's UUID), and clear for one found through its parent GPU or PCI address.
 	Own bool
@@ -182,13 +183,13 @@ func (c *Catalog) Targets(d health.Device) []Target {
 	if uuid == "" {
 		return nil
 	}
-	seen := map[Device]bool{}
+	seen := map[DeviceID]bool{}
 	var out []Target
-	add := func(devs []Device, own bool) {
+	add := func(devs []DeviceID, own bool) {
 		for _, dev := range devs {
 			if !seen[dev] {
 				seen[dev] = true
-				out = append(out, Target{Device: dev, Own: own})
+				out = append(out, Target{DeviceID: dev, Own: own})
 			}
 		}
 	}
@@ -206,13 +207,13 @@ func (c *Catalog) Targets(d health.Device) []Target {
 			}
 			return 1
 		}
-		return cmp.Or(strings.Compare(a.Pool, b.Pool), strings.Compare(a.Name, b.Name))
+		return cmp.Or(strings.Compare(a.Pool, b.Pool), strings.Compare(a.Device, b.Device))
 	})
 	return out
 }
 
 // Known reports whether dev is a device of the node and driver in the catalog.
-func (c *Catalog) Known(dev Device) bool { return c.known[dev] }
+func (c *Catalog) Known(dev DeviceID) bool { return c.known[dev] }
 
 // Assignment is the health that applies to one DRA device.
 type Assignment struct {
@@ -226,8 +227,8 @@ type Assignment struct {
 // the first in snapshot order. It also returns the devices that are not Healthy and reach no
 // DRA device, leaving out a MIG device whose parent GPU reaches some and is as sick (the
 // parent's rules already cover it).
-func (c *Catalog) Assign(snap health.Snapshot) (map[Device]Assignment, []health.DeviceStatus) {
-	out := map[Device]Assignment{}
+func (c *Catalog) Assign(snap health.Snapshot) (map[DeviceID]Assignment, []health.DeviceStatus) {
+	out := map[DeviceID]Assignment{}
 	reaches := map[string]health.DeviceStatus{} // GPUs (lower-case UUID) that reach a device
 	var unmatched []health.DeviceStatus
 	for _, d := range snap.Devices {
@@ -245,9 +246,9 @@ func (c *Catalog) Assign(snap health.Snapshot) (map[Device]Assignment, []health.
 			reaches[strings.ToLower(d.Device.UUID)] = d
 		}
 		for _, t := range targets {
-			cur, ok := out[t.Device]
+			cur, ok := out[t.DeviceID]
 			if !ok || rank(d) > rank(cur.Status) || (rank(d) == rank(cur.Status) && t.Own && !cur.Own) {
-				out[t.Device] = Assignment{Status: d, Own: t.Own}
+				out[t.DeviceID] = Assignment{Status: d, Own: t.Own}
 			}
 		}
 	}

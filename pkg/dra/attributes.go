@@ -1,4 +1,4 @@
-package dradevices
+package dra
 
 import (
 	"errors"

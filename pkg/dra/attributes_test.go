@@ -1,25 +1,25 @@
-package dradevices_test
+package dra_test
 
 import (
 	"strings"
 	"testing"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
 )
 
 func TestAttributesValidate(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		attrs dradevices.Attributes
+		attrs dra.Attributes
 		err   []string // substrings; none means valid
 	}{
-		{"the defaults", dradevices.DefaultAttributes(), nil},
-		{"empty names", dradevices.Attributes{}, []string{"uuidAttribute: must not be empty", "parentUUIDAttribute: must not be empty", "pciBusIDAttribute: must not be empty"}},
-		{"qualified names", dradevices.Attributes{UUID: "gpu.nvidia.com/uuid", ParentUUID: "parentUUID", PCIBusID: "resource.kubernetes.io/pciBusID"}, nil},
-		{"not a C identifier", dradevices.Attributes{UUID: "gpu-uuid", ParentUUID: "parentUUID", PCIBusID: "bus"}, []string{`uuidAttribute: "gpu-uuid"`}},
-		{"a bad domain", dradevices.Attributes{UUID: "uuid", ParentUUID: "Not_A_Domain/parent", PCIBusID: "bus"}, []string{"parentUUIDAttribute", "DNS subdomain"}},
-		{"too long", dradevices.Attributes{UUID: strings.Repeat("u", 33), ParentUUID: "parentUUID", PCIBusID: "bus"}, []string{"at most 32 characters"}},
-		{"the same name twice", dradevices.Attributes{UUID: "uuid", ParentUUID: "uuid", PCIBusID: "bus"}, []string{"parentUUIDAttribute", "already uuidAttribute"}},
+		{"the defaults", dra.DefaultAttributes(), nil},
+		{"empty names", dra.Attributes{}, []string{"uuidAttribute: must not be empty", "parentUUIDAttribute: must not be empty", "pciBusIDAttribute: must not be empty"}},
+		{"qualified names", dra.Attributes{UUID: "gpu.nvidia.com/uuid", ParentUUID: "parentUUID", PCIBusID: "resource.kubernetes.io/pciBusID"}, nil},
+		{"not a C identifier", dra.Attributes{UUID: "gpu-uuid", ParentUUID: "parentUUID", PCIBusID: "bus"}, []string{`uuidAttribute: "gpu-uuid"`}},
+		{"a bad domain", dra.Attributes{UUID: "uuid", ParentUUID: "Not_A_Domain/parent", PCIBusID: "bus"}, []string{"parentUUIDAttribute", "DNS subdomain"}},
+		{"too long", dra.Attributes{UUID: strings.Repeat("u", 33), ParentUUID: "parentUUID", PCIBusID: "bus"}, []string{"at most 32 characters"}},
+		{"the same name twice", dra.Attributes{UUID: "uuid", ParentUUID: "uuid", PCIBusID: "bus"}, []string{"parentUUIDAttribute", "already uuidAttribute"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.attrs.Validate()
@@ -39,7 +39,7 @@ func TestAttributesValidate(t *testing.T) {
 			}
 		})
 	}
-	if got := (dradevices.Attributes{ParentUUID: "owner"}).WithDefaults(); got != (dradevices.Attributes{UUID: "uuid", ParentUUID: "owner", PCIBusID: "resource.kubernetes.io/pciBusID"}) {
+	if got := (dra.Attributes{ParentUUID: "owner"}).WithDefaults(); got != (dra.Attributes{UUID: "uuid", ParentUUID: "owner", PCIBusID: "resource.kubernetes.io/pciBusID"}) {
 		t.Errorf("WithDefaults = %+v", got)
 	}
 }
@@ -61,7 +61,7 @@ func TestNormalizePCIBusID(t *testing.T) {
 		"0000:-1:00.0":     "",
 		"0000:+1:00.0":     "",
 	} {
-		got, err := dradevices.NormalizePCIBusID(in)
+		got, err := dra.NormalizePCIBusID(in)
 		if want == "" && err == nil || want != "" && (err != nil || got != want) {
 			t.Errorf("NormalizePCIBusID(%q) = %q, %v; want %q", in, got, err, want)
 		}

@@ -1,0 +1,223 @@
+package breaker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/gpuhealth/gpuhealth/internal/httpserve"
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
+)
+
+// LeaderElectionLease is the Lease the breaker controller's replicas elect a leader with.
+const LeaderElectionLease = "gpuhealth-breaker-controller"
+
+// ControllerOptions configure RunController. Client, Namespace and a positive Window are
+// required.
+type ControllerOptions struct {
+	Client kubernetes.Interface
+	// Namespace holds the breaker's ConfigMap, its slots and the leader-election Lease.
+	Namespace string
+	// Driver is the DRA driver whose ResourceSlices bound each node's GPU count.
+	Driver string
+	// CapacityResources are the extended resources whose capacity bounds each node's GPU count
+	// (default DefaultCapacityResources).
+	CapacityResources []string
+	// Window is the agents' circuitBreaker.window: a breaker slot older than this is deleted.
+	Window time.Duration
+	// StaleAfter leaves a node whose agent's heartbeat is older out of the count (0: count every
+	// node).
+	StaleAfter time.Duration
+	// MoreSlots are further slot pools to sweep (remediation's, whose package imports this one).
+	MoreSlots []SweptPool
+	// LeaderElect elects one leader among the replicas through LeaderElectionLease; without it
+	// this replica counts and sweeps alone.
+	LeaderElect bool
+	// Identity names this replica in the Lease (default: the host name and a random suffix).
+	Identity string
+	// MetricsAddress serves /healthz (failing while a leader stopped renewing its Lease) and
+	// /metrics; empty serves nothing.
+	MetricsAddress string
+	// Ready, when set, is called with the server's address once it listens (tests use ":0").
+	Ready func(addr string)
+}
+
+// RunController runs the breaker controller until ctx is done, the lead is lost (the Deployment
+// restarts the container, which then campaigns again) or a loop fails: while it leads, the
+// Counter keeps the cluster's GPU count in the breaker's ConfigMap and the Sweeper deletes the
+// slots that stopped counting.
+func RunController(ctx context.Context, opts ControllerOptions) error {
+	if opts.Client == nil || opts.Namespace == "" {
+		return errors.New("breaker controller: a client and a namespace are required")
+	}
+	if opts.Window <= 0 {
+		return fmt.Errorf("breaker controller: the window must be positive, not %v", opts.Window)
+	}
+	if opts.Identity == "" {
+		opts.Identity = replicaIdentity()
+	}
+	if opts.CapacityResources == nil {
+		opts.CapacityResources = DefaultCapacityResources
+	}
+	kc := adapt.Clientset(opts.Client)
+	m := NewControllerMetrics()
+	counter := &Counter{Client: kc, Namespace: opts.Namespace, Driver: opts.Driver, CapacityResources: opts.CapacityResources, StaleAfter: opts.StaleAfter,
+		Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }, Stale: func(n int) { m.StaleNodes.Set(float64(n)) }}
+	sweeper := &Sweeper{
+		Pools: append([]SweptPool{BreakerPool(BreakerSlots(kc, opts.Namespace), opts.Window, AcknowledgedAt(kc, opts.Namespace))}, opts.MoreSlots...),
+		Swept: func(prefix string, n int) { m.SlotsSwept.WithLabelValues(prefix).Add(float64(n)) },
+	}
+	work := func(ctx context.Context) error {
+		m.Leader.Set(1)
+		defer m.Leader.Set(0)
+		g, ctx := errgroup.WithContext(ctx)
+		g.Go(func() error { return counter.Run(ctx) })
+		g.Go(func() error { return sweeper.Run(ctx) })
+		return g.Wait()
+	}
+	watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	g, ctx := errgroup.WithContext(ctx)
+	if opts.MetricsAddress != "" {
+		g.Go(func() error { return serveController(ctx, opts, m.Registry, watchdog) })
+	}
+	g.Go(func() error {
+		if !opts.LeaderElect {
+			return work(ctx)
+		}
+		return runLeaderElected(ctx, election(opts.Client, opts.Namespace, opts.Identity, watchdog), work)
+	})
+	return g.Wait()
+}
+
+// election is how the breaker controller's replicas elect their leader: through the Lease
+// LeaderElectionLease in namespace, which identity holds while it leads.
+func election(client kubernetes.Interface, namespace, identity string, watchdog *leaderelection.HealthzAdaptor) leaderelection.LeaderElectionConfig {
+	return leaderelection.LeaderElectionConfig{
+		Lock: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: LeaderElectionLease},
+			Client:     client.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
+		},
+		ReleaseOnCancel: true,
+		LeaseDuration:   15 * time.Second,
+		RenewDeadline:   10 * time.Second,
+		RetryPeriod:     2 * time.Second,
+		Name:            LeaderElectionLease,
+		WatchDog:        watchdog,
+	}
+}
+
+// replicaIdentity names this replica in the Lease: the pod's host name and a random suffix, so
+// that a restarted container never mistakes its predecessor's lease for its own.
+func replicaIdentity() string {
+	host, _ := os.Hostname()
+	return host + "_" + uuid.NewString()
+}
+
+// runLeaderElected campaigns with cfg (whose Callbacks it sets) and runs run while this process
+// leads. It returns when ctx is done, when run returns, or when the lead is lost; in every case
+// only once run has returned, with run's error if it failed.
+func runLeaderElected(ctx context.Context, cfg leaderelection.LeaderElectionConfig, run func(context.Context) error) error {
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var work leaderWork
+	cfg.Callbacks = leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(leadCtx context.Context) {
+			defer cancel() // the work is over: stop renewing the lease, so that Run returns
+			work.do(leadCtx, run)
+		},
+		OnStoppedLeading: cancel,
+	}
+	le, err := leaderelection.NewLeaderElector(cfg)
+	if err != nil {
+		return err
+	}
+	le.Run(ctx)
+	if err := work.wait(); err != nil {
+		return err
+	}
+	if parent.Err() == nil {
+		return fmt.Errorf("lost the lead (Lease %s)", cfg.Lock.Describe())
+	}
+	return nil
+}
+
+// leaderWork owns the work OnStartedLeading runs. client-go calls that callback in a goroutine
+// that LeaderElector.Run does not wait for, so the work registers here and wait, called once Run
+// has returned, waits for it and hands over its error; work that would start only after wait
+// began does not start at all.
+type leaderWork struct {
+	mu      sync.Mutex
+	waiting bool
+	err     error
+	running sync.WaitGroup
+}
+
+// do runs run with ctx, unless wait has begun, and keeps its error for wait.
+func (w *leaderWork) do(ctx context.Context, run func(context.Context) error) {
+	var start bool
+	w.locked(func() {
+		if start = !w.waiting; start {
+			w.running.Add(1)
+		}
+	})
+	if !start {
+		return
+	}
+	defer w.running.Done()
+	err := run(ctx)
+	w.locked(func() { w.err = err })
+}
+
+// wait returns once the work, if it started, has returned, with its error.
+func (w *leaderWork) wait() (err error) {
+	w.locked(func() { w.waiting = true })
+	w.running.Wait()
+	w.locked(func() { err = w.err })
+	return err
+}
+
+func (w *leaderWork) locked(f func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f()
+}
+
+// ErrListen wraps a failure to listen on ControllerOptions.MetricsAddress.
+var ErrListen = errors.New("cannot listen")
+
+// serveController serves /healthz and /metrics until ctx is done.
+func serveController(ctx context.Context, opts ControllerOptions, registry *prometheus.Registry, watchdog *leaderelection.HealthzAdaptor) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := watchdog.Check(r); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", opts.MetricsAddress)
+	if err != nil {
+		return fmt.Errorf("%w on %s: %w", ErrListen, opts.MetricsAddress, err)
+	}
+	if opts.Ready != nil {
+		opts.Ready(lis.Addr().String())
+	}
+	return httpserve.Serve(ctx, lis, mux)
+}
