@@ -10,17 +10,13 @@
 package scheduling
 
 import (
-	"encoding/json"
 	"fmt"
-	"maps"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // Resource and annotation names of the device-plugin and Volcano GPU-sharing paths.
@@ -49,36 +45,14 @@ const MaxGPUsPerNode = 1024
 // not turn into 100,000 log lines.
 const maxWarnings = 8
 
-// Health is what the scheduler needs to know about one card.
-type Health int
-
-// Health values, best first.
-const (
-	Healthy Health = iota
-	// Degraded cards work but are suspect: filters keep them, scores avoid them.
-	Degraded
-	// Unhealthy cards, and drained ones, are never given to a pod.
-	Unhealthy
-)
-
-func (h Health) String() string {
-	switch h {
-	case Healthy:
-		return "Healthy"
-	case Degraded:
-		return "Degraded"
-	case Unhealthy:
-		return "Unhealthy"
-	}
-	return "Health(" + strconv.Itoa(int(h)) + ")"
-}
-
 // GPU is one physical card of a node.
 type GPU struct {
 	Index int
 	// UUID comes from the gpu-health annotation; empty when it does not list the card.
-	UUID   string
-	Health Health
+	UUID string
+	// Health is Healthy, Degraded (filters keep the card, scores avoid it) or Unhealthy (never
+	// given to a pod; drained cards too).
+	Health health.Severity
 	// Drained is set when an administrator drained the card; Health is then Unhealthy too.
 	Drained bool
 }
@@ -148,7 +122,7 @@ func ParseNode(node *corev1.Node) (NodeGPUs, []string) {
 	ann := node.Annotations
 	if v, ok := ann[gpuhealthv1.UnhealthyIDsKey]; ok {
 		for _, i := range parseIndexList(v, count, &w) {
-			n.GPUs[i].Health = Unhealthy
+			n.GPUs[i].Health = health.Unhealthy
 		}
 	}
 	uuids := map[string]int{} // UUID -> index, from gpu-health
@@ -171,9 +145,9 @@ func ParseNode(node *corev1.Node) (NodeGPUs, []string) {
 	}
 	for _, g := range n.GPUs {
 		switch g.Health {
-		case Unhealthy:
+		case health.Unhealthy:
 			n.Unhealthy++
-		case Degraded:
+		case health.Degraded:
 			n.Degraded++
 		}
 	}
@@ -214,6 +188,11 @@ func (w *warnings) add(key, format string, args ...any) {
 	w.list = append(w.list, msg)
 }
 
+// warnFor returns the wire readers' warn function for key's value.
+func (w *warnings) warnFor(key string) gpuhealthv1.Warn {
+	return func(format string, args ...any) { w.add(key, format, args...) }
+}
+
 // quantity reads a count from capacity, clamped to [0, MaxGPUsPerNode].
 func quantity(capacity corev1.ResourceList, name corev1.ResourceName, w *warnings) int {
 	q, ok := capacity[name]
@@ -232,93 +211,45 @@ func quantity(capacity corev1.ResourceList, name corev1.ResourceName, w *warning
 	return int(v)
 }
 
-// short quotes a value for a warning, cut to a readable length and safe for any bytes.
-func short(s string) string {
-	const limit = 40
-	if len(s) > limit {
-		// Quote escapes any invalid UTF-8 the cut leaves.
-		return strconv.Quote(s[:limit]) + "..."
-	}
-	return strconv.Quote(s)
-}
-
-// parseIndexList parses "0,3" the way Volcano's scheduler does (split on commas, parse each
-// entry, skip bad ones), also skipping indexes outside 0..count-1.
+// parseIndexList reads volcano.sh/gpu-unhealthy-ids as Volcano's scheduler does.
 func parseIndexList(v string, count int, w *warnings) []int {
-	key := gpuhealthv1.UnhealthyIDsKey
-	if strings.TrimSpace(v) == "" {
-		return nil
-	}
-	var out []int
-	for entry := range strings.SplitSeq(v, ",") {
-		s := strings.TrimSpace(entry)
-		i, err := strconv.Atoi(s)
-		switch {
-		case err != nil:
-			w.add(key, "entry %s is not an index: ignored", short(s))
-		case i < 0 || i >= count:
-			w.add(key, "index %d is out of range (the node has %d GPUs): ignored", i, count)
-		default:
-			out = append(out, i)
-		}
-	}
-	return out
+	return gpuhealthv1.ReadUnhealthyIDs(v, count, w.warnFor(gpuhealthv1.UnhealthyIDsKey))
 }
 
 // parseHealth applies the gpu-health annotation to gpus and records UUID -> index.
 func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 	key := gpuhealthv1.HealthKey
-	var entries map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(v), &entries); err != nil {
-		w.add(key, "not a JSON object (%v): ignored", err)
-		return
-	}
-	type mig struct {
-		uuid, parent string
-		health       string
-	}
-	var migs []mig
-	// Sorted, so that duplicates resolve the same way every time.
-	for _, uuid := range slices.Sorted(maps.Keys(entries)) {
-		raw := entries[uuid]
-		var s gpuhealthv1.GPUSummary
-		if err := json.Unmarshal(raw, &s); err != nil {
-			w.add(key, "entry %s: %v: ignored", short(uuid), err)
+	var migs []gpuhealthv1.HealthEntry
+	for _, e := range gpuhealthv1.ReadHealth(v, w.warnFor(key)) {
+		if e.ParentUUID != "" {
+			migs = append(migs, e)
 			continue
 		}
-		if !validHealth(s.Health) {
-			w.add(key, "entry %s: unknown health %s: ignored", short(uuid), short(s.Health))
-			continue
-		}
-		if s.ParentUUID != "" {
-			migs = append(migs, mig{uuid: uuid, parent: s.ParentUUID, health: s.Health})
-			continue
-		}
-		if s.Missing {
+		if e.Missing {
 			continue // a GPU the node lacks: the capacity the scheduler sees already lacks it
 		}
-		if s.Index < 0 || s.Index >= len(gpus) {
-			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", short(uuid), s.Index, len(gpus))
+		if e.Index < 0 || e.Index >= len(gpus) {
+			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", short(e.UUID), e.Index, len(gpus))
 			continue
 		}
-		if prev := gpus[s.Index].UUID; prev != "" {
-			w.add(key, "entries %s and %s both claim index %d: the worse health wins", short(prev), short(uuid), s.Index)
+		if prev := gpus[e.Index].UUID; prev != "" {
+			w.add(key, "entries %s and %s both claim index %d: the worse health wins", short(prev), short(e.UUID), e.Index)
 		} else {
-			gpus[s.Index].UUID = uuid
+			gpus[e.Index].UUID = e.UUID
 		}
-		uuids[uuid] = s.Index
-		worsen(&gpus[s.Index], healthOf(s.Health))
+		uuids[e.UUID] = e.Index
+		worsen(&gpus[e.Index], severityOf(e.Health))
 	}
 	// A MIG instance that is not Healthy makes its card Degraded: the card still serves the
 	// other instances, but a whole-card or shared pod should prefer a clean one.
 	for _, m := range migs {
-		i, ok := uuids[m.parent]
+		i, ok := uuids[m.ParentUUID]
 		if !ok {
-			w.add(key, "MIG instance %s: parent %s is not listed: ignored", short(m.uuid), short(m.parent))
+			w.add(key, "MIG instance %s: parent %s is not listed: ignored", short(m.UUID), short(m.ParentUUID))
 			continue
 		}
-		if healthOf(m.health) != Healthy {
-			worsen(&gpus[i], Degraded)
+		if severityOf(m.Health) != health.Healthy {
+			worsen(&gpus[i], health.Degraded)
 		}
 	}
 }
@@ -327,70 +258,50 @@ func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 // recorded is used only when gpu-health does not list that UUID (indexes can shift, UUIDs not).
 func parseDrains(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 	key := gpuhealthv1.DrainsKey
-	var entries map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(v), &entries); err != nil {
-		w.add(key, "not a JSON object (%v): ignored", err)
-		return
-	}
-	for _, uuid := range slices.Sorted(maps.Keys(entries)) {
-		raw := entries[uuid]
-		var d gpuhealthv1.Drain
-		if err := json.Unmarshal(raw, &d); err != nil {
-			w.add(key, "entry %s: %v: ignored", short(uuid), err)
-			continue
-		}
-		i, known := uuids[uuid]
+	for _, d := range gpuhealthv1.ReadDrains(v, w.warnFor(key)) {
+		i, known := uuids[d.UUID]
 		if !known {
 			i = d.Index
 		} else if d.Index != i {
-			w.add(key, "entry %s: recorded index %d, but the GPU is now index %d: using %d", short(uuid), d.Index, i, i)
+			w.add(key, "entry %s: recorded index %d, but the GPU is now index %d: using %d", short(d.UUID), d.Index, i, i)
 		}
 		if i < 0 || i >= len(gpus) {
-			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", short(uuid), i, len(gpus))
+			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", short(d.UUID), i, len(gpus))
 			continue
 		}
 		gpus[i].Drained = true
-		worsen(&gpus[i], Unhealthy)
+		worsen(&gpus[i], health.Unhealthy)
 		if gpus[i].UUID == "" {
-			gpus[i].UUID = uuid
+			gpus[i].UUID = d.UUID
 		}
 	}
 }
 
-// parseCordon applies HAMi's cordon the way HAMi's scheduler reads it (split on commas, trim,
-// skip empty entries, match device IDs, which are GPU UUIDs). A UUID gpu-health does not list
-// cannot be placed and is reported.
+// parseCordon applies HAMi's cordon the way HAMi's scheduler reads it (gpuhealthv1.ReadCordon:
+// device IDs, which are GPU UUIDs). A UUID gpu-health does not list cannot be placed and is
+// reported.
 func parseCordon(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 	key := gpuhealthv1.HAMiCordonKey
-	for entry := range strings.SplitSeq(v, ",") {
-		uuid := strings.TrimSpace(entry)
-		if uuid == "" {
-			continue
-		}
+	for _, uuid := range gpuhealthv1.ReadCordon(v) {
 		i, ok := uuids[uuid]
 		if !ok {
 			w.add(key, "GPU %s is not listed in %s: ignored", short(uuid), gpuhealthv1.HealthKey)
 			continue
 		}
-		worsen(&gpus[i], Unhealthy)
+		worsen(&gpus[i], health.Unhealthy)
 	}
 }
 
-func validHealth(s string) bool {
-	return s == "Healthy" || s == "Degraded" || s == "Unhealthy"
+// short quotes a value for a warning (gpuhealthv1.Short).
+func short(s string) string { return gpuhealthv1.Short(s) }
+
+// severityOf reads a health the readers checked.
+func severityOf(s string) health.Severity {
+	sev, _ := health.ParseSeverity(s)
+	return sev
 }
 
-func healthOf(s string) Health {
-	switch s {
-	case "Degraded":
-		return Degraded
-	case "Unhealthy":
-		return Unhealthy
-	}
-	return Healthy
-}
-
-func worsen(g *GPU, h Health) {
+func worsen(g *GPU, h health.Severity) {
 	if h > g.Health {
 		g.Health = h
 	}

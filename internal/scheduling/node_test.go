@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // gpuNode returns a node with n whole GPUs and the given annotations.
@@ -70,9 +71,9 @@ func healths(n NodeGPUs) string {
 		switch {
 		case g.Drained:
 			b.WriteByte('D')
-		case g.Health == Unhealthy:
+		case g.Health == health.Unhealthy:
 			b.WriteByte('U')
-		case g.Health == Degraded:
+		case g.Health == health.Degraded:
 			b.WriteByte('d')
 		default:
 			b.WriteByte('.')
@@ -222,9 +223,9 @@ func TestParseNode(t *testing.T) {
 			var unhealthy, degraded int
 			for _, g := range got.GPUs {
 				switch g.Health {
-				case Unhealthy:
+				case health.Unhealthy:
 					unhealthy++
-				case Degraded:
+				case health.Degraded:
 					degraded++
 				}
 			}
@@ -268,10 +269,10 @@ func FuzzParseNode(f *testing.F) {
 	f.Add("0,3", healthJSON(f, map[int]string{0: "Unhealthy", 1: "Degraded"}), drainsJSON(f, map[string]int{"GPU-z": 2}), int64(4), int64(4), int64(65536))
 	f.Add("\xff,99999999999999999999", "{", "[]", int64(-1), int64(1<<40), int64(-5))
 	f.Add("", `{"MIG-1":{"index":0,"health":"Degraded","parentUUID":"GPU-a"},"GPU-a":{"index":0,"health":"Healthy"}}`, "null", int64(1), int64(1), int64(1))
-	f.Fuzz(func(t *testing.T, ids, health, drains string, gpus, cards, memory int64) {
+	f.Fuzz(func(t *testing.T, ids, healthValue, drains string, gpus, cards, memory int64) {
 		node := &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{
-				gpuhealthv1.UnhealthyIDsKey: ids, gpuhealthv1.HealthKey: health, gpuhealthv1.DrainsKey: drains,
+				gpuhealthv1.UnhealthyIDsKey: ids, gpuhealthv1.HealthKey: healthValue, gpuhealthv1.DrainsKey: drains,
 			}},
 			Status: corev1.NodeStatus{Capacity: corev1.ResourceList{
 				ResourceGPU:       *resource.NewQuantity(gpus, resource.DecimalSI),
@@ -284,7 +285,7 @@ func FuzzParseNode(f *testing.F) {
 			t.Fatalf("%d GPUs, %d whole, %d cards", len(n.GPUs), n.WholeGPUs, n.Cards)
 		}
 		for i, g := range n.GPUs {
-			if g.Index != i || g.Health < Healthy || g.Health > Unhealthy {
+			if g.Index != i || g.Health > health.Unhealthy {
 				t.Fatalf("GPU %d = %+v", i, g)
 			}
 		}

@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // MaxScore is the best score Score gives, kube-scheduler's MaxExtenderPriority.
@@ -260,9 +262,9 @@ func placeWhole(want int64, node *NodeGPUs, used Usage, reasons *Reasons) (int64
 	var unhealthy, degraded int64
 	for _, g := range node.GPUs[:node.WholeGPUs] {
 		switch g.Health {
-		case Unhealthy:
+		case health.Unhealthy:
 			unhealthy++
-		case Degraded:
+		case health.Degraded:
 			degraded++
 		}
 	}
@@ -296,10 +298,10 @@ func placeShared(want int64, node *NodeGPUs, used Usage, reasons *Reasons) (card
 	unhealthy, degraded := 0, 0
 	for _, g := range node.GPUs[:node.Cards] {
 		switch g.Health {
-		case Unhealthy:
+		case health.Unhealthy:
 			unhealthy++
 			continue
-		case Degraded:
+		case health.Degraded:
 			degraded++
 		}
 		held := used.CardMemory[g.Index]
@@ -315,7 +317,7 @@ func placeShared(want int64, node *NodeGPUs, used Usage, reasons *Reasons) (card
 		return NoCard, 0, reasons.get(reasonKey{reasonSharedFull, want, int64(unhealthy), int64(node.Cards), 0}, sharedFull)
 	}
 	switch {
-	case best.Health == Degraded:
+	case best.Health == health.Degraded:
 		score = 0
 	case degraded > 0:
 		score = packScore(bestHeld+want, node.MemoryPerCard) - 1

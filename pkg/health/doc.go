@@ -24,6 +24,9 @@
 //     blocking the feed.
 //   - Checkpoint persists what must outlive the process (sticky conditions, histories, source
 //     cursors), keyed to the boot ID, in a versioned, checksummed file every release can read.
+//   - Dedup pairs up the XIDs two sources report (NVML's events and the kernel log), so that an
+//     XID seen by both counts once; Dedup.Feed is a backend's sink over the Monitor that leaves
+//     out what the other source reported (pkg/gpu/kmsg's Companion runs the two together).
 //   - Runtime is what an embedder runs: it builds the Tracker and Monitor, restores the
 //     checkpoint, ticks, saves on change and runs the backend.
 //

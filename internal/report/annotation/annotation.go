@@ -31,7 +31,6 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -105,11 +104,7 @@ func Desired(snap health.Snapshot) (unhealthyIDs, healthJSON string, err error) 
 	for i, v := range idx {
 		parts[i] = strconv.Itoa(v)
 	}
-	summary := make(map[string]gpuhealthv1.GPUSummary, len(snap.Devices))
-	for _, d := range snap.Devices {
-		summary[d.Device.UUID] = gpuhealthv1.Summarize(d)
-	}
-	b, err := json.Marshal(summary) // map keys are sorted: the value is deterministic
+	b, err := json.Marshal(gpuhealthv1.Summaries(snap)) // map keys are sorted: the value is deterministic
 	if err != nil {
 		return "", "", err
 	}
@@ -130,7 +125,7 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	// The list is shared with Volcano's device plugin: merged on the Node as it is when written.
 	beat := ""
 	n, err := s.writer.WriteMerged(ctx, node, func(node *corev1.Node) map[string]string {
-		merged := mergeVolcanoIDs(node.Annotations, ours)
+		merged := gpuhealthv1.MergeUnhealthyIDs(node.Annotations, ours)
 		s.logBadInput(ctx, merged)
 		want := map[string]string{gpuhealthv1.UnhealthyIDsKey: merged.Value, gpuhealthv1.HealthKey: healthJSON, gpuhealthv1.VolcanoStateKey: merged.State}
 		if s.beat.Period > 0 {
@@ -169,11 +164,11 @@ func (s *Syncer) NextSync() time.Time {
 
 // logBadInput reports entries of another writer that are not GPU indexes, and an unreadable state,
 // once per distinct value: they are kept, not repaired, so they would otherwise log on every sync.
-func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
+func (s *Syncer) logBadInput(ctx context.Context, m gpuhealthv1.MergeResult) {
 	logger := klog.FromContext(ctx)
 	garbage := strings.Join(m.Invalid, ",")
 	if m.Oversized > 0 {
-		garbage = fmt.Sprintf("%d entries, more than %d", m.Oversized, sharedlist.MaxEntries) + ";" + garbage
+		garbage = fmt.Sprintf("%d entries, more than %d", m.Oversized, gpuhealthv1.MaxListEntries) + ";" + garbage
 	}
 	stateErr := ""
 	if m.StateErr != nil {
@@ -185,7 +180,7 @@ func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
 	s.mu.Unlock()
 	if newGarbage && m.Oversized > 0 {
 		logger.Info("Warning: the Volcano annotation has far more entries than any node has GPUs; merging it whole, as another writer's",
-			"node", s.nodeName, "annotation", gpuhealthv1.UnhealthyIDsKey, "entries", m.Oversized, "limit", sharedlist.MaxEntries)
+			"node", s.nodeName, "annotation", gpuhealthv1.UnhealthyIDsKey, "entries", m.Oversized, "limit", gpuhealthv1.MaxListEntries)
 	}
 	if newGarbage && len(m.Invalid) > 0 {
 		logger.Info("Another writer put entries that are not GPU indexes in the Volcano annotation; keeping them as they are",

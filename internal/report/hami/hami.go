@@ -5,8 +5,8 @@
 // each compared with the device ID, which is the GPU UUID). Volcano's vGPU path, which ignores
 // volcano.sh/gpu-unhealthy-ids, reads the same devices through HAMi.
 //
-// Operators cordon GPUs by hand with the same annotation, so it is a shared list (package
-// sharedlist): gpuhealth adds the UUIDs of physical GPUs it finds Unhealthy (drained GPUs
+// Operators cordon GPUs by hand with the same annotation, so it is a shared list (gpuhealthv1.
+// MergeCordon): gpuhealth adds the UUIDs of physical GPUs it finds Unhealthy (drained GPUs
 // included), keeps every entry someone else put there, and removes only its own, bookkept in
 // gpuhealth.dev/hami-device-cordon-state. A MIG instance's fault does not cordon its card (HAMi
 // cordons whole cards); the card's own faults do. The reporter is opt-in
@@ -26,16 +26,9 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
-
-// uuids is the cordon list's format: any non-empty entry is a device ID to HAMi; sorted.
-var uuids = sharedlist.Format{
-	Valid:   func(s string) bool { return !strings.ContainsAny(s, " \t") },
-	Compare: strings.Compare,
-}
 
 // Syncer writes HAMi's cordon annotation of one Node.
 type Syncer struct {
@@ -101,19 +94,17 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	ours := Cordoned(snap)
 	// The cordon is shared with operators: merged on the Node as it is when written.
 	return s.writer.WriteMerged(ctx, node, func(node *corev1.Node) map[string]string {
-		ann := node.Annotations
-		// gpuhealth never owned the cordon outright: without a state, every entry is an operator's.
-		merged := uuids.Merge(ann[gpuhealthv1.HAMiCordonKey], ann[gpuhealthv1.HAMiStateKey], false, ours)
+		merged := gpuhealthv1.MergeCordon(node.Annotations, ours)
 		s.logBadInput(ctx, merged)
 		return map[string]string{gpuhealthv1.HAMiCordonKey: merged.Value, gpuhealthv1.HAMiStateKey: merged.State}
 	})
 }
 
 // logBadInput logs entries with blanks and an unreadable state once per distinct value.
-func (s *Syncer) logBadInput(ctx context.Context, m sharedlist.Result) {
+func (s *Syncer) logBadInput(ctx context.Context, m gpuhealthv1.MergeResult) {
 	bad := strings.Join(m.Invalid, ",")
 	if m.Oversized > 0 {
-		bad += fmt.Sprintf(" / %d entries, more than %d", m.Oversized, sharedlist.MaxEntries)
+		bad += fmt.Sprintf(" / %d entries, more than %d", m.Oversized, gpuhealthv1.MaxListEntries)
 	}
 	if m.StateErr != nil {
 		bad += " / " + m.StateErr.Error()

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // RequeuedAtAnnotation is the pod annotation the extender sets (to the time, RFC 3339 with
@@ -280,8 +281,8 @@ func healthBlocks(req scheduling.Request, node *scheduling.NodeGPUs, used schedu
 	healed.GPUs = append((*scratch)[:0], node.GPUs...)
 	*scratch = healed.GPUs
 	for i := range healed.GPUs {
-		if healed.GPUs[i].Health == scheduling.Unhealthy {
-			healed.GPUs[i].Health, healed.GPUs[i].Drained = scheduling.Healthy, false
+		if healed.GPUs[i].Health == health.Unhealthy {
+			healed.GPUs[i].Health, healed.GPUs[i].Drained = health.Healthy, false
 		}
 	}
 	healed.Unhealthy = 0
@@ -299,7 +300,7 @@ func improved(prev, next *scheduling.NodeGPUs) bool {
 		return true
 	}
 	for i := range min(len(prev.GPUs), len(next.GPUs)) {
-		if prev.GPUs[i].Health == scheduling.Unhealthy && next.GPUs[i].Health != scheduling.Unhealthy {
+		if prev.GPUs[i].Health == health.Unhealthy && next.GPUs[i].Health != health.Unhealthy {
 			return true
 		}
 	}

@@ -5,8 +5,12 @@
 // fields are added, never renamed or removed, and readers ignore what they do not know. A
 // breaking change gets a new package (v2), written beside v1 for a release.
 //
-// It imports only the standard library and pkg/health, so any scheduler plugin or tool can read
-// gpuhealth's annotations without client-go. Import it as gpuhealthv1.
+// It owns both directions: what the agent writes (Summaries, UnhealthyIndexes, the shared lists'
+// MergeUnhealthyIDs and MergeCordon) and how readers read it back (ReadUnhealthyIDs, ReadHealth,
+// ReadDrains and ReadCordon: lenient, per entry, with warnings; ParseHealth and the other Parse
+// functions: strict, for gpuhealth's own round trips). It imports only the standard library and
+// pkg/health, so any scheduler plugin or tool can read gpuhealth's annotations without
+// client-go. Import it as gpuhealthv1.
 //
 // The annotations on a Node:
 //

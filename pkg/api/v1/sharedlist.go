@@ -1,7 +1,9 @@
-// Package sharedlist merges gpuhealth's entries into a Node annotation that other writers fill
-// too: a comma-separated list such as Volcano's volcano.sh/gpu-unhealthy-ids (GPU indexes,
-// written also by Volcano's device plugin and by operators) or HAMi's hami.io/device-cordon (GPU
-// UUIDs, written by operators). gpuhealth keeps a small state annotation of its own beside each
+package v1
+
+// A shared list is a Node annotation that other writers fill too, and ListFormat.Merge merges
+// gpuhealth's entries into it: a comma-separated list such as Volcano's
+// volcano.sh/gpu-unhealthy-ids (GPU indexes, written also by Volcano's device plugin and by
+// operators) or HAMi's hami.io/device-cordon (GPU UUIDs, written by operators). gpuhealth keeps a small state annotation of its own beside each
 // list, JSON {"written":"0,2","others":"2"}: the value it last wrote and the other writers' part of
 // it. The rules (docs/compatibility.md):
 //   - the list is the other writers' entries plus gpuhealth's, in the list's order; entries its
@@ -17,8 +19,9 @@
 //     "never managed here".
 //
 // Merge is pure; the reporters patch the result, so each change by another writer costs at most
-// one write and gpuhealth's own write none.
-package sharedlist
+// one write and gpuhealth's own write none. VolcanoIDs and HAMiUUIDs are the two lists' formats,
+// MergeUnhealthyIDs and MergeCordon the two merges as the reporters do them, and
+// ReadUnhealthyIDs and ReadCordon read them back as the schedulers do (read.go).
 
 import (
 	"encoding/json"
@@ -27,8 +30,8 @@ import (
 	"strings"
 )
 
-// Format describes one shared list.
-type Format struct {
+// ListFormat describes one shared list.
+type ListFormat struct {
 	// Valid reports whether an entry is one the list's readers understand.
 	Valid func(entry string) bool
 	// Compare orders valid entries.
@@ -40,14 +43,14 @@ type List struct {
 	valid, other []string
 }
 
-// MaxEntries is more entries than any node has GPUs for; a list longer than that is someone's
-// mistake or an attack (Result.Oversized). It is still merged whole, in linear time: the API
+// MaxListEntries is more entries than any node has GPUs for; a list longer than that is someone's
+// mistake or an attack (MergeResult.Oversized). It is still merged whole, in linear time: the API
 // server's 256 KiB limit on a Node's annotations bounds it.
-const MaxEntries = 4096
+const MaxListEntries = 4096
 
 // Parse splits v on commas, trims each entry, drops empty ones and duplicates. It takes time
 // linear in len(v), plus sorting the valid entries.
-func (f Format) Parse(v string) List {
+func (f ListFormat) Parse(v string) List {
 	var l List
 	seen := map[string]struct{}{}
 	for entry := range strings.SplitSeq(v, ",") {
@@ -78,7 +81,7 @@ func (l List) String() string { return strings.Join(slices.Concat(l.valid, l.oth
 // Invalid returns the entries the list's readers would not understand.
 func (l List) Invalid() []string { return slices.Clone(l.other) }
 
-func (f Format) with(l List, add []string) List {
+func (f ListFormat) with(l List, add []string) List {
 	out := List{valid: slices.Clone(l.valid), other: l.other}
 	have := make(map[string]struct{}, len(out.valid))
 	for _, e := range out.valid {
@@ -94,27 +97,27 @@ func (f Format) with(l List, add []string) List {
 	return out
 }
 
-// State is gpuhealth's bookkeeping beside a shared list.
-type State struct {
+// ListState is gpuhealth's bookkeeping beside a shared list.
+type ListState struct {
 	Written string `json:"written"`
 	Others  string `json:"others"`
 }
 
-// ErrBadState says the state annotation could not be read; every entry then counts as another
+// ErrBadListState says the state annotation could not be read; every entry then counts as another
 // writer's, and the state is rewritten.
-var ErrBadState = errors.New("the state annotation is not valid JSON: every entry of the list is kept as another writer's")
+var ErrBadListState = errors.New("the state annotation is not valid JSON: every entry of the list is kept as another writer's")
 
-// Result is the outcome of Merge.
-type Result struct {
+// MergeResult is the outcome of Merge.
+type MergeResult struct {
 	// Value is the list's new value; "" means the annotation must be absent.
 	Value string
-	// State is the state annotation's new value (never empty: see the package doc).
+	// State is the state annotation's new value (never empty: see the rules above).
 	State string
 	// Invalid lists entries of the current value the readers would not understand.
 	Invalid []string
-	// StateErr is ErrBadState when the recorded state could not be read.
+	// StateErr is ErrBadListState when the recorded state could not be read.
 	StateErr error
-	// Oversized is the number of entries of the current value when it has more than MaxEntries
+	// Oversized is the number of entries of the current value when it has more than MaxListEntries
 	// (0 otherwise), for a warning.
 	Oversized int
 }
@@ -122,21 +125,21 @@ type Result struct {
 // Merge applies the package's rules. current and stateRaw are the annotations' values ("" when
 // absent); oursWithoutState says that, without a state, the current entries are gpuhealth's own
 // (an earlier version owned the list outright); ours are gpuhealth's entries now.
-func (f Format) Merge(current, stateRaw string, oursWithoutState bool, ours []string) Result {
-	var r Result
+func (f ListFormat) Merge(current, stateRaw string, oursWithoutState bool, ours []string) MergeResult {
+	var r MergeResult
 	// The API server stores annotations as UTF-8 (JSON turns invalid bytes into U+FFFD); do the
 	// same so that what was written compares equal to what is read back.
 	current = strings.ToValidUTF8(current, "\uFFFD")
 	observed := f.Parse(current)
 	r.Invalid = observed.Invalid()
-	if n := observed.Len(); n > MaxEntries {
+	if n := observed.Len(); n > MaxListEntries {
 		r.Oversized = n
 	}
 	var others List
-	var state State
+	var state ListState
 	switch {
 	case stateRaw != "" && json.Unmarshal([]byte(stateRaw), &state) != nil:
-		r.StateErr = ErrBadState
+		r.StateErr = ErrBadListState
 		others = observed
 	case stateRaw != "" && state.Written == current:
 		// Unchanged since gpuhealth wrote it: the other writers' share is what it was then.
@@ -151,7 +154,7 @@ func (f Format) Merge(current, stateRaw string, oursWithoutState bool, ours []st
 		others = observed
 	}
 	r.Value = f.with(others, ours).String()
-	b, _ := json.Marshal(State{Written: r.Value, Others: others.String()}) // cannot fail
+	b, _ := json.Marshal(ListState{Written: r.Value, Others: others.String()}) // cannot fail
 	r.State = string(b)
 	return r
 }

@@ -1,24 +1,17 @@
-package sharedlist_test
+package v1_test
 
 import (
-	"cmp"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/sharedlist"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
-var indexes = sharedlist.Format{
-	Valid: func(s string) bool { i, err := strconv.Atoi(s); return err == nil && i >= 0 },
-	Compare: func(a, b string) int {
-		x, _ := strconv.Atoi(a)
-		y, _ := strconv.Atoi(b)
-		return cmp.Compare(x, y)
-	},
-}
+// indexes is the list format of the cases below.
+var indexes = gpuhealthv1.VolcanoIDs
 
-func TestMerge(t *testing.T) {
+func TestSharedListMerge(t *testing.T) {
 	state := func(written, others string) string {
 		return `{"written":"` + written + `","others":"` + others + `"}`
 	}
@@ -63,7 +56,7 @@ func TestMerge(t *testing.T) {
 	}
 }
 
-func FuzzMergeIsAFixedPoint(f *testing.F) {
+func FuzzSharedListMergeIsAFixedPoint(f *testing.F) {
 	f.Add("0,2", `{"written":"0,2","others":"2"}`, "1")
 	f.Add("x,,3", "{", "")
 	f.Fuzz(func(t *testing.T, current, stateRaw, ours string) {
