@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	breakercontroller "github.com/gpuhealth/gpuhealth/internal/breaker/controller"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
@@ -137,7 +138,7 @@ than --stale-after not at all), and writes the count into the
 ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker's budget. It
 also deletes the slots that stopped counting: the breaker's once they leave --window (or an
 acknowledgement), remediation's once they expire (agents may delete only their own). With
---leader-elect (default) its replicas elect one leader through the Lease ` + breaker.LeaderElectionLease + `.
+--leader-elect (default) its replicas elect one leader through the Lease ` + breakercontroller.LeaderElectionLease + `.
 --metrics-address serves /healthz (failing when a leader stopped renewing its lease) and /metrics
 (gpuhealth_breaker_cluster_gpus, gpuhealth_breaker_leader, gpuhealth_breaker_slots_swept_total).`,
 		Args: cobra.NoArgs,
@@ -157,12 +158,12 @@ acknowledgement), remediation's once they expire (agents may delete only their o
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
-			err = breaker.RunController(ctx, breaker.ControllerOptions{
+			err = breakercontroller.Run(ctx, breakercontroller.Options{
 				Client: client, Namespace: namespace, Driver: driver, CapacityResources: capacityResources,
 				Window: window, StaleAfter: staleAfter, LeaderElect: leaderElect, MetricsAddress: metricsAddress,
 				MoreSlots: []breaker.SweptPool{breaker.ExpiringPool(remediation.SlotPool(adapt.Clientset(client), namespace))},
 			})
-			if errors.Is(err, breaker.ErrListen) {
+			if errors.Is(err, breakercontroller.ErrListen) {
 				return cmdutil.BadInput(fmt.Errorf("--metrics-address: %w", err))
 			}
 			return err

@@ -1,4 +1,11 @@
-package breaker
+// Package controller runs gpuhealth's breaker controller (`gpuhealth breaker controller`, a
+// Deployment the chart runs when the circuit breaker is on): leader-elected, it keeps the
+// cluster's GPU count in the breaker's ConfigMap (breaker.Counter) and sweeps the slots that
+// stopped counting (breaker.Sweeper), and serves /healthz and /metrics. It is a package of its
+// own, not part of package breaker, because leader election needs client-go's full clientset,
+// which the agent binary (which imports package breaker) must not link
+// (cmd/gpuhealth-agent's TestAgentLinksNoFullClientset).
+package controller
 
 import (
 	"context"
@@ -19,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 )
@@ -26,16 +34,15 @@ import (
 // LeaderElectionLease is the Lease the breaker controller's replicas elect a leader with.
 const LeaderElectionLease = "gpuhealth-breaker-controller"
 
-// ControllerOptions configure RunController. Client, Namespace and a positive Window are
-// required.
-type ControllerOptions struct {
+// Options configure Run. Client, Namespace and a positive Window are required.
+type Options struct {
 	Client kubernetes.Interface
 	// Namespace holds the breaker's ConfigMap, its slots and the leader-election Lease.
 	Namespace string
 	// Driver is the DRA driver whose ResourceSlices bound each node's GPU count.
 	Driver string
 	// CapacityResources are the extended resources whose capacity bounds each node's GPU count
-	// (default DefaultCapacityResources).
+	// (default breaker.DefaultCapacityResources).
 	CapacityResources []string
 	// Window is the agents' circuitBreaker.window: a breaker slot older than this is deleted.
 	Window time.Duration
@@ -43,7 +50,7 @@ type ControllerOptions struct {
 	// node).
 	StaleAfter time.Duration
 	// MoreSlots are further slot pools to sweep (remediation's, whose package imports this one).
-	MoreSlots []SweptPool
+	MoreSlots []breaker.SweptPool
 	// LeaderElect elects one leader among the replicas through LeaderElectionLease; without it
 	// this replica counts and sweeps alone.
 	LeaderElect bool
@@ -56,11 +63,11 @@ type ControllerOptions struct {
 	Ready func(addr string)
 }
 
-// RunController runs the breaker controller until ctx is done, the lead is lost (the Deployment
-// restarts the container, which then campaigns again) or a loop fails: while it leads, the
-// Counter keeps the cluster's GPU count in the breaker's ConfigMap and the Sweeper deletes the
-// slots that stopped counting.
-func RunController(ctx context.Context, opts ControllerOptions) error {
+// Run runs the breaker controller until ctx is done, the lead is lost (the Deployment
+// restarts the container, which then campaigns again) or a loop fails: while it leads, a
+// breaker.Counter keeps the cluster's GPU count in the breaker's ConfigMap and a breaker.Sweeper
+// deletes the slots that stopped counting.
+func Run(ctx context.Context, opts Options) error {
 	if opts.Client == nil || opts.Namespace == "" {
 		return errors.New("breaker controller: a client and a namespace are required")
 	}
@@ -71,14 +78,14 @@ func RunController(ctx context.Context, opts ControllerOptions) error {
 		opts.Identity = replicaIdentity()
 	}
 	if opts.CapacityResources == nil {
-		opts.CapacityResources = DefaultCapacityResources
+		opts.CapacityResources = breaker.DefaultCapacityResources
 	}
 	kc := adapt.Clientset(opts.Client)
-	m := NewControllerMetrics()
-	counter := &Counter{Client: kc, Namespace: opts.Namespace, Driver: opts.Driver, CapacityResources: opts.CapacityResources, StaleAfter: opts.StaleAfter,
+	m := breaker.NewControllerMetrics()
+	counter := &breaker.Counter{Client: kc, Namespace: opts.Namespace, Driver: opts.Driver, CapacityResources: opts.CapacityResources, StaleAfter: opts.StaleAfter,
 		Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }, Stale: func(n int) { m.StaleNodes.Set(float64(n)) }}
-	sweeper := &Sweeper{
-		Pools: append([]SweptPool{BreakerPool(BreakerSlots(kc, opts.Namespace), opts.Window, AcknowledgedAt(kc, opts.Namespace))}, opts.MoreSlots...),
+	sweeper := &breaker.Sweeper{
+		Pools: append([]breaker.SweptPool{breaker.BreakerPool(breaker.BreakerSlots(kc, opts.Namespace), opts.Window, breaker.AcknowledgedAt(kc, opts.Namespace))}, opts.MoreSlots...),
 		Swept: func(prefix string, n int) { m.SlotsSwept.WithLabelValues(prefix).Add(float64(n)) },
 	}
 	work := func(ctx context.Context) error {
@@ -198,11 +205,11 @@ func (w *leaderWork) locked(f func()) {
 	f()
 }
 
-// ErrListen wraps a failure to listen on ControllerOptions.MetricsAddress.
+// ErrListen wraps a failure to listen on Options.MetricsAddress.
 var ErrListen = errors.New("cannot listen")
 
 // serveController serves /healthz and /metrics until ctx is done.
-func serveController(ctx context.Context, opts ControllerOptions, registry *prometheus.Registry, watchdog *leaderelection.HealthzAdaptor) error {
+func serveController(ctx context.Context, opts Options, registry *prometheus.Registry, watchdog *leaderelection.HealthzAdaptor) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
