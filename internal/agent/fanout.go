@@ -32,8 +32,10 @@ type fanOut struct {
 	haveLatest bool
 }
 
-func newFanOut(scheduling []*report.Writer, after *followers, m *metrics.Metrics) *fanOut {
-	return &fanOut{scheduling: scheduling, followers: after, metrics: m, repairs: make(chan struct{}, 1)}
+// newFanOut returns a fan-out that reports to m; wire sets its writers, followers, remediation
+// and evictor before it runs.
+func newFanOut(m *metrics.Metrics) *fanOut {
+	return &fanOut{metrics: m, repairs: make(chan struct{}, 1)}
 }
 
 // repairsChanged says remediation's states changed: the writers are to report again. It never

@@ -114,11 +114,9 @@ func wire(ctx context.Context, opts Options) (_ *wiring, err error) {
 	if w.writers, err = w.newWriters(); err != nil {
 		return nil, err
 	}
-	scheduling, following := splitBySchedulerPath(w.writers)
-	after := newFollowers(following, nodecondition.NewEvents(w.recorder, opts.NodeName, ""))
-	after.delivered = w.caches.nodes.WaitCaughtUp
-	w.fan = newFanOut(scheduling, after, w.metrics)
-
+	// Remediation tells the fan-out when repair states change, and adds its annotation's Writer:
+	// the fan-out exists first, and takes its writers once they are all there.
+	w.fan = newFanOut(w.metrics)
 	rem, remWriter, err := w.newRemediation(ctx)
 	if err != nil {
 		return nil, err
@@ -131,6 +129,10 @@ func wire(ctx context.Context, opts Options) (_ *wiring, err error) {
 		return nil, err
 	}
 	w.fan.evictor = w.evictor
+	scheduling, following := splitBySchedulerPath(w.writers)
+	after := newFollowers(following, nodecondition.NewEvents(w.recorder, opts.NodeName, ""))
+	after.delivered = w.caches.nodes.WaitCaughtUp
+	w.fan.scheduling, w.fan.followers = scheduling, after
 	return w, nil
 }
 
