@@ -1,9 +1,13 @@
 // Package scheduling is the placement logic of gpuhealth's scheduler extender: it reads the GPU
 // health the agent writes on a Node (the volcano.sh/gpu-unhealthy-ids, gpuhealth.dev/gpu-health
-// and gpuhealth.dev/gpu-drains annotations, and HAMi's hami.io/device-cordon) and decides whether a pod's GPU request fits a node,
-// which card a GPU-sharing pod should get, and how good a node is for it.
+// and gpuhealth.dev/gpu-drains annotations, and HAMi's hami.io/device-cordon; ParseNode) and
+// decides whether a pod's GPU request fits a node, which card a GPU-sharing pod should get, and
+// how good a node is for it. Judge is the whole verdict a filter gives on one node: a stale
+// report, the fit and its reason, and whether GPU health is to blame (the pod is worth retrying
+// when the node gets better: Improved).
 //
-// Everything here is pure: no HTTP, no API client, no clock, no logging. Parsing never fails and
+// Everything here is pure: no HTTP, no API client, no clock (the caller says what time it is),
+// no logging. Parsing never fails and
 // never panics on what it reads from the cluster; entries it cannot use are skipped and returned
 // as warnings for the caller to log, and the rest still count. The HTTP extender
 // (internal/scheduling/extender) decodes requests, calls this package and encodes the answers.
@@ -229,11 +233,11 @@ func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 			continue // a GPU the node lacks: the capacity the scheduler sees already lacks it
 		}
 		if e.Index < 0 || e.Index >= len(gpus) {
-			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", short(e.UUID), e.Index, len(gpus))
+			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", gpuhealthv1.Short(e.UUID), e.Index, len(gpus))
 			continue
 		}
 		if prev := gpus[e.Index].UUID; prev != "" {
-			w.add(key, "entries %s and %s both claim index %d: the worse health wins", short(prev), short(e.UUID), e.Index)
+			w.add(key, "entries %s and %s both claim index %d: the worse health wins", gpuhealthv1.Short(prev), gpuhealthv1.Short(e.UUID), e.Index)
 		} else {
 			gpus[e.Index].UUID = e.UUID
 		}
@@ -245,7 +249,7 @@ func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 	for _, m := range migs {
 		i, ok := uuids[m.ParentUUID]
 		if !ok {
-			w.add(key, "MIG instance %s: parent %s is not listed: ignored", short(m.UUID), short(m.ParentUUID))
+			w.add(key, "MIG instance %s: parent %s is not listed: ignored", gpuhealthv1.Short(m.UUID), gpuhealthv1.Short(m.ParentUUID))
 			continue
 		}
 		if severityOf(m.Health) != health.Healthy {
@@ -263,10 +267,10 @@ func parseDrains(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 		if !known {
 			i = d.Index
 		} else if d.Index != i {
-			w.add(key, "entry %s: recorded index %d, but the GPU is now index %d: using %d", short(d.UUID), d.Index, i, i)
+			w.add(key, "entry %s: recorded index %d, but the GPU is now index %d: using %d", gpuhealthv1.Short(d.UUID), d.Index, i, i)
 		}
 		if i < 0 || i >= len(gpus) {
-			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", short(d.UUID), i, len(gpus))
+			w.add(key, "entry %s: index %d is out of range (the node has %d GPUs): ignored", gpuhealthv1.Short(d.UUID), i, len(gpus))
 			continue
 		}
 		gpus[i].Drained = true
@@ -285,15 +289,12 @@ func parseCordon(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 	for _, uuid := range gpuhealthv1.ReadCordon(v) {
 		i, ok := uuids[uuid]
 		if !ok {
-			w.add(key, "GPU %s is not listed in %s: ignored", short(uuid), gpuhealthv1.HealthKey)
+			w.add(key, "GPU %s is not listed in %s: ignored", gpuhealthv1.Short(uuid), gpuhealthv1.HealthKey)
 			continue
 		}
 		worsen(&gpus[i], health.Unhealthy)
 	}
 }
-
-// short quotes a value for a warning (gpuhealthv1.Short).
-func short(s string) string { return gpuhealthv1.Short(s) }
 
 // severityOf reads a health the readers checked.
 func severityOf(s string) health.Severity {

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -93,7 +94,7 @@ func PodHold(pod *corev1.Pod) (h Hold, ok bool, warning string) {
 		case !set:
 			warning = fmt.Sprintf("GPU-sharing pod has no %s annotation: its %d MiB are not charged to a card", GPUIndexAnnotation, req.MemoryMiB)
 		case err != nil || card < 0 || card >= MaxGPUsPerNode:
-			warning = fmt.Sprintf("%s %s is not a card index: its %d MiB are not charged to a card", GPUIndexAnnotation, short(v), req.MemoryMiB)
+			warning = fmt.Sprintf("%s %s is not a card index: its %d MiB are not charged to a card", GPUIndexAnnotation, gpuhealthv1.Short(v), req.MemoryMiB)
 		default:
 			h.Card, h.MemoryMiB = card, req.MemoryMiB
 		}

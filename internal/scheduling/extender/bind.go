@@ -92,7 +92,7 @@ func (s *Server) checkBind(pod *corev1.Pod, node string) error {
 	)
 	s.state.read(func(v view) {
 		cached, used := v.cached(node)
-		fits, reason, _ = s.judge(&judging{}, req, cached, used)
+		fits, reason, _ = s.judge(s.judgeNow(&scheduling.Judge{}), req, cached, used)
 	})
 	if !fits {
 		return fmt.Errorf("node %s does not pass the filter now: %s", node, reason)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -154,7 +156,7 @@ func TestBindWholeGPUs(t *testing.T) {
 // TestBindRefusesWhatTheSchedulerWouldNotAsk: /bind binds with the extender's own pods/binding
 // right, so anyone who can reach it must not be able to bind any pod anywhere: a pod that is
 // bound, not pending, being deleted or of another scheduler is refused, as is a node that does
-// not pass the filter now; nothing is bound.
+// not pass the filter now (sick GPUs, or a report gone stale since the filter); nothing is bound.
 func TestBindRefusesWhatTheSchedulerWouldNotAsk(t *testing.T) {
 	sick := `{"GPU-n-0":{"index":0,"health":"Unhealthy"},"GPU-n-1":{"index":1,"health":"Unhealthy"}}`
 	bound := pod("bound", "n", scheduling.ResourceGPU, 1, nil)
@@ -165,7 +167,10 @@ func TestBindRefusesWhatTheSchedulerWouldNotAsk(t *testing.T) {
 	deleting := pod("deleting", "", scheduling.ResourceGPU, 1, nil)
 	now := metav1.Now()
 	deleting.DeletionTimestamp, deleting.Finalizers = &now, []string{"x"}
-	s, client := started(t, Options{Bind: true}, node("n", 8, nil), node("sick", 2, map[string]string{gpuhealthv1.HealthKey: sick}),
+	at := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	stale := node("stale", 8, map[string]string{gpuhealthv1.HeartbeatKey: gpuhealthv1.FormatHeartbeat(at.Add(-time.Hour))})
+	s, client := started(t, Options{Bind: true, StaleAfter: 15 * time.Minute, Clock: clocktesting.NewFakeClock(at)},
+		node("n", 8, nil), node("sick", 2, map[string]string{gpuhealthv1.HealthKey: sick}), stale,
 		bound, done, other, deleting, pod("fine", "", scheduling.ResourceGPU, 1, nil))
 	for _, tc := range []struct{ pod, node, want string }{
 		{"bound", "n", "already bound to n"},
@@ -173,6 +178,7 @@ func TestBindRefusesWhatTheSchedulerWouldNotAsk(t *testing.T) {
 		{"other", "n", `asks for scheduler "volcano"; this extender serves default-scheduler`},
 		{"deleting", "n", "is being deleted"},
 		{"fine", "sick", "node sick does not pass the filter now"},
+		{"fine", "stale", "node stale does not pass the filter now: the gpuhealth report of this node is stale since 2026-12-03T11:00:00Z"},
 	} {
 		err := s.Bind(t.Context(), &extenderv1.ExtenderBindingArgs{PodName: tc.pod, PodNamespace: "default", Node: tc.node})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -58,10 +57,10 @@ func (s *Server) filter(logger klog.Logger, v view, args *extenderv1.ExtenderArg
 	switch {
 	case args.NodeNames != nil:
 		names := make([]string, 0, len(*args.NodeNames))
-		j := judging{now: s.opts.Clock.Now()}
+		j := s.judgeNow(&scheduling.Judge{})
 		for _, name := range *args.NodeNames {
 			node, used := v.cached(name)
-			fits, reason, retry := s.judge(&j, req, node, used)
+			fits, reason, retry := s.judge(j, req, node, used)
 			switch {
 			case fits:
 				names = append(names, name)
@@ -76,19 +75,16 @@ func (s *Server) filter(logger klog.Logger, v view, args *extenderv1.ExtenderArg
 		result.NodeNames = &names
 	case args.Nodes != nil:
 		kept := &corev1.NodeList{Items: make([]corev1.Node, 0, len(args.Nodes.Items))}
-		now := s.opts.Clock.Now()
+		// The scheduler's own Node events retry the pod (see above): no verdict is explained.
+		j := &scheduling.Judge{Now: s.opts.Clock.Now(), StaleAfter: s.opts.StaleAfter}
 		for i := range args.Nodes.Items {
 			n := &args.Nodes.Items[i]
 			node, warnings := v.node(n.Name, n)
 			for _, w := range warnings {
 				logger.V(2).Info("Ignoring part of a GPU health annotation", "node", klog.KObj(n), "warning", w)
 			}
-			if stale, why := node.Stale(now, s.opts.StaleAfter); stale && !req.IsZero() {
-				failed[n.Name] = why
-				continue
-			}
-			if fits, reason := scheduling.Filter(req, node, v.usage(n.Name)); !fits {
-				failed[n.Name] = reason
+			if verdict := j.Node(req, node, v.usage(n.Name)); !verdict.Fits {
+				failed[n.Name] = verdict.Reason
 				continue
 			}
 			kept.Items = append(kept.Items, *n)
@@ -111,8 +107,7 @@ func (s *Server) filterNamed(ctx context.Context, pod *corev1.Pod, names [][]byt
 	fit, failed := append(b.fit[:0], head...), b.failed[:0]
 	var retryOn []string
 	nfailed := 0
-	j := &b.judging
-	j.now = s.opts.Clock.Now()
+	j := s.judgeNow(&b.judge)
 	s.state.read(func(v view) {
 		for _, name := range names {
 			node, used := v.cachedBytes(name)
@@ -161,7 +156,7 @@ func (s *Server) prioritizeNamed(ctx context.Context, pod *corev1.Pod, names [][
 		for i, name := range names {
 			var score int64
 			if node, used := v.cachedBytes(name); node != nil {
-				score = scheduling.ScoreWith(&b.judging.reasons, req, node, used)
+				score = b.judge.Score(req, node, used)
 			}
 			if i > 0 {
 				out = append(out, ',')
@@ -185,29 +180,20 @@ const notCached = "node is not in the gpuhealth extender's cache yet"
 // judge is the verdict on one node named in a request, from the cache (node is nil when the cache
 // does not have it): whether the pod fits, and if not why, and whether the pod is to be retried
 // when the node gets better (Options.Requeue, and GPU health or the cache's lag is to blame).
-// The calls of one request share j.
-func (s *Server) judge(j *judging, req scheduling.Request, node *scheduling.NodeGPUs, used scheduling.Usage) (fits bool, reason string, retry bool) {
+// The calls of one request share j, which judgeNow set up.
+func (s *Server) judge(j *scheduling.Judge, req scheduling.Request, node *scheduling.NodeGPUs, used scheduling.Usage) (fits bool, reason string, retry bool) {
 	if node == nil {
 		return false, notCached, s.requeue != nil
 	}
-	if !req.IsZero() {
-		if stale, why := node.Stale(j.now, s.opts.StaleAfter); stale {
-			return false, why, s.requeue != nil // a heartbeat makes the node better
-		}
-	}
-	if fits, reason = scheduling.FilterWith(&j.reasons, req, node, used); fits {
-		return true, "", false
-	}
-	return false, reason, s.requeue != nil && healthBlocks(req, node, used, &j.scratch)
+	v := j.Node(req, node, used)
+	return v.Fits, v.Reason, v.HealthBlocks
 }
 
-// judging is what judge calls share: the reasons already built, and scratch space. A request's
-// calls share one; a pooled one (filterBuffers) serves one request after another.
-type judging struct {
-	reasons scheduling.Reasons
-	scratch []scheduling.GPU
-	// now is when the request came, for every node's staleness.
-	now time.Time
+// judgeNow readies j for a request that arrives now: every node's staleness is judged at the
+// same time, and with Options.Requeue a verdict says whether GPU health is to blame.
+func (s *Server) judgeNow(j *scheduling.Judge) *scheduling.Judge {
+	j.Now, j.StaleAfter, j.Explain = s.opts.Clock.Now(), s.opts.StaleAfter, s.requeue != nil
+	return j
 }
 
 // Prioritize scores each candidate node 0..10 (extenderv1.MaxExtenderPriority).

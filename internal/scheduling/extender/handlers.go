@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 )
 
 // Handler serves /filter, /prioritize, /bind, /healthz and /metrics.
@@ -100,9 +102,9 @@ type errorReply struct {
 type filterBuffers struct {
 	body, fit, failed []byte
 	names             [][]byte
-	judging           judging
+	judge             scheduling.Judge
 	// quotedReasons holds the reasons as JSON strings: thousands of nodes share a few. Like
-	// judging.reasons it is kept between calls, up to maxQuotedReasons.
+	// the reasons judge keeps, it is kept between calls, up to maxQuotedReasons.
 	quotedReasons map[string][]byte
 }
 

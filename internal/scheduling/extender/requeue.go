@@ -14,9 +14,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
-
-	"github.com/gpuhealth/gpuhealth/internal/scheduling"
-	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // RequeuedAtAnnotation is the pod annotation the extender sets (to the time, RFC 3339 with
@@ -263,46 +260,4 @@ func (r *requeuer) nudge(ctx context.Context, uid types.UID, namespace, name str
 	}
 	_, err = r.client.CoreV1().Pods(namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
 	return err
-}
-
-// healthBlocks reports whether req, which does not fit node, would fit if none of the node's GPUs
-// were Unhealthy or drained: whether GPU health is to blame, so that the pod is worth requeueing
-// when the node recovers. scratch is reused between calls of one filter request.
-func healthBlocks(req scheduling.Request, node *scheduling.NodeGPUs, used scheduling.Usage, scratch *[]scheduling.GPU) bool {
-	if node.Unhealthy == 0 {
-		return false
-	}
-	if req.GPUs > 0 && int64(node.WholeGPUs)-max(used.GPUs, 0) < req.GPUs {
-		// Pods (or the node's size) are in the way whatever the health. The common case on a
-		// large cluster, answered without building Filter's reason.
-		return false
-	}
-	healed := *node
-	healed.GPUs = append((*scratch)[:0], node.GPUs...)
-	*scratch = healed.GPUs
-	for i := range healed.GPUs {
-		if healed.GPUs[i].Health == health.Unhealthy {
-			healed.GPUs[i].Health, healed.GPUs[i].Drained = health.Healthy, false
-		}
-	}
-	healed.Unhealthy = 0
-	fits, _ := scheduling.Filter(req, &healed, used)
-	return fits
-}
-
-// improved reports whether a node parsed as next can hold work that prev could not: it is new to
-// the cache, its GPU capacity grew, or a GPU that was Unhealthy or drained is not any more.
-func improved(prev, next *scheduling.NodeGPUs) bool {
-	if prev == nil {
-		return true
-	}
-	if next.WholeGPUs > prev.WholeGPUs || next.Cards > prev.Cards || next.MemoryPerCard > prev.MemoryPerCard {
-		return true
-	}
-	for i := range min(len(prev.GPUs), len(next.GPUs)) {
-		if prev.GPUs[i].Health == health.Unhealthy && next.GPUs[i].Health != health.Unhealthy {
-			return true
-		}
-	}
-	return false
 }

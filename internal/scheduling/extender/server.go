@@ -1,6 +1,8 @@
 // Package extender is gpuhealth's kube-scheduler HTTP extender: /filter, /prioritize and /bind
-// speaking k8s.io/kube-scheduler/extender/v1, and /metrics. It decodes the scheduler's request, asks the pure
-// placement package (internal/scheduling) about each node, and encodes the answer. Node health
+// speaking k8s.io/kube-scheduler/extender/v1, and /metrics. It decodes the scheduler's request,
+// asks the pure placement package (internal/scheduling) for its verdict on each node
+// (scheduling.Judge), and encodes the answer: the decisions are all there, and this package is
+// the HTTP, the informers and the bookkeeping. Node health
 // comes from the Node objects in the request (nodeCacheCapable: false) or from a node informer
 // (nodeCacheCapable: true); what the pods on each node hold comes from a pod informer. No request
 // costs an API call, except /bind, which reads the pod it binds, records the chosen card on it
@@ -27,7 +29,6 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
-	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 )
 
 // DefaultMaxRequestBytes bounds a request body: a nodeCacheCapable request (the pod and node
@@ -130,14 +131,7 @@ func New(client kubernetes.Interface, opts Options) *Server {
 	}
 	s := &Server{inFlight: make(chan struct{}, opts.MaxConcurrent), client: client, opts: opts, state: newState(), metrics: newMetrics(), logger: klog.Background()}
 	s.metrics.watchStaleness(s.state, opts.Clock, opts.StaleAfter)
-	if opts.StaleAfter > 0 {
-		s.state.recovered = func(prev, next *scheduling.NodeGPUs) bool {
-			now := opts.Clock.Now()
-			was, _ := prev.Stale(now, opts.StaleAfter)
-			is, _ := next.Stale(now, opts.StaleAfter)
-			return was && !is
-		}
-	}
+	s.state.staleAfter, s.state.clock = opts.StaleAfter, opts.Clock
 	if opts.Requeue {
 		s.requeue = newRequeuer(client, opts.Clock)
 	}

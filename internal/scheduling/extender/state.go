@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 )
@@ -25,9 +27,10 @@ type state struct {
 	mu    sync.RWMutex
 	nodes map[string]*nodeSlot
 	holds map[types.UID]holdEntry
-	// recovered, when set, tells whether a node's new parse makes it usable in a way improved
-	// does not know of: a stale report confirmed again.
-	recovered func(prev, next *scheduling.NodeGPUs) bool
+	// staleAfter and clock tell whether a node's new report ends its staleness (see
+	// scheduling.Improved); 0: reports never go stale.
+	staleAfter time.Duration
+	clock      clock.PassiveClock
 }
 
 // nodeSlot is all the state knows about one node name, so that a request looks each node up once.
@@ -63,7 +66,7 @@ func (s *state) tidyLocked(name string, sl *nodeSlot) {
 
 // setNode parses node and stores it. It returns the warnings when they differ from the node's
 // previous ones, so that each problem is logged once, not at every status heartbeat, and whether
-// the node can now hold work it could not before (see improved).
+// the node can now hold work it could not before (scheduling.Improved).
 func (s *state) setNode(node *corev1.Node) (newWarnings []string, better bool) {
 	gpus, warnings := scheduling.ParseNode(node)
 	e := &nodeEntry{gpus: gpus, resourceVersion: node.ResourceVersion, warnings: warnings}
@@ -75,7 +78,11 @@ func (s *state) setNode(node *corev1.Node) (newWarnings []string, better bool) {
 	if prev == nil {
 		return warnings, true
 	}
-	better = improved(&prev.gpus, &gpus) || (s.recovered != nil && s.recovered(&prev.gpus, &gpus))
+	var now time.Time
+	if s.staleAfter > 0 {
+		now = s.clock.Now()
+	}
+	better = scheduling.Improved(&prev.gpus, &gpus, now, s.staleAfter)
 	if !slices.Equal(prev.warnings, warnings) {
 		return warnings, better
 	}

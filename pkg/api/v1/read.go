@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // Readers of the annotations as the schedulers read them: lenient, per entry. A reader never
@@ -79,7 +81,7 @@ type HealthEntry struct {
 func ReadHealth(v string, warn Warn) []HealthEntry {
 	var out []HealthEntry
 	readEntries(v, warn, func(uuid string, s GPUSummary) {
-		if !knownHealth(s.Health) {
+		if _, err := health.ParseSeverity(s.Health); err != nil {
 			warn.say("entry %s: unknown health %s: ignored", Short(uuid), Short(s.Health))
 			return
 		}
@@ -118,9 +120,4 @@ func readEntries[T any](v string, warn Warn, use func(uuid string, entry T)) {
 		}
 		use(uuid, entry)
 	}
-}
-
-// knownHealth reports whether s is a health a GPUSummary may carry.
-func knownHealth(s string) bool {
-	return s == "Healthy" || s == "Degraded" || s == "Unhealthy"
 }
