@@ -116,9 +116,9 @@ bench: build controlplane $(BIN)/gpuhealth-image.tar ## Every figure of docs/ben
 	GPUHEALTH_IMAGE_ARCHIVE=$(abspath $(BIN)/gpuhealth-image.tar) $(GO) run ./hack/bench --gpuhealth $(BIN)/gpuhealth --agent $(BIN)/gpuhealth-agent --out docs/benchmarks.md --raw $(BIN)/bench
 
 .PHONY: bench-lib
-bench-lib: ## Library, kernel-log and extender benchmarks only (testing.B, one core, allocations); raw output in bin/bench.txt.
+bench-lib: ## Library, kernel-log and extender benchmarks only (testing.B, one core, one package at a time, allocations); raw output in bin/bench.txt.
 	@mkdir -p $(BIN)
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 -cpu 1 ./pkg/health/... ./pkg/gpu/kmsg/... ./internal/scheduling/... | tee $(BIN)/bench.txt
+	$(GO) test -p 1 -run '^$$' -bench . -benchmem -count 5 -cpu 1 ./pkg/health/... ./pkg/gpu/kmsg/... ./internal/scheduling/... | tee $(BIN)/bench.txt
 
 .PHONY: bench-e2e
 bench-e2e: controlplane ## Signal -> API object latency (p50/p99 over 200 faults) and writes per change, real control plane: hack/bench's latency part, one run. Raw output in bin/bench-e2e/.

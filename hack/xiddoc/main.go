@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -93,7 +94,7 @@ func writeRepeats(w *bufio.Writer, p *health.Policy) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, qualifiers, p.RootCauseWindow, p.RootCauseWindow)
 	e := p.Escalation
-	fmt.Fprintf(w, escalation, e.Window, e.Returns, health.MaxHistory)
+	fmt.Fprintf(w, escalation, e.Window, e.Returns, health.MaxHistory, gpuhealthv1.MaxRecentHistory)
 	fmt.Fprint(w, missing)
 }
 
@@ -190,7 +191,8 @@ administrator last cleared it, the GPU gets condition ` + "`ReplaceGPU`" + ` (re
 ` + "`FaultReturnsAfterRepair`" + `, Unhealthy, action ` + "`replaceGPU`" + `, clears on ` + "`admin`" + `): remediation
 never resets it again. gpud escalates the same way after two reboots (its ` + "`DefaultRebootThreshold`" + `).
 Clearing the GPU (` + "`gpuhealth clear`" + `) starts its count again. The history keeps the newest %d
-entries.
+entries; the annotation counts them and carries the newest %d (it is on every Node update every
+scheduler receives: 32 entries on each of 8 GPUs made the Node's writes take twice as long).
 
 `
 

@@ -1,6 +1,7 @@
 package v1_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -27,6 +28,15 @@ func TestSummarizeHistory(t *testing.T) {
 	if len(s.Recent) != len(h) || s.Recent[len(s.Recent)-1].Kind != health.HistoryReboot ||
 		s.Recent[0].Time.Location() != time.UTC {
 		t.Errorf("recent %+v, want all %d entries in UTC", s.Recent, len(h))
+	}
+	// A long history: the counts are of every entry, the annotation carries the newest.
+	var long []health.HistoryEntry
+	for i := range 20 {
+		long = append(long, health.HistoryEntry{Time: t0.Add(time.Duration(i) * time.Hour), Kind: health.HistoryFault, Reason: "XID" + strconv.Itoa(i)})
+	}
+	if s := gpuhealthv1.SummarizeHistory(long); s.Faults != 20 || len(s.Recent) != gpuhealthv1.MaxRecentHistory ||
+		s.Recent[0].Reason != "XID12" || s.Recent[len(s.Recent)-1].Reason != "XID19" {
+		t.Errorf("a history of 20: %d faults, recent %+v; want 20, the newest %d (XID12..XID19)", s.Faults, s.Recent, gpuhealthv1.MaxRecentHistory)
 	}
 	// The summary reaches the annotation's GPU summary.
 	sum := gpuhealthv1.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-a"}, History: h})
