@@ -85,13 +85,14 @@ type HistorySummary struct {
 }
 
 // MaxRecentHistory bounds HistorySummary.Recent. The annotation is in every write of the Node,
-// and every scheduler's informer receives every update of it: a GPU that failed and was reset
-// over and over carried all health.MaxHistory entries, 32 on each of 8 GPUs (about 18 KiB), and
-// the agent's annotation writes took twice as long (10.6 ms against 5.3 ms from request to
-// response, docs/benchmarks.md's signal → object latency). Eight entries are four faults and
-// their repairs: what the default escalation (a fault back after a repair twice) needs when an
-// agent rebuilds it from its report, and what an operator reads first.
-const MaxRecentHistory = 8
+// and every scheduler's informer receives every update of it: with all health.MaxHistory
+// entries, 32 on each of 8 GPUs that failed and were reset over and over (about 18 KiB), the
+// agent's annotation write took twice as long (signal → volcano.sh/gpu-unhealthy-ids p50 12.5 ms
+// against 6.8 ms without entries, docs/benchmarks.md's latency run), and with 8 entries 7.7 ms.
+// Four entries are two faults and their repairs: what the default escalation (a fault back
+// after a repair twice) needs when an agent rebuilds it from its report, and what an operator
+// reads first; the counts and the checkpoint keep the rest.
+const MaxRecentHistory = 4
 
 // SummarizeHistory reduces a GPU's history; nil when it has none.
 func SummarizeHistory(h []health.HistoryEntry) *HistorySummary {

@@ -25,18 +25,19 @@ func TestSummarizeHistory(t *testing.T) {
 	if s.Faults != 3 || s.Resets != 3 || s.Reboots != 1 || s.String() != "3 faults, 3 resets, 1 reboot" {
 		t.Errorf("summary %+v %q", s, s.String())
 	}
-	if len(s.Recent) != len(h) || s.Recent[len(s.Recent)-1].Kind != health.HistoryReboot ||
+	if want := min(len(h), gpuhealthv1.MaxRecentHistory); len(s.Recent) != want || s.Recent[len(s.Recent)-1].Kind != health.HistoryReboot ||
 		s.Recent[0].Time.Location() != time.UTC {
-		t.Errorf("recent %+v, want all %d entries in UTC", s.Recent, len(h))
+		t.Errorf("recent %+v, want the newest %d entries in UTC", s.Recent, want)
 	}
 	// A long history: the counts are of every entry, the annotation carries the newest.
 	var long []health.HistoryEntry
 	for i := range 20 {
 		long = append(long, health.HistoryEntry{Time: t0.Add(time.Duration(i) * time.Hour), Kind: health.HistoryFault, Reason: "XID" + strconv.Itoa(i)})
 	}
+	first := "XID" + strconv.Itoa(20-gpuhealthv1.MaxRecentHistory)
 	if s := gpuhealthv1.SummarizeHistory(long); s.Faults != 20 || len(s.Recent) != gpuhealthv1.MaxRecentHistory ||
-		s.Recent[0].Reason != "XID12" || s.Recent[len(s.Recent)-1].Reason != "XID19" {
-		t.Errorf("a history of 20: %d faults, recent %+v; want 20, the newest %d (XID12..XID19)", s.Faults, s.Recent, gpuhealthv1.MaxRecentHistory)
+		s.Recent[0].Reason != first || s.Recent[len(s.Recent)-1].Reason != "XID19" {
+		t.Errorf("a history of 20: %d faults, recent %+v; want 20, the newest %d (%s..XID19)", s.Faults, s.Recent, gpuhealthv1.MaxRecentHistory, first)
 	}
 	// The summary reaches the annotation's GPU summary.
 	sum := gpuhealthv1.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-a"}, History: h})
