@@ -75,17 +75,19 @@ func TestFollowersWriteAfterTheSchedulerPathAndCoalesce(t *testing.T) {
 	defer cancel()
 	go func() { _ = condition.Run(ctx) }()
 	f := newFollowers(following, log)
-	go func() { _ = f.run(ctx, scheduling) }()
 
 	// Two updates before the annotation writes anything: the condition and the Events must wait
-	// for it, then see both transitions in order and only the latest snapshot. The annotation's
-	// writer starts after both, so its first Sync takes the latest (02); started earlier, it
+	// for it, then see both transitions in order and only the latest snapshot. The followers and
+	// the annotation's writer start after both, so that both updates are pending when they do:
+	// followers started earlier could take the first update alone before the second arrives (seen
+	// in CI: event GPU-a, condition 01, then GPU-b), and an annotation writer started earlier
 	// could take 01 and then block on the gate for 02 until the hold ran out.
 	for i, gpu := range []string{"GPU-a", "GPU-b"} {
 		u := health.Update{Snapshot: health.Snapshot{Time: time.Unix(int64(i+1), 0)}, Transitions: []health.Transition{{Device: health.Device{UUID: gpu}}}}
 		_ = annotation.Report(ctx, u.Snapshot)
 		f.add(u, scheduling)
 	}
+	go func() { _ = f.run(ctx, scheduling) }()
 	go func() { _ = annotation.Run(ctx) }()
 	gate <- struct{}{} // the annotation syncs the latest snapshot (02)
 	got := log.wait(t, 4)
