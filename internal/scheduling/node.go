@@ -242,7 +242,7 @@ func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 			gpus[e.Index].UUID = e.UUID
 		}
 		uuids[e.UUID] = e.Index
-		worsen(&gpus[e.Index], severityOf(e.Health))
+		worsen(&gpus[e.Index], e.Health)
 	}
 	// A MIG instance that is not Healthy makes its card Degraded: the card still serves the
 	// other instances, but a whole-card or shared pod should prefer a clean one.
@@ -252,7 +252,7 @@ func parseHealth(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 			w.add(key, "MIG instance %s: parent %s is not listed: ignored", gpuhealthv1.Short(m.UUID), gpuhealthv1.Short(m.ParentUUID))
 			continue
 		}
-		if severityOf(m.Health) != health.Healthy {
+		if m.Health != health.Healthy {
 			worsen(&gpus[i], health.Degraded)
 		}
 	}
@@ -294,12 +294,6 @@ func parseCordon(v string, gpus []GPU, uuids map[string]int, w *warnings) {
 		}
 		worsen(&gpus[i], health.Unhealthy)
 	}
-}
-
-// severityOf reads a health the readers checked.
-func severityOf(s string) health.Severity {
-	sev, _ := health.ParseSeverity(s)
-	return sev
 }
 
 func worsen(g *GPU, h health.Severity) {

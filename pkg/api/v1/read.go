@@ -70,24 +70,39 @@ func ReadCordon(v string) []string {
 	return out
 }
 
-// HealthEntry is one device of HealthKey's value.
+// HealthEntry is what a scheduler reads of one device of HealthKey's value: where it is and how
+// healthy. An entry is read for these fields alone, so a field a scheduler does not use (a
+// reason, a history) never costs it the entry; ParseHealth reads the whole GPUSummary.
 type HealthEntry struct {
 	UUID string
-	GPUSummary
+	// Index is the GPU's index on the node (-1 for a Missing placeholder).
+	Index  int
+	Health health.Severity
+	// ParentUUID is the card a MIG instance belongs to; empty for a whole GPU.
+	ParentUUID string
+	// Missing marks a GPU the node should have and the driver does not answer for.
+	Missing bool
+}
+
+// healthFields are the fields of a GPUSummary that HealthEntry carries, as they are on the wire.
+type healthFields struct {
+	Index      int    `json:"index"`
+	Health     string `json:"health"`
+	ParentUUID string `json:"parentUUID"`
+	Missing    bool   `json:"missing"`
 }
 
 // ReadHealth reads HealthKey's value: the entries that decode and name a known health, sorted by
 // UUID (so that duplicates resolve the same way every time).
 func ReadHealth(v string, warn Warn) []HealthEntry {
-	var out []HealthEntry
-	readEntries(v, warn, func(uuid string, s GPUSummary) {
-		if _, err := health.ParseSeverity(s.Health); err != nil {
-			warn.say("entry %s: unknown health %s: ignored", Short(uuid), Short(s.Health))
-			return
+	return readEntries(v, warn, func(uuid string, f healthFields) (HealthEntry, bool) {
+		sev, err := health.ParseSeverity(f.Health)
+		if err != nil {
+			warn.say("entry %s: unknown health %s: ignored", Short(uuid), Short(f.Health))
+			return HealthEntry{}, false
 		}
-		out = append(out, HealthEntry{UUID: uuid, GPUSummary: s})
+		return HealthEntry{UUID: uuid, Index: f.Index, Health: sev, ParentUUID: f.ParentUUID, Missing: f.Missing}, true
 	})
-	return out
 }
 
 // DrainEntry is one GPU of DrainsKey's value.
@@ -98,26 +113,28 @@ type DrainEntry struct {
 
 // ReadDrains reads DrainsKey's value: the entries that decode, sorted by UUID.
 func ReadDrains(v string, warn Warn) []DrainEntry {
-	var out []DrainEntry
-	readEntries(v, warn, func(uuid string, d Drain) { out = append(out, DrainEntry{UUID: uuid, Drain: d}) })
-	return out
+	return readEntries(v, warn, func(uuid string, d Drain) (DrainEntry, bool) { return DrainEntry{UUID: uuid, Drain: d}, true })
 }
 
-// readEntries decodes v, a JSON object keyed by UUID, and hands each entry that decodes as T to
-// use, in UUID order; a value that is not an object, and each entry that does not decode, is a
-// warning.
-func readEntries[T any](v string, warn Warn, use func(uuid string, entry T)) {
+// readEntries decodes v, a JSON object keyed by UUID, and returns, in UUID order, what keep makes
+// of each entry that decodes as T and that it keeps; a value that is not an object (nil is
+// returned), and each entry that does not decode, is a warning.
+func readEntries[T, E any](v string, warn Warn, keep func(uuid string, entry T) (E, bool)) []E {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(v), &raw); err != nil {
 		warn.say("not a JSON object (%v): ignored", err)
-		return
+		return nil
 	}
+	out := make([]E, 0, len(raw))
 	for _, uuid := range slices.Sorted(maps.Keys(raw)) {
 		var entry T
 		if err := json.Unmarshal(raw[uuid], &entry); err != nil {
 			warn.say("entry %s: %v: ignored", Short(uuid), err)
 			continue
 		}
-		use(uuid, entry)
+		if e, ok := keep(uuid, entry); ok {
+			out = append(out, e)
+		}
 	}
+	return out
 }

@@ -45,7 +45,7 @@ func TestReadersSkipBadEntriesAndKeepTheRest(t *testing.T) {
 		got := gpuhealthv1.ReadHealth(`{"GPU-b":{"index":1,"health":"Degraded"},"GPU-a":{"index":0,"health":"Unhealthy"},"GPU-c":{"health":"Sick"},"GPU-d":7}`, collect(&warned))
 		var uuids []string
 		for _, e := range got {
-			uuids = append(uuids, e.UUID+"="+e.Health)
+			uuids = append(uuids, e.UUID+"="+e.Health.String())
 		}
 		if !slices.Equal(uuids, []string{"GPU-a=Unhealthy", "GPU-b=Degraded"}) {
 			t.Errorf("entries %v, want GPU-a and GPU-b in UUID order", uuids)
