@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
@@ -50,7 +51,9 @@ func expectedState(t *testing.T, node string, gpus int, body string) (ids string
 	return strings.Join(unhealthy, ","), ruled
 }
 
-// converged waits until node's annotation and rules are exactly ids and ruled.
+// converged waits until node's annotation and rules are exactly ids and ruled, and its
+// GPUUnhealthy condition names the same GPUs: all three sinks have written the state, so an
+// agent killed after converged has no write of it still in flight.
 func converged(t *testing.T, c *controlplane.Cluster, node, ids string, ruled []string) {
 	t.Helper()
 	eventually(t, node+" converges to the expected state", func(ctx context.Context) (bool, string, error) {
@@ -62,14 +65,42 @@ func converged(t *testing.T, c *controlplane.Cluster, node, ids string, ruled []
 		if err != nil {
 			return false, "", nil
 		}
+		cond, err := nodeCondition(ctx, c, node, corev1.NodeConditionType(gpuhealthv1.ConditionGPUUnhealthy))
+		if err != nil {
+			return false, "", nil
+		}
 		var names []string
 		for n := range rs {
 			names = append(names, n)
 		}
 		slices.Sort(names)
-		return ann[gpuhealthv1.UnhealthyIDsKey] == ids && slices.Equal(names, ruled),
-			fmt.Sprintf("ids=%q (want %q) rules=%v (want %v)", ann[gpuhealthv1.UnhealthyIDsKey], ids, names, ruled), nil
+		condOK := conditionNames(cond, ids, len(ruled))
+		return ann[gpuhealthv1.UnhealthyIDsKey] == ids && slices.Equal(names, ruled) && condOK,
+			fmt.Sprintf("ids=%q (want %q) rules=%v (want %v) condition %s %q (agrees: %t)",
+				ann[gpuhealthv1.UnhealthyIDsKey], ids, names, ruled, cond.Status, cond.Message, condOK), nil
 	})
+}
+
+// conditionNames reports whether a GPUUnhealthy condition says what the sinks' state is: True
+// naming exactly the GPU indexes in ids (a comma-separated list) when there are any, and ruled
+// GPUs in all (unhealthy and degraded) counted.
+func conditionNames(cond corev1.NodeCondition, ids string, ruled int) bool {
+	if ids == "" {
+		return cond.Status != corev1.ConditionTrue && (ruled == 0) == !strings.Contains(cond.Message, "GPUs degraded")
+	}
+	unhealthy := strings.Split(ids, ",")
+	if cond.Status != corev1.ConditionTrue || !strings.HasPrefix(cond.Message, fmt.Sprintf("%d of ", len(unhealthy))) {
+		return false
+	}
+	for _, id := range unhealthy {
+		if !strings.Contains(cond.Message, " "+id+" (GPU-") {
+			return false
+		}
+	}
+	if degraded := ruled - len(unhealthy); degraded > 0 {
+		return strings.Contains(cond.Message, fmt.Sprintf(". %d of ", degraded))
+	}
+	return !strings.Contains(cond.Message, "GPUs degraded")
 }
 
 // TestChaosAPIServerRestartDuringFaultWave takes kube-apiserver away while a wave of faults and
