@@ -142,18 +142,26 @@ func (ev *evaluation) expireQuiet(ds *deviceState) {
 // removeIf ends every condition of the device that match selects; reason explains the change in
 // the transitions it causes.
 func (ev *evaluation) removeIf(ds *deviceState, reason string, match func(*condState) bool) {
-	removed := false
-	ds.conds = slices.DeleteFunc(ds.conds, func(c condState) bool {
-		if match(&c) {
-			removed = true
-			return true
+	// In place and by pointer: slices.DeleteFunc would hand match a copy of each condition,
+	// which escapes through match and cost an allocation per condition on every call (a
+	// recovery action of none, sampled every interval, clears through here).
+	kept := 0
+	for i := range ds.conds {
+		if match(&ds.conds[i]) {
+			continue
 		}
-		return false
-	})
-	if removed {
-		ev.t.generation++
-		ev.refresh(ds, reason)
+		if kept != i {
+			ds.conds[kept] = ds.conds[i]
+		}
+		kept++
 	}
+	if kept == len(ds.conds) {
+		return
+	}
+	clear(ds.conds[kept:])
+	ds.conds = ds.conds[:kept]
+	ev.t.generation++
+	ev.refresh(ds, reason)
 }
 
 // removeAt ends the device's i-th condition; reason explains the change in the transitions it

@@ -114,6 +114,7 @@ func (t *Tracker) markMissingEv(ev *evaluation) []Transition {
 			Message: fmt.Sprintf("the node runs %d of its %d GPUs: %s missing", gpus-len(missing), gpus, strings.Join(missing, ", ")),
 			Since:   ev.now, LastSeen: ev.now, GPUs: missing,
 		})
+		t.findingsUnsettled() // a rule could share its name
 		t.generation++
 	}
 	return ev.out

@@ -175,3 +175,42 @@ func TestInferredResetClearsOnlyWhatTheCountersSaid(t *testing.T) {
 	h.reset(xid, 2*time.Second)
 	h.wantHealth(xid, health.Healthy, false)
 }
+
+// A recovery action of none comes with every sample; on a GPU with conditions in effect (none
+// of them the check's) it must change nothing and allocate nothing.
+func TestRecoveryActionNoneBesideOtherConditionsAllocatesNothing(t *testing.T) {
+	uuid := gpuDevice(0).UUID
+	tr, err := health.NewTracker(health.DefaultPolicy(), []health.Device{gpuDevice(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range []health.Signal{
+		health.XIDSignal(uuid, 79, at(0)),
+		{Kind: health.SignalTemperature, Device: uuid, Value: 92, SlowdownC: 90, ShutdownC: 95, Time: at(time.Second)},
+		{Kind: health.SignalRemappedRows, Device: uuid, Pending: true, Time: at(2 * time.Second)},
+	} {
+		if _, err := tr.Observe(s, nil); err != nil {
+			t.Fatalf("signal %d: %v", i, err)
+		}
+	}
+	before := len(tr.Snapshot().Devices[0].Conditions)
+	if before < 2 {
+		t.Fatalf("%d conditions in effect, want several", before)
+	}
+	gen := tr.Generation()
+	buf := make([]health.Transition, 0, 4)
+	n := 0
+	none := func() {
+		n++
+		s := health.Signal{Kind: health.SignalRecoveryAction, Device: uuid, Action: health.RecoveryNone, Time: at(3*time.Second + time.Duration(n)*time.Millisecond)}
+		if out, err := tr.Observe(s, buf[:0]); err != nil || len(out) != 0 {
+			t.Fatalf("recovery action none: %v, %v", out, err)
+		}
+	}
+	if allocs := testing.AllocsPerRun(1000, none); allocs != 0 {
+		t.Errorf("recovery action none: %v allocations per signal, want 0", allocs)
+	}
+	if tr.Generation() != gen || len(tr.Snapshot().Devices[0].Conditions) != before {
+		t.Errorf("recovery action none changed the conditions: generation %d -> %d", gen, tr.Generation())
+	}
+}

@@ -197,6 +197,7 @@ func (ev *evaluation) spread(i int, r *RepeatRule) {
 	if f >= 0 {
 		nf := &t.findings[f]
 		nf.LastSeen = ev.now
+		t.findingSeen(ev.now, r.Window)
 		if len(nf.GPUs) == n && t.allInWindow(i, r, ev.now, nf.GPUs) {
 			return
 		}
@@ -209,7 +210,16 @@ func (ev *evaluation) spread(i int, r *RepeatRule) {
 	t.findings = append(t.findings, NodeFinding{
 		Reason: r.Name, Message: spreadMessage(r, gpus), Since: ev.now, LastSeen: ev.now, GPUs: gpus,
 	})
+	t.findingSeen(ev.now, r.Window)
 	t.generation++
+}
+
+// findingSeen keeps findingsSettled no later than the end of the window of a finding seen at now
+// (now may be earlier than an earlier signal's time: clocks jump).
+func (t *Tracker) findingSeen(now time.Time, window time.Duration) {
+	if until := now.Add(window); until.Before(t.findingsSettled) {
+		t.findingsSettled = until
+	}
 }
 
 // allInWindow reports whether every GPU of uuids saw rule i within its window.
@@ -271,22 +281,52 @@ func (t *Tracker) findFinding(reason string) int {
 }
 
 // expireFindings ends the node findings of spread rules that no longer hold as of now: fewer
-// than the rule's GPUs saw its XIDs within the window.
+// than the rule's GPUs saw its XIDs within the window. Until findingsSettled none can, and it
+// returns at once: a flood that keeps a finding alive pays one comparison per signal.
 func (t *Tracker) expireFindings(now time.Time) {
-	if len(t.findings) == 0 {
+	if len(t.findings) == 0 || !now.After(t.findingsSettled) {
 		return
 	}
 	before := len(t.findings)
+	settled := now.Add(maxDuration) // no finding of a rule left: nothing to expire
 	t.findings = slices.DeleteFunc(t.findings, func(f NodeFinding) bool {
-		for i := range t.policy.Repeats {
-			r := &t.policy.Repeats[i]
-			if r.Name == f.Reason && r.NodeScoped() {
-				return now.Sub(f.LastSeen) > r.Window && t.spreadCount(i, r, now) < r.GPUs
-			}
+		i, r := t.spreadRule(f.Reason)
+		if r == nil {
+			return false // not a rule's (GPUsMissing): it lasts as long as its cause
 		}
-		return false // not a rule's (GPUsMissing): it lasts as long as its cause
+		if now.Sub(f.LastSeen) > r.Window && t.spreadCount(i, r, now) < r.GPUs {
+			return true
+		}
+		// Kept: it can end once its window has passed (at once, if it has and GPUs still
+		// see the XIDs: each call looks again).
+		settled = minTime(settled, f.LastSeen.Add(r.Window))
+		return false
 	})
+	t.findingsSettled = settled
 	if len(t.findings) != before {
 		t.generation++
 	}
+}
+
+// findingsUnsettled makes the next expireFindings look at every finding.
+func (t *Tracker) findingsUnsettled() { t.findingsSettled = time.Time{} }
+
+// spreadRule returns the node rule named reason and its place in the policy, or nil.
+func (t *Tracker) spreadRule(reason string) (int, *RepeatRule) {
+	for i := range t.policy.Repeats {
+		if r := &t.policy.Repeats[i]; r.Name == reason && r.NodeScoped() {
+			return i, r
+		}
+	}
+	return -1, nil
+}
+
+// maxDuration is the longest time.Duration.
+const maxDuration = time.Duration(1<<63 - 1)
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -224,3 +224,60 @@ func TestTheRootIsTheGPUWithTheXIDTheDriverNamed(t *testing.T) {
 		t.Errorf("reason %q, want the GPU with XID 149 (XID145CausedByGPU1)", c.Reason)
 	}
 }
+
+// expireFindings skips its work until a finding can end; whatever signal comes first after
+// that must still end it, a clock that jumped back included.
+func TestSpreadFindingEndsOnTheFirstSignalPastItsWindow(t *testing.T) {
+	devs := []health.Device{gpuDevice(0), gpuDevice(1), gpuDevice(2), gpuDevice(3)}
+	const window = 10 * time.Minute // the default spread rule's
+	raise := func(h *harness, from time.Duration) {
+		t.Helper()
+		for i := range 3 {
+			h.xid(devs[i].UUID, 13, from+time.Duration(i)*time.Second)
+		}
+		if f := h.tr.Snapshot().Findings; len(f) != 1 {
+			t.Fatalf("findings %+v, want the spread rule's", f)
+		}
+	}
+	t.Run("a sample on another GPU", func(t *testing.T) {
+		h := newHarness(t, health.DefaultPolicy(), devs...)
+		raise(h, 0)
+		h.signal(health.SignalSample, devs[3].UUID, 2*time.Second+window)
+		if f := h.tr.Snapshot().Findings; len(f) != 1 {
+			t.Fatalf("findings %+v at the window's end, want it kept", f)
+		}
+		gen := h.tr.Generation()
+		h.signal(health.SignalSample, devs[3].UUID, 2*time.Second+window+time.Millisecond)
+		if f := h.tr.Snapshot().Findings; len(f) != 0 {
+			t.Errorf("findings %+v past the window, want none", f)
+		}
+		if h.tr.Generation() == gen {
+			t.Error("the finding ended without a new generation: publishers would keep it")
+		}
+	})
+	t.Run("seen again after the clock jumped back", func(t *testing.T) {
+		h := newHarness(t, health.DefaultPolicy(), devs...)
+		raise(h, time.Hour)
+		// The clock steps back half an hour and the XIDs go on: the finding is seen at the
+		// earlier time, so its window ends earlier than it did.
+		raise(h, 30*time.Minute)
+		h.signal(health.SignalSample, devs[3].UUID, 30*time.Minute+2*time.Second+window+time.Millisecond)
+		if f := h.tr.Snapshot().Findings; len(f) != 0 {
+			t.Errorf("findings %+v past the window of its last sighting, want none", f)
+		}
+	})
+	t.Run("kept alive by the flood", func(t *testing.T) {
+		h := newHarness(t, health.DefaultPolicy(), devs...)
+		raise(h, 0)
+		for m := time.Duration(1); m <= 30; m++ {
+			h.xid(devs[int(m)%3].UUID, 13, m*time.Minute)
+		}
+		if f := h.tr.Snapshot().Findings; len(f) != 1 || f[0].Since != at(2*time.Second) {
+			t.Fatalf("findings %+v during the flood, want the one raised first", f)
+		}
+		h.tick(30*time.Minute + window + time.Second)
+		if f := h.tr.Snapshot().Findings; len(f) != 0 {
+			t.Errorf("findings %+v after the flood's window, want none", f)
+		}
+	})
+}

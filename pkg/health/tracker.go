@@ -39,6 +39,10 @@ type Tracker struct {
 	cursors map[string]Cursor
 	// findings are the node findings in effect (see NodeFinding), in the order raised.
 	findings []NodeFinding
+	// findingsSettled is a time up to which no finding of a spread rule can end (each was seen
+	// within its rule's window of it), so that expireFindings, called on every signal, has
+	// nothing to look at before then; the zero time makes its next call look.
+	findingsSettled time.Time
 	// peers are the faults of the GPUs of the peer nodes in this node's NVLink domain, most
 	// recent first (see SetPeerFaults).
 	peers []PeerFault
