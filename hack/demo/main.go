@@ -51,10 +51,12 @@ const (
 
 var nodes = []string{"demo-node-0", "demo-node-1", "demo-node-2"}
 
-// The GPU the demo repairs.
+// The GPU the demo repairs, and the one beside it that a reset does not cure: a fault only an
+// active test finds (NVSentinel #695), which its validation catches.
 const (
 	repairNode = "demo-node-2"
 	repairGPU  = 7
+	latentGPU  = 6
 )
 
 func main() {
@@ -211,13 +213,17 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 			}
 		}
 		// The agents repair GPUs (docs/remediation.md), asking their kubelet which pods hold a GPU.
-		remediation := fmt.Sprintf("remediation: {enabled: true, probation: 10s, namespace: default, podResourcesSocket: %q", kubeletNodes[i].PodResourcesSocket())
+		// Every repaired GPU is tested before it goes back (docs/remediation.md, "Verify before
+		// return"): by the simulator's own diagnostic, or on the driver by its dcgmi.
+		remediation := fmt.Sprintf("remediation: {enabled: true, probation: 10s, maxConcurrent: 2, namespace: default, podResourcesSocket: %q", kubeletNodes[i].PodResourcesSocket())
+		validation := "validation: {enabled: true, probation: 5s}"
 		agentScenario := scenario
 		if node == repairNode {
 			// The agent's GPU 7 needs a reset; the device plugin's simulation stays clean, as a
 			// real device plugin would see the GPU healthy again after the reset.
 			agentScenario = filepath.Join(logDir, node+".agent.yaml")
-			body := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d}\nevents:\n  - {at: 3s, gpu: %d, xid: 48}\n", node, gpusPerNode, repairGPU)
+			body := fmt.Sprintf("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: %s\ngpus: {count: %d}\nevents:\n  - {at: 3s, gpu: %d, xid: 48}\n"+
+				"  - {at: 3s, gpu: %d, latent: {xid: 48}}\n  - {at: 3s, gpu: %d, xid: 48}\n", node, gpusPerNode, repairGPU, latentGPU, latentGPU)
 			if err := os.WriteFile(agentScenario, []byte(body), 0o644); err != nil {
 				return err
 			}
@@ -239,9 +245,10 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 			pluginSource = agentSource
 			// The agent resets a GPU through the simulated driver, as nvidia-smi --gpu-reset would.
 			remediation += fmt.Sprintf(", maxAttempts: 5, resetCommand: [%q, sim-driver, inject, --driver-root, %q, \"{gpu: {uuid}, reset: true}\"]", bin, root)
+			validation = fmt.Sprintf("validation: {enabled: true, probation: 5s, command: [%q, diag, -r, \"2\", -i, \"gpu:{dcgmID}\", -j]}", filepath.Join(root, "usr", "bin", "dcgmi"))
 		}
 		agentConfig := filepath.Join(logDir, node+".config.yaml")
-		if err := os.WriteFile(agentConfig, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"+remediation+"}\n"), 0o644); err != nil {
+		if err := os.WriteFile(agentConfig, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"+remediation+", "+validation+"}\n"), 0o644); err != nil {
 			return err
 		}
 		if err := start("agent-"+node, append(append([]string{"agent"}, agentSource...), "--node-name", node,
@@ -329,7 +336,8 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 	}
 
 	st.heading(fmt.Sprintf("A GPU reset repairs GPU %d of %s", repairGPU, repairNode))
-	st.say("the agent of %s sees a double-bit ECC error (XID 48) on GPU %d: a GPU reset clears it", repairNode, repairGPU)
+	st.say("the agent of %s sees a double-bit ECC error (XID 48) on GPUs %d and %d: a GPU reset clears it, and each GPU is tested (validated) before it goes back", repairNode, repairGPU, latentGPU)
+	// GPU 7's repair took at least one reset (two on the driver when the first was refused).
 	attempts := 1
 	if onDriver {
 		// gpuhealth's own device plugin holds the node's GPUs open, and the driver refuses a
@@ -343,7 +351,8 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 				if e.Reason == "GPURemediationAttemptFailed" {
 					msg := e.Message
 					if i := strings.LastIndex(msg, "exit status 1: "); i >= 0 { // the driver's answer, not the whole command
-						msg = fmt.Sprintf("GPU %d: %s", repairGPU, msg[i+len("exit status 1: "):])
+						gpu, _, _ := strings.Cut(msg, " (")
+						msg = fmt.Sprintf("%s: %s", gpu, msg[i+len("exit status 1: "):])
 					}
 					st.say("event %-28s %s", e.Reason, msg)
 					return true, nil
@@ -358,7 +367,6 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 		_ = dp.Process.Signal(syscall.SIGTERM)
 		_ = dp.Wait()
 		procs = slices.DeleteFunc(procs, func(c *exec.Cmd) bool { return c == dp })
-		attempts = 2
 	}
 	if err := waitFor(ctx, "the repair of GPU 7", func() (bool, error) {
 		n, err := admin.CoreV1().Nodes().Get(ctx, repairNode, metav1.GetOptions{})
@@ -367,7 +375,8 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 		}
 		r, err := gpuhealthv1.ParseRemediation(n.Annotations[gpuhealthv1.RemediationKey])
 		uuid := sim.GPUUUID(repairNode, repairGPU)
-		return err == nil && r[uuid].Phase == "" && r[uuid].Attempts == attempts, err
+		// The first reset may be refused (on the driver, while the device plugin holds the GPUs).
+		return err == nil && r[uuid].Phase == "" && r[uuid].Attempts >= attempts, err
 	}); err != nil {
 		return err
 	}
@@ -391,16 +400,31 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 			return err
 		}
 	}
+	// GPU 6 was reset beside it, and a passive probation would have given it back: its
+	// validation, an active test of that GPU alone, finds the fault the reset did not cure.
+	latentUUID := sim.GPUUUID(repairNode, latentGPU)
+	if err := waitFor(ctx, fmt.Sprintf("GPU %d's validation", latentGPU), func() (bool, error) {
+		events, err := admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + repairNode})
+		if err != nil {
+			return false, err
+		}
+		return slices.ContainsFunc(events.Items, func(e corev1.Event) bool {
+			return e.Reason == "GPUValidationFailed" && strings.Contains(e.Message, latentUUID)
+		}), nil
+	}); err != nil {
+		return err
+	}
 	events, err := admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + repairNode})
 	if err != nil {
 		return err
 	}
 	slices.SortFunc(events.Items, func(a, b corev1.Event) int { return a.LastTimestamp.Compare(b.LastTimestamp.Time) })
 	for _, e := range events.Items {
-		if strings.HasPrefix(e.Reason, "GPURemediation") {
+		if strings.HasPrefix(e.Reason, "GPURemediation") || strings.HasPrefix(e.Reason, "GPUValidation") {
 			st.say("event %-28s %s", e.Reason, e.Message)
 		}
 	}
+	st.say("GPU %d of %s was reset too and looked healthy, but its validation (DCGM's diagnostic of that GPU alone) failed: it stays out of service, where a passive probation would have given it back", latentGPU, repairNode)
 	st.say("$ gpuhealth status --node %s", repairNode)
 	if err := status("--node", repairNode); err != nil {
 		return err

@@ -155,6 +155,9 @@ func Run(ctx context.Context, opts Options) error {
 	g.Go(func() error { return drains.run(ctx) })
 	clears := &clearWatcher{nodes: w.caches.nodes, client: opts.Client, monitor: w.monitor, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef}
 	g.Go(func() error { return clears.run(ctx) })
+	validations := &requestWatcher{nodes: w.caches.nodes, client: opts.Client, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef,
+		kind: validationRequests(w.rem, w.monitor, w.recorder, w.nodeRef)}
+	g.Go(func() error { return validations.run(ctx) })
 	if label := w.cfg.NVLinkDomainLabel; label != "-" {
 		peers := &peerResolver{client: opts.Client, nodes: w.caches.nodes, label: label, monitor: w.monitor, clock: opts.Clock}
 		g.Go(func() error { return peers.run(ctx) })

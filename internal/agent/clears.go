@@ -10,10 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -24,23 +20,11 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// Retrying an acknowledgement the API server refused: from a second, doubling, to five minutes.
-const (
-	clearRetryFirst = time.Second
-	clearRetryMax   = 5 * time.Minute
-)
-
 // clearWatcher applies operators' requests to clear false positives (the gpu-clears annotation
 // written by `gpuhealth clear`) on this agent's Node. Each request is applied once, through the
 // monitor, and named in an Event (who, why, what was cleared, or a Warning that nothing was);
-// then the annotation is removed, but only if it still holds exactly what was applied (a JSON
-// patch that tests the value), so a request added meanwhile is never lost. Once removed, a
-// restart cannot apply a request again, and a condition that returns is raised again as any
-// other. A malformed annotation is reported and left alone: nothing is applied from it, and
-// nothing in it is lost.
-//
-// An agent that dies between applying and removing applies the requests again when it starts:
-// clearing is idempotent, and the window is one API call.
+// then the annotation is removed as requestWatcher does (requests.go), so a condition that
+// returns is raised again as any other.
 type clearWatcher struct {
 	nodes    *nodecache.Cache
 	client   kube.Interface
@@ -49,103 +33,35 @@ type clearWatcher struct {
 	recorder record.EventRecorder
 	nodeRef  *corev1.ObjectReference
 
-	// applied holds the requests of the annotation that are applied and not yet removed: a
-	// removal that failed is tried again without applying them again.
-	applied map[string]bool
-	// malformed and refused are the last values reported in a Warning, so that every update
-	// of the Node does not repeat it.
-	malformed, refused string
+	w *requestWatcher // built at first use
 }
 
-// run follows the Node until ctx is done. Only its goroutine touches the watcher's state.
-func (w *clearWatcher) run(ctx context.Context) error {
-	logger := klog.FromContext(ctx).WithValues("watcher", "clears")
-	ctx = klog.NewContext(ctx, logger)
-	// The informer's handler only pokes: applying and acknowledging happen on this goroutine,
-	// from the newest Node the cache knows, never on the informer's.
-	poke := make(chan struct{}, 1)
-	notify := func(obj any) {
-		if node, ok := obj.(*corev1.Node); ok {
-			if _, ok := node.Annotations[gpuhealthv1.ClearsKey]; !ok {
-				return
-			}
-		}
-		select {
-		case poke <- struct{}{}:
-		default:
-		}
+func (w *clearWatcher) requests() *requestWatcher {
+	if w.w == nil {
+		w.w = &requestWatcher{nodes: w.nodes, client: w.client, clock: w.clock, recorder: w.recorder, nodeRef: w.nodeRef, kind: requestKind{
+			key: gpuhealthv1.ClearsKey, name: "clear", malformedReason: gpuhealthv1.EventMalformedClears, notRemovedReason: gpuhealthv1.EventClearsNotRemoved,
+			pending: func(value string) ([]pendingRequest, error) {
+				clears, err := gpuhealthv1.ParseClears(value)
+				if err != nil {
+					return nil, err
+				}
+				var out []pendingRequest
+				for _, uuid := range slices.Sorted(maps.Keys(clears)) {
+					for _, c := range clears[uuid] {
+						out = append(out, pendingRequest{id: requestKey(uuid, c), apply: func(ctx context.Context) { w.apply(ctx, uuid, c) }})
+					}
+				}
+				return out, nil
+			},
+		}}
 	}
-	if err := w.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    notify,
-		UpdateFunc: func(_, obj any) { notify(obj) },
-	}); err != nil {
-		return err
-	}
-	if err := w.nodes.Start(ctx); err != nil {
-		return err
-	}
-	var (
-		retry <-chan time.Time
-		delay time.Duration
-	)
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-poke:
-		case <-retry:
-		}
-		retry = nil
-		if err := w.sync(ctx); err != nil {
-			delay = min(max(2*delay, clearRetryFirst), clearRetryMax)
-			if apierrors.IsInvalid(err) {
-				// The removal's test failed: someone changed the requests since the Node was read.
-				logger.V(2).Info("Clear requests changed meanwhile; reading them again", "in", delay)
-			} else {
-				logger.Error(err, "Removing the applied clear requests failed; trying again", "in", delay)
-			}
-			retry = w.clock.After(delay)
-			continue
-		}
-		delay = 0
-	}
+	return w.w
 }
 
-// sync applies the requests on the Node that are not applied yet and removes the annotation.
-func (w *clearWatcher) sync(ctx context.Context) error {
-	logger := klog.FromContext(ctx)
-	node, err := w.nodes.Get(ctx)
-	if err != nil {
-		return err
-	}
-	value, present := node.Annotations[gpuhealthv1.ClearsKey]
-	if !present {
-		w.applied = nil
-		return nil
-	}
-	clears, err := gpuhealthv1.ParseClears(value)
-	if err != nil {
-		if value != w.malformed {
-			w.malformed = value
-			logger.Error(err, "Ignoring a malformed clears annotation; nothing applied, nothing removed")
-			w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventMalformedClears,
-				"gpuhealth applied none of the clear requests and left them on the Node: %v", err)
-		}
-		return nil
-	}
-	w.malformed = ""
-	pending := map[string]bool{}
-	for _, uuid := range slices.Sorted(maps.Keys(clears)) {
-		for _, c := range clears[uuid] {
-			key := requestKey(uuid, c)
-			pending[key] = true
-			if !w.applied[key] {
-				w.apply(ctx, uuid, c)
-			}
-		}
-	}
-	w.applied = pending
-	return w.remove(ctx, value)
+func (w *clearWatcher) run(ctx context.Context) error  { return w.requests().run(ctx) }
+func (w *clearWatcher) sync(ctx context.Context) error { return w.requests().sync(ctx) }
+func (w *clearWatcher) remove(ctx context.Context, v string) error {
+	return w.requests().remove(ctx, v)
 }
 
 // requestKey identifies a request while it is on the Node.
@@ -158,38 +74,7 @@ func requestKey(uuid string, c gpuhealthv1.Clear) string {
 // it removes gpuhealth.dev/gpu-clears only while the annotation still holds value, so a request
 // written since the Node was read stays.
 func ClearsRemovalPatch(value string) ([]byte, error) {
-	path := "/metadata/annotations/" + strings.ReplaceAll(gpuhealthv1.ClearsKey, "/", "~1")
-	return json.Marshal([]map[string]any{
-		{"op": "test", "path": path, "value": value},
-		{"op": "remove", "path": path},
-	})
-}
-
-// remove deletes the annotation if it still holds value (ClearsRemovalPatch).
-func (w *clearWatcher) remove(ctx context.Context, value string) error {
-	body, err := ClearsRemovalPatch(value)
-	if err != nil {
-		return err
-	}
-	patched, err := w.client.CoreV1().Nodes().Patch(ctx, w.nodes.NodeName(), types.JSONPatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil // the Node is gone, and its requests with it
-	case apierrors.IsForbidden(err):
-		if value != w.refused {
-			w.refused = value
-			w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearsNotRemoved,
-				"gpuhealth applied the clear requests but may not remove %s (an admission policy older than gpuhealth clear?): %v; "+
-					"it tries again, and applies them again if it restarts first", gpuhealthv1.ClearsKey, err)
-		}
-		return fmt.Errorf("remove %s: %w", gpuhealthv1.ClearsKey, err)
-	case err != nil:
-		// Among them: the test failed because the annotation changed since it was read.
-		return fmt.Errorf("remove %s: %w", gpuhealthv1.ClearsKey, err)
-	}
-	w.nodes.Wrote(patched)
-	w.applied, w.refused = nil, ""
-	return nil
+	return removalPatch(gpuhealthv1.ClearsKey, value)
 }
 
 // apply clears what one request names and says so in an Event.

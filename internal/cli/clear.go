@@ -12,12 +12,9 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -117,36 +114,18 @@ type clearedGPU struct {
 // not report, or a clears annotation that does not parse, changes nothing. It sets req.Index.
 func requestClear(ctx context.Context, client kubernetes.Interface, nodeName, gpu string, req *gpuhealthv1.Clear) (clearedGPU, error) {
 	var target clearedGPU
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return cmdutil.BadInput(fmt.Errorf("node %q not found", nodeName))
-		}
-		if err != nil {
-			return err
-		}
+	err := updateNodeAnnotation(ctx, client, nodeName, gpuhealthv1.ClearsKey, "gpuhealth-clear", func(node *corev1.Node) (any, bool, error) {
 		clears, err := gpuhealthv1.ParseClears(node.Annotations[gpuhealthv1.ClearsKey])
 		if err != nil {
-			return fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
+			return nil, false, fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
 		}
 		if target, err = reportedGPU(node, gpu); err != nil {
-			return cmdutil.BadInput(err)
+			return nil, false, cmdutil.BadInput(err)
 		}
 		req.Index = target.Index
 		clears[target.uuid] = append(clears[target.uuid], *req)
 		value, err := gpuhealthv1.FormatClears(clears)
-		if err != nil {
-			return err
-		}
-		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-			"resourceVersion": node.ResourceVersion,
-			"annotations":     map[string]any{gpuhealthv1.ClearsKey: value},
-		}})
-		if err != nil {
-			return err
-		}
-		_, err = client.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "gpuhealth-clear"})
-		return err
+		return value, true, err
 	})
 	return target, err
 }

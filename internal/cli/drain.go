@@ -12,11 +12,8 @@ import (
 	"github.com/spf13/cobra"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -105,43 +102,23 @@ func changeDrains(ctx context.Context, client kubernetes.Interface, nodeName, gp
 	change func(drains map[string]gpuhealthv1.Drain, uuid string, index int) (bool, error)) (string, int, error) {
 	var uuid string
 	var index int
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return cmdutil.BadInput(fmt.Errorf("node %q not found", nodeName))
-		}
-		if err != nil {
-			return err
-		}
+	err := updateNodeAnnotation(ctx, client, nodeName, gpuhealthv1.DrainsKey, "gpuhealth-drain", func(node *corev1.Node) (any, bool, error) {
 		drains, err := gpuhealthv1.ParseDrains(node.Annotations[gpuhealthv1.DrainsKey])
 		if err != nil {
-			return fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
+			return nil, false, fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
 		}
-		uuid, index, err = resolveGPU(node, drains, gpu)
-		if err != nil {
-			return cmdutil.BadInput(err)
+		if uuid, index, err = resolveGPU(node, drains, gpu); err != nil {
+			return nil, false, cmdutil.BadInput(err)
 		}
 		changed, err := change(drains, uuid, index)
 		if err != nil || !changed {
-			return err
+			return nil, false, err
 		}
-		var value any // null removes the annotation
-		if len(drains) > 0 {
-			b, err := json.Marshal(drains)
-			if err != nil {
-				return err
-			}
-			value = string(b)
+		if len(drains) == 0 {
+			return nil, true, nil // null removes the annotation
 		}
-		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-			"resourceVersion": node.ResourceVersion,
-			"annotations":     map[string]any{gpuhealthv1.DrainsKey: value},
-		}})
-		if err != nil {
-			return err
-		}
-		_, err = client.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "gpuhealth-drain"})
-		return err
+		b, err := json.Marshal(drains)
+		return string(b), true, err
 	})
 	return uuid, index, err
 }

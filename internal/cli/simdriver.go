@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
@@ -21,12 +22,12 @@ scenario's GPUs to every process that loads it from there: gpuhealth's own NVML 
 (--backend nvml --driver-root DIR), NVIDIA's nvidia-smi, device plugins and DRA drivers. See
 docs/nvml.md, "The simulated driver".`,
 	}
-	cmd.AddCommand(newSimDriverServeCommand(), newSimDriverInjectCommand())
+	cmd.AddCommand(newSimDriverServeCommand(), newSimDriverInjectCommand(), newSimDriverDCGMICommand())
 	return cmd
 }
 
 func newSimDriverServeCommand() *cobra.Command {
-	var scenarioPath, driverRoot, version, libraryDir, librarySubdir string
+	var scenarioPath, driverRoot, version, libraryDir, librarySubdir, dcgmVersion string
 	var logs logOptions
 	cmd := &cobra.Command{
 		Use:   "serve --scenario FILE --driver-root DIR [--driver-version V]",
@@ -36,7 +37,11 @@ func newSimDriverServeCommand() *cobra.Command {
 DIR/usr/lib/<triplet>, and serves the scenario's GPUs on the real clock until SIGINT/SIGTERM. Every
 process that loads the library from DIR, started before or after, sees the same GPUs and faults.
 Stopped, the library answers as a driver that is not loaded. A scenario error exits 2 naming the
-line and field; kernel-log lines and reboots are refused (a driver serves neither).`,
+line and field; kernel-log lines and reboots are refused (a driver serves neither).
+
+serve also installs DIR/usr/bin/dcgmi, which runs this binary's sim-driver dcgmi: the simulator
+is the node's DCGM host engine, and answers diagnostics of its GPUs as the scenario's diag and
+latent events say (docs/scenario.md).`,
 		Example: `  gpuhealth sim-driver serve --scenario examples/scenario.yaml --driver-root /tmp/driver &
   gpuhealth probe --driver-root /tmp/driver
   gpuhealth sim-driver inject --driver-root /tmp/driver '{gpu: 2, xid: 79}'`,
@@ -49,6 +54,9 @@ line and field; kernel-log lines and reboots are refused (a driver serves neithe
 			if scenarioPath == "" || driverRoot == "" {
 				return cmdutil.BadInput(errors.New("--scenario and --driver-root: both required"))
 			}
+			if !strings.HasPrefix(dcgmVersion, "3.") && !strings.HasPrefix(dcgmVersion, "4.") {
+				return cmdutil.BadInput(fmt.Errorf("--dcgm-version %q: the simulated dcgmi speaks DCGM 3.x and 4.x (%s, %s)", dcgmVersion, sim.DCGMVersion3, sim.DCGMVersion4))
+			}
 			sc, err := sim.LoadDriverScenario(scenarioPath)
 			if err != nil {
 				return cmdutil.BadInput(err)
@@ -57,7 +65,7 @@ line and field; kernel-log lines and reboots are refused (a driver serves neithe
 				return cmdutil.BadInput(fmt.Errorf("%s: %w", scenarioPath, err))
 			}
 			return simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: driverRoot, Version: version,
-				LibraryDir: libraryDir, LibrarySubdir: librarySubdir, Logger: klog.FromContext(ctx)})
+				LibraryDir: libraryDir, LibrarySubdir: librarySubdir, Logger: klog.FromContext(ctx), DCGMVersion: dcgmVersion})
 		},
 	}
 	f := cmd.Flags()
@@ -66,6 +74,7 @@ line and field; kernel-log lines and reboots are refused (a driver serves neithe
 	f.StringVar(&version, "driver-version", "", "driver profile: a version or a branch such as 535 (default: the newest)")
 	f.StringVar(&librarySubdir, "library-subdir", "", "the directory inside --driver-root the library goes to (default usr/lib/<triplet>; the GPU operator's driver container has usr/lib64)")
 	f.StringVar(&libraryDir, "library-dir", "", "where the built libraries are (default: sim-driver beside this binary, or $"+simdriver.LibraryDirEnv+")")
+	f.StringVar(&dcgmVersion, "dcgm-version", sim.DCGMVersion4, "the DCGM version the installed dcgmi speaks: "+sim.DCGMVersion4+" (4.x's JSON) or "+sim.DCGMVersion3+" (3.x's)")
 	logs.addFlags(f)
 	return cmd
 }
@@ -93,4 +102,31 @@ func newSimDriverInjectCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&driverRoot, "driver-root", "", "driver root the simulator serves")
 	return cmd
+}
+
+func newSimDriverDCGMICommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "dcgmi --driver-root DIR [--dcgm-version 4.2.3|3.3.9] diag -r N -i gpu:ID [-j] [-t SECONDS] [--host H] | discovery -l",
+		Short: "NVIDIA's dcgmi on the simulated driver: a DCGM diagnostic of one simulated GPU",
+		Long: `dcgmi plays NVIDIA's DCGM command line for the simulator serving DIR, which answers as the node's
+DCGM host engine: dcgmi diag of one GPU (-i gpu:ID or ID; 3.x: -i/--gpuList ID) prints DCGM's
+document (4.x's, or 3.x's with --dcgm-version 3.3.9; the text table without -j) and exits with
+DCGM's status: 0 pass or skip, 205 a failure of severity ISOLATE, 226 another finding, 203 a
+diagnostic -t killed, 217 another diagnostic runs, 235 no simulator answers. --host is accepted
+and never dialed. dcgmi discovery -l lists the GPUs by DCGM id. Every call is appended to
+DIR/dcgmi-calls.log. sim-driver serve installs DIR/usr/bin/dcgmi, which runs this command.
+See docs/nvml.md, "The simulated driver".`,
+		Example: `  gpuhealth sim-driver dcgmi --driver-root /tmp/driver diag -r 2 -i gpu:2 -j
+  /tmp/driver/usr/bin/dcgmi diag -r 2 -i gpu:2 -j`,
+		// dcgmi's options are its own (-i gpu:2, --gpuList): it parses them as DCGM's does.
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			code := simdriver.DCGMI(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if code != 0 {
+				// dcgmi's exit status is its answer (a dcgmReturn_t modulo 256: 205, 226, 235...).
+				return cmdutil.ExitStatus{Code: code}
+			}
+			return nil
+		},
+	}
 }

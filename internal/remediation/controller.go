@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,7 @@ import (
 
 	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/validation"
 )
 
 // Slots is the cluster-wide budget (Budget).
@@ -58,6 +60,24 @@ type Options struct {
 	Pauser     *ComponentPauser
 	// ProcRoot is where a failed reset looks for the processes holding the GPU ("" is /proc).
 	ProcRoot string
+	// Validator tests a GPU before it goes back (Config.Validate), each run bounded by
+	// ValidationTimeout; Validated records each verdict in the GPU's history (the health
+	// monitor's RecordValidation). ValidateAfterReboot are the GPUs that had a fault pending
+	// when the node rebooted (the health tracker's RebootRepaired): with Config.Validate they
+	// are validated before they are offered again.
+	Validator           Validator
+	ValidationTimeout   time.Duration
+	Validated           func(uuid string, result health.ValidationResult, by string, at time.Time) error
+	ValidateAfterReboot []string
+	// AfterReboot turns validation after a reboot on (remediation.validation.afterReboot).
+	AfterReboot bool
+}
+
+// Validator runs the active test of one GPU and reads its verdict: validation.Command on the
+// NVML backend, the simulated GPUs' diagnostic on the sim backend. It returns when the test
+// ended or ctx is done (a verdict of validation.Error then).
+type Validator interface {
+	Validate(ctx context.Context, dev health.Device) validation.Verdict
 }
 
 // ComponentFinder lists the GPU operator's components running on the node (Components).
@@ -100,6 +120,23 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 		}
 		c.machine.Restore(states)
 	}
+	if opts.Config.Validate && opts.AfterReboot {
+		// The GPUs with a fault pending, and those under repair (or given up on) when the node
+		// went down, whose own conditions the reset may have cleared.
+		gpus := slices.Clone(opts.ValidateAfterReboot)
+		if opts.StatePath != "" {
+			underRepair, err := UnderRepairBeforeReboot(opts.StatePath, opts.BootID)
+			if err != nil {
+				klog.FromContext(ctx).Error(err, "Cannot tell which GPUs were under repair before the reboot", "path", opts.StatePath)
+			}
+			gpus = append(gpus, underRepair...)
+		}
+		slices.Sort(gpus)
+		if gpus = slices.Compact(gpus); len(gpus) > 0 {
+			klog.FromContext(ctx).Info("Validating the GPUs that had a fault when the node rebooted before they are offered again", "gpus", gpus)
+			c.machine.ValidateAfterReboot(gpus)
+		}
+	}
 	c.last = c.machine.States()
 	return c, nil
 }
@@ -111,6 +148,16 @@ func (c *Controller) Update(snap health.Snapshot) {
 	c.mu.Unlock()
 	c.nudge()
 }
+
+// RequestValidation asks for a validation of the GPU (an operator's request, see
+// Machine.RequestValidation).
+func (c *Controller) RequestValidation(uuid, why string) {
+	c.machine.RequestValidation(uuid, why)
+	c.nudge()
+}
+
+// Validates reports whether the controller validates GPUs before they go back.
+func (c *Controller) Validates() bool { return c.opts.Config.Validate }
 
 // ResetObserved records a reset the backend reported (health.SignalReset).
 func (c *Controller) ResetObserved(uuid string, at time.Time) {
@@ -186,7 +233,7 @@ func (c *Controller) observePhases(states map[string]State) {
 		return
 	}
 	counts := map[string]int{}
-	for _, p := range []Phase{PhaseWaitingForPods, PhaseWaitingForSlot, PhasePausingComponents, PhaseResetting, PhaseProbation, PhaseBlocked, PhaseFailed} {
+	for _, p := range []Phase{PhaseWaitingForPods, PhaseWaitingForSlot, PhasePausingComponents, PhaseResetting, PhaseValidating, PhaseProbation, PhaseBlocked, PhaseFailed} {
 		counts[string(p)] = 0
 	}
 	for _, s := range states {
@@ -210,6 +257,11 @@ func (c *Controller) record(ctx context.Context, e Event) {
 	}
 	if c.opts.Observer != nil {
 		c.opts.Observer.Event(string(e.Kind), e.Duration)
+	}
+	if e.Validation != "" && c.opts.Validated != nil {
+		if err := c.opts.Validated(e.Device.UUID, e.Validation, e.By, c.opts.Clock.Now()); err != nil {
+			klog.FromContext(ctx).Error(err, "Could not record the validation in the GPU's history", "gpu", e.Device.UUID)
+		}
 	}
 }
 
@@ -235,12 +287,7 @@ func (c *Controller) ReleaseSlot(ctx context.Context, uuid string) error {
 // StartReset implements Env: the reset runs in a goroutine Run waits for, bounded by the reset
 // timeout, and its result wakes Run.
 func (c *Controller) StartReset(dev health.Device) {
-	c.mu.Lock()
-	ctx := c.runCtx
-	c.mu.Unlock()
-	c.resets.Add(1)
-	go func() {
-		defer c.resets.Done()
+	c.spawn(func(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, c.opts.Config.ResetTimeout)
 		err := c.opts.Resetter.Reset(rctx, dev.UUID)
 		cancel()
@@ -251,11 +298,45 @@ func (c *Controller) StartReset(dev health.Device) {
 			}
 		}
 		c.machine.ResetFinished(dev.UUID, err)
+	})
+}
+
+// spawn runs f with Run's context in a goroutine Run waits for, and wakes Run when f returns.
+func (c *Controller) spawn(f func(ctx context.Context)) {
+	c.mu.Lock()
+	ctx := c.runCtx
+	c.mu.Unlock()
+	c.resets.Add(1)
+	go func() {
+		defer c.resets.Done()
+		f(ctx)
 		c.nudge()
 	}()
 }
 
-var _ ComponentEnv = (*Controller)(nil)
+var (
+	_ ComponentEnv  = (*Controller)(nil)
+	_ ValidationEnv = (*Controller)(nil)
+)
+
+// StartValidation implements ValidationEnv: the test runs in a goroutine Run waits for,
+// bounded by ValidationTimeout, and its verdict wakes Run.
+func (c *Controller) StartValidation(dev health.Device) {
+	c.spawn(func(ctx context.Context) {
+		start := c.opts.Clock.Now()
+		v := validation.Verdict{Result: validation.Error, Message: "no validator configured for this backend"}
+		if c.opts.Validator != nil {
+			vctx, cancel := context.WithTimeout(ctx, c.opts.ValidationTimeout)
+			v = c.opts.Validator.Validate(vctx, dev)
+			if vctx.Err() != nil && v.Result == validation.Passed {
+				// Never a pass from a run that was cut short.
+				v = validation.Verdict{Result: validation.Error, Message: "the test was cut short: " + vctx.Err().Error()}
+			}
+			cancel()
+		}
+		c.machine.ValidationFinished(dev.UUID, v, c.opts.Clock.Since(start))
+	})
+}
 
 // Components implements ComponentEnv.
 func (c *Controller) Components(ctx context.Context) ([]Component, error) {

@@ -1,11 +1,16 @@
 // Package remediation repairs a GPU whose faults a GPU reset clears, one GPU at a time and never
 // under a running pod:
 //
-//	(fault) ─▶ WaitingForPods ─▶ WaitingForSlot ─▶ Resetting ─▶ Probation ─▶ (back in service)
-//	               ▲   │ drained          │                │           │
-//	               │   ▼                  │ failed/timeout │ fault back│
-//	               │ BlockedByDrain       ▼                ▼           ▼
+//	(fault) ─▶ WaitingForPods ─▶ WaitingForSlot ─▶ Resetting ─▶ [Validating] ─▶ Probation ─▶ (back in service)
+//	               ▲   │ drained          │                │              │ failed      │
+//	               │   ▼                  │ failed/timeout │              │             │ fault back
+//	               │ BlockedByDrain       ▼                ▼              ▼             ▼
 //	               └──────────── attempt failed: retry, or RemediationFailed after maxAttempts
+//
+// With validation on (Config.Validate), a reset GPU goes back only after an active test of that
+// GPU passes (Validating): a failure is a failed attempt, a run that gives no verdict keeps the
+// GPU out and is run again later. A validation alone (after a reboot, or on an operator's
+// request: State.ValidateOnly) takes the same path without the reset.
 //
 // The Machine is the state machine of every GPU of one node. It reads time from an injected
 // clock and does its I/O through Env (who holds the GPU, the cluster-wide slots, the reset), so
@@ -22,6 +27,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/validation"
 )
 
 // Phase is where a GPU is in its repair. The empty phase means no repair is under way.
@@ -36,9 +42,11 @@ const (
 	// remediation paused to leave the node (see ComponentPauser).
 	PhasePausingComponents Phase = "PausingComponents"
 	PhaseResetting         Phase = "Resetting"
-	PhaseProbation         Phase = "Probation"
-	PhaseBlocked           Phase = "BlockedByDrain"
-	PhaseFailed            Phase = "RemediationFailed"
+	// PhaseValidating: an active test of the GPU (Config.Validate) decides whether it goes back.
+	PhaseValidating Phase = "Validating"
+	PhaseProbation  Phase = "Probation"
+	PhaseBlocked    Phase = "BlockedByDrain"
+	PhaseFailed     Phase = "RemediationFailed"
 )
 
 // State is one GPU's repair, as persisted in the state file.
@@ -62,6 +70,20 @@ type State struct {
 	// reset and say nothing about the GPU after it.
 	ResetSeenAt time.Time `json:"resetSeenAt,omitzero"`
 	Interrupted bool      `json:"interrupted,omitempty"`
+	// ValidateOnly: the repair is a validation alone, without a reset (after a reboot, or on
+	// an operator's request); Requested says who asked and why.
+	ValidateOnly bool   `json:"validateOnly,omitempty"`
+	Requested    string `json:"requested,omitempty"`
+	// ValidationFailed: the GPU's last validation failed. Its own conditions may all be clear
+	// (the reset cleared them), but it needs another repair.
+	ValidationFailed bool `json:"validationFailed,omitempty"`
+	// Validated: the GPU passed its validation in this repair (its probation follows).
+	Validated bool `json:"validated,omitempty"`
+	// ValidationErrors counts the runs in a row that gave no verdict, for their backoff.
+	ValidationErrors int `json:"validationErrors,omitempty"`
+	// FailReason is why the last attempt failed when that has a reason of its own
+	// (ReasonValidationFailed): the reason of a given-up GPU's condition.
+	FailReason string `json:"failReason,omitempty"`
 }
 
 // Active reports whether the state is worth keeping: a repair under way, or attempts that still
@@ -70,7 +92,7 @@ func (s State) Active() bool { return s.Phase != PhaseIdle || len(s.Attempts) > 
 
 // HoldsSlot reports whether the GPU holds a cluster-wide remediation slot in this phase.
 func (s State) HoldsSlot() bool {
-	return s.Phase == PhasePausingComponents || s.Phase == PhaseResetting || s.Phase == PhaseProbation
+	return s.Phase == PhasePausingComponents || s.Phase == PhaseResetting || s.Phase == PhaseValidating || s.Phase == PhaseProbation
 }
 
 // needsComponentsPaused reports whether the GPU needs the operator's components kept paused.
@@ -93,6 +115,12 @@ type Config struct {
 	// PauseComponents lets the machine pause the GPU operator's components that hold a GPU
 	// (ComponentEnv); without it such a GPU waits.
 	PauseComponents bool
+	// Validate tests every reset GPU actively before it goes back (ValidationEnv);
+	// ValidationProbation is the probation after a pass (zero: none), and ValidatedBy says
+	// what tests, for the GPU's history ("dcgm: dcgmi").
+	Validate            bool
+	ValidationProbation time.Duration
+	ValidatedBy         string
 }
 
 // Env is what the machine needs from the world.
@@ -122,6 +150,13 @@ type ComponentEnv interface {
 	PausedComponents() []string
 }
 
+// ValidationEnv runs validations; an Env without it cannot validate (every run is an error).
+type ValidationEnv interface {
+	// StartValidation starts the active test of the GPU and returns at once; the verdict comes
+	// back through Machine.ValidationFinished.
+	StartValidation(dev health.Device)
+}
+
 // EventKind classifies what happened, for metrics.
 type EventKind string
 
@@ -141,6 +176,11 @@ const (
 	// for a reset, and restored after it.
 	KindPausedComponents   EventKind = "PausedComponents"
 	KindRestoredComponents EventKind = "RestoredComponents"
+	// The validation of a GPU: started, and its verdict (Event reasons GPUValidation...).
+	KindValidationStarted EventKind = "ValidationStarted"
+	KindValidationPassed  EventKind = "ValidationPassed"
+	KindValidationFailed  EventKind = "ValidationFailed"
+	KindValidationError   EventKind = "ValidationError"
 )
 
 // Event is one step of a repair, for a Kubernetes Event, a log line and the metrics.
@@ -150,12 +190,22 @@ type Event struct {
 	Warning bool
 	Message string
 	// Duration is, for KindRepaired, the time from the start of the repair to the GPU's return
-	// to service.
+	// to service, and for a validation's verdict how long the test ran.
 	Duration time.Duration
+	// Validation is set on the Events that judge a GPU's return to service (a verdict, or a
+	// return without a test: passive), for the GPU's history; By says what judged it.
+	Validation health.ValidationResult
+	By         string
 }
 
-// Reason is the Kubernetes Event reason.
-func (e Event) Reason() string { return "GPURemediation" + string(e.Kind) }
+// Reason is the Kubernetes Event reason: GPURemediation<Kind>, and GPUValidation<Verdict> for
+// a validation.
+func (e Event) Reason() string {
+	if v, ok := strings.CutPrefix(string(e.Kind), "Validation"); ok {
+		return "GPUValidation" + v
+	}
+	return "GPURemediation" + string(e.Kind)
+}
 
 // Machine holds the repair state of one node's GPUs. Step must be called from one goroutine;
 // the other methods may be called from any.
@@ -177,6 +227,21 @@ type Machine struct {
 	results   map[string]error     // reset command results not yet seen by Step
 	observed  map[string]time.Time // resets the backend reported, not yet seen by Step
 	inFlight  map[string]bool      // resets started and not returned: never two at once
+	// verdicts are validation verdicts not yet seen by Step; validating is the GPU whose
+	// validation runs ("" when none: DCGM's host engine runs one diagnostic at a time, so a
+	// node validates one GPU at a time); requests are operators' validation requests not yet
+	// seen by Step, by UUID.
+	verdicts   map[string]verdict
+	validating string
+	requests   map[string]string
+	// announce are Started Events to emit at the GPU's next Step (owned by Step's goroutine).
+	announce map[string]string
+}
+
+// verdict is a validation's verdict and how long it took.
+type verdict struct {
+	validation.Verdict
+	took time.Duration
 }
 
 // RetryBackoff is how long the first retry after a failed attempt waits; each further failure
@@ -197,7 +262,66 @@ func (m *Machine) retryDelay(n int) time.Duration {
 // NewMachine returns a machine with no repair under way.
 func NewMachine(cfg Config, clk clock.PassiveClock, env Env) *Machine {
 	return &Machine{cfg: cfg, clock: clk, env: env, gpus: map[string]State{}, notBefore: map[string]time.Time{}, published: map[string]State{},
-		results: map[string]error{}, observed: map[string]time.Time{}, inFlight: map[string]bool{}}
+		results: map[string]error{}, observed: map[string]time.Time{}, inFlight: map[string]bool{},
+		verdicts: map[string]verdict{}, requests: map[string]string{}, announce: map[string]string{}}
+}
+
+// ValidationFinished hands the verdict of a validation started by ValidationEnv to the machine.
+func (m *Machine) ValidationFinished(uuid string, v validation.Verdict, took time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.verdicts[uuid] = verdict{v, took}
+	if m.validating == uuid {
+		m.validating = ""
+	}
+}
+
+// RequestValidation asks for a validation of the GPU (an operator's request; why says who and
+// why); the next Step applies it.
+func (m *Machine) RequestValidation(uuid, why string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.requests[uuid] = why
+}
+
+// ValidateAfterReboot puts the GPUs (by UUID) that had a fault pending when the node rebooted
+// into a validation before they are offered again, unless a repair of this boot already holds
+// them; the first Step says so in an Event. Call it before the first Step.
+func (m *Machine) ValidateAfterReboot(uuids []string) {
+	now := m.clock.Now()
+	for _, uuid := range uuids {
+		if m.gpus[uuid].Phase != PhaseIdle {
+			continue
+		}
+		m.gpus[uuid] = State{Phase: PhaseWaitingForPods, Since: now, FaultSince: now, ValidateOnly: true, Requested: "after a reboot",
+			Fault: "validation after a reboot", Message: "to be validated before it goes back into service: it had a fault when the node rebooted"}
+		m.announce[uuid] = "the GPU had a fault when the node rebooted: it is kept out of service until a validation passes"
+	}
+	m.publish()
+}
+
+// startValidation starts a validation unless one runs on the node; it reports whether it did.
+func (m *Machine) startValidation(dev health.Device) bool {
+	m.mu.Lock()
+	if m.validating != "" {
+		m.mu.Unlock()
+		return false
+	}
+	m.validating = dev.UUID
+	m.mu.Unlock()
+	if ve, ok := m.env.(ValidationEnv); ok {
+		ve.StartValidation(dev)
+		return true
+	}
+	m.ValidationFinished(dev.UUID, validation.Verdict{Result: validation.Error, Message: "this agent cannot run validations"}, 0)
+	return true
+}
+
+// validationRunning returns the GPU whose validation runs on the node, "" when none.
+func (m *Machine) validationRunning() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.validating
 }
 
 // Restore starts from persisted states. A reset in flight when the agent stopped is marked
@@ -318,8 +442,8 @@ func FactsOf(d health.DeviceStatus) Facts {
 func (m *Machine) Step(ctx context.Context, snap health.Snapshot) []Event {
 	now := m.clock.Now()
 	m.mu.Lock()
-	results, observed := m.results, m.observed
-	m.results, m.observed = map[string]error{}, map[string]time.Time{}
+	results, observed, verdicts, requests := m.results, m.observed, m.verdicts, m.requests
+	m.results, m.observed, m.verdicts, m.requests = map[string]error{}, map[string]time.Time{}, map[string]verdict{}, map[string]string{}
 	m.mu.Unlock()
 
 	var events []Event
@@ -343,6 +467,14 @@ func (m *Machine) Step(ctx context.Context, snap health.Snapshot) []Event {
 		}
 		if at, ok := observed[uuid]; ok {
 			in.observedAt, in.observed = at, true
+		}
+		if v, ok := verdicts[uuid]; ok {
+			in.verdict, in.judged = v, true
+		}
+		in.request = requests[uuid]
+		if msg, ok := m.announce[uuid]; ok {
+			delete(m.announce, uuid)
+			events = append(events, Event{Device: d.Device, Kind: KindStarted, Message: msg})
 		}
 		events = m.step(ctx, d.Device, &st, in, now, events)
 		if st.Active() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 )
 
 // StateFileName is the state file's name, next to the agent's checkpoint.
@@ -22,21 +23,43 @@ type stateFile struct {
 // LoadState reads the repair states saved for bootID. A missing file, or one from another boot,
 // is no state.
 func LoadState(path, bootID string) (map[string]State, error) {
+	f, err := readStateFile(path)
+	if err != nil || f.BootID != bootID {
+		return nil, err
+	}
+	return f.GPUs, nil
+}
+
+// UnderRepairBeforeReboot lists the GPUs that a state file of another boot than bootID has
+// under repair (or given up on): after a reboot they are validated before they are offered.
+func UnderRepairBeforeReboot(path, bootID string) ([]string, error) {
+	f, err := readStateFile(path)
+	if err != nil || f.BootID == bootID {
+		return nil, err
+	}
+	var out []string
+	for uuid, st := range f.GPUs {
+		if st.Phase != PhaseIdle {
+			out = append(out, uuid)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func readStateFile(path string) (stateFile, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return stateFile{}, nil
 	}
 	if err != nil {
-		return nil, err
+		return stateFile{}, err
 	}
 	var f stateFile
 	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return stateFile{}, fmt.Errorf("%s: %w", path, err)
 	}
-	if f.BootID != bootID {
-		return nil, nil
-	}
-	return f.GPUs, nil
+	return f, nil
 }
 
 // SaveState writes the states atomically: a crash leaves the old file or the new one.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/validation"
 )
 
 // The transitions of one GPU; see the package comment for the picture.
@@ -20,11 +21,19 @@ type input struct {
 	observedAt time.Time
 	observed   bool
 	snapTime   time.Time
+	// verdict is a validation's verdict (judged: one arrived); request an operator's request
+	// for a validation (who and why), "" for none.
+	verdict verdict
+	judged  bool
+	request string
 }
 
 func (m *Machine) step(ctx context.Context, dev health.Device, st *State, in input, now time.Time, events []Event) []Event {
 	st.Attempts = slices.DeleteFunc(st.Attempts, func(a time.Time) bool { return now.Sub(a) >= m.cfg.Window })
 	t := &transition{m: m, ctx: ctx, dev: dev, st: st, in: in, f: in.facts, now: now, events: events}
+	if in.request != "" {
+		t.requested(in.request)
+	}
 	// A few transitions can follow one another at one instant (a fault on an idle GPU with a
 	// free slot goes straight to the reset); each pass either ends the step or changes the phase.
 	for range 4 {
@@ -67,6 +76,8 @@ func (t *transition) pass() next {
 		return t.pausingComponents()
 	case PhaseResetting:
 		return t.resetting()
+	case PhaseValidating:
+		return t.validating()
 	case PhaseProbation:
 		return t.probation()
 	case PhaseFailed:
@@ -88,12 +99,17 @@ func (t *transition) enter(p Phase, msg string) {
 
 // fail ends an attempt: the slot is given back, and the GPU waits for the next attempt (longer
 // after each failure) or, after maxAttempts within the window, is given up on.
-func (t *transition) fail(why string) {
+func (t *transition) fail(why string) { t.failBecause("", why) }
+
+// failBecause is fail with a reason of its own for a given-up GPU's condition
+// (ReasonValidationFailed; "" is ReasonRemediationFailed).
+func (t *transition) failBecause(reason, why string) {
 	m, st := t.m, t.st
 	if st.HoldsSlot() {
 		m.release(t.ctx, t.dev.UUID)
 	}
 	st.ResetDone, st.ResetObserved, st.Interrupted, st.Evict, st.ResetSeenAt = false, false, false, false, time.Time{}
+	st.Validated, st.ValidationErrors, st.FailReason = false, 0, reason
 	if len(st.Attempts) >= m.cfg.MaxAttempts {
 		t.emit(KindAttemptFailed, true, "reset attempt %d of %d failed: %s", len(st.Attempts), m.cfg.MaxAttempts, why)
 		t.enter(PhaseFailed, fmt.Sprintf("gave up after %d resets within %v; last: %s", len(st.Attempts), m.cfg.Window, why))
@@ -169,7 +185,18 @@ func (t *transition) idle() next {
 // cluster-wide slot; a drain blocks it, a fault that went away cancels the repair.
 func (t *transition) waiting() next {
 	m, st, f, dev := t.m, t.st, t.f, t.dev
-	if !f.NeedsReset {
+	// A GPU whose validation failed needs another reset although none of its own conditions
+	// says so (the reset cleared them).
+	needsReset := f.NeedsReset || (st.ValidationFailed && !f.Unhealthy)
+	if st.ValidateOnly && f.Unhealthy {
+		if !f.NeedsReset {
+			// The fault keeps it out anyway; it is validated once the fault is gone.
+			return t.wait("the GPU has a fault (" + f.Fault + "); it is validated once that is gone")
+		}
+		// A reset first: the validation follows it.
+		st.ValidateOnly = false
+		t.emit(KindStarted, false, "needs a GPU reset (%s) before its validation; it is reset once no pod holds it", f.Fault)
+	} else if !st.ValidateOnly && !needsReset {
 		if f.Unhealthy {
 			t.emit(KindCancelled, true, "the GPU now has a fault a GPU reset does not clear (%s); remediation leaves it", f.Fault)
 		} else {
@@ -208,6 +235,13 @@ func (t *transition) waiting() next {
 		return done
 	}
 	st.Evict = false
+	if st.ValidateOnly {
+		// No reset: the operator's components may keep the GPU (DCGM runs the test).
+		if st.Phase == PhaseWaitingForPods {
+			t.enter(PhaseWaitingForSlot, "")
+		}
+		return t.takeSlot(nil, nil)
+	}
 	// The GPU operator's components hold every GPU of the node through NVML: without the
 	// user's leave to pause them, the GPU waits, saying so (a reset would fail).
 	ce, _ := m.env.(ComponentEnv)
@@ -243,6 +277,10 @@ func (t *transition) takeSlot(ce ComponentEnv, running []Component) next {
 	}
 	if !ok {
 		return t.wait("waiting for a cluster-wide remediation slot")
+	}
+	if t.st.ValidateOnly {
+		t.enter(PhaseValidating, "")
+		return again
 	}
 	if len(running) == 0 {
 		return t.beginReset("resetting the GPU")
@@ -327,6 +365,11 @@ func (t *transition) resetting() next {
 	if in.observed && !in.observedAt.Before(st.Since) {
 		st.ResetObserved, st.ResetSeenAt = true, in.observedAt
 	}
+	if st.ResetDone && st.ResetObserved && m.cfg.Validate {
+		t.enter(PhaseValidating, "")
+		t.emit(KindResetObserved, false, "the GPU was reset; an active test of it decides whether it goes back into service")
+		return again
+	}
 	if st.ResetDone && st.ResetObserved {
 		t.enter(PhaseProbation, "")
 		t.emit(KindResetObserved, false, "the GPU was reset; it must stay healthy for %v before it goes back into service", m.cfg.Probation)
@@ -351,20 +394,44 @@ func (t *transition) probation() next {
 		t.fail(fmt.Sprintf("the fault came back %v after the reset: %s", now.Sub(st.Since).Round(time.Second), f.Fault))
 		return done
 	}
-	if now.Sub(st.Since) < m.cfg.Probation {
+	probation := m.cfg.Probation
+	if st.Validated {
+		probation = m.cfg.ValidationProbation
+	}
+	if now.Sub(st.Since) < probation {
 		return done
 	}
-	m.release(t.ctx, t.dev.UUID)
-	d := now.Sub(st.FaultSince)
-	t.events = append(t.events, Event{Device: t.dev, Kind: KindRepaired, Duration: d,
-		Message: fmt.Sprintf("the GPU stayed healthy for %v after its reset and is back in service, %v after the repair began", m.cfg.Probation, d.Round(time.Second))})
+	if st.Validated {
+		return t.backInService(fmt.Sprintf("the GPU passed its validation and stayed healthy for %v", probation))
+	}
+	return t.backInService(fmt.Sprintf("the GPU stayed healthy for %v after its reset and is back in service (passive: no validation configured, nothing tested it)", probation))
+}
+
+// backInService ends the repair: the slot is given back and the GPU returns to service
+// through the normal path. A return no test judged says so (passive), for the GPU's history.
+func (t *transition) backInService(why string) next {
+	st := t.st
+	t.m.release(t.ctx, t.dev.UUID)
+	d := t.now.Sub(st.FaultSince)
+	e := Event{Device: t.dev, Kind: KindRepaired, Duration: d}
+	if strings.Contains(why, "back in service") {
+		e.Message = fmt.Sprintf("%s, %v after the repair began", why, d.Round(time.Second))
+	} else {
+		e.Message = fmt.Sprintf("%s and is back in service, %v after the repair began", why, d.Round(time.Second))
+	}
+	if !st.Validated {
+		e.Validation, e.By = health.ValidationPassive, "probation"
+	}
+	t.events = append(t.events, e)
 	*st = State{Attempts: st.Attempts}
 	return done
 }
 
 // failed: remediation gave up; a GPU that recovers by other means starts afresh.
 func (t *transition) failed() next {
-	if !t.f.Unhealthy {
+	// A GPU that failed its validations has no fault of its own to lose: it stays out until a
+	// reboot, or an operator's request to validate it again.
+	if !t.f.Unhealthy && t.st.FailReason != ReasonValidationFailed {
 		t.emit(KindCancelled, false, "the GPU recovered without remediation (reset or reboot by someone else)")
 		*t.st = State{}
 	}
@@ -374,4 +441,123 @@ func (t *transition) failed() next {
 func (m *Machine) release(ctx context.Context, uuid string) {
 	// A slot that cannot be released expires by itself (see Budget).
 	_ = m.env.ReleaseSlot(ctx, uuid)
+}
+
+// Validation backoff: a run that gave no verdict (the host engine down, a timeout, output that
+// does not parse) is run again after a minute, doubling up to half an hour; the GPU stays out.
+const (
+	ValidationRetryFirst = time.Minute
+	ValidationRetryMax   = 30 * time.Minute
+)
+
+// requested applies an operator's request for a validation: an idle GPU starts one; a GPU
+// under repair is validated at its end anyway (with validation on), and the Event says so.
+func (t *transition) requested(why string) {
+	st := t.st
+	// A GPU given up on after failed validations is tested again on request: nothing else
+	// brings it back but a reboot.
+	retry := st.Phase == PhaseFailed && st.FailReason == ReasonValidationFailed && !t.f.Unhealthy
+	if st.Phase != PhaseIdle && !retry {
+		t.emit(KindWaiting, false, "validation requested %s: the GPU is under repair (%s) and is validated before it goes back into service", why, st.Phase)
+		return
+	}
+	*st = State{Attempts: st.Attempts, ValidateOnly: true, Requested: why, FaultSince: t.now, Fault: "validation requested " + why}
+	t.enter(PhaseWaitingForPods, "")
+	t.emit(KindStarted, false, "validation requested %s: the GPU is kept out of service until it passes; it is tested once no pod holds it", why)
+}
+
+// validating: the GPU is tested, one GPU of the node at a time; a fault seen meanwhile fails
+// the test at once, as the strongest evidence the agent has.
+func (t *transition) validating() next {
+	m, st, f, in, dev := t.m, t.st, t.f, t.in, t.dev
+	if in.judged {
+		return t.judge(in.verdict)
+	}
+	running := m.validationRunning()
+	if f.Unhealthy && in.snapTime.After(st.ResetSeenAt) && in.snapTime.After(st.Since) {
+		if running == dev.UUID {
+			// The verdict that comes back later finds the GPU in another phase: dropped.
+			t.emit(KindValidationFailed, true, "a fault during the validation: %s", f.Fault)
+		}
+		t.validationFailed("a fault during the validation: " + f.Fault)
+		return done
+	}
+	if running == dev.UUID || t.now.Before(m.notBefore[dev.UUID]) {
+		return done
+	}
+	if running != "" {
+		t.st.Message = "waiting for the validation of GPU " + running + " to end: the host engine runs one diagnostic at a time"
+		t.later()
+		return done
+	}
+	// The slot was taken before the reset, and may have expired during a long run or retries.
+	ok, err := m.env.TakeSlot(t.ctx, dev.UUID)
+	if err != nil {
+		return t.wait("cannot confirm the remediation slot for the validation: " + err.Error())
+	}
+	if !ok {
+		return t.wait("waiting for a cluster-wide remediation slot for the validation")
+	}
+	delete(m.notBefore, dev.UUID)
+	if m.startValidation(dev) {
+		why := "after its reset"
+		if st.ValidateOnly {
+			why = st.Requested
+		}
+		st.Message = "an active test of the GPU runs"
+		t.emit(KindValidationStarted, false, "validating the GPU %s: it goes back into service only if the test passes", why)
+	}
+	return done
+}
+
+// judge acts on a validation's verdict.
+func (t *transition) judge(v verdict) next {
+	m, st := t.m, t.st
+	e := Event{Device: t.dev, Duration: v.took, By: m.cfg.ValidatedBy}
+	switch v.Result {
+	case validation.Passed:
+		e.Kind, e.Validation = KindValidationPassed, health.ValidationPassed
+		e.Message = "the GPU passed its validation (" + v.took.Round(time.Second).String() + "): " + v.Message
+		if len(v.Warnings) > 0 {
+			e.Message += "; findings that are not faults: " + strings.Join(v.Warnings, "; ")
+		}
+		t.events = append(t.events, e)
+		st.Validated, st.ValidationFailed, st.ValidationErrors = true, false, 0
+		if m.cfg.ValidationProbation <= 0 {
+			return t.backInService("the GPU passed its validation")
+		}
+		t.enter(PhaseProbation, "passed its validation; on probation")
+		return done
+	case validation.Failed:
+		e.Kind, e.Validation, e.Warning = KindValidationFailed, health.ValidationFailed, true
+		e.Message = "the GPU failed its validation: " + v.Message
+		t.events = append(t.events, e)
+		t.validationFailed("failed its validation: " + v.Message)
+		return done
+	default:
+		st.ValidationErrors++
+		delay := ValidationRetryFirst
+		for i := 1; i < st.ValidationErrors && delay < ValidationRetryMax; i++ {
+			delay *= 2
+		}
+		delay = min(delay, ValidationRetryMax)
+		m.notBefore[t.dev.UUID] = t.now.Add(delay)
+		st.Message = "could not validate the GPU: " + v.Message
+		e.Kind, e.Warning = KindValidationError, true
+		e.Message = fmt.Sprintf("could not validate the GPU (no verdict, nothing counted): %s; it stays out of service and is tested again in %v", v.Message, delay)
+		t.events = append(t.events, e)
+		return done
+	}
+}
+
+// validationFailed ends the attempt of a GPU that failed its validation: it needs another
+// reset, and counts towards maxAttempts (a validation alone counts as an attempt of its own).
+func (t *transition) validationFailed(why string) {
+	st := t.st
+	st.ValidationFailed = true
+	if st.ValidateOnly {
+		st.ValidateOnly = false
+		st.Attempts = append(st.Attempts, t.now)
+	}
+	t.failBecause(ReasonValidationFailed, why)
 }

@@ -1,7 +1,6 @@
 package simdriver
 
 import (
-	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -133,7 +132,7 @@ func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, res
 		}
 		resp.setStr(name)
 	case opSerial:
-		resp.setStr(fmt.Sprintf("SIM%010d", g.index))
+		resp.setStr(sim.Serial(g.index)) // what the simulated dcgmi lists too
 	case opMinor:
 		resp.V[0] = uint64(g.index)
 	case opPCI:

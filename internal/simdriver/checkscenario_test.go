@@ -23,3 +23,19 @@ func TestCheckScenarioRefusesWhatNoDriverServes(t *testing.T) {
 		}
 	}
 }
+
+// Diagnostic states are the simulator's to hold (it is the node's DCGM host engine): a driver
+// scenario takes them.
+func TestCheckScenarioTakesDiagnosticStates(t *testing.T) {
+	events := "  - {at: 1s, gpu: 0, latent: {xid: 48}}\n"
+	for _, w := range sim.DiagWords {
+		events += "  - {at: 2s, gpu: 0, diag: " + string(w) + "}\n"
+	}
+	sc, err := sim.ParseDriverScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: n1\ngpus: {count: 1}\nevents:\n" + events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := simdriver.CheckScenario(sc); err != nil {
+		t.Errorf("CheckScenario = %v", err)
+	}
+}

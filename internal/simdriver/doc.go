@@ -15,6 +15,10 @@
 //     replays a scenario file (pkg/gpu/sim's format) on the real clock; Inject
 //     (`gpuhealth sim-driver inject`) applies one more event at once.
 //
+// The simulator is also the node's DCGM host engine: Serve installs DCGMIPath, a dcgmi that runs
+// DCGMI (`gpuhealth sim-driver dcgmi`), which asks the simulator for a diagnostic of one GPU and
+// prints DCGM's document and exit status for the GPU's diagnostic state (dcgm.go, dcgmi.go).
+//
 // Events reach every event set that registered their type for their device, from the moment of
 // registration, in every process; a lost GPU answers GPU_IS_LOST from every call on it. With the
 // simulator stopped the library answers nvmlInit with DRIVER_NOT_LOADED, as NVIDIA's does without

@@ -131,6 +131,31 @@ func Install(root, version, libraryDir, subdir string) (Installed, error) {
 	return Installed{Version: chosen, Library: lib, Socket: socket}, nil
 }
 
+// InstallDCGMI installs the simulated dcgmi as DIR/usr/bin/dcgmi (DCGMIPath): a shell script
+// that runs exe (this gpuhealth binary) as `exe sim-driver dcgmi --driver-root DIR
+// --dcgm-version V "$@"`, so that `DIR/usr/bin/dcgmi diag -r 2 -i gpu:1 -j` works as NVIDIA's tool
+// does, wherever exe's path is the same (the node itself, tests, the demo). It returns the
+// script's path.
+func InstallDCGMI(root, exe, dcgmVersion string) (string, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return "", err
+	}
+	script := fmt.Sprintf(`#!/bin/sh
+# NVIDIA's dcgmi as gpuhealth's simulated driver plays it: a DCGM diagnostic of one simulated GPU,
+# answered by the simulator serving this driver root (docs/nvml.md, "The simulated driver").
+exec %s sim-driver dcgmi --driver-root %s --dcgm-version %s "$@"
+`, shellQuote(exe), shellQuote(abs), shellQuote(dcgmVersion))
+	path := filepath.Join(abs, DCGMIPath)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", fmt.Errorf("installing the simulated dcgmi into %s: %w", root, err)
+	}
+	if err := writeAtomic(path, []byte(script), 0o755); err != nil {
+		return "", fmt.Errorf("installing the simulated dcgmi into %s: %w", root, err)
+	}
+	return path, nil
+}
+
 // writeAtomic replaces path, so that a process that has the old file mapped keeps it.
 func writeAtomic(path string, data []byte, mode os.FileMode) error {
 	tmp := path + ".tmp"

@@ -91,6 +91,9 @@ type gpuState struct {
 	hangUntil  time.Time
 	outOfRange map[string]bool
 	readsLower map[string]bool
+	// diag is how a DCGM diagnostic of the GPU answers (the scenario's diag and latent events):
+	// only the simulated dcgmi reads it, no NVML call.
+	diag sim.DiagState
 }
 
 type linkState struct {
@@ -293,6 +296,8 @@ func (n *node) apply(ev sim.Event) error {
 			}
 			l.recovered += ev.RecoveriesSuccessful
 			l.failed += ev.RecoveriesFailed
+		case sim.EventDiag, sim.EventLatent:
+			g.diag = g.diag.Apply(ev)
 		case sim.EventMIG:
 			n.setMIG(g, ev.GPU, ev.MIGCount)
 			n.deliver(event{dev: wire, typ: eventMIGConfigChange, gpuInst: noInstance, ciInst: noInstance})

@@ -42,6 +42,9 @@ type Options struct {
 	// OnRegister, when set, hears of every event registration: the process, the GPU index and
 	// the event types (tests wait for their consumers with it).
 	OnRegister func(pid uint32, gpu int, types uint64)
+	// DCGMVersion is the DCGM version the installed dcgmi speaks (sim.DCGMVersion4 when empty;
+	// 3.x gives 3.x's JSON).
+	DCGMVersion string
 
 	node func(*node) // tests: the simulator's state
 }
@@ -59,6 +62,17 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	if err := installDeviceNodes(o.DriverRoot, o.Scenario.GPUCount); err != nil {
 		o.Logger.Info("Serving without device nodes", "reason", err.Error())
+	}
+	if o.DCGMVersion == "" {
+		o.DCGMVersion = sim.DCGMVersion4
+	}
+	// The dcgmi runs this very binary: the simulator is the node's DCGM host engine.
+	if exe, err := os.Executable(); err != nil {
+		o.Logger.Info("Serving without dcgmi", "reason", err.Error())
+	} else if path, err := InstallDCGMI(o.DriverRoot, exe, o.DCGMVersion); err != nil {
+		o.Logger.Info("Serving without dcgmi", "reason", err.Error())
+	} else {
+		o.Logger.Info("DCGM's dcgmi installed", "path", path, "dcgmVersion", o.DCGMVersion)
 	}
 	lis, err := listen(inst.Socket)
 	if err != nil {
@@ -158,6 +172,11 @@ type server struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]uint32 // connection -> pid
 	perPID map[uint32]int
+
+	// diagMu guards diagRunning: one DCGM diagnostic at a time, as one host engine runs one
+	// nvvs (dcgm.go).
+	diagMu      sync.Mutex
+	diagRunning bool
 }
 
 func (s *server) closeAll() {
@@ -282,6 +301,12 @@ func (s *server) serveConn(ctx context.Context, c net.Conn) {
 	switch req.Op {
 	case opInject:
 		s.inject(c, r, &req)
+		return
+	case opDiag:
+		s.diag(ctx, c, r, &req)
+		return
+	case opDiscovery:
+		s.discovery(c)
 		return
 	case opHello:
 	default:

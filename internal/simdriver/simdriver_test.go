@@ -10,10 +10,12 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +38,14 @@ const childEnv = "GPUHEALTH_SIMDRIVER_CHILD"
 var libraryDir string
 
 func TestMain(m *testing.M) {
+	// The dcgmi Serve installs runs its binary as `sim-driver dcgmi ...`: in these tests, this
+	// test binary, which then is the gpuhealth binary's dcgmi.
+	if len(os.Args) > 2 && os.Args[1] == "sim-driver" && os.Args[2] == "dcgmi" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := simdriver.DCGMI(ctx, os.Args[3:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
 	if mode := os.Getenv(childEnv); mode != "" {
 		os.Exit(child(mode, os.Getenv("GPUHEALTH_SIMDRIVER_ROOT")))
 	}

@@ -66,6 +66,11 @@ const (
 	opRowRemapHistogram
 	opSRAMStatus
 	opPCIeLink
+	// opDiag runs a DCGM diagnostic of GPU dev at run level a, timeout b seconds (0: none), on a
+	// connection of its own (dcgm.go); c bytes of the dcgmi command line follow, for the log.
+	opDiag
+	// opDiscovery lists the GPUs as DCGM's discovery does, on a connection of its own.
+	opDiscovery
 	opLast
 )
 

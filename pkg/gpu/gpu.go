@@ -1,5 +1,5 @@
 // Package gpu holds what every GPU backend is (Backend, the Sink it feeds) and offers besides
-// its signals (Resetter). Each backend lives in a package below this one (nvml, sim), and so
+// its signals (Resetter, Diagnoser). Each backend lives in a package below this one (nvml, sim), and so
 // does the kernel log read beside them (kmsg).
 package gpu
 
@@ -16,6 +16,14 @@ import (
 // must not be reset while work runs on it: the caller checks.
 type Resetter interface {
 	Reset(ctx context.Context, uuid string) error
+}
+
+// Diagnoser runs an active diagnostic of one GPU as NVIDIA's `dcgmi diag -j` does, and returns
+// what dcgmi would: its output (the JSON document, DCGM's GPU id being the GPU's index) and exit
+// code. The simulated GPUs implement it (pkg/gpu/sim); on real GPUs the agent runs DCGM itself.
+// A diagnostic still running when ctx is done is abandoned with ctx's error.
+type Diagnoser interface {
+	Diagnose(ctx context.Context, uuid string) (output []byte, exitCode int, err error)
 }
 
 // Sink is what a Backend feeds: a *health.Monitor, or a kmsg.BackendSink in front of one.

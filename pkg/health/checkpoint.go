@@ -21,7 +21,7 @@ import (
 // of data, data) and the meaning of every field already there; a reader ignores the fields it
 // does not know, skips the entries it cannot represent, restores the rest and says what it left
 // out (CheckpointNotes). testdata/checkpoint-v*.json hold what each version looks like.
-const CheckpointVersion = 3
+const CheckpointVersion = 4
 
 // ErrCorruptCheckpoint is wrapped by ReadCheckpoint when the file exists but cannot be trusted:
 // not JSON, a wrong checksum, no version, or data without the shape every version shares.
@@ -127,6 +127,9 @@ func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Tra
 		if ds.parent == nil && len(cd.History) > 0 && len(ds.history) == 0 {
 			ds.history = slices.Clone(cd.History[max(0, len(cd.History)-MaxHistory):])
 			if rebooted {
+				if ds.faultPending() {
+					t.rebootRepaired = append(t.rebootRepaired, ds.dev.UUID)
+				}
 				ds.recordRepair(HistoryReboot, now)
 			}
 		}

@@ -181,7 +181,7 @@ func (d *checkpointDecoder) device(i int, b []byte) (CheckpointedDevice, bool) {
 			continue
 		}
 		switch h.Kind {
-		case HistoryFault, HistoryReset, HistoryReboot, HistoryCleared:
+		case HistoryFault, HistoryReset, HistoryReboot, HistoryCleared, HistoryValidation:
 			cd.History = append(cd.History, h)
 		default:
 			d.skip("device %s history entry %d (devices[%d].history[%d]): unknown kind %q", cd.Device.UUID, j, i, j, h.Kind)

@@ -20,6 +20,24 @@ const (
 	// HistoryCleared: an administrator cleared the GPU's conditions; nothing before counts
 	// towards escalation any more (the card was inspected or replaced).
 	HistoryCleared HistoryKind = "cleared"
+	// HistoryValidation: the GPU's return to service after a repair was judged; Reason is the
+	// ValidationResult and By what judged it. It is neither a fault nor a repair: escalation
+	// does not count it.
+	HistoryValidation HistoryKind = "validation"
+)
+
+// ValidationResult is how a repaired GPU's return to service was judged.
+type ValidationResult string
+
+// Validation results, as a GPU's history and its report carry them.
+const (
+	// ValidationPassed: an active test of the GPU passed.
+	ValidationPassed ValidationResult = "passed"
+	// ValidationFailed: an active test of the GPU failed; it stayed out of service.
+	ValidationFailed ValidationResult = "failed"
+	// ValidationPassive: nothing tested the GPU; it went back after a probation without a
+	// fault (no validation configured), so nothing reads as tested that was not.
+	ValidationPassive ValidationResult = "passive"
 )
 
 // HistoryEntry is one event of a GPU's life that outlives its conditions.
@@ -27,6 +45,18 @@ type HistoryEntry struct {
 	Time   time.Time   `json:"time"`
 	Kind   HistoryKind `json:"kind"`
 	Reason string      `json:"reason,omitempty"`
+	// By says what judged a HistoryValidation ("dcgm: dcgmi diag -r 2", "probation").
+	By string `json:"by,omitempty"`
+}
+
+// LastValidation returns the newest HistoryValidation entry of a history, if any.
+func LastValidation(h []HistoryEntry) (HistoryEntry, bool) {
+	for i := len(h) - 1; i >= 0; i-- {
+		if h[i].Kind == HistoryValidation {
+			return h[i], true
+		}
+	}
+	return HistoryEntry{}, false
 }
 
 // MaxHistory bounds each GPU's history: the oldest entries go first.
@@ -75,6 +105,11 @@ func (ds *deviceState) faultPending() bool {
 			return true
 		case HistoryReset, HistoryReboot, HistoryCleared:
 			return false
+		case HistoryValidation:
+			// A GPU that failed its validation is not repaired, whatever its conditions say.
+			if e := ds.history[i]; e.Reason == string(ValidationFailed) {
+				return true
+			}
 		}
 	}
 	return false

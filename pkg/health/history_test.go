@@ -138,3 +138,44 @@ func equalStrings(a, b []string) bool {
 	}
 	return true
 }
+
+func TestValidationsInTheHistory(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	tr, err := health.NewTracker(health.DefaultPolicy(), []health.Device{{UUID: "GPU-a", Index: 0}, {UUID: "GPU-b", Index: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := health.NewMonitor(tr)
+	m.Signal(health.XIDSignal("GPU-a", 48, t0))
+	m.Signal(health.Signal{Kind: health.SignalReset, Device: "GPU-a", Time: t0.Add(time.Minute)})
+	if err := m.RecordValidation("GPU-a", health.ValidationFailed, "dcgm: dcgmi diag", t0.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RecordValidation("GPU-x", health.ValidationPassed, "x", t0); err == nil {
+		t.Error("a validation of an unknown GPU was recorded")
+	}
+	snap := m.Snapshot()
+	h := snap.Devices[0].History
+	last, ok := health.LastValidation(h)
+	if !ok || last.Reason != "failed" || last.By != "dcgm: dcgmi diag" || len(h) != 3 {
+		t.Fatalf("history %+v", h)
+	}
+	// A GPU that failed its validation is not repaired: a reboot now repairs a pending fault,
+	// and the agent after the reboot validates it (RebootRepaired).
+	cp := tr.Checkpoint()
+	after, err := health.NewTracker(health.DefaultPolicy(), []health.Device{{UUID: "GPU-a", Index: 0}, {UUID: "GPU-b", Index: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := after.Restore(cp, "another-boot", t0.Add(time.Hour), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := after.RebootRepaired(); len(got) != 1 || got[0] != "GPU-a" {
+		t.Errorf("RebootRepaired = %v, want [GPU-a]", got)
+	}
+	// The same boot: nothing was repaired by a reboot.
+	same, _ := health.NewTracker(health.DefaultPolicy(), []health.Device{{UUID: "GPU-a", Index: 0}})
+	if _, err := same.Restore(cp, cp.BootID, t0.Add(time.Hour), nil); err != nil || len(same.RebootRepaired()) != 0 {
+		t.Errorf("same boot: RebootRepaired = %v (%v), want none", same.RebootRepaired(), err)
+	}
+}

@@ -115,6 +115,15 @@ func (m *Monitor) ClearCondition(uuid string, condType ConditionType, code uint3
 	return cleared, err
 }
 
+// RecordValidation records a validation verdict in a GPU's history and publishes it.
+func (m *Monitor) RecordValidation(uuid string, result ValidationResult, by string, at time.Time) error {
+	m.feed.Lock()
+	defer m.feed.Unlock()
+	err := m.tracker.RecordValidation(uuid, result, by, at)
+	m.publishLocked()
+	return err
+}
+
 // Tick expires quiet periods as of now; call it periodically.
 func (m *Monitor) Tick(now time.Time) {
 	m.feed.Lock()

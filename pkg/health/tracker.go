@@ -49,6 +49,32 @@ type Tracker struct {
 	// missingMarked says the placeholders' GPUMissing is raised: at the first moment the
 	// tracker is told the time (a signal, a tick, a restore), which is then its Since.
 	missingMarked bool
+	// rebootRepaired are the GPUs that had a fault pending when the node rebooted, as Restore
+	// found them in a checkpoint of an earlier boot (see RebootRepaired).
+	rebootRepaired []string
+}
+
+// RebootRepaired returns the physical GPUs that had a fault no repair had ended (Unhealthy,
+// given up on by remediation, to be replaced) when the node rebooted, as the checkpoint of the
+// earlier boot says: the GPUs an agent validates before it offers them again.
+func (t *Tracker) RebootRepaired() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.rebootRepaired)
+}
+
+// RecordValidation records how a repaired GPU's return to service was judged in its history
+// (HistoryValidation), which the checkpoint keeps and reports carry.
+func (t *Tracker) RecordValidation(uuid string, result ValidationResult, by string, at time.Time) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ds, ok := t.devices[uuid]
+	if !ok || ds.parent != nil {
+		return fmt.Errorf("%w %q", ErrUnknownDevice, uuid)
+	}
+	ds.record(HistoryEntry{Time: at, Kind: HistoryValidation, Reason: string(result), By: by})
+	t.generation++
+	return nil
 }
 
 // NewTracker returns a Tracker for devices under policy. MIG instances name their parent in

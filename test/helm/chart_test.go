@@ -100,6 +100,7 @@ var valueSets = []struct {
 	{"device mounts, no policy", []string{"agent.nvml.mode=hostMounts", "admissionPolicy.enabled=false"}},
 	{"circuit breaker, no flow control", []string{"config.agent.circuitBreaker.enabled=true", "agent.flowControl.enabled=false"}},
 	{"alerts and dashboard", []string{"prometheusRule.enabled=true", "grafanaDashboard.enabled=true"}},
+	{"remediation with validation and a dcgmi", []string{"config.remediation.enabled=true", "config.remediation.validation.enabled=true", "agent.validation.dcgmImage=dcgm:4"}},
 }
 
 func TestLint(t *testing.T) {
@@ -129,6 +130,7 @@ func TestAgentClusterRoleIsLeastPrivilege(t *testing.T) {
 		{"Volcano only: no pods, claims, slices or rules", []string{"config.agent.reporters={annotation}"}, []string{"annotation"}, false},
 		{"rules and condition", []string{"config.agent.reporters={devicetaint,condition}"}, []string{"devicetaint", "condition"}, false},
 		{"HAMi with remediation: pods and claims for the holders", []string{"config.agent.reporters={hami,condition}", "config.remediation.enabled=true"}, []string{"hami", "condition"}, true},
+		{"validation: nothing more than remediation's", []string{"config.remediation.enabled=true", "config.remediation.validation.enabled=true", "agent.validation.dcgmImage=dcgm:4"}, config.AllReporters(), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := render(t, tc.set...)

@@ -28,12 +28,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -70,6 +72,7 @@ func TestMonitoringNamesOnlyExportedMetrics(t *testing.T) {
 		scrape func(*testing.T) string
 	}{
 		{"agent", scrapeAgent},
+		{"agent validating a repaired GPU", scrapeValidatingAgent},
 		{"extender", scrapeExtender},
 		{"breaker controller", scrapeBreakerController},
 	} {
@@ -377,6 +380,70 @@ func scrapeAgent(t *testing.T) string {
 	})
 	if err != nil {
 		t.Fatalf("the agent did not serve the fault and a sync: %v\n%s", err, text)
+	}
+	return text
+}
+
+// simBackend is the simulator as the agent's backend (gpu.Backend).
+type simBackend struct{ *sim.Backend }
+
+func (b simBackend) Run(ctx context.Context, sink gpu.Sink) error { return b.Backend.Run(ctx, sink) }
+
+// scrapeValidatingAgent runs an agent with remediation and validation on, on a simulated GPU
+// whose XID 48 a reset clears and whose diagnostic fails, and returns its /metrics once a
+// validation has been judged: the validation series exist only from a verdict on.
+func scrapeValidatingAgent(t *testing.T) string {
+	t.Helper()
+	sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: n1\ngpus: {count: 1}\n" +
+		"events:\n  - {at: 0s, gpu: 0, diag: fail}\n  - {at: 0s, gpu: 0, xid: 48}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: 100 * time.Millisecond, Forever: true})
+	ctx, cancel := context.WithCancel(klog.NewContext(t.Context(), logr.Discard()))
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	var addr atomic.Value
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return agent.Run(gctx, agent.Options{
+			NodeName: "n1", Client: adapt.Clientset(client), Policy: health.DefaultPolicy(), BootID: backend.BootID(),
+			Backend:        simBackend{backend},
+			Agent:          config.AgentConfig{CheckpointPath: "-"},
+			MetricsAddress: "127.0.0.1:0",
+			Ready:          func(a string) { addr.Store(a) },
+			Remediation: agent.RemediationOptions{
+				Config: config.RemediationConfig{Enabled: true, PodResourcesSocket: "-", Namespace: testNamespace,
+					Validation: config.ValidationConfig{Enabled: true}},
+				Resetter: backend, Diagnoser: backend, Poll: 100 * time.Millisecond,
+			},
+		})
+	})
+	t.Cleanup(func() {
+		cancel()
+		if err := g.Wait(); err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	var text string
+	err = wait.PollUntilContextTimeout(gctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		a, _ := addr.Load().(string)
+		if a == "" {
+			return false, nil
+		}
+		body, err := get(ctx, "http://"+a+"/metrics")
+		if err != nil {
+			return false, nil //nolint:nilerr // not serving yet
+		}
+		text = body
+		families, err := parseMetrics(body)
+		if err != nil {
+			return false, nil //nolint:nilerr // a scrape cut short
+		}
+		_, judged := families["gpuhealth_validation_runs_total"]
+		return judged, nil
+	})
+	if err != nil {
+		t.Fatalf("the agent did not judge a validation: %v\n%s", err, text)
 	}
 	return text
 }

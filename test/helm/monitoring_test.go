@@ -77,6 +77,7 @@ func TestPrometheusRuleObject(t *testing.T) {
 	}
 	// The four things the issue asks alerts for, and the rest the docs describe.
 	want := "GPUHealthGPUUnhealthy GPUHealthGPUDegraded GPUHealthGPUNeedsEviction GPUHealthGPUToReplace GPUHealthGPUMissing GPUHealthGPUUnmatched " +
+		"GPUHealthGPUValidationFailed GPUHealthGPUValidationNoVerdict " +
 		"GPUHealthCircuitBreakerOpen GPUHealthBreakerControllerNotLeading GPUHealthAgentDown GPUHealthAgentsAbsent GPUHealthAPIWritesFailing"
 	if got := strings.Join(alerts, " "); got != want {
 		t.Errorf("alerts\n got %s\nwant %s", got, want)

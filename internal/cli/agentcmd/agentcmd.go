@@ -131,6 +131,8 @@ With --backend sim it replays a scenario on the real clock (and keeps running af
 					released()
 					return cmdutil.BadInput(fmt.Errorf("remediation.resetCommand: %w", err))
 				}
+				// The simulator tests its GPUs itself; real GPUs run the validation command.
+				rem.Diagnoser, _ = be.(gpu.Diagnoser)
 			}
 			bootTime, err := agent.ReadBootTime()
 			if err != nil {
@@ -220,6 +222,11 @@ func (s simAgentBackend) Run(ctx context.Context, sink gpu.Sink) error {
 
 // Resetter: the simulator resets its GPUs itself; the command is for real GPUs.
 func (s simAgentBackend) Resetter([]string) (gpu.Resetter, error) { return s.b, nil }
+
+// Diagnose: the simulated GPUs' diagnostic answers as DCGM's does (gpu.Diagnoser).
+func (s simAgentBackend) Diagnose(ctx context.Context, uuid string) ([]byte, int, error) {
+	return s.b.Diagnose(ctx, uuid)
+}
 
 type nvmlAgentBackend struct{ b *gpunvml.Backend }
 

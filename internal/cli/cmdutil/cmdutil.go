@@ -35,6 +35,13 @@ func (e InputError) Unwrap() error { return e.Err }
 // BadInput marks err as one the user fixes by changing their input (exit status 2).
 func BadInput(err error) error { return InputError{err} }
 
+// ExitStatus is a command's answer given as its exit status alone, as a tool that gpuhealth
+// plays (the simulated driver's dcgmi: 205, 226, 235...) answers: Execute exits with Code and
+// prints nothing, the command having written its output.
+type ExitStatus struct{ Code int }
+
+func (e ExitStatus) Error() string { return fmt.Sprintf("exit status %d", e.Code) }
+
 // Execute runs root with args and returns the process exit code: 0 success, 2 bad input (a
 // file, a flag or an argument the user can fix), 1 anything else. An error is one line on stderr.
 func Execute(ctx context.Context, root *cobra.Command, args []string, stderr io.Writer) (code int) {
@@ -49,6 +56,10 @@ func Execute(ctx context.Context, root *cobra.Command, args []string, stderr io.
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return ExitOK
+	}
+	var status ExitStatus
+	if errors.As(err, &status) {
+		return status.Code
 	}
 	// One line, never a stack trace.
 	fmt.Fprintln(stderr, "gpuhealth: "+strings.ReplaceAll(err.Error(), "\n", "; "))

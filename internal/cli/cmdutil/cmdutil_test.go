@@ -23,6 +23,7 @@ func TestExecute(t *testing.T) {
 		{"a panic", func() error { panic("bug") }, nil, ExitFailure, "internal error: bug"},
 		{"an unknown flag", func() error { return nil }, []string{"--bogus"}, ExitBadInput, "unknown flag: --bogus"},
 		{"an argument", func() error { return nil }, []string{"extra"}, ExitBadInput, `unknown command "extra"`},
+		{"a tool's own exit status, nothing printed", func() error { return ExitStatus{Code: 205} }, nil, 205, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -30,7 +31,7 @@ func TestExecute(t *testing.T) {
 				RunE: func(*cobra.Command, []string) error { return tc.run() }}
 			MarkUsageErrors(root)
 			var stderr bytes.Buffer
-			if code := Execute(t.Context(), root, tc.args, &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+			if code := Execute(t.Context(), root, tc.args, &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.want) || (tc.want == "") != (stderr.Len() == 0) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr.String(), tc.code, tc.want)
 			}
 		})

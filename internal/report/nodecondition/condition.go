@@ -333,7 +333,8 @@ func ReportUnknown(ctx context.Context, client kube.Interface, node, message str
 }
 
 // RebootDesired returns the GPURebootRequired condition for snap: True with reason
-// RemediationFailed when remediation gave up on a GPU (its condition has that reason), else True
+// RemediationFailed when remediation gave up on a GPU (its condition has that reason, or
+// ValidationFailed with a reboot recommended), else True
 // with reason RebootRecommended when an Unhealthy condition of a GPU recommends a reboot, else
 // False.
 func RebootDesired(snap health.Snapshot) (corev1.ConditionStatus, string, string) {
@@ -345,7 +346,8 @@ func RebootDesired(snap health.Snapshot) (corev1.ConditionStatus, string, string
 		for _, c := range d.Conditions {
 			desc := fmt.Sprintf("%d (%s): %s", d.Device.Index, d.Device.UUID, c.Message)
 			switch {
-			case c.Reason == gpuhealthv1.ReasonRemediationFailed:
+			case c.Reason == gpuhealthv1.ReasonRemediationFailed,
+				c.Reason == gpuhealthv1.ReasonValidationFailed && c.RecommendedAction == health.ActionRebootNode:
 				failed = append(failed, desc)
 			case c.Severity == health.Unhealthy && c.RecommendedAction == health.ActionRebootNode:
 				recommended = append(recommended, desc)

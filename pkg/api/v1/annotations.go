@@ -64,6 +64,20 @@ type GPUSummary struct {
 	// said another XID caused), with when each began: the faults the agents of the other nodes
 	// of its NVLink domain attribute their GPUs' caused-by XIDs to (PeerFaults).
 	XIDFaults []XIDFault `json:"xidFaults,omitempty"`
+	// Validation is how the GPU's last return to service after a repair was judged: an active
+	// test passed or failed, or "passive" (no test was configured: it came back after a quiet
+	// probation). Absent when it was never repaired.
+	Validation *ValidationSummary `json:"validation,omitempty"`
+}
+
+// ValidationSummary is the newest validation verdict of a GPU's history.
+type ValidationSummary struct {
+	At time.Time `json:"at"`
+	// Result is passed, failed or passive (health.ValidationResult).
+	Result string `json:"result"`
+	// By is what judged it: the format and program of the test ("dcgm: dcgmi"), or
+	// "probation".
+	By string `json:"by,omitempty"`
 }
 
 // XIDFault is one XID fault of a GPU's own, as GPUSummary.XIDFaults carries it.
@@ -98,6 +112,13 @@ const MaxRecentHistory = 4
 func SummarizeHistory(h []health.HistoryEntry) *HistorySummary {
 	if len(h) == 0 {
 		return nil
+	}
+	// Validation verdicts are GPUSummary.Validation, not faults or repairs.
+	isValidation := func(e health.HistoryEntry) bool { return e.Kind == health.HistoryValidation }
+	if slices.ContainsFunc(h, isValidation) {
+		if h = slices.DeleteFunc(slices.Clone(h), isValidation); len(h) == 0 {
+			return nil
+		}
 	}
 	s := &HistorySummary{}
 	for _, e := range h {
@@ -151,6 +172,9 @@ func Summarize(d health.DeviceStatus) GPUSummary {
 	s := GPUSummary{Index: d.Device.Index, PCIBusID: d.Device.PCIBusID, Model: d.Device.Model, Health: d.Health.String(), Evict: d.Evict}
 	s.Unmonitored = Unmonitored(d)
 	s.History = SummarizeHistory(d.History)
+	if v, ok := health.LastValidation(d.History); ok {
+		s.Validation = &ValidationSummary{At: v.Time.UTC(), Result: v.Reason, By: v.By}
+	}
 	s.Missing = d.Device.Missing
 	if d.Device.MIG != nil {
 		s.ParentUUID = d.Device.MIG.ParentUUID

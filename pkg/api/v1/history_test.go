@@ -58,3 +58,30 @@ func TestMissingGPUsAreInTheSummaryButInNoIndexList(t *testing.T) {
 		t.Errorf("summary %+v", s)
 	}
 }
+
+func TestTheLastValidationIsInTheSummaryNotInTheHistory(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.FixedZone("X", 3600))
+	h := []health.HistoryEntry{
+		{Time: t0, Kind: health.HistoryFault, Reason: "XID48"},
+		{Time: t0.Add(time.Minute), Kind: health.HistoryReset},
+		{Time: t0.Add(3 * time.Minute), Kind: health.HistoryValidation, Reason: "failed", By: "dcgm: dcgmi diag"},
+		{Time: t0.Add(5 * time.Minute), Kind: health.HistoryReset},
+		{Time: t0.Add(7 * time.Minute), Kind: health.HistoryValidation, Reason: "passed", By: "dcgm: dcgmi diag"},
+	}
+	sum := gpuhealthv1.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-a"}, History: h})
+	if v := sum.Validation; v == nil || v.Result != "passed" || v.By != "dcgm: dcgmi diag" || !v.At.Equal(t0.Add(7*time.Minute)) || v.At.Location() != time.UTC {
+		t.Errorf("validation %+v, want the newest verdict (passed) in UTC", v)
+	}
+	if s := sum.History; s == nil || s.Faults != 1 || s.Resets != 2 || len(s.Recent) != 3 {
+		t.Errorf("history %+v: validations are neither faults nor repairs, nor recent entries", s)
+	}
+	// A GPU returned without a test says so.
+	passive := gpuhealthv1.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-b"}, History: []health.HistoryEntry{
+		{Time: t0, Kind: health.HistoryValidation, Reason: string(health.ValidationPassive), By: "probation"}}})
+	if passive.Validation == nil || passive.Validation.Result != "passive" || passive.History != nil {
+		t.Errorf("passive return: validation %+v, history %+v", passive.Validation, passive.History)
+	}
+	if none := gpuhealthv1.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-c"}}); none.Validation != nil {
+		t.Errorf("a GPU never repaired has validation %+v", none.Validation)
+	}
+}

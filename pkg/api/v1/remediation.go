@@ -14,7 +14,7 @@ const RemediationKey = "gpuhealth.dev/gpu-remediation"
 
 // GPURemediation is where one GPU's automatic repair stands (docs/remediation.md).
 type GPURemediation struct {
-	// Phase is WaitingForPods, WaitingForSlot, PausingComponents, Resetting, Probation,
+	// Phase is WaitingForPods, WaitingForSlot, PausingComponents, Resetting, Validating, Probation,
 	// BlockedByDrain, RemediationFailed, or empty when no repair is under way (attempts still
 	// count).
 	Phase string    `json:"phase,omitempty"`
@@ -60,6 +60,9 @@ const ConditionGPURebootRequired = "GPURebootRequired"
 // Reasons of ConditionGPURebootRequired.
 const (
 	ReasonRemediationFailed = "RemediationFailed"
+	// ReasonValidationFailed is also the reason of a given-up GPU's condition (the gpu-health
+	// annotation's reasons) when its validations failed (docs/remediation.md).
+	ReasonValidationFailed  = "ValidationFailed"
 	ReasonRebootRecommended = "RebootRecommended"
 	ReasonNoRebootRequired  = "NoRebootRequired"
 )

@@ -206,6 +206,10 @@ type Event struct {
 	// peer no longer reports it.
 	Peer        health.PeerFault
 	PeerCleared bool
+	// LatentXID is an EventLatent's fault: the XID a diagnostic under load finds; Diag is an
+	// EventDiag's word (diag.go).
+	LatentXID uint32
+	Diag      DiagWord
 }
 
 // scenarioFile mirrors the file; pointers tell "absent" from zero.
@@ -259,6 +263,8 @@ type eventSpec struct {
 	PCIeLink          *pcieLinkSpec   `yaml:"pcieLink"`
 	NVLinkRecoveries  *recoveriesSpec `yaml:"nvlinkRecoveries"`
 	PeerFault         *peerFaultSpec  `yaml:"peerFault"`
+	Latent            *latentSpec     `yaml:"latent"`
+	Diag              *string         `yaml:"diag"`
 }
 
 type eccSpec struct {
@@ -514,9 +520,11 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 	add(spec.NVLinkRecoveries != nil, EventNVLinkRecoveries)
 	add(spec.MIGInstances != nil, EventMIG)
 	add(spec.PeerFault != nil, EventPeerFault)
+	add(spec.Latent != nil, EventLatent)
+	add(spec.Diag != nil, EventDiag)
 	switch len(kinds) {
 	case 0:
-		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg, fabric, rowRemapHistogram, sramThresholdExceeded, pcieLink, nvlinkRecoveries, peerFault (and, for the simulated driver, driver, hang, outOfRange, readsLower, migInstances)")
+		return ev, errors.New("no fault or repair given: set one of xid, ecc, remappedRows, retiredPages, temperatureC, clockEventReasons, pcieReplays, nvlink, recoveryAction, lost, reset, reboot, kmsg, fabric, rowRemapHistogram, sramThresholdExceeded, pcieLink, nvlinkRecoveries, peerFault, latent, diag (and, for the simulated driver, driver, hang, outOfRange, readsLower, migInstances)")
 	case 1:
 		ev.Kind = kinds[0]
 	default:
@@ -680,6 +688,8 @@ func (sc *Scenario) event(spec eventSpec, line int) (Event, error) {
 		ev.Reading = *spec.ReadsLower
 	case EventFabric, EventRowRemapHistogram, EventSRAM, EventPCIeLink, EventNVLinkRecoveries:
 		return ev, earlyWarningEvent(spec, &ev)
+	case EventLatent, EventDiag:
+		return ev, diagEvent(spec, &ev)
 	case EventMIG:
 		if *spec.MIGInstances < 0 || *spec.MIGInstances > MaxMIGInstances {
 			return ev, fmt.Errorf("migInstances: must be between 0 (MIG off) and %d, got %d", MaxMIGInstances, *spec.MIGInstances)

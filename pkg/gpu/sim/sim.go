@@ -14,6 +14,11 @@
 //
 // A replay runs either on virtual time (Options.Virtual: an hour of scenario takes milliseconds)
 // or on a clock (k8s.io/utils/clock), for the agent and the demo.
+//
+// The simulated GPUs also answer an active diagnostic as NVIDIA's DCGM does (Backend.Diagnose,
+// and the simulated driver's dcgmi, both through DCGMDiag, which writes DCGM 3.x's and 4.x's
+// documents and exit codes): a scenario's diag events say how, and its latent faults are seen
+// by a diagnostic under load and by nothing else.
 package sim
 
 import (
@@ -21,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -80,9 +86,19 @@ type Backend struct {
 	resets chan resetRequest
 	// peers are the peer nodes' faults the scenario's peerFault events reported so far.
 	peers map[peerKey]health.PeerFault
+
+	// The GPUs' diagnostic state (diag.go), which Diagnose reads from any goroutine while Run
+	// applies the scenario: diag and diagLost by GPU index, and whether a diagnostic runs.
+	diagMu      sync.Mutex
+	diag        []DiagState
+	diagLost    []bool
+	diagRunning bool
 }
 
-var _ gpu.Resetter = (*Backend)(nil)
+var (
+	_ gpu.Resetter  = (*Backend)(nil)
+	_ gpu.Diagnoser = (*Backend)(nil)
+)
 
 // resetRequest asks the Run loop to reset a GPU; done (buffered) gets the result.
 type resetRequest struct {
@@ -136,7 +152,8 @@ func New(sc *Scenario, opts Options) *Backend {
 	if opts.Start.IsZero() {
 		opts.Start = time.Unix(0, 0).UTC()
 	}
-	b := &Backend{sc: sc, opts: opts, devices: sc.Devices(), resets: make(chan resetRequest)}
+	b := &Backend{sc: sc, opts: opts, devices: sc.Devices(), resets: make(chan resetRequest),
+		diag: make([]DiagState, sc.GPUCount), diagLost: make([]bool, sc.GPUCount)}
 	// Kernel-log lines about a missing GPU name its address: they reach its placeholder.
 	b.mapper = kmsg.NewMapper(slices.Concat(b.devices, sc.Placeholders()))
 	for i := range sc.GPUCount {
@@ -325,6 +342,14 @@ func (b *Backend) afterReset(events []Event, i int, at time.Duration) []Event {
 }
 
 func (b *Backend) apply(ev Event, now time.Time, sink Sink) {
+	switch ev.Kind {
+	case EventDiag, EventLatent:
+		// Only a diagnostic sees them: no signal, no reading changes.
+		b.setDiag(ev)
+		return
+	case EventLost, EventReboot:
+		b.setDiag(ev)
+	}
 	if ev.Kind == EventReboot {
 		b.boots++
 		for _, g := range b.gpus {

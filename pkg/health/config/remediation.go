@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health/validation"
 )
 
 // RemediationConfig is the top-level `remediation` section: the agent resets a GPU whose faults a
@@ -44,6 +46,32 @@ type RemediationConfig struct {
 	// nodeSelector has a nvidia.com/gpu.deploy.* label) for a reset, as the operator's own
 	// managers do, and restore them after it. Off: a GPU they hold waits, saying so.
 	PauseOperatorComponents bool `yaml:"pauseOperatorComponents,omitempty" json:"pauseOperatorComponents,omitempty"`
+	// Validation tests a repaired GPU actively before it goes back into service (off by
+	// default: a repaired GPU returns after a passive probation).
+	Validation ValidationConfig `yaml:"validation,omitempty" json:"validation,omitempty"`
+}
+
+// ValidationConfig is `remediation.validation`: after every successful reset (and after a
+// reboot, or on request) the agent runs Command on the one GPU and returns it to service only on
+// a pass read in Format; a failure is a failed repair attempt, and a run that gives no verdict
+// keeps the GPU out and is retried (docs/remediation.md, "Verify before return").
+type ValidationConfig struct {
+	Enabled bool `yaml:"enabled,omitempty" json:"enabled,omitempty"`
+	// Command tests one GPU: {uuid}, {index}, {dcgmID} (DCGM's id of the GPU, from `dcgmi
+	// discovery -l`), {pciBusID}, {node} and {hostIP} (the node's IP, $HOST_IP) are replaced in
+	// every argument; it must name the GPU (default: dcgmi diag -r 2 -i gpu:{dcgmID} -j).
+	Command []string `yaml:"command,omitempty" json:"command,omitempty"`
+	// Format is how the verdict is read: dcgm (the JSON of dcgmi diag -j, DCGM 3.x and 4.x, and
+	// its exit code; the default) or exitCode (0 passes, anything else fails).
+	Format string `yaml:"format,omitempty" json:"format,omitempty"`
+	// Timeout bounds one run; a run killed at it gives no verdict (default 15m).
+	Timeout *Duration `yaml:"timeout,omitempty" json:"timeout,omitempty"`
+	// AfterReboot validates, after a reboot, every GPU that was Unhealthy, given up on or to be
+	// replaced before it, before it is offered again (default true).
+	AfterReboot *bool `yaml:"afterReboot,omitempty" json:"afterReboot,omitempty"`
+	// Probation is how long a GPU that passed stays on probation before it goes back into
+	// service (default: remediation.probation; 0s skips it).
+	Probation *Duration `yaml:"probation,omitempty" json:"probation,omitempty"`
 }
 
 // Remediation defaults and limits.
@@ -58,7 +86,21 @@ const (
 	UUIDPlaceholder       = "{uuid}"
 	MaxRemediationAttempt = 100
 	MaxConcurrentResets   = 10_000
+	// DefaultValidationTimeout bounds one validation run: DCGM's level 2 takes about 2 minutes,
+	// level 3 about 15.
+	DefaultValidationTimeout = 15 * time.Minute
+	MaxValidationTimeout     = 24 * time.Hour
+	// HostIPPlaceholder is replaced by the node's IP ($HOST_IP, the downward API's
+	// status.hostIP) in the validation command: the GPU operator's DCGM host engine listens
+	// there (port 5555).
+	HostIPPlaceholder = "{hostIP}"
 )
+
+// DefaultValidationCommand is DCGM's level-2 diagnostic (about 2 minutes) of one GPU, with JSON
+// output, on the local host engine.
+func DefaultValidationCommand() []string {
+	return []string{"dcgmi", "diag", "-r", "2", "-i", "gpu:" + validation.PlaceholderDCGMID, "-j"}
+}
 
 // DefaultResetCommand is what NVIDIA documents for resetting one GPU.
 func DefaultResetCommand() []string {
@@ -89,7 +131,29 @@ func (r RemediationConfig) WithDefaults() RemediationConfig {
 	r.ResetCommand = slices.Clone(r.ResetCommand)
 	r.Namespace = cmp.Or(r.Namespace, os.Getenv("POD_NAMESPACE"), DefaultBreakerNamespace)
 	r.PodResourcesSocket = cmp.Or(r.PodResourcesSocket, DefaultPodResourcesSocket)
+	r.Validation = r.Validation.withDefaults(time.Duration(*r.Probation))
 	return r
+}
+
+func (v ValidationConfig) withDefaults(probation time.Duration) ValidationConfig {
+	if len(v.Command) == 0 {
+		v.Command = DefaultValidationCommand()
+	}
+	v.Command = slices.Clone(v.Command)
+	v.Format = cmp.Or(v.Format, string(validation.FormatDCGM))
+	if v.Timeout == nil {
+		d := Duration(DefaultValidationTimeout)
+		v.Timeout = &d
+	}
+	if v.AfterReboot == nil {
+		on := true
+		v.AfterReboot = &on
+	}
+	if v.Probation == nil {
+		d := Duration(probation)
+		v.Probation = &d
+	}
+	return v
 }
 
 func (r RemediationConfig) validate(noExecute bool, bad func(path, format string, args ...any)) {
@@ -122,5 +186,32 @@ func (r RemediationConfig) validate(noExecute bool, bad func(path, format string
 		case !slices.ContainsFunc(r.ResetCommand, func(a string) bool { return strings.Contains(a, UUIDPlaceholder) }):
 			bad("remediation.resetCommand", "must name the GPU: put %s in an argument", UUIDPlaceholder)
 		}
+	}
+	r.Validation.validate(r.Enabled, bad)
+}
+
+func (v ValidationConfig) validate(remediation bool, bad func(path, format string, args ...any)) {
+	if v.Enabled && !remediation {
+		bad("remediation.validation.enabled", "validation is a step of remediation: set remediation.enabled: true as well")
+	}
+	if v.Command != nil {
+		switch {
+		case len(v.Command) == 0 || strings.TrimSpace(v.Command[0]) == "":
+			bad("remediation.validation.command", "must start with the program to run")
+		case !validation.NamesGPU(v.Command):
+			bad("remediation.validation.command", "must name the GPU: put %s, %s, %s or %s in an argument (dcgmi diag takes -i gpu:%s)",
+				validation.PlaceholderDCGMID, validation.PlaceholderUUID, validation.PlaceholderIndex, validation.PlaceholderPCIBusID, validation.PlaceholderDCGMID)
+		}
+	}
+	if v.Format != "" {
+		if _, err := validation.ParseFormat(v.Format); err != nil {
+			bad("remediation.validation.format", "%v", err)
+		}
+	}
+	if d := v.Timeout; d != nil && (time.Duration(*d) < time.Second || time.Duration(*d) > MaxValidationTimeout) {
+		bad("remediation.validation.timeout", "must be between 1s and %v, got %v", MaxValidationTimeout, time.Duration(*d))
+	}
+	if d := v.Probation; d != nil && time.Duration(*d) < 0 {
+		bad("remediation.validation.probation", "must not be negative, got %v", time.Duration(*d))
 	}
 }

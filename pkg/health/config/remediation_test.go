@@ -68,6 +68,13 @@ func TestRemediationValidation(t *testing.T) {
 		{"empty reset command", "remediation: {resetCommand: []}\n", "remediation.resetCommand", "program"},
 		{"blank program", "remediation: {resetCommand: [\" \", \"{uuid}\"]}\n", "remediation.resetCommand", "program"},
 		{"command without the GPU", "remediation: {resetCommand: [nvidia-smi, --gpu-reset]}\n", "remediation.resetCommand", "{uuid}"},
+		{"validation without remediation", "remediation: {validation: {enabled: true}}\n", "remediation.validation.enabled", "remediation.enabled"},
+		{"validation command without the GPU", "remediation: {enabled: true, validation: {enabled: true, command: [dcgmi, diag, -r, \"2\", -j]}}\n", "remediation.validation.command", "{index}"},
+		{"empty validation command", "remediation: {validation: {command: []}}\n", "remediation.validation.command", "program"},
+		{"unknown format", "remediation: {validation: {format: junit}}\n", "remediation.validation.format", "exitCode"},
+		{"short validation timeout", "remediation: {validation: {timeout: 10ms}}\n", "remediation.validation.timeout", "between 1s"},
+		{"endless validation timeout", "remediation: {validation: {timeout: 48h}}\n", "remediation.validation.timeout", "24h0m0s"},
+		{"negative validation probation", "remediation: {validation: {probation: -1s}}\n", "remediation.validation.probation", "negative"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -90,5 +97,25 @@ func TestRemediationUnknownFieldIsAnErrorWithItsLine(t *testing.T) {
 	_, err := config.Parse([]byte(header + "remediation:\n  enabled: true\n  maxAttemps: 3\n"))
 	if err == nil || !strings.Contains(err.Error(), "maxAttemps") || !strings.Contains(err.Error(), "5") {
 		t.Fatalf("error %v, want the unknown field and its line", err)
+	}
+}
+
+func TestValidationIsOffByDefaultAndDefaults(t *testing.T) {
+	c, err := config.Parse([]byte(header + "remediation:\n  enabled: true\n  probation: 3m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := c.Remediation.WithDefaults().Validation
+	if v.Enabled || strings.Join(v.Command, " ") != "dcgmi diag -r 2 -i gpu:{dcgmID} -j" || v.Format != "dcgm" ||
+		time.Duration(*v.Timeout) != 15*time.Minute || !*v.AfterReboot || time.Duration(*v.Probation) != 3*time.Minute {
+		t.Fatalf("validation defaults: %+v (timeout %v, probation %v)", v, *v.Timeout, *v.Probation)
+	}
+	c, err = config.Parse([]byte(header + "remediation:\n  enabled: true\n  validation:\n    enabled: true\n    command: [/opt/dcgm/dcgmi, diag, -i, \"gpu:{index}\", -j, --host, \"{hostIP}:5555\"]\n    format: exitCode\n    timeout: 5m\n    afterReboot: false\n    probation: 0s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = c.Remediation.WithDefaults().Validation
+	if !v.Enabled || v.Command[0] != "/opt/dcgm/dcgmi" || v.Format != "exitCode" || time.Duration(*v.Timeout) != 5*time.Minute || *v.AfterReboot || *v.Probation != 0 {
+		t.Fatalf("validation settings: %+v", v)
 	}
 }

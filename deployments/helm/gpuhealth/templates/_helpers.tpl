@@ -149,3 +149,88 @@ would then be taken for the whole process, which cannot start).
 {{- $kernelLog := .Values.config.kernelLog | default dict -}}
 {{- or (not (hasKey $kernelLog "enabled")) $kernelLog.enabled -}}
 {{- end -}}
+
+{{/*
+"true" when the agent validates repaired GPUs: config.remediation.validation.enabled, which needs
+config.remediation.enabled (the agent refuses the config otherwise, on every node: fail here).
+*/}}
+{{- define "gpuhealth.agent.validation" -}}
+{{- $remediation := .Values.config.remediation | default dict -}}
+{{- $validation := $remediation.validation | default dict -}}
+{{- if and $validation.enabled (not $remediation.enabled) -}}
+{{- fail "config.remediation.validation.enabled needs config.remediation.enabled: validation is a step of remediation" -}}
+{{- end -}}
+{{- if and $remediation.enabled $validation.enabled -}}
+true
+{{- else -}}
+false
+{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when an init container copies dcgmi from agent.validation.dcgmImage into the agent
+(validation on and the image set).
+*/}}
+{{- define "gpuhealth.agent.dcgmCopy" -}}
+{{- if and (include "gpuhealth.agent.validation" . | eq "true") (.Values.agent.validation).dcgmImage -}}
+true
+{{- else -}}
+false
+{{- end -}}
+{{- end -}}
+
+{{/* Where the agent finds the copied dcgmi, its libraries and its loader. */}}
+{{- define "gpuhealth.agent.dcgmDir" -}}/opt/gpuhealth/dcgm{{- end -}}
+
+{{/*
+The init container's script: copies dcgmi ($DCGMI: a path, or a name in PATH), the libraries ldd
+resolves for it (under the names it asks for, symlinks followed), glibc's companions beside its
+libc (which libraries it loads later may need) and its dynamic loader (as ld.so) into $DEST, then
+checks with that loader that every library resolves inside $DEST. A copy that fails leaves $DEST
+empty and says why in the container's log, but never keeps the agent from starting: validations
+then end with no verdict (GPUValidationError Events) and the GPUs they hold stay out. test/helm
+runs this script on this machine's own binaries.
+*/}}
+{{- define "gpuhealth.agent.dcgmCopyScript" -}}
+set -u
+copy() {
+  src=$(command -v "$DCGMI") || { echo "$DCGMI not found in the image (agent.validation.dcgmiPath)"; return 1; }
+  mkdir -p "$DEST/lib"
+  ldd "$src" > "$DEST/ldd.txt" || { cat "$DEST/ldd.txt"; echo "ldd $src failed: not a dynamic executable?"; return 1; }
+  if grep -q "not found" "$DEST/ldd.txt"; then cat "$DEST/ldd.txt"; echo "$src needs libraries the image lacks"; return 1; fi
+  loader=""
+  libc=""
+  while read -r name arrow path rest; do
+    if [ "$arrow" != "=>" ]; then path=$name; fi
+    case "$path" in /*) ;; *) continue ;; esac
+    base=${name##*/}
+    case "$base" in
+      ld-linux*|ld64.so*) loader=$path; continue ;;
+      libc.so.*) libc=$path ;;
+    esac
+    cp -L "$path" "$DEST/lib/$base"
+  done < "$DEST/ldd.txt"
+  [ -n "$loader" ] || { cat "$DEST/ldd.txt"; echo "ldd names no dynamic loader for $src"; return 1; }
+  if [ -n "$libc" ]; then
+    for lib in libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1; do
+      if [ -e "${libc%/*}/$lib" ] && [ ! -e "$DEST/lib/$lib" ]; then cp -L "${libc%/*}/$lib" "$DEST/lib/$lib"; fi
+    done
+  fi
+  cp -L "$loader" "$DEST/ld.so"
+  cp -L "$src" "$DEST/dcgmi"
+  "$DEST/ld.so" --library-path "$DEST/lib" --list "$DEST/dcgmi" > "$DEST/ldd.txt"
+  while read -r name arrow path rest; do
+    if [ "$arrow" = "=>" ]; then
+      case "$path" in "$DEST/lib/"*|"$DEST/ld.so") ;; *) cat "$DEST/ldd.txt"; echo "the copy of $src resolves $name outside $DEST/lib"; return 1 ;; esac
+    fi
+  done < "$DEST/ldd.txt"
+  rm -f "$DEST/ldd.txt"
+  echo "copied $src, its loader $loader and $(ls "$DEST/lib" | wc -l) libraries to $DEST"
+}
+# Not "if ! copy": a command whose status is tested runs without set -e.
+(set -e; copy)
+if [ $? -ne 0 ]; then
+  rm -rf "$DEST"/*
+  echo "no dcgmi for the agent: its validations will end with no verdict (GPUValidationError) until this is fixed"
+fi
+{{- end -}}
