@@ -134,7 +134,7 @@ func TestValidationBeforeReturn(t *testing.T) {
 		seenValidating := false
 		eventuallyWithin(t, 3*time.Minute, "GPU 1 given up on after failed validations", func(ctx context.Context) (bool, string, error) {
 			if dev, err := allocatedDevice(ctx, c, ns, wants.Name); err != nil || dev != "" {
-				return false, "", fmt.Errorf("the claim pinned to GPU 1 was allocated %q (%v) during its repair", dev, err)
+				return false, "", fmt.Errorf("the claim pinned to GPU 1 was allocated %q (%w) during its repair", dev, err)
 			}
 			out, why, err := keptOut(ctx, c, node.Name, uuids[1], 1, gpus)
 			if err != nil {

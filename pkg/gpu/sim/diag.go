@@ -78,7 +78,7 @@ type latentSpec struct {
 // afterReset one would mean nothing more than an at one (a latent fault survives every reset).
 func diagEvent(spec eventSpec, ev *Event) error {
 	if spec.AfterReset != nil {
-		return fmt.Errorf("afterReset: %s is a state a reset does not change (a latent fault survives every reset); give it at:", ev.Kind)
+		return fmt.Errorf("afterReset: %s is a state a reset does not change (a latent fault survives every reset); give it at", ev.Kind)
 	}
 	if spec.Repeat != nil {
 		return fmt.Errorf("repeat: %s sets a state once", ev.Kind)

@@ -40,7 +40,7 @@ func TestReadDCGM(t *testing.T) {
 		},
 		{
 			name: "4.x ISOLATE failure", fixture: "dcgm4-fail-isolate.json", exit: 205, gpu: 2, want: Failed,
-			msg: []string{`memory: Fail: "CUDA APIs have indicated that a double-bit ECC error has occured on GPU 2." (DCGM error 57, severity ISOLATE)`},
+			msg: []string{`memory: Fail: "CUDA APIs have indicated that a double-bit ECC error has occured on GPU 2." (DCGM error 57, severity ISOLATE)`}, //nolint:misspell // DCGM's own words (dcgm_errors.h)
 		},
 		{
 			name: "4.x ISOLATE failure with exit 226", fixture: "dcgm4-fail-isolate.json", exit: 226, gpu: 2, want: Failed,
