@@ -1,14 +1,20 @@
 package remediation
 
 import (
+	"context"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 	"github.com/gpuhealth/gpuhealth/pkg/health/validation"
 )
 
@@ -320,5 +326,107 @@ func TestUnderRepairBeforeRebootReadsTheStateFileOfAnotherBoot(t *testing.T) {
 	}
 	if got, err := UnderRepairBeforeReboot(t.TempDir()+"/none.json", "boot-2"); err != nil || len(got) != 0 {
 		t.Fatalf("no file: %v %v", got, err)
+	}
+}
+
+// blockingValidator passes GPU-a's tests and never ends GPU-b's (until its context is done).
+type blockingValidator struct{ calls chan string }
+
+func (v *blockingValidator) Validate(ctx context.Context, dev health.Device) validation.Verdict {
+	v.calls <- dev.UUID
+	if dev.UUID == gpu(1).UUID {
+		<-ctx.Done()
+		return validation.Verdict{Result: validation.Passed, Message: "a pass from a run cut short must not count"}
+	}
+	return validation.Verdict{Result: validation.Passed, Message: "3 tests passed"}
+}
+
+type recorded struct {
+	uuid   string
+	result health.ValidationResult
+	by     string
+}
+
+func TestControllerValidatesRecordsAndTimesOut(t *testing.T) {
+	clk := testingclock.NewFakeClock(t0)
+	statePath := filepath.Join(t.TempDir(), StateFileName)
+	// GPU-b was being validated when the node went down.
+	if err := SaveState(statePath, "boot-1", map[string]State{gpu(1).UUID: {Phase: PhaseValidating, Since: t0}}); err != nil {
+		t.Fatal(err)
+	}
+	env := &lockedEnv{env: newEnv()}
+	env.env.budget = 2
+	recorder := record.NewFakeRecorder(100)
+	var ctrl *Controller
+	resetter := &simResetter{clock: clk, ctrl: func() *Controller { return ctrl }, calls: make(chan string, 10)}
+	validator := &blockingValidator{calls: make(chan string, 10)}
+	var mu sync.Mutex
+	var history []recorded
+	obs := &observer{}
+	cfg := validationConfig()
+	cfg.ValidationProbation = 0
+	opts := Options{
+		NodeName: "n1", Config: cfg, Poll: time.Second, Clock: clk, Holders: env, Slots: env, Resetter: resetter,
+		StatePath: statePath, BootID: "boot-2", Recorder: recorder, NodeRef: &corev1.ObjectReference{Kind: "Node", Name: "n1"},
+		Observer: obs, Validator: validator, ValidationTimeout: 50 * time.Millisecond, AfterReboot: true,
+		Validated: func(uuid string, result health.ValidationResult, by string, _ time.Time) error {
+			mu.Lock()
+			defer mu.Unlock()
+			history = append(history, recorded{uuid, result, by})
+			return nil
+		},
+	}
+	var err error
+	if ctrl, err = New(t.Context(), opts); err != nil {
+		t.Fatal(err)
+	}
+	// Before any Step, GPU-b (under repair before the reboot) is kept out.
+	if d := ctrl.Decorate(health.Snapshot{Devices: []health.DeviceStatus{status(gpu(1))}}).Devices[0]; d.Health != health.Unhealthy {
+		t.Fatalf("GPU-b after the reboot: %+v", d)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- ctrl.Run(ctx) }()
+	ctrl.Update(health.Snapshot{Time: t0, Devices: []health.DeviceStatus{status(gpu(0), xid48), status(gpu(1))}})
+
+	// GPU-b's test runs first (nothing to reset) and is cut off at the timeout: no verdict.
+	if got := <-validator.calls; got != gpu(1).UUID {
+		t.Fatalf("first validation of %s, want GPU-b's", got)
+	}
+	healthtest.Eventually(t, "GPU-b's error", func() bool { return ctrl.States()[gpu(1).UUID].ValidationErrors == 1 })
+	if st := ctrl.States()[gpu(1).UUID]; st.Phase != PhaseValidating || len(st.Attempts) != 0 {
+		t.Fatalf("GPU-b after a run cut short: %+v", st)
+	}
+	// GPU-a, reset meanwhile, is validated once the node's one test slot is free, and returns.
+	<-resetter.calls
+	ctrl.Update(health.Snapshot{Time: t0.Add(time.Second), Devices: []health.DeviceStatus{status(gpu(0)), status(gpu(1))}})
+	if got := <-validator.calls; got != gpu(0).UUID {
+		t.Fatalf("second validation of %s, want GPU-a's", got)
+	}
+	healthtest.Eventually(t, "GPU-a back", func() bool {
+		st, ok := ctrl.States()[gpu(0).UUID]
+		return ok && st.Phase == PhaseIdle
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(history) != 1 || history[0] != (recorded{gpu(0).UUID, health.ValidationPassed, "dcgm: dcgmi diag"}) {
+		t.Errorf("history records %+v, want GPU-a's pass only", history)
+	}
+	close(recorder.Events)
+	var all []string
+	for e := range recorder.Events {
+		all = append(all, e)
+	}
+	joined := strings.Join(all, "\n")
+	for _, want := range []string{"Warning GPUValidationError GPU 1 (GPU-b): could not validate the GPU", "the test was cut short",
+		"Normal GPUValidationPassed GPU 0 (GPU-a)", "Normal GPURemediationStarted GPU 1 (GPU-b): the GPU had a fault when the node rebooted"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("Events lack %q:\n%s", want, joined)
+		}
 	}
 }
