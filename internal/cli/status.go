@@ -46,6 +46,9 @@ type GPUStatus struct {
 	ParentUUID  string     `json:"parentUUID,omitempty"`
 	// History sums up the GPU's faults and repairs (across restarts and reboots).
 	History *gpuhealthv1.HistorySummary `json:"history,omitempty"`
+	// Validation is how the GPU's last return to service after a repair was judged: an active
+	// test passed or failed, or passive (nothing tested it).
+	Validation *gpuhealthv1.ValidationSummary `json:"validation,omitempty"`
 	// ExternalTaints are taints other writers put on the GPU's DRA devices (the driver's own, other
 	// DeviceTaintRules); each key also shows in Reasons as "external:<key>".
 	ExternalTaints []ExternalTaint `json:"externalTaints,omitempty"`
@@ -169,7 +172,7 @@ func collectStatus(nodes []corev1.Node, logger klog.Logger, now time.Time, stale
 		}
 		for uuid, s := range summaries {
 			row := GPUStatus{Node: n.Name, Index: s.Index, UUID: uuid, Model: s.Model, Health: s.Health,
-				Reasons: s.Reasons, Since: s.Since, PCIBusID: s.PCIBusID, Evict: s.Evict, ParentUUID: s.ParentUUID, History: s.History}
+				Reasons: s.Reasons, Since: s.Since, PCIBusID: s.PCIBusID, Evict: s.Evict, ParentUUID: s.ParentUUID, History: s.History, Validation: s.Validation}
 			if d, ok := drains[uuid]; ok {
 				markDrained(&row, d)
 			}

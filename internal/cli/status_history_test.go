@@ -40,3 +40,22 @@ func TestStatusShowsHistoryAndMissingGPUs(t *testing.T) {
 		t.Errorf("json lacks the history: %s", b)
 	}
 }
+
+func TestStatusJSONSaysHowARepairedGPUWasJudged(t *testing.T) {
+	n := gpuNodeObject("")
+	n.Annotations[gpuhealthv1.HealthKey] = `{"GPU-a":{"index":0,"health":"Healthy","validation":{"at":"2026-12-06T10:00:00Z","result":"passed","by":"dcgm: dcgmi diag"}},` +
+		`"GPU-b":{"index":1,"health":"Healthy","validation":{"at":"2026-12-06T10:00:00Z","result":"passive","by":"probation"}},"GPU-c":{"index":2,"health":"Healthy"}}`
+	rows := collectStatus([]corev1.Node{*n}, klog.Background(), time.Now(), 0)
+	b, err := json.Marshal(rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"validation":{"at":"2026-12-06T10:00:00Z","result":"passed","by":"dcgm: dcgmi diag"}`, `"result":"passive","by":"probation"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("json lacks %s: %s", want, b)
+		}
+	}
+	if strings.Count(string(b), `"validation"`) != 2 {
+		t.Errorf("a GPU never repaired has a validation: %s", b)
+	}
+}
