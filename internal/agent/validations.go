@@ -56,3 +56,9 @@ func validationRequests(rem *remediation.Controller, monitor *health.Monitor, re
 		},
 	}
 }
+
+// ValidationRequestsRemovalPatch is the JSON patch the agent sends to remove the validation
+// requests it applied: only while the annotation still holds value.
+func ValidationRequestsRemovalPatch(value string) ([]byte, error) {
+	return removalPatch(gpuhealthv1.ValidationRequestsKey, value)
+}

@@ -94,8 +94,10 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.DrainsKey: `{"GPU-x":{"by":"admin"}}`, "example.com/other": "keep"})
 	// Operators' clear requests on A and B: A's agent may remove A's, and nothing else of them.
 	clearsA := `{"GPU-x":[{"index":0,"reason":"false positive","by":"admin"}]}`
+	// And validation requests (gpuhealth validate), alike.
+	validateA := `{"GPU-x":{"index":0,"reason":"after RMA","by":"admin"}}`
 	for _, n := range []string{nodeA, nodeB} {
-		mergePatchNode(t, admin, n, map[string]any{gpuhealthv1.ClearsKey: clearsA})
+		mergePatchNode(t, admin, n, map[string]any{gpuhealthv1.ClearsKey: clearsA, gpuhealthv1.ValidationRequestsKey: validateA})
 	}
 	// The GPU operator's DCGM runs on A and B: with pauseOperatorComponents A's agent may pause
 	// its label on A (to paused-by-gpuhealth) and give it back, and nothing else of A's labels.
@@ -165,6 +167,18 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		{"node B's agent: add a clear request to its own node's", func(ctx context.Context) error {
 			return patchAnnotations(ctx, asB, nodeB, map[string]any{gpuhealthv1.ClearsKey: `{"GPU-x":[{"index":0,"reason":"r","by":"agent"},{"index":1,"reason":"r","by":"agent"}]}`})
 		}, "not " + gpuhealthv1.ClearsKey},
+		{"own node: change the validation requests (they are the operators')", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{gpuhealthv1.ValidationRequestsKey: `{"GPU-x":{"index":0,"reason":"the agent's own","by":"agent"}}`})
+		}, "not " + gpuhealthv1.ValidationRequestsKey},
+		{"other node: remove its validation requests", func(ctx context.Context) error {
+			return removeValidationRequests(ctx, asA, nodeB, validateA)
+		}, "may not change Node " + nodeB},
+		{"own node: remove the validation requests it applied, as the agent does", func(ctx context.Context) error {
+			return removeValidationRequests(ctx, asA, nodeA, validateA)
+		}, ""},
+		{"own node: add a validation request", func(ctx context.Context) error {
+			return patchAnnotations(ctx, asA, nodeA, map[string]any{gpuhealthv1.ValidationRequestsKey: validateA})
+		}, "not " + gpuhealthv1.ValidationRequestsKey},
 		{"own node: labels", func(ctx context.Context) error {
 			return patchNode(ctx, asA, nodeA, `{"metadata":{"labels":{"nvidia.com/gpu.present":"false"}}}`, "")
 		}, "labels nvidia.com/gpu.present"},
@@ -341,8 +355,11 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	if _, ok := ann[gpuhealthv1.ClearsKey]; ok {
 		t.Fatalf("A's clear requests are still there: %v", ann)
 	}
-	if annB, err := nodeAnnotations(ctx, c, nodeB); err != nil || annB[gpuhealthv1.ClearsKey] != clearsA {
-		t.Fatalf("B's clear requests changed: %v %v", annB, err)
+	if annB, err := nodeAnnotations(ctx, c, nodeB); err != nil || annB[gpuhealthv1.ClearsKey] != clearsA || annB[gpuhealthv1.ValidationRequestsKey] != validateA {
+		t.Fatalf("B's clear or validation requests changed: %v %v", annB, err)
+	}
+	if _, ok := ann[gpuhealthv1.ValidationRequestsKey]; ok {
+		t.Fatalf("A's validation requests are still there: %v", ann)
 	}
 
 	// A real agent with node A's bound token, under the chart's RBAC and policy, reports a fault
@@ -570,7 +587,16 @@ func patchNode(ctx context.Context, cs kubernetes.Interface, node, body, subreso
 // removeClears removes the clear requests from node if they are value, with the patch the agent
 // sends once it has applied them.
 func removeClears(ctx context.Context, cs kubernetes.Interface, node, value string) error {
-	body, err := agent.ClearsRemovalPatch(value)
+	return removeRequests(ctx, cs, node, value, agent.ClearsRemovalPatch)
+}
+
+// removeValidationRequests is removeClears for the validation requests.
+func removeValidationRequests(ctx context.Context, cs kubernetes.Interface, node, value string) error {
+	return removeRequests(ctx, cs, node, value, agent.ValidationRequestsRemovalPatch)
+}
+
+func removeRequests(ctx context.Context, cs kubernetes.Interface, node, value string, removal func(string) ([]byte, error)) error {
+	body, err := removal(value)
 	if err != nil {
 		return err
 	}
