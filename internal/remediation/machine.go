@@ -19,7 +19,6 @@ package remediation
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -27,7 +26,6 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
-	"github.com/gpuhealth/gpuhealth/pkg/health/validation"
 )
 
 // Phase is where a GPU is in its repair. The empty phase means no repair is under way.
@@ -150,13 +148,6 @@ type ComponentEnv interface {
 	PausedComponents() []string
 }
 
-// ValidationEnv runs validations; an Env without it cannot validate (every run is an error).
-type ValidationEnv interface {
-	// StartValidation starts the active test of the GPU and returns at once; the verdict comes
-	// back through Machine.ValidationFinished.
-	StartValidation(dev health.Device)
-}
-
 // EventKind classifies what happened, for metrics.
 type EventKind string
 
@@ -238,12 +229,6 @@ type Machine struct {
 	announce map[string]string
 }
 
-// verdict is a validation's verdict and how long it took.
-type verdict struct {
-	validation.Verdict
-	took time.Duration
-}
-
 // RetryBackoff is how long the first retry after a failed attempt waits; each further failure
 // doubles it, up to the window shared by the attempts (Window / MaxAttempts), so that every
 // attempt allowed fits in the window.
@@ -264,64 +249,6 @@ func NewMachine(cfg Config, clk clock.PassiveClock, env Env) *Machine {
 	return &Machine{cfg: cfg, clock: clk, env: env, gpus: map[string]State{}, notBefore: map[string]time.Time{}, published: map[string]State{},
 		results: map[string]error{}, observed: map[string]time.Time{}, inFlight: map[string]bool{},
 		verdicts: map[string]verdict{}, requests: map[string]string{}, announce: map[string]string{}}
-}
-
-// ValidationFinished hands the verdict of a validation started by ValidationEnv to the machine.
-func (m *Machine) ValidationFinished(uuid string, v validation.Verdict, took time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.verdicts[uuid] = verdict{v, took}
-	if m.validating == uuid {
-		m.validating = ""
-	}
-}
-
-// RequestValidation asks for a validation of the GPU (an operator's request; why says who and
-// why); the next Step applies it.
-func (m *Machine) RequestValidation(uuid, why string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.requests[uuid] = why
-}
-
-// ValidateAfterReboot puts the GPUs (by UUID) that had a fault pending when the node rebooted
-// into a validation before they are offered again, unless a repair of this boot already holds
-// them; the first Step says so in an Event. Call it before the first Step.
-func (m *Machine) ValidateAfterReboot(uuids []string) {
-	now := m.clock.Now()
-	for _, uuid := range uuids {
-		if m.gpus[uuid].Phase != PhaseIdle {
-			continue
-		}
-		m.gpus[uuid] = State{Phase: PhaseWaitingForPods, Since: now, FaultSince: now, ValidateOnly: true, Requested: "after a reboot",
-			Fault: "validation after a reboot", Message: "to be validated before it goes back into service: it had a fault when the node rebooted"}
-		m.announce[uuid] = "the GPU had a fault when the node rebooted: it is kept out of service until a validation passes"
-	}
-	m.publish()
-}
-
-// startValidation starts a validation unless one runs on the node; it reports whether it did.
-func (m *Machine) startValidation(dev health.Device) bool {
-	m.mu.Lock()
-	if m.validating != "" {
-		m.mu.Unlock()
-		return false
-	}
-	m.validating = dev.UUID
-	m.mu.Unlock()
-	if ve, ok := m.env.(ValidationEnv); ok {
-		ve.StartValidation(dev)
-		return true
-	}
-	m.ValidationFinished(dev.UUID, validation.Verdict{Result: validation.Error, Message: "this agent cannot run validations"}, 0)
-	return true
-}
-
-// validationRunning returns the GPU whose validation runs on the node, "" when none.
-func (m *Machine) validationRunning() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.validating
 }
 
 // Restore starts from persisted states. A reset in flight when the agent stopped is marked
@@ -391,50 +318,6 @@ func (m *Machine) publish() {
 	m.mu.Lock()
 	m.published = out
 	m.mu.Unlock()
-}
-
-// Facts are what a snapshot says about one GPU.
-type Facts struct {
-	// Unhealthy: the GPU has an Unhealthy condition of its own (not a drain, not remediation's).
-	Unhealthy bool
-	// NeedsReset: the GPU is Unhealthy, and every Unhealthy condition clears on a GPU reset and
-	// recommends one (resetGPU, drainAndResetGPU, resetBus): its effective action is a reset.
-	NeedsReset bool
-	// Fault names the Unhealthy conditions.
-	Fault string
-	// Drained: an administrator drained the GPU.
-	Drained bool
-}
-
-// resetActions are the recommended actions a GPU reset carries out.
-var resetActions = []health.Action{health.ActionResetGPU, health.ActionDrainAndResetGPU, health.ActionResetBus}
-
-// FactsOf reads the facts from a whole GPU's status. Conditions the machine adds itself
-// (Decorate) do not count.
-func FactsOf(d health.DeviceStatus) Facts {
-	var f Facts
-	var faults []string
-	resettable := true
-	for _, c := range d.Conditions {
-		if c.Type == ConditionRemediation {
-			continue
-		}
-		if c.Type == health.ConditionAdmin {
-			f.Drained = true
-			continue
-		}
-		if c.Severity != health.Unhealthy {
-			continue
-		}
-		if c.ClearsOn != health.ClearsOnGPUReset || !slices.Contains(resetActions, c.RecommendedAction) {
-			resettable = false
-		}
-		faults = append(faults, c.Reason)
-	}
-	f.Unhealthy = len(faults) > 0
-	f.NeedsReset = resettable && f.Unhealthy
-	f.Fault = strings.Join(faults, ", ")
-	return f
 }
 
 // Step advances every GPU of snap by what the snapshot, the clock and Env say, and returns what
