@@ -90,7 +90,7 @@ cleared nothing or did not answer in time (the request then stays for the agent 
 					what, req.Index, gpu.uuid, node, node)
 				return err
 			}
-			return waitForClear(ctx, client, out, node, gpu.uuid, req, waitFor, clearPoll)
+			return waitForClear(ctx, agentAnswer{client: client, node: node, uuid: gpu.uuid, timeout: waitFor, poll: clearPoll}, out, req)
 		},
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
@@ -178,7 +178,8 @@ func clearNote(gpu clearedGPU, condition string) string {
 // waitForClear waits until the agent has removed req from node, then prints the Event that says
 // what it did. A request that cleared nothing, or that the agent does not apply in time, is an
 // error.
-func waitForClear(ctx context.Context, client kubernetes.Interface, out io.Writer, node, uuid string, req gpuhealthv1.Clear, timeout, poll time.Duration) error {
+func waitForClear(ctx context.Context, a agentAnswer, out io.Writer, req gpuhealthv1.Clear) error {
+	client, node, uuid, timeout, poll := a.client, a.node, a.uuid, a.timeout, a.poll
 	mine, err := json.Marshal(req)
 	if err != nil {
 		return err
@@ -233,6 +234,14 @@ func waitForClear(ctx context.Context, client kubernetes.Interface, out io.Write
 		return fmt.Errorf("the agent of node %s has not applied the request within %v (is it running there?); the request stays on the node until it does", node, timeout)
 	}
 	return nil
+}
+
+// agentAnswer is whom a command waits for, about which GPU, and how long: the node's agent,
+// answering an operator's request (clear, validate) in an Event.
+type agentAnswer struct {
+	client        kubernetes.Interface
+	node, uuid    string
+	timeout, poll time.Duration
 }
 
 // clearEvent finds the Event the agent posted for req: its message names the request.

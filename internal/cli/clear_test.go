@@ -203,7 +203,7 @@ func TestWaitForClear(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			err := waitForClear(ctx, fake.NewClientset(tc.objects...), &out, "n1", "GPU-b", req, 100*time.Millisecond, 10*time.Millisecond)
+			err := waitForClear(ctx, agentAnswer{client: fake.NewClientset(tc.objects...), node: "n1", uuid: "GPU-b", timeout: 100 * time.Millisecond, poll: 10 * time.Millisecond}, &out, req)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)

@@ -65,7 +65,7 @@ verdict came in time (a test that gives no verdict is retried by the agent; the 
 					req.Index, uuid, node, node)
 				return err
 			}
-			return waitForValidation(ctx, client, out, node, uuid, req, waitFor, clearPoll)
+			return waitForValidation(ctx, agentAnswer{client: client, node: node, uuid: uuid, timeout: waitFor, poll: clearPoll}, out, req)
 		},
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
@@ -105,7 +105,8 @@ func requestValidation(ctx context.Context, client kubernetes.Interface, nodeNam
 // waitForValidation waits for the verdict of the validation req asked for: the agent's Event
 // that started it (it names the request) and the first verdict of that GPU after it. A verdict
 // of no verdict (GPUValidationError) is printed and waited past: the agent tries again.
-func waitForValidation(ctx context.Context, client kubernetes.Interface, out io.Writer, node, uuid string, req gpuhealthv1.ValidationRequest, timeout, poll time.Duration) error {
+func waitForValidation(ctx context.Context, a agentAnswer, out io.Writer, req gpuhealthv1.ValidationRequest) error {
+	client, node, uuid, timeout, poll := a.client, a.node, a.uuid, a.timeout, a.poll
 	var (
 		started time.Time
 		final   *corev1.Event
