@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 func newDrainCommand() *cobra.Command {
@@ -163,13 +164,13 @@ func resolveGPU(node *corev1.Node, drains map[string]gpuhealthv1.Drain, gpu stri
 	return "", 0, fmt.Errorf("node %s has no GPU %q (give an index, a UUID or a PCI bus ID; see gpuhealth status --node %s)", node.Name, gpu, node.Name)
 }
 
-// normalizeBusID compares bus IDs written with 4 or 8 domain digits alike.
+// normalizeBusID compares bus IDs written with 4 or 8 domain digits alike; what is no PCI
+// address stays as typed, in lower case.
 func normalizeBusID(id string) string {
-	id = strings.ToLower(id)
-	if domain, rest, ok := strings.Cut(id, ":"); ok && strings.Count(id, ":") == 2 {
-		return strings.TrimLeft(domain, "0") + ":" + rest
+	if n, err := health.NormalizePCIBusID(id); err == nil {
+		return n
 	}
-	return id
+	return strings.ToLower(id)
 }
 
 // whoAmI asks the API server who the caller is; it falls back to "unknown".

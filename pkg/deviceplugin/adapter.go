@@ -108,11 +108,10 @@ func Unhealthy(devs []*pluginapi.Device) []string {
 }
 
 // sysfsPCIAddress turns NVML's PCI bus ID ("00000000:C4:00.0", an eight-digit domain) into the
-// name sysfs uses ("0000:c4:00.0").
+// name sysfs uses ("0000:c4:00.0"); what is no PCI address stays as it is, in lower case.
 func sysfsPCIAddress(busID string) string {
-	busID = strings.ToLower(busID)
-	if len(busID) > len("0000:00:00.0") {
-		busID = busID[len(busID)-len("0000:00:00.0"):]
+	if n, err := health.NormalizePCIBusID(busID); err == nil {
+		return n
 	}
-	return busID
+	return strings.ToLower(busID)
 }

@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
@@ -94,30 +94,5 @@ func validateName(name string) error {
 }
 
 // NormalizePCIBusID returns a PCI address in the extended BDF form of the Kubernetes standard
-// attribute ("0000:3b:00.0"). It accepts NVML's form ("00000000:3B:00.0") and a short one
-// without domain ("3b:00.0").
-func NormalizePCIBusID(s string) (string, error) {
-	parts := strings.Split(strings.TrimSpace(s), ":")
-	if len(parts) == 2 {
-		parts = append([]string{"0"}, parts...)
-	}
-	if len(parts) != 3 {
-		return "", fmt.Errorf("PCI address %q: want domain:bus:device.function", s)
-	}
-	devStr, fnStr, ok := strings.Cut(parts[2], ".")
-	if !ok {
-		return "", fmt.Errorf("PCI address %q: want domain:bus:device.function", s)
-	}
-	var v [4]uint64
-	for i, f := range []struct {
-		text string
-		bits int
-	}{{parts[0], 32}, {parts[1], 8}, {devStr, 5}, {fnStr, 3}} {
-		n, err := strconv.ParseUint(f.text, 16, f.bits)
-		if err != nil || f.text == "" || len(f.text) > 8 {
-			return "", fmt.Errorf("PCI address %q: %q is not a hexadecimal number of at most %d bits", s, f.text, f.bits)
-		}
-		v[i] = n
-	}
-	return fmt.Sprintf("%04x:%02x:%02x.%x", v[0], v[1], v[2], v[3]), nil
-}
+// attribute ("0000:3b:00.0"): health.NormalizePCIBusID, for drivers that embed this package.
+func NormalizePCIBusID(s string) (string, error) { return health.NormalizePCIBusID(s) }

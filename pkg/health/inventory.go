@@ -55,22 +55,10 @@ func MissingGPUs(devices []Device, onBus []string, expected int) []Device {
 	return out
 }
 
-// canonicalBusID is pci.Normalize without the import (pkg/health depends on nothing below it).
+// canonicalBusID is NormalizePCIBusID as a comma-ok.
 func canonicalBusID(id string) (string, bool) {
-	s := strings.ToLower(strings.TrimSpace(id))
-	if strings.Count(s, ":") == 1 {
-		s = "0000:" + s
-	}
-	if i := strings.IndexByte(s, ':'); i > 4 {
-		if strings.Trim(s[:i-4], "0") != "" {
-			return "", false
-		}
-		s = s[i-4:]
-	}
-	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
-		return "", false
-	}
-	return s, true
+	s, err := NormalizePCIBusID(id)
+	return s, err == nil
 }
 
 // markMissingOnce raises GPUMissing on every placeholder and the below-capacity finding the

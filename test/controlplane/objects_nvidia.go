@@ -12,6 +12,8 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // The fixtures in this file reproduce the ResourceSlices of NVIDIA's DRA driver as it publishes
@@ -228,11 +230,10 @@ func (g NVIDIAGPU) vfioDevice(i int) resourcev1.Device {
 
 // normalizeBusID rewrites NVML's "00000000:1B:00.0" as "0000:1b:00.0"; other forms stay.
 func normalizeBusID(s string) string {
-	s = strings.ToLower(s)
-	if len(s) == len("00000000:1b:00.0") && strings.HasPrefix(s, "0000") {
-		s = s[4:]
+	if n, err := health.NormalizePCIBusID(s); err == nil {
+		return n
 	}
-	return s
+	return strings.ToLower(s)
 }
 
 func str(s string) resourcev1.DeviceAttribute {

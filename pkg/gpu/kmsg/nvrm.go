@@ -4,6 +4,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // Kind says what an NVRM line reports.
@@ -292,23 +294,17 @@ func parseGPU(s string) (Event, bool) {
 // implied), the full form, and NVML's eight-digit-domain form 00000000:3B:00.0, so that an
 // event can be matched against the bus ID NVML reports for a device.
 func NormalizeBusID(s string) (string, bool) {
-	s = strings.ToLower(strings.TrimSpace(s))
-	dev, fn, hasFn := strings.Cut(s, ".")
-	if !hasFn {
-		fn = "0"
-	}
-	parts := strings.Split(dev, ":")
-	if len(parts) != 3 {
+	s = strings.TrimSpace(s)
+	// The driver writes the domain in four digits and NVML in eight, always with it.
+	domain, _, _ := strings.Cut(s, ":")
+	if strings.Count(s, ":") != 2 || len(domain) != 4 && !(len(domain) == 8 && strings.HasPrefix(domain, "0000")) {
 		return "", false
 	}
-	domain, bus, slot := parts[0], parts[1], parts[2]
-	if len(domain) == 8 && strings.HasPrefix(domain, "0000") {
-		domain = domain[4:]
+	if !strings.Contains(s, ".") {
+		s += ".0" // the driver's short form: function 0
 	}
-	if !isHex(domain, 4) || !isHex(bus, 2) || !isHex(slot, 2) || !isHex(fn, 1) {
-		return "", false
-	}
-	return domain + ":" + bus + ":" + slot + "." + fn, true
+	out, err := health.NormalizePCIBusID(s)
+	return out, err == nil
 }
 
 func isHex(s string, n int) bool {

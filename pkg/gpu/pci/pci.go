@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // NVIDIAVendor is NVIDIA's PCI vendor ID.
@@ -107,21 +109,8 @@ func ValidAddress(s string) bool {
 // Normalize turns a PCI bus ID in any of the forms NVML and the kernel write (00000000:3B:00.0,
 // 0000:3b:00.0, 3b:00.0) into sysfs's 0000:3b:00.0; it reports false for anything else.
 func Normalize(id string) (string, bool) {
-	s := strings.ToLower(strings.TrimSpace(id))
-	if strings.Count(s, ":") == 1 {
-		s = "0000:" + s
-	}
-	if i := strings.IndexByte(s, ':'); i > 4 {
-		// NVML's 8-digit domain: keep the low four digits, which must be all that is set.
-		if strings.Trim(s[:i-4], "0") != "" {
-			return "", false
-		}
-		s = s[i-4:]
-	}
-	if !ValidAddress(s) {
-		return "", false
-	}
-	return s, true
+	s, err := health.NormalizePCIBusID(id)
+	return s, err == nil
 }
 
 // IsNotExist reports whether err says sysfs has no PCI bus to list (a container without /sys).
