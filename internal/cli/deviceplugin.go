@@ -10,29 +10,27 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
-	"github.com/gpuhealth/gpuhealth/internal/cli/agentcmd"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/internal/nodegpu"
 	"github.com/gpuhealth/gpuhealth/pkg/deviceplugin"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 func newDevicePluginCommand() *cobra.Command {
 	var (
-		backend, scenarioPath, configPath, resourceName, socketDir, checkpoint string
-		kubeconfig, nodeName                                                   string
-		cdi                                                                    bool
-		replicas                                                               int
-		logs                                                                   logOptions
-		nvmlOpts                                                               cmdutil.NVMLOptions
+		o    devicePluginOptions
+		logs logOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "device-plugin [--backend nvml|sim] [--scenario FILE] [--config FILE] [--resource-name NAME] [--kubelet-socket-dir DIR] [--cdi] [--replicas N]",
@@ -62,84 +60,118 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
 			if err != nil {
 				return err
 			}
-			if resourceName == "" || !strings.Contains(resourceName, "/") {
-				return cmdutil.BadInput(fmt.Errorf("--resource-name: must be a domain-prefixed name such as nvidia.com/gpu, got %q", resourceName))
-			}
-			if socketDir == "" {
-				return cmdutil.BadInput(errors.New("--kubelet-socket-dir: required"))
-			}
-			if err := deviceplugin.ValidateReplicas(replicas); err != nil {
-				return cmdutil.BadInput(fmt.Errorf("--%w", err))
-			}
-			cfg, policy, err := cmdutil.LoadConfig(configPath)
-			if err != nil {
+			if err := o.validate(); err != nil {
 				return err
 			}
-			// In a DaemonSet, $NODE_NAME (the pod's node) names the simulated GPUs, as for the agent.
-			be, bootID, cleanup, err := agentcmd.OpenBackend(ctx, backend, scenarioPath, os.Getenv("NODE_NAME"), cfg.SampleEvery(), &nvmlOpts,
-				gpunvml.WithExpectedNVLinks(cfg.ExpectedNVLinks()))
-			if err != nil {
-				return err
-			}
-			var run gpu.Backend = be
-			// Across the driver going away the NVML backend is replaced: it closes itself.
-			if nb := agentcmd.NVMLBackend(be); nb != nil {
-				logger := klog.FromContext(ctx)
-				reattach := &reattachingBackend{
-					current: nb, devices: nb.Devices(), clock: clock.RealClock{}, log: logger, initial: time.Second, max: 30 * time.Second,
-					open: func() (nvmlSession, error) {
-						b, err := nvmlOpts.Open(gpunvml.WithSamplePeriod(cfg.SampleEvery()), gpunvml.WithLogger(logger))
-						if err != nil {
-							return nil, err
-						}
-						return b, nil
-					},
-					changed: nvmlOpts.LibraryChanged,
-					probe:   probeInChild(nvmlOpts.Args()),
-				}
-				run = reattach
-				cleanup = func() { _ = reattach.currentSession().Close() }
-				pause, err := watchPauses(ctx, kubeconfig, cmp.Or(nodeName, os.Getenv("NODE_NAME")))
-				if err != nil {
-					logger.Info("Not watching the GPU operator's pause labels: NVML is released only when the driver itself says it is gone", "reason", err.Error())
-				} else {
-					reattach.pause = pause
-				}
-			}
-			defer cleanup()
-			kernelLog := agentcmd.OpenKernelLog(ctx, cfg, backend, be.Devices(), bootID)
-			defer kernelLog.Close()
-			opts := deviceplugin.ServiceOptions{CDI: cdi, Options: deviceplugin.Options{Replicas: replicas}}
-			if backend == "nvml" {
-				opts.NUMANode = deviceplugin.SysfsNUMA("/sys")
-			}
-			err = runDevicePlugin(ctx, devicePluginRun{
-				backend: run, kernelLog: kernelLog, policy: policy, bootID: bootID, checkpoint: checkpoint, service: opts,
-				plugin: deviceplugin.PluginOptions{ResourceName: resourceName, Dir: socketDir},
-			})
-			if !errors.Is(err, errReexec) {
-				return err
-			}
-			kernelLog.Close()
-			cleanup()
-			klog.FromContext(ctx).Info("Re-executing the device plugin to load the driver that came back", "reason", err.Error())
-			return cmdutil.Reexec()
+			return startDevicePlugin(ctx, &o)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&backend, "backend", "nvml", "GPU backend: nvml or sim")
-	f.StringVar(&scenarioPath, "scenario", "", "scenario file (with --backend sim)")
-	f.StringVar(&configPath, "config", "", "HealthConfig file (default: the built-in default profile)")
-	f.StringVar(&resourceName, "resource-name", deviceplugin.DefaultResourceName, "extended resource to serve")
-	f.StringVar(&socketDir, "kubelet-socket-dir", strings.TrimSuffix(deviceplugin.DefaultDir, "/"), "the kubelet's device-plugins directory (holds kubelet.sock)")
-	f.BoolVar(&cdi, "cdi", false, "allocate GPUs as CDI devices nvidia.com/gpu=<UUID> instead of NVIDIA_VISIBLE_DEVICES")
-	f.StringVar(&checkpoint, "checkpoint", "", "file keeping sticky faults across restarts on the same boot (default: none)")
-	f.IntVar(&replicas, "replicas", 1, "time-slice each GPU into this many devices <UUID>::<n> (1: no sharing)")
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file, to watch this node's GPU operator pause labels (default: in-cluster configuration when in a cluster)")
-	f.StringVar(&nodeName, "node-name", "", "this node's name, whose labels are watched (default $NODE_NAME)")
-	nvmlOpts.AddFlags(f)
-	logs.addFlags(f)
+	o.addFlags(cmd.Flags())
+	logs.addFlags(cmd.Flags())
 	return cmd
+}
+
+// devicePluginOptions are the device plugin's flags.
+type devicePluginOptions struct {
+	source                                          nodegpu.BackendFlags
+	configPath, resourceName, socketDir, checkpoint string
+	kubeconfig, nodeName                            string
+	cdi                                             bool
+	replicas                                        int
+	nvml                                            cmdutil.NVMLOptions
+}
+
+// addFlags registers the device plugin's flags on f.
+func (o *devicePluginOptions) addFlags(f *pflag.FlagSet) {
+	o.source.AddFlags(f)
+	f.StringVar(&o.configPath, "config", "", "HealthConfig file (default: the built-in default profile)")
+	f.StringVar(&o.resourceName, "resource-name", deviceplugin.DefaultResourceName, "extended resource to serve")
+	f.StringVar(&o.socketDir, "kubelet-socket-dir", strings.TrimSuffix(deviceplugin.DefaultDir, "/"), "the kubelet's device-plugins directory (holds kubelet.sock)")
+	f.BoolVar(&o.cdi, "cdi", false, "allocate GPUs as CDI devices nvidia.com/gpu=<UUID> instead of NVIDIA_VISIBLE_DEVICES")
+	f.StringVar(&o.checkpoint, "checkpoint", "", "file keeping sticky faults across restarts on the same boot (default: none)")
+	f.IntVar(&o.replicas, "replicas", 1, "time-slice each GPU into this many devices <UUID>::<n> (1: no sharing)")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file, to watch this node's GPU operator pause labels (default: in-cluster configuration when in a cluster)")
+	f.StringVar(&o.nodeName, "node-name", "", "this node's name, whose labels are watched (default $NODE_NAME)")
+	o.nvml.AddFlags(f)
+}
+
+// validate refuses the plugin's own flags that cannot work, as bad input; the backend's are
+// checked when it is opened.
+func (o *devicePluginOptions) validate() error {
+	if o.resourceName == "" || !strings.Contains(o.resourceName, "/") {
+		return cmdutil.BadInput(fmt.Errorf("--resource-name: must be a domain-prefixed name such as nvidia.com/gpu, got %q", o.resourceName))
+	}
+	if o.socketDir == "" {
+		return cmdutil.BadInput(errors.New("--kubelet-socket-dir: required"))
+	}
+	if err := deviceplugin.ValidateReplicas(o.replicas); err != nil {
+		return cmdutil.BadInput(fmt.Errorf("--%w", err))
+	}
+	return nil
+}
+
+// startDevicePlugin opens the GPUs and serves them to the kubelet until ctx ends or a part
+// fails; when only a new process can load the driver that came back, it re-executes this one.
+func startDevicePlugin(ctx context.Context, o *devicePluginOptions) error {
+	cfg, policy, err := cmdutil.LoadConfig(o.configPath)
+	if err != nil {
+		return err
+	}
+	envNode := os.Getenv("NODE_NAME")
+	// In a DaemonSet, $NODE_NAME (the pod's node) names the simulated GPUs, as for the agent.
+	opened, err := nodegpu.Open(ctx, nodegpu.Options{BackendFlags: o.source, Node: envNode, Config: cfg, NVML: &o.nvml})
+	if err != nil {
+		return err
+	}
+	run, cleanup := o.followDriver(ctx, cfg, opened, cmp.Or(o.nodeName, envNode))
+	defer cleanup()
+	kernelLog := nodegpu.OpenKernelLog(ctx, cfg, o.source.Backend, opened.Backend.Devices(), opened.BootID)
+	defer kernelLog.Close()
+	service := deviceplugin.ServiceOptions{CDI: o.cdi, Options: deviceplugin.Options{Replicas: o.replicas}}
+	if o.source.Backend == "nvml" {
+		service.NUMANode = deviceplugin.SysfsNUMA("/sys")
+	}
+	err = runDevicePlugin(ctx, devicePluginRun{
+		backend: run, kernelLog: kernelLog, policy: policy, bootID: opened.BootID, checkpoint: o.checkpoint, service: service,
+		plugin: deviceplugin.PluginOptions{ResourceName: o.resourceName, Dir: o.socketDir},
+	})
+	if !errors.Is(err, errReexec) {
+		return err
+	}
+	kernelLog.Close()
+	cleanup()
+	klog.FromContext(ctx).Info("Re-executing the device plugin to load the driver that came back", "reason", err.Error())
+	return cmdutil.Reexec()
+}
+
+// followDriver returns the backend the plugin runs and what closes it. Across the driver going
+// away, or the GPU operator's pause on node, the NVML backend is replaced: it closes itself.
+// The simulator's is run as it is.
+func (o *devicePluginOptions) followDriver(ctx context.Context, cfg *config.HealthConfig, opened nodegpu.Opened, node string) (gpu.Backend, func()) {
+	nb := nodegpu.NVMLBackend(opened.Backend)
+	if nb == nil {
+		return opened.Backend, opened.Close
+	}
+	logger := klog.FromContext(ctx)
+	reattach := &reattachingBackend{
+		current: nb, devices: nb.Devices(), clock: clock.RealClock{}, log: logger, initial: time.Second, max: 30 * time.Second,
+		open: func() (nvmlSession, error) {
+			b, err := o.nvml.Open(gpunvml.WithSamplePeriod(cfg.SampleEvery()), gpunvml.WithLogger(logger))
+			if err != nil {
+				return nil, err
+			}
+			return b, nil
+		},
+		changed: o.nvml.LibraryChanged,
+		probe:   probeInChild(o.nvml.Args()),
+	}
+	pause, err := watchPauses(ctx, o.kubeconfig, node)
+	if err != nil {
+		logger.Info("Not watching the GPU operator's pause labels: NVML is released only when the driver itself says it is gone", "reason", err.Error())
+	} else {
+		reattach.pause = pause
+	}
+	return reattach, func() { _ = reattach.currentSession().Close() }
 }
 
 // devicePluginRun is what runDevicePlugin wires together.
@@ -202,7 +234,7 @@ func runDevicePlugin(ctx context.Context, r devicePluginRun) error {
 // watchPauses follows the GPU operator's pause labels on node (the device plugin lets go of NVML
 // while they say so, as the agent does). The Node cache fills in the background: the plugin
 // serves the kubelet whether or not the API server answers.
-func watchPauses(ctx context.Context, kubeconfig, node string) (*agentcmd.OperatorPause, error) {
+func watchPauses(ctx context.Context, kubeconfig, node string) (*nodegpu.OperatorPause, error) {
 	if node == "" {
 		return nil, errors.New("no node name (--node-name or $NODE_NAME)")
 	}
@@ -215,7 +247,7 @@ func watchPauses(ctx context.Context, kubeconfig, node string) (*agentcmd.Operat
 		return nil, err
 	}
 	nodes := nodecache.New(client, node)
-	pause, err := agentcmd.WatchOperatorPause(nodes)
+	pause, err := nodegpu.WatchOperatorPause(nodes)
 	if err != nil {
 		return nil, err
 	}

@@ -68,7 +68,7 @@ type reattachingBackend struct {
 	pause pauseWatch
 }
 
-// pauseWatch is the GPU operator's pause labels on the node (agentcmd.OperatorPause).
+// pauseWatch is the GPU operator's pause labels on the node (nodegpu.OperatorPause).
 type pauseWatch interface {
 	Reason(ctx context.Context) string
 	Changes() <-chan struct{}

@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
-	"github.com/gpuhealth/gpuhealth/internal/remediation"
+	"github.com/gpuhealth/gpuhealth/internal/nodegpu"
+	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 )
 
 // The driver goes away under a running agent: NVIDIA's GPU operator upgrades or restarts its
@@ -64,76 +64,59 @@ func parseDriverAway(v string) (driverAway, error) {
 	return driverAway{Since: since, Reason: reason}, nil
 }
 
+// driverAwayFromEnv reads DriverAwayEnv: since when and why an earlier image of this process
+// released NVML (nil when none did, or when its record cannot be read).
+func driverAwayFromEnv(logger klog.Logger) *driverAway {
+	v := os.Getenv(DriverAwayEnv)
+	if v == "" {
+		return nil
+	}
+	a, err := parseDriverAway(v)
+	if err != nil {
+		logger.Error(err, "Ignoring the record of an earlier release of NVML")
+		return nil
+	}
+	logger.Info("This image of the agent follows a release of NVML", "since", a.Since, "reason", a.Reason)
+	return &a
+}
+
+// reexecAfter is the agent's last step, once its loops returned err and NVML is shut down, ctx
+// still on; cause is why the run's context ended. After the GPU operator's pause or the driver
+// going away it re-executes the agent, with the release in DriverAwayEnv, so that the new image
+// holds no file of the driver until the driver is back; after a new MIG layout it re-executes it
+// at once. Otherwise, and when the exec fails, it returns an error.
+func reexecAfter(ctx context.Context, cause, err error) error {
+	logger := klog.FromContext(ctx)
+	var release *driverAway
+	var gone *gpunvml.DriverGoneError
+	var changed *gpunvml.InventoryChangedError
+	switch p, paused := isPaused(cause); {
+	case paused:
+		release = &driverAway{Since: time.Now(), Reason: p.reason}
+	case errors.As(err, &gone):
+		release = &driverAway{Since: gone.At, Reason: gone.Error()}
+	case errors.As(err, &changed):
+		// A new MIG layout: a fresh image opens NVML on it (new inventory, checkpoint
+		// restored); nothing waits.
+		logger.Info("Re-executing the agent to watch the new MIG layout", "change", changed.Error())
+		return cmdutil.Reexec(DriverAwayEnv + "=")
+	}
+	if release == nil {
+		return err
+	}
+	logger.Info("Released NVML: re-executing the agent so that it holds no file of the driver until the driver is back", "reason", release.Reason)
+	return reexec(*release)
+}
+
 // reexec replaces this process with a fresh image of its own binary, with away in
 // DriverAwayEnv. It returns only when the exec fails.
 func reexec(away driverAway) error {
 	return cmdutil.Reexec(DriverAwayEnv + "=" + away.encode())
 }
 
-// OperatorPause follows the GPU operator's pause labels on a Node (the agent's and the device
-// plugin's).
-type OperatorPause struct {
-	node    func(context.Context) (*corev1.Node, error)
-	changed chan struct{}
-}
-
-// WatchOperatorPause registers on nodes (which the caller starts) and returns the watch.
-func WatchOperatorPause(nodes *nodecache.Cache) (*OperatorPause, error) {
-	p := &OperatorPause{node: nodes.Get, changed: make(chan struct{}, 1)}
-	notify := func() {
-		select {
-		case p.changed <- struct{}{}:
-		default:
-		}
-	}
-	err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { notify() },
-		UpdateFunc: func(any, any) { notify() },
-		DeleteFunc: func(any) { notify() },
-	})
-	if err != nil {
-		return nil, fmt.Errorf("watching the GPU operator's labels: %w", err)
-	}
-	return p, nil
-}
-
-// Reason says which of the operator's labels pause GPU clients now ("" when none does). A Node
-// that cannot be read pauses nothing: the agent keeps doing what it does.
-func (p *OperatorPause) Reason(ctx context.Context) string {
-	reason, _ := p.lookup(ctx)
-	return reason
-}
-
-// pausedReasonPrefix starts every reason Reason gives.
-const pausedReasonPrefix = "the GPU operator paused GPU clients"
-
-// lookup is Reason, with the error when the Node cannot be read.
-func (p *OperatorPause) lookup(ctx context.Context) (string, error) {
-	if p == nil {
-		return "", nil
-	}
-	n, err := p.node(ctx)
-	if err != nil {
-		return "", err
-	}
-	pauses := remediation.OperatorPauses(n.Labels)
-	if len(pauses) == 0 {
-		return "", nil
-	}
-	return pausedReasonPrefix + " (" + strings.Join(pauses, ", ") + ")", nil
-}
-
-// Changes is signalled after every change of the Node.
-func (p *OperatorPause) Changes() <-chan struct{} {
-	if p == nil {
-		return nil
-	}
-	return p.changed
-}
-
-// whenPaused cancels run (with errPaused as its cause) once the operator pauses GPU clients, and
-// returns when ctx ends.
-func (p *OperatorPause) whenPaused(ctx context.Context, run context.CancelCauseFunc) {
+// whenPaused cancels run (with a pausedError as its cause) once the operator pauses GPU clients,
+// and returns when ctx ends.
+func whenPaused(ctx context.Context, p *nodegpu.OperatorPause, run context.CancelCauseFunc) {
 	for {
 		if r := p.Reason(ctx); r != "" {
 			run(&pausedError{reason: r})

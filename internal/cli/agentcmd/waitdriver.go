@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/internal/nodegpu"
 	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
@@ -48,7 +49,7 @@ type driverWait struct {
 	// pause, when set, holds NVML back while the GPU operator pauses GPU clients: open is not
 	// called then. away, when set, is since when and why an earlier image of this process
 	// released NVML (driverlife.go).
-	pause *OperatorPause
+	pause *nodegpu.OperatorPause
 	away  *driverAway
 }
 
@@ -61,37 +62,11 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 	if w.clock == nil {
 		w.clock = clock.RealClock{}
 	}
-	// attempt opens NVML unless the operator pauses GPU clients; it reports whether the wait is
-	// over, with what open returned.
-	// The pause is dated from when NVML was released (by an earlier image of the process), or
-	// else from when this one first saw it, so that the message stays the same while it lasts.
-	var pausedSince time.Time
+	a := &attempts[T]{w: &w, open: open}
 	if w.away != nil {
-		pausedSince = w.away.Since
+		a.pausedSince = w.away.Since
 	}
-	attempt := func() (T, error, bool) {
-		reason, err := w.pause.lookup(ctx)
-		if err != nil && w.away != nil && strings.HasPrefix(w.away.Reason, pausedReasonPrefix) {
-			// Released for the operator's pause, and the Node cannot be read yet (the cache
-			// is filling, the API server flaps): the pause is taken to last until it can.
-			reason = w.away.Reason + "; the Node cannot be read yet"
-		}
-		if reason != "" {
-			if pausedSince.IsZero() {
-				pausedSince = w.clock.Now()
-			}
-			return zero, &awayError{away: driverAway{Since: pausedSince, Reason: reason}}, false
-		}
-		got, err := open()
-		if err == nil || !errors.Is(err, gpunvml.ErrNoDriver) {
-			return got, err, true
-		}
-		if w.away != nil {
-			err = fmt.Errorf("%w: %w", &awayError{away: *w.away}, err)
-		}
-		return zero, err, false
-	}
-	got, err, done := attempt()
+	got, err, done := a.attempt(ctx)
 	if done {
 		return got, err
 	}
@@ -102,13 +77,81 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 
 	state := &waitState{}
 	state.set(err)
+	stopServing, serr := w.serveWaiting(ctx, state)
+	if serr != nil {
+		return zero, serr
+	}
+	defer stopServing()
+
+	delay := w.initial
+	var said waitReport
+	for {
+		paused := errors.As(err, new(*awayError)) && !errors.Is(err, gpunvml.ErrNoDriver)
+		said.say(ctx, &w, err, paused, delay)
+		retried, cerr := w.sleep(ctx, paused, delay)
+		if cerr != nil {
+			return zero, cerr
+		}
+		if retried {
+			delay = min(2*delay, w.max)
+		}
+		got, err, done = a.attempt(ctx)
+		if done {
+			if err == nil {
+				logger.Info("NVML is available: starting")
+			}
+			return got, err
+		}
+		state.set(err)
+	}
+}
+
+// attempts opens NVML unless the operator pauses GPU clients.
+type attempts[T any] struct {
+	w    *driverWait
+	open func() (T, error)
+	// pausedSince dates the pause from when NVML was released (by an earlier image of the
+	// process), or else from when this one first saw it, so that the message stays the same
+	// while it lasts.
+	pausedSince time.Time
+}
+
+// attempt reports whether the wait is over, with what open returned.
+func (a *attempts[T]) attempt(ctx context.Context) (T, error, bool) {
+	var zero T
+	w := a.w
+	reason, err := w.pause.Lookup(ctx)
+	if err != nil && w.away != nil && strings.HasPrefix(w.away.Reason, nodegpu.PausedReasonPrefix) {
+		// Released for the operator's pause, and the Node cannot be read yet (the cache
+		// is filling, the API server flaps): the pause is taken to last until it can.
+		reason = w.away.Reason + "; the Node cannot be read yet"
+	}
+	if reason != "" {
+		if a.pausedSince.IsZero() {
+			a.pausedSince = w.clock.Now()
+		}
+		return zero, &awayError{away: driverAway{Since: a.pausedSince, Reason: reason}}, false
+	}
+	got, err := a.open()
+	if err == nil || !errors.Is(err, gpunvml.ErrNoDriver) {
+		return got, err, true
+	}
+	if w.away != nil {
+		err = fmt.Errorf("%w: %w", &awayError{away: *w.away}, err)
+	}
+	return zero, err, false
+}
+
+// serveWaiting serves state on the metrics address (when there is one) until the function it
+// returns is called, which waits for the server to stop.
+func (w *driverWait) serveWaiting(ctx context.Context, state *waitState) (func(), error) {
 	serveCtx, stopServing := context.WithCancel(ctx)
 	served := make(chan error, 1)
 	if w.metricsAddress != "" {
-		lis, lerr := (&net.ListenConfig{}).Listen(ctx, "tcp", w.metricsAddress)
-		if lerr != nil {
+		lis, err := (&net.ListenConfig{}).Listen(ctx, "tcp", w.metricsAddress)
+		if err != nil {
 			stopServing()
-			return zero, fmt.Errorf("listen on %s: %w", w.metricsAddress, lerr)
+			return nil, fmt.Errorf("listen on %s: %w", w.metricsAddress, err)
 		}
 		if w.ready != nil {
 			w.ready(lis.Addr().String())
@@ -117,61 +160,61 @@ func waitForDriver[T any](ctx context.Context, w driverWait, open func() (T, err
 	} else {
 		served <- nil
 	}
-	defer func() {
+	return func() {
 		stopServing()
 		if err := <-served; err != nil {
-			logger.Error(err, "Serving while NVML was not available")
+			klog.FromContext(ctx).Error(err, "Serving while NVML was not available")
 		}
-	}()
+	}, nil
+}
 
-	delay := w.initial
-	logged, marked := "", "" // the reason last logged, and last written to the Node
-	for {
-		msg := err.Error()
-		paused := errors.As(err, new(*awayError)) && !errors.Is(err, gpunvml.ErrNoDriver)
-		if msg != logged {
-			if paused {
-				logger.Info("NVML is released while the GPU operator pauses GPU clients: the agent is not ready and reports the GPUs' health as unknown until they are resumed", "reason", msg)
-			} else {
-				logger.Error(err, "NVML is not available: the agent is not ready and reports the GPUs' health as unknown until it is; retrying with backoff", "backoff", delay)
-			}
-			logged = msg
+// waitReport is what the wait last said: the reason last logged, and last written to the Node.
+type waitReport struct{ logged, marked string }
+
+// say logs why NVML is not used, and marks the GPUUnhealthy condition Unknown with it, each
+// once per reason.
+func (r *waitReport) say(ctx context.Context, w *driverWait, err error, paused bool, delay time.Duration) {
+	logger := klog.FromContext(ctx)
+	msg := err.Error()
+	if msg != r.logged {
+		if paused {
+			logger.Info("NVML is released while the GPU operator pauses GPU clients: the agent is not ready and reports the GPUs' health as unknown until they are resumed", "reason", msg)
+		} else {
+			logger.Error(err, "NVML is not available: the agent is not ready and reports the GPUs' health as unknown until it is; retrying with backoff", "backoff", delay)
 		}
-		if w.client != nil && msg != marked {
-			if cerr := nodecondition.ReportUnknown(ctx, w.client, w.node, "gpuhealth cannot read this node's GPUs: "+msg, w.clock.Now()); cerr != nil {
-				logger.V(2).Info("Could not mark the GPUUnhealthy condition Unknown yet", "err", cerr)
-			} else {
-				marked = msg
-			}
+		r.logged = msg
+	}
+	if w.client != nil && msg != r.marked {
+		if cerr := nodecondition.ReportUnknown(ctx, w.client, w.node, "gpuhealth cannot read this node's GPUs: "+msg, w.clock.Now()); cerr != nil {
+			logger.V(2).Info("Could not mark the GPUUnhealthy condition Unknown yet", "err", cerr)
+		} else {
+			r.marked = msg
 		}
-		// While paused only a change of the Node ends the wait; otherwise the backoff does too.
-		var retry <-chan time.Time
-		var timer clock.Timer
-		if !paused {
-			timer = w.clock.NewTimer(delay)
-			retry = timer.C()
+	}
+}
+
+// sleep waits for the next attempt: while paused only a change of the Node ends the wait;
+// otherwise the backoff of delay does too (retried). It returns ctx's error when ctx ends.
+func (w *driverWait) sleep(ctx context.Context, paused bool, delay time.Duration) (retried bool, err error) {
+	var retry <-chan time.Time
+	var timer clock.Timer
+	if !paused {
+		timer = w.clock.NewTimer(delay)
+		retry = timer.C()
+	}
+	select {
+	case <-ctx.Done():
+		if timer != nil {
+			timer.Stop()
 		}
-		select {
-		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
-			return zero, ctx.Err()
-		case <-retry:
-			delay = min(2*delay, w.max)
-		case <-w.pause.Changes():
-			if timer != nil {
-				timer.Stop()
-			}
+		return false, ctx.Err()
+	case <-retry:
+		return true, nil
+	case <-w.pause.Changes():
+		if timer != nil {
+			timer.Stop()
 		}
-		got, err, done = attempt()
-		if done {
-			if err == nil {
-				logger.Info("NVML is available: starting")
-			}
-			return got, err
-		}
-		state.set(err)
+		return false, nil
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/gpuhealth/gpuhealth/internal/nodegpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 )
 
@@ -124,19 +125,19 @@ type pausable struct {
 	labels map[string]string
 	// unreadable makes the Node unreadable (an API server that does not answer yet).
 	unreadable bool
-	p          *OperatorPause
+	p          *nodegpu.OperatorPause
 }
 
 func newPausable(labels map[string]string) *pausable {
 	n := &pausable{labels: labels}
-	n.p = &OperatorPause{changed: make(chan struct{}, 1), node: func(context.Context) (*corev1.Node, error) {
+	n.p = nodegpu.NewOperatorPause(func(context.Context) (*corev1.Node, error) {
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		if n.unreadable {
 			return nil, errors.New("the API server does not answer")
 		}
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: maps.Clone(n.labels)}}, nil
-	}}
+	})
 	return n
 }
 
@@ -144,10 +145,7 @@ func (n *pausable) setUnreadable(v bool) {
 	n.mu.Lock()
 	n.unreadable = v
 	n.mu.Unlock()
-	select {
-	case n.p.changed <- struct{}{}:
-	default:
-	}
+	n.p.Notify()
 }
 
 // An agent that released NVML for the operator's pause does not open it again because its Node
@@ -160,7 +158,7 @@ func TestWaitForDriverAfterAPauseWaitsForTheNode(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		_, err := waitForDriver(t.Context(), driverWait{node: "n1", clock: clk, initial: time.Second, max: 4 * time.Second, pause: node.p,
-			away: &driverAway{Since: time.Now(), Reason: pausedReasonPrefix + " (nvidia.com/gpu.deploy.dcgm=paused-for-driver-upgrade)"}},
+			away: &driverAway{Since: time.Now(), Reason: nodegpu.PausedReasonPrefix + " (nvidia.com/gpu.deploy.dcgm=paused-for-driver-upgrade)"}},
 			func() (string, error) { opens.Add(1); return "backend", nil })
 		done <- err
 	}()
@@ -183,10 +181,7 @@ func (n *pausable) set(k, v string) {
 	n.mu.Lock()
 	n.labels[k] = v
 	n.mu.Unlock()
-	select {
-	case n.p.changed <- struct{}{}:
-	default:
-	}
+	n.p.Notify()
 }
 
 // While the GPU operator pauses GPU clients the agent does not touch NVML (open is not called,
