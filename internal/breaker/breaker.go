@@ -261,7 +261,7 @@ func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
 // take tries to hold slot k for the GPU by creating it. It reports whether it got the slot;
 // losing a race is not an error.
 func (b *Breaker) take(ctx context.Context, k int, taken map[int]Slot, uuid string, now time.Time) (bool, error) {
-	ok, err := BreakerSlots(b.client, b.opts.Namespace).Take(ctx, k, taken, b.nodeName, uuid, now, 0)
+	ok, err := BreakerSlots(b.client, b.opts.Namespace).Take(ctx, k, taken, SlotClaim{Node: b.nodeName, UUID: uuid, At: now})
 	if err != nil {
 		return false, fmt.Errorf("circuit breaker: %w", err)
 	}

@@ -321,7 +321,7 @@ func TestSweeperDeletesOnlyWhatStoppedCounting(t *testing.T) {
 	remediationPool := SlotPool{Client: kc, Namespace: ns, Prefix: "gpuhealth-remediation-slot-", Label: "gpuhealth.dev/remediation-slot", OwnerReleases: true}
 	take := func(p SlotPool, k int, node string, d time.Duration) {
 		t.Helper()
-		if ok, err := p.Take(ctx, k, nil, node, "GPU-"+node, clk.Now(), d); !ok || err != nil {
+		if ok, err := p.Take(ctx, k, nil, SlotClaim{Node: node, UUID: "GPU-" + node, At: clk.Now(), Duration: d}); !ok || err != nil {
 			t.Fatalf("Take(%s%d) = %v, %v", p.Prefix, k, ok, err)
 		}
 	}

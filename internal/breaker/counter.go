@@ -103,64 +103,16 @@ func (c *Counter) Run(ctx context.Context) error {
 		queue.ShutDown()
 	}()
 	queue.Add("count")
-	last := -1
-	var sliceGPUs map[string]int
-	warned := map[string]bool{} // nodes whose inflated count was logged
+	st := &counting{logger: logger, clk: clk, resources: resources, last: -1, warned: map[string]bool{}}
 	for {
 		key, quit := queue.Get()
 		if quit {
 			return nil
 		}
 		if slicesChanged.Swap(false) {
-			sliceGPUs = gpusInSlices(slices.GetStore().List(), driver)
+			st.sliceGPUs = gpusInSlices(slices.GetStore().List(), driver)
 		}
-		objs := nodes.GetStore().List()
-		var err error
-		total, stale := 0, 0
-		now := clk.Now()
-		for _, obj := range objs {
-			n, ok := obj.(*corev1.Node)
-			if !ok {
-				continue
-			}
-			if gpuhealthv1.JudgeHeartbeat(n.Annotations, now, c.StaleAfter).Stale {
-				stale++
-				continue
-			}
-			claimed := physicalGPUs(n.Annotations[gpuhealthv1.HealthKey])
-			bound := max(sliceGPUs[n.Name], capacityGPUs(n, resources))
-			if bound == 0 {
-				bound = MaxGPUsPerNode // nothing else describes the node's GPUs: only the hard cap
-			}
-			counted := min(claimed, bound, MaxGPUsPerNode)
-			if claimed > counted && !warned[n.Name] {
-				logger.Info("Warning: a node's annotation claims more GPUs than its ResourceSlices and capacity say it has; counting it for what they say", "node", n.Name,
-					"claimed", claimed, "counted", counted, "resourceSliceGPUs", sliceGPUs[n.Name], "capacityGPUs", capacityGPUs(n, resources))
-				warned[n.Name] = true
-			}
-			total += counted
-		}
-		if c.Stale != nil {
-			c.Stale(stale)
-		}
-		if total != last {
-			err = updateConfigMap(ctx, c.Client, c.Namespace, "gpuhealth-breaker-counter", func(data map[string]string) bool {
-				if data[ClusterGPUsKey] == strconv.Itoa(total) {
-					return false
-				}
-				data[ClusterGPUsKey] = strconv.Itoa(total)
-				data[CountedAtKey] = clk.Now().UTC().Format(time.RFC3339)
-				return true
-			})
-			if err == nil {
-				logger.Info("Cluster GPU count", "gpus", total, "nodes", len(objs))
-				last = total
-				if c.Counted != nil {
-					c.Counted(total)
-				}
-			}
-		}
-		if err != nil {
+		if err := c.count(ctx, st, nodes.GetStore().List()); err != nil {
 			logger.Error(err, "Counting the cluster's GPUs failed; retrying")
 			queue.AddRateLimited(key)
 		} else {
@@ -172,6 +124,75 @@ func (c *Counter) Run(ctx context.Context) error {
 		}
 		queue.Done(key)
 	}
+}
+
+// counting is what one Run counts by, and what it keeps from one count to the next.
+type counting struct {
+	logger    klog.Logger
+	clk       clock.PassiveClock
+	resources []string
+	// last is the count last written (-1: none yet); sliceGPUs the GPUs each node's
+	// ResourceSlices publish, counted again after a slice event.
+	last      int
+	sliceGPUs map[string]int
+	warned    map[string]bool // nodes whose inflated count was logged
+}
+
+// count counts the GPUs of the nodes (objs) and writes the count when it changed.
+func (c *Counter) count(ctx context.Context, st *counting, objs []any) error {
+	total, stale := 0, 0
+	now := st.clk.Now()
+	for _, obj := range objs {
+		n, ok := obj.(*corev1.Node)
+		if !ok {
+			continue
+		}
+		if gpuhealthv1.JudgeHeartbeat(n.Annotations, now, c.StaleAfter).Stale {
+			stale++
+			continue
+		}
+		total += st.node(n)
+	}
+	if c.Stale != nil {
+		c.Stale(stale)
+	}
+	if total == st.last {
+		return nil
+	}
+	err := updateConfigMap(ctx, c.Client, c.Namespace, "gpuhealth-breaker-counter", func(data map[string]string) bool {
+		if data[ClusterGPUsKey] == strconv.Itoa(total) {
+			return false
+		}
+		data[ClusterGPUsKey] = strconv.Itoa(total)
+		data[CountedAtKey] = st.clk.Now().UTC().Format(time.RFC3339)
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	st.logger.Info("Cluster GPU count", "gpus", total, "nodes", len(objs))
+	st.last = total
+	if c.Counted != nil {
+		c.Counted(total)
+	}
+	return nil
+}
+
+// node is what node n counts for: the GPUs its annotation claims, capped at what its
+// ResourceSlices and capacity say it has and at MaxGPUsPerNode.
+func (st *counting) node(n *corev1.Node) int {
+	claimed := physicalGPUs(n.Annotations[gpuhealthv1.HealthKey])
+	bound := max(st.sliceGPUs[n.Name], capacityGPUs(n, st.resources))
+	if bound == 0 {
+		bound = MaxGPUsPerNode // nothing else describes the node's GPUs: only the hard cap
+	}
+	counted := min(claimed, bound, MaxGPUsPerNode)
+	if claimed > counted && !st.warned[n.Name] {
+		st.logger.Info("Warning: a node's annotation claims more GPUs than its ResourceSlices and capacity say it has; counting it for what they say", "node", n.Name,
+			"claimed", claimed, "counted", counted, "resourceSliceGPUs", st.sliceGPUs[n.Name], "capacityGPUs", capacityGPUs(n, st.resources))
+		st.warned[n.Name] = true
+	}
+	return counted
 }
 
 // countedNode is a Node reduced to what the Counter reads: its name, gpu-health annotation and

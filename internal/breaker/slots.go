@@ -73,23 +73,34 @@ func (p SlotPool) List(ctx context.Context) ([]Slot, error) {
 	return slots, nil
 }
 
-// Take tries to hold slot k for holder node/uuid, for duration (zero: no expiry). taken is the
-// pool as listed; a slot k in it must no longer count, and be node's own in a pool whose owners
-// release (Take deletes it first); any other is not Take's to delete (the Sweeper removes it),
-// so Take reports false. It reports whether it got the slot; losing a race is not an error.
-func (p SlotPool) Take(ctx context.Context, k int, taken map[int]Slot, node, uuid string, now time.Time, duration time.Duration) (bool, error) {
+// SlotClaim is who takes a slot, when, and for how long.
+type SlotClaim struct {
+	// Node and UUID are the holder: the node and its GPU the slot is taken for.
+	Node, UUID string
+	// At is when the holder takes it (written for people reading the Lease; the slot's time is
+	// the API server's).
+	At time.Time
+	// Duration is how long the slot counts (zero: no expiry).
+	Duration time.Duration
+}
+
+// Take tries to hold slot k for claim c. taken is the pool as listed; a slot k in it must no
+// longer count, and be c.Node's own in a pool whose owners release (Take deletes it first); any
+// other is not Take's to delete (the Sweeper removes it), so Take reports false. It reports
+// whether it got the slot; losing a race is not an error.
+func (p SlotPool) Take(ctx context.Context, k int, taken map[int]Slot, c SlotClaim) (bool, error) {
 	if s, ok := taken[k]; ok {
-		if !p.OwnerReleases || s.Node != node {
+		if !p.OwnerReleases || s.Node != c.Node {
 			return false, nil
 		}
 		if err := p.Release(ctx, s); err != nil {
 			return false, err
 		}
 	}
-	holder := Holder(node, uuid)
-	spec := coordinationv1.LeaseSpec{HolderIdentity: &holder, AcquireTime: ptr.To(metav1.NewMicroTime(now))}
-	if duration > 0 {
-		spec.LeaseDurationSeconds = ptr.To(int32(max(1, duration/time.Second)))
+	holder := Holder(c.Node, c.UUID)
+	spec := coordinationv1.LeaseSpec{HolderIdentity: &holder, AcquireTime: ptr.To(metav1.NewMicroTime(c.At))}
+	if c.Duration > 0 {
+		spec.LeaseDurationSeconds = ptr.To(int32(max(1, c.Duration/time.Second)))
 		spec.RenewTime = spec.AcquireTime
 	}
 	l := &coordinationv1.Lease{

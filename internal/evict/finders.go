@@ -238,3 +238,35 @@ func volcanoHolds(pod *corev1.Pod, gpu health.Device) (bool, string) {
 	}
 	return held, ""
 }
+
+// find asks every finder; any error is "do not know".
+func (e *Evictor) find(ctx context.Context, t target) ([]Holder, error) {
+	var out []Holder
+	for _, f := range e.opts.Finders {
+		found, err := f.Find(ctx, t.gpu, t.migs)
+		if err != nil {
+			return nil, err
+		}
+		for _, w := range found.Warnings {
+			e.noticeNode(corev1.EventTypeWarning, "GPUEvictionPodWarning", fmt.Sprintf("GPU %d (%s) asks for eviction: %s", t.gpu.Index, t.gpu.UUID, w))
+		}
+		out = append(out, found.Holders...)
+	}
+	slices.SortFunc(out, func(a, b Holder) int {
+		if c := compare(a.Namespace, b.Namespace); c != 0 {
+			return c
+		}
+		return compare(a.Name, b.Name)
+	})
+	return slices.CompactFunc(out, func(a, b Holder) bool { return a.Namespace == b.Namespace && a.Name == b.Name }), nil
+}
+
+func compare(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

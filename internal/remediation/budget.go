@@ -87,7 +87,7 @@ func (b *Budget) TakeSlot(ctx context.Context, uuid string) (bool, error) {
 		}
 		rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
 		for _, k := range free[:min(len(free), 3)] {
-			ok, err := b.pool.Take(ctx, k, taken, b.node, uuid, now, b.hold)
+			ok, err := b.pool.Take(ctx, k, taken, breaker.SlotClaim{Node: b.node, UUID: uuid, At: now, Duration: b.hold})
 			if err != nil || ok {
 				return ok, err
 			}

@@ -1,12 +1,10 @@
 package simdriver
 
 import (
-	"math"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -115,219 +113,27 @@ func (n *node) answer(pid uint32, req *request, resp *response) (hangUntil time.
 	return g.hangUntil
 }
 
-// answerDevice serves a call on one GPU (slot 0) or MIG device (slot 1..).
+// answerDevice serves a call on one GPU (slot 0) or MIG device (slot 1..), by op group
+// (answer_device.go).
 func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, resp *response) {
 	mig := slot > 0
 	switch req.Op {
-	case opUUID:
-		if mig {
-			resp.setStr(g.migUUIDs[slot-1])
-		} else {
-			resp.setStr(g.uuid)
-		}
-	case opName:
-		name := n.sc.Model
-		if mig {
-			name += " MIG"
-		}
-		resp.setStr(name)
-	case opSerial:
-		resp.setStr(sim.Serial(g.index)) // what the simulated dcgmi lists too
-	case opMinor:
-		resp.V[0] = uint64(g.index)
-	case opPCI:
-		resp.V[0], resp.V[1], resp.V[2] = 0, uint64(0x10+g.index), 0
-		resp.V[3], resp.V[4] = 0x233010de, 0x16c110de // H100 SXM5 80GB: device 0x2330, vendor 0x10de
-	case opMemory:
-		resp.V[0], resp.V[1], resp.V[2], resp.V[3] = memoryTotal, memoryTotal-memoryReserved, memoryReserved, memoryReserved
-	case opCudaCC:
-		resp.V[0], resp.V[1] = 9, 0
-	case opBrand:
-		resp.V[0] = brandNVIDIA
-	case opArch:
-		resp.V[0] = archHopper
-	case opTemp:
-		resp.V[0] = uint64(g.temperature)
-		if glitch(g.outOfRange, "temperature") {
-			resp.V[0] = math.MaxUint32 // 4,294,967,295 °C
-		}
-	case opTempThreshold:
-		switch req.A {
-		case thresholdShutdown:
-			resp.V[0] = sim.ShutdownC
-		case thresholdSlowdown:
-			resp.V[0] = sim.SlowdownC
-		default:
-			resp.Ret = retNotSupported
-		}
-	case opECCMode:
-		resp.V[0], resp.V[1] = 1, 1
-	case opECCTotal:
-		if mig {
-			resp.Ret = retNotSupported
-			return
-		}
-		var v uint64
-		switch {
-		case req.A == eccCorrected && req.B == eccVolatile:
-			v = g.corrected
-		case req.A == eccUncorrected && req.B == eccVolatile:
-			v = g.uncorrected
-		case req.A == eccCorrected && req.B == eccAggregate:
-			v = g.aggCorrected
-		case req.A == eccUncorrected && req.B == eccAggregate:
-			v = g.aggUncorr
-		default:
-			resp.Ret = retInvalidArgument
-		}
-		switch {
-		case glitch(g.outOfRange, "ecc"):
-			v = math.MaxUint64
-		case req.B == eccVolatile && glitch(g.readsLower, "ecc"):
-			v = 0
-		}
-		resp.V[0] = v
-	case opRemappedRows:
-		if mig {
-			resp.Ret = retNotSupported
-			return
-		}
-		resp.V[0], resp.V[1] = uint64(g.rowsCorrected), uint64(g.rowsUncor)
-		resp.V[2], resp.V[3] = b2u(g.rowsPending), b2u(g.rowsFailure)
-	case opRetiredPending:
-		// Hopper remaps rows; NVML answers NOT_SUPPORTED for page retirement.
-		resp.Ret = retNotSupported
-	case opPower:
-		switch {
-		case req.A != 0:
-			resp.V[0] = powerLimitMW
-		case glitch(g.outOfRange, "power"):
-			resp.V[0] = math.MaxUint32
-		default:
-			resp.V[0] = idlePowerMW
-		}
-	case opClockReasons:
-		resp.V[0] = g.clockReasons
-	case opPCIeReplays:
-		resp.V[0] = uint64(g.pcieReplays)
-		switch {
-		case glitch(g.outOfRange, "pcieReplays"):
-			resp.V[0] = math.MaxUint32
-		case glitch(g.readsLower, "pcieReplays"):
-			resp.V[0] = 0
-		}
-	case opNVLinkState:
-		l := g.links[req.A]
-		if l == nil {
-			resp.Ret = retNotSupported
-			return
-		}
-		resp.V[0] = b2u(!l.down)
-	case opNVLinkErrors:
-		l := g.links[req.A]
-		if l == nil {
-			resp.Ret = retNotSupported
-			return
-		}
-		if req.B == 2 { // NVML_NVLINK_ERROR_DL_CRC_FLIT
-			resp.V[0] = l.crc
-		}
-	case opField:
-		switch req.A {
-		case fieldRecoveryAction:
-			resp.V[0], resp.V[1] = uint64(g.recovery), valueTypeUint
-		case fieldNVLinkRecoverySuccessful, fieldNVLinkRecoveryFailed:
-			// The link is the field's scope (B).
-			l := g.links[req.B]
-			if l == nil {
-				resp.Ret = retNotSupported
-				return
-			}
-			resp.V[0], resp.V[1] = l.recovered, valueTypeULongLong
-			if req.A == fieldNVLinkRecoveryFailed {
-				resp.V[0] = l.failed
-			}
-		default:
-			resp.Ret = retNotSupported
-			return
-		}
-		resp.V[2] = uint64(time.Now().UnixMicro())
-	case opRowRemapHistogram:
-		if mig {
-			resp.Ret = retNotSupported // as GetRemappedRows: no row remapper readings in MIG mode
-			return
-		}
-		none := uint64(g.banksNone)
-		if glitch(g.outOfRange, "rowRemapHistogram") {
-			none = math.MaxUint32
-		}
-		resp.V[0] = uint64(sim.RemapBanks - g.banksLow - g.banksNone) // every other bank has all its spare rows
-		resp.V[3], resp.V[4] = uint64(g.banksLow), none
-	case opSRAMStatus:
-		resp.V[3] = b2u(g.sramExceeded)
-	case opPCIeLink:
-		switch req.A {
-		case pcieCurrGen:
-			resp.V[0] = uint64(g.pcie.Gen)
-		case pcieCurrWidth:
-			resp.V[0] = uint64(g.pcie.Width)
-			if glitch(g.outOfRange, "pcieLink") {
-				resp.V[0] = pcieLinkGlitch
-			}
-		case pcieMaxGen:
-			resp.V[0] = uint64(g.pcie.MaxGen)
-		case pcieMaxWidth:
-			resp.V[0] = uint64(g.pcie.MaxWidth)
-		case pcieGPUMaxGen:
-			resp.V[0] = sim.PCIeGen // the GPU's own, whatever the slot
-		default:
-			resp.Ret = retInvalidArgument
-		}
-	case opMIGMode:
-		resp.V[0] = b2u(len(g.migUUIDs) > 0)
-		resp.V[1] = resp.V[0]
-	case opMIGMax:
-		resp.V[0] = uint64(sim.MaxMIGInstances)
-	case opMIGHandle:
-		if int(req.A) >= len(g.migUUIDs) {
-			resp.Ret = retNotFound
-			return
-		}
-		resp.V[0] = uint64(g.index*migSlots + int(req.A) + 1)
-	case opMIGIDs:
-		if !mig {
-			resp.Ret = retInvalidArgument
-			return
-		}
-		if req.A == 0 {
-			resp.V[0] = uint64(slot) // GPU instance n for MIG device n, as the sim backend has it
-		}
+	case opUUID, opName, opSerial, opMinor, opPCI, opMemory, opCudaCC, opBrand, opArch:
+		n.answerIdentity(g, slot, req, resp)
+	case opTemp, opTempThreshold, opPower, opClockReasons:
+		g.answerSensors(req, resp)
+	case opECCMode, opECCTotal, opRemappedRows, opRetiredPending, opRowRemapHistogram, opSRAMStatus:
+		g.answerMemory(mig, req, resp)
+	case opPCIeReplays, opPCIeLink:
+		g.answerPCIe(req, resp)
+	case opNVLinkState, opNVLinkErrors, opField:
+		g.answerNVLink(req, resp)
 	case opFabric:
-		if g.fabric == fabricNotSupported {
-			resp.Ret = retNotSupported
-			return
-		}
-		// The clique and the cluster UUID are what Fabric Manager reports for a registered GPU;
-		// the state, the status and the health mask are the scenario's.
-		resp.V[0], resp.V[1], resp.V[2] = g.fabric, uint64(g.fabricStatus), 1
-		resp.V[3], resp.V[4] = fabricMask(g.fabricHealth)
-		resp.setStr("gpuhealth-sim-cl") // NVML_GPU_FABRIC_UUID_LEN (16) bytes
-	case opSupportedEvents:
-		resp.V[0] = supportedEvents
-	case opRegisterEvents:
-		s, ok := n.sets[setKey{pid, req.A}]
-		if !ok {
-			resp.Ret = retInvalidArgument
-			return
-		}
-		if req.C&^supportedEvents != 0 {
-			resp.Ret = retNotSupported
-			return
-		}
-		s.masks[req.Dev] |= req.C
-		if n.onRegister != nil {
-			n.onRegister(pid, g.index, req.C)
-		}
+		g.answerFabric(resp)
+	case opMIGMode, opMIGMax, opMIGHandle, opMIGIDs:
+		g.answerMIG(slot, req, resp)
+	case opSupportedEvents, opRegisterEvents:
+		n.answerEvents(pid, g, req, resp)
 	default:
 		resp.Ret = retNotSupported
 	}

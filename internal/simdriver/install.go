@@ -1,22 +1,13 @@
 package simdriver
 
 import (
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
-	"time"
-
-	"sigs.k8s.io/yaml"
-
-	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 )
 
 // LibraryDirEnv overrides where the built libraries are looked for.
@@ -169,82 +160,10 @@ func writeAtomic(path string, data []byte, mode os.FileMode) error {
 	return nil
 }
 
-// CheckScenario refuses what a driver cannot serve: kernel-log lines (the agent reads the kernel
-// log itself), node reboots (a driver cannot reboot its node) and peer nodes' faults.
-func CheckScenario(sc *sim.Scenario) error {
-	if sc == nil {
-		return errors.New("no scenario")
-	}
-	if len(sc.Missing) > 0 {
-		// NVML would number the GPUs it answers for anew, and the PCI bus the agent compares
-		// with is the machine's own: a missing GPU is tried with the sim backend and a sysfs tree.
-		return errors.New("gpus.missing: the simulated driver serves every GPU of its scenario; use the sim backend (or inventory.sysfsRoot) for missing GPUs")
-	}
-	for _, ev := range append(append([]sim.Event{}, sc.Events...), sc.AfterReset...) {
-		if err := checkEvent(ev); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func checkEvent(ev sim.Event) error {
-	switch ev.Kind {
-	case sim.EventKmsg:
-		return fmt.Errorf("line %d: kmsg: the simulated driver serves NVML, not the kernel log (the agent reads the node's own)", ev.Line)
-	case sim.EventReboot:
-		return fmt.Errorf("line %d: reboot: a driver cannot reboot its node (restart the simulator instead)", ev.Line)
-	case sim.EventPeerFault:
-		return fmt.Errorf("line %d: peerFault: a driver knows nothing of other nodes (the agent reads its peers' reports)", ev.Line)
-	}
-	return nil
-}
-
-// parseEvent reads one scenario event without `at`, in the scenario file's own YAML form, for
-// the GPUs of sc.
-func parseEvent(sc *sim.Scenario, body []byte) (sim.Event, error) {
-	var fields map[string]any
-	if err := yaml.Unmarshal(body, &fields); err != nil {
-		return sim.Event{}, fmt.Errorf("the event is not a YAML mapping: %w", err)
-	}
-	if fields == nil {
-		return sim.Event{}, errors.New("empty event")
-	}
-	for _, k := range []string{"at", "afterReset"} {
-		if _, ok := fields[k]; ok {
-			return sim.Event{}, fmt.Errorf("%s: an injected event happens now; leave it out", k)
-		}
-	}
-	fields["at"] = "0s"
-	ev, err := yaml.Marshal(fields)
-	if err != nil {
-		return sim.Event{}, err
-	}
-	doc := fmt.Sprintf("apiVersion: %s\nkind: %s\nnode: %s\ngpus:\n  count: %d\n", sim.APIVersion, sim.Kind, sc.Node, sc.GPUCount)
-	if len(sc.MIGInstances) > 0 {
-		doc += "  migInstances: {"
-		first := true
-		for i, n := range sc.MIGInstances {
-			if !first {
-				doc += ", "
-			}
-			first = false
-			doc += fmt.Sprintf("%q: %d", fmt.Sprint(i), n)
-		}
-		doc += "}\n"
-	}
-	doc += "events:\n- " + strings.ReplaceAll(strings.TrimSpace(string(ev)), "\n", "\n  ") + "\n"
-	parsed, err := sim.ParseDriverScenario([]byte(doc))
-	if err != nil {
-		return sim.Event{}, err
-	}
-	if len(parsed.Events) != 1 {
-		return sim.Event{}, errors.New("the event describes nothing to do")
-	}
-	if err := checkEvent(parsed.Events[0]); err != nil {
-		return sim.Event{}, err
-	}
-	return parsed.Events[0], nil
+// SocketPath is where the simulator of a driver root listens when the library is in the
+// default library directory.
+func SocketPath(driverRoot string) string {
+	return filepath.Join(driverRoot, libDir(), SocketName)
 }
 
 // findSocket returns the simulator's socket in the first library directory of the driver root
@@ -257,47 +176,4 @@ func findSocket(root string) string {
 		}
 	}
 	return SocketPath(root)
-}
-
-// ErrInjectRefused wraps the simulator's refusal of an injected event (bad input).
-var ErrInjectRefused = errors.New("the simulator refused the event")
-
-// Inject applies one event at once on the simulator serving the driver root (its socket is
-// looked for in the library directories a driver root has).
-func Inject(driverRoot, event string) error {
-	c, err := net.DialTimeout("unix", findSocket(driverRoot), 5*time.Second)
-	if err != nil {
-		return fmt.Errorf("no simulator serves %s: %w", driverRoot, err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	// The request and the event in one write: the simulator answers a bad request at once and
-	// hangs up, and a second write could meet the closed connection.
-	var msg bytes.Buffer
-	if err := writeRequest(&msg, &request{Op: opInject, C: uint64(len(event))}); err != nil {
-		return err
-	}
-	msg.WriteString(event)
-	if _, err := c.Write(msg.Bytes()); err != nil {
-		return err
-	}
-	var resp response
-	if err := readResponse(c, &resp); err != nil {
-		return fmt.Errorf("reading the simulator's answer: %w", err)
-	}
-	var n uint32
-	if err := binary.Read(c, binary.LittleEndian, &n); err != nil {
-		return fmt.Errorf("reading the simulator's answer: %w", err)
-	}
-	reason := make([]byte, min(n, maxInject))
-	if _, err := io.ReadFull(c, reason); err != nil {
-		return fmt.Errorf("reading the simulator's answer: %w", err)
-	}
-	switch {
-	case resp.Ret != retSuccess && resp.N == 1:
-		return fmt.Errorf("the simulated driver cannot do it now: %s", reason)
-	case resp.Ret != retSuccess:
-		return fmt.Errorf("%w: %s", ErrInjectRefused, reason)
-	}
-	return nil
 }

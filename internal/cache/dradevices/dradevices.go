@@ -77,16 +77,24 @@ func (ix *Index) Start(ctx context.Context) error {
 	return ix.startErr
 }
 
-// Attach is how a reporter gets its devices: the agent's shared Index ix, or a new one of its own
-// when ix is nil, with onChange registered and the cache filled. attrs (empty names take the
-// defaults) must be valid and, for a shared index, the ones it matches by.
-func Attach(ctx context.Context, ix *Index, client kube.Interface, nodeName, driver string, attrs dra.Attributes, onChange func()) (*Index, error) {
-	attrs = attrs.WithDefaults()
+// Source is which devices an Index caches: Node's ResourceSlices of Driver, read through Client,
+// tied to GPUs by Attributes (empty names take the defaults).
+type Source struct {
+	Client       kube.Interface
+	Node, Driver string
+	Attributes   dra.Attributes
+}
+
+// Attach is how a reporter gets its devices: the agent's shared Index ix, or a new one of src's
+// own when ix is nil, with onChange registered and the cache filled. src.Attributes must be
+// valid and, for a shared index, the ones it matches by.
+func Attach(ctx context.Context, ix *Index, src Source, onChange func()) (*Index, error) {
+	attrs := src.Attributes.WithDefaults()
 	if err := attrs.Validate(); err != nil {
 		return nil, fmt.Errorf("DRA device attributes: %w", err)
 	}
 	if ix == nil {
-		ix = NewWithAttributes(client, nodeName, driver, attrs)
+		ix = NewWithAttributes(src.Client, src.Node, src.Driver, attrs)
 	}
 	if ix.attrs != attrs {
 		return nil, fmt.Errorf("the shared device index matches by %+v, not by the configured %+v", ix.attrs, attrs)

@@ -117,7 +117,7 @@ func TestAttachChecksTheAttributes(t *testing.T) {
 		{"the shared index matches by other names", shared, dra.Attributes{PCIBusID: "example.com/bus"}, "shared device index"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := dradevices.Attach(t.Context(), tc.ix, adapt.Clientset(client), "n1", "gpu.nvidia.com", tc.attrs, func() {})
+			_, err := dradevices.Attach(t.Context(), tc.ix, dradevices.Source{Client: adapt.Clientset(client), Node: "n1", Driver: "gpu.nvidia.com", Attributes: tc.attrs}, func() {})
 			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
 				t.Errorf("Attach = %v, want error containing %q", err, tc.err)
 			}

@@ -105,7 +105,7 @@ func (s *Syncer) Name() string { return "claimstatus" }
 // Start fills the caches of this node's pods (claims come and go with them) and slices.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	attrs := dra.Attributes{UUID: s.opts.UUIDAttribute, ParentUUID: s.opts.ParentUUIDAttribute, PCIBusID: s.opts.PCIBusIDAttribute}
-	devices, err := dradevices.Attach(ctx, s.opts.Devices, s.client, s.nodeName, s.opts.Driver, attrs, trigger)
+	devices, err := dradevices.Attach(ctx, s.opts.Devices, dradevices.Source{Client: s.client, Node: s.nodeName, Driver: s.opts.Driver, Attributes: attrs}, trigger)
 	if err != nil {
 		return fmt.Errorf("claimstatus: %w", err)
 	}

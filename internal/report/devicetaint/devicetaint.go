@@ -156,7 +156,7 @@ func (s *Syncer) Name() string { return "devicetaint" }
 // Start fills the cache of this node's ResourceSlices (a driver may publish them after the agent
 // starts) and asks for a Sync on any change to them. Malformed attribute names are an error here.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
-	devices, err := dradevices.Attach(ctx, s.opts.Devices, s.client, s.nodeName, s.opts.Driver, s.opts.attributes(), trigger)
+	devices, err := dradevices.Attach(ctx, s.opts.Devices, dradevices.Source{Client: s.client, Node: s.nodeName, Driver: s.opts.Driver, Attributes: s.opts.attributes()}, trigger)
 	if err != nil {
 		return fmt.Errorf("devicetaint: %w", err)
 	}

@@ -61,17 +61,31 @@ func (b *Backend) RawCalls() []RawCall {
 	return calls
 }
 
-// rawGPU makes the per-GPU calls.
+// rawAdd records one call's answer.
+type rawAdd func(call, args string, ret nvml.Return, value any)
+
+// rawGPU makes the per-GPU calls, in the order the backend first makes them.
 func (b *Backend) rawGPU(g *gpu) []RawCall {
 	idx := g.dev.Index
 	at := &idx
-	h := g.handle
 	var calls []RawCall
 	add := func(call, args string, ret nvml.Return, value any) {
 		calls = append(calls, raw(at, call, args, ret, value))
 	}
-	has := b.sym.has
+	b.rawIdentity(g, add)
+	b.rawMemory(g, add)
+	b.rawSensors(g, add)
+	b.rawRecoveryAction(g, add)
+	b.rawEarlyWarnings(g, add)
+	b.rawFabric(g, add)
+	b.rawNVLinks(g, add)
+	return calls
+}
 
+// rawIdentity makes the calls that say what the GPU is: UUID, PCI address, name, architecture,
+// MIG mode and the events it supports.
+func (b *Backend) rawIdentity(g *gpu, add rawAdd) {
+	h, has := g.handle, b.sym.has
 	uuid, ret := h.GetUUID()
 	add("nvmlDeviceGetUUID", "", ret, uuid)
 	pci, ret := h.GetPciInfo()
@@ -90,6 +104,12 @@ func (b *Backend) rawGPU(g *gpu) []RawCall {
 		mask, ret := h.GetSupportedEventTypes()
 		add(symSupportedEventTypes, "", ret, map[string]any{"mask": mask, "names": EventNames(mask)})
 	}
+}
+
+// rawMemory makes the calls of the memory's health: ECC mode and counters, remapped rows,
+// retired pages.
+func (b *Backend) rawMemory(g *gpu, add rawAdd) {
+	h, has := g.handle, b.sym.has
 	if has(symEccMode) {
 		current, pending, ret := h.GetEccMode()
 		add(symEccMode, "", ret, map[string]int{"current": int(current), "pending": int(pending)})
@@ -115,6 +135,12 @@ func (b *Backend) rawGPU(g *gpu) []RawCall {
 		state, ret := h.GetRetiredPagesPendingStatus()
 		add(symRetiredPagesPending, "", ret, int(state))
 	}
+}
+
+// rawSensors makes the calls of the polled sensors: temperature and its thresholds, power and
+// its limit, clock-event reasons, PCIe replays.
+func (b *Backend) rawSensors(g *gpu, add rawAdd) {
+	h, has := g.handle, b.sym.has
 	if has(symTemperature) {
 		v, ret := h.GetTemperature(nvml.TEMPERATURE_GPU)
 		add(symTemperature, "GPU", ret, v)
@@ -151,16 +177,26 @@ func (b *Backend) rawGPU(g *gpu) []RawCall {
 		v, ret := h.GetPcieReplayCounter()
 		add(symPcieReplayCounter, "", ret, v)
 	}
-	if has(symFieldValues) {
-		values := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
-		ret := h.GetFieldValues(values)
-		var value any
-		if ret == nvml.SUCCESS {
-			value = map[string]any{"nvmlReturn": nvml.Return(values[0].NvmlReturn).String(), "valueType": values[0].ValueType, "value": values[0].Value}
-		}
-		add(symFieldValues, "FI_DEV_GET_GPU_RECOVERY_ACTION (field 230)", ret, value)
+}
+
+// rawRecoveryAction reads the driver's recovery action, a field value.
+func (b *Backend) rawRecoveryAction(g *gpu, add rawAdd) {
+	if !b.sym.has(symFieldValues) {
+		return
 	}
-	b.rawEarlyWarnings(g, add)
+	values := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
+	ret := g.handle.GetFieldValues(values)
+	var value any
+	if ret == nvml.SUCCESS {
+		value = map[string]any{"nvmlReturn": nvml.Return(values[0].NvmlReturn).String(), "valueType": values[0].ValueType, "value": values[0].Value}
+	}
+	add(symFieldValues, "FI_DEV_GET_GPU_RECOVERY_ACTION (field 230)", ret, value)
+}
+
+// rawFabric makes the calls of the NVLink fabric registration, each version of the struct the
+// library takes.
+func (b *Backend) rawFabric(g *gpu, add rawAdd) {
+	h, has := g.handle, b.sym.has
 	if has(symGpuFabricInfoV) {
 		for _, version := range []int{3, 2} {
 			info, ret, ok := b.opts.fabricInfoV(h, version)
@@ -176,6 +212,11 @@ func (b *Backend) rawGPU(g *gpu) []RawCall {
 		info, ret := h.GetGpuFabricInfo()
 		add(symGpuFabricInfo, "", ret, map[string]any{"state": info.State, "status": nvml.Return(info.Status).String()})
 	}
+}
+
+// rawNVLinks reads each link's state up to the GPU's last, then the links' recovery counts.
+func (b *Backend) rawNVLinks(g *gpu, add rawAdd) {
+	h, has := g.handle, b.sym.has
 	links := 0
 	if has(symNvLinkState) {
 		for link := range nvml.NVLINK_MAX_LINKS {
@@ -202,11 +243,10 @@ func (b *Backend) rawGPU(g *gpu) []RawCall {
 		}
 		add(symFieldValues, fmt.Sprintf("NVLink recovery events, successful and failed (fields %d and %d), links 0-%d", nvlinkRecoveryFields[0], nvlinkRecoveryFields[1], links-1), ret, answers)
 	}
-	return calls
 }
 
 // rawEarlyWarnings makes the calls of the early-warning readings.
-func (b *Backend) rawEarlyWarnings(g *gpu, add func(call, args string, ret nvml.Return, value any)) {
+func (b *Backend) rawEarlyWarnings(g *gpu, add rawAdd) {
 	h, has := g.handle, b.sym.has
 	if has(symRowRemapperHistogram) {
 		v, ret := h.GetRowRemapperHistogram()

@@ -141,3 +141,21 @@ type EscalationConfig struct {
 	Returns *int      `yaml:"returns,omitempty" json:"returns,omitempty"`
 	Window  *Duration `yaml:"window,omitempty" json:"window,omitempty"`
 }
+
+func (e *EscalationConfig) validate(bad func(string, string, ...any)) {
+	if e.Returns != nil && (*e.Returns < 1 || *e.Returns > health.MaxHistory/2) {
+		bad("escalation.returns", "must be from 1 to %d (the history keeps %d entries), got %d", health.MaxHistory/2, health.MaxHistory, *e.Returns)
+	}
+	if e.Window != nil && time.Duration(*e.Window) <= 0 {
+		bad("escalation.window", "must be positive, got %v", time.Duration(*e.Window))
+	}
+}
+
+// apply changes p's escalation policy.
+func (e *EscalationConfig) apply(p *health.Policy) {
+	setBool(&p.Escalation.Enabled, e.Enabled)
+	setInt(&p.Escalation.Returns, e.Returns)
+	if e.Window != nil {
+		p.Escalation.Window = time.Duration(*e.Window)
+	}
+}
