@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -105,7 +104,7 @@ func restoreFromNode(ctx context.Context, client kube.Interface, nodeName string
 	if err != nil {
 		return res, fmt.Errorf("read node %s: %w", nodeName, err)
 	}
-	summaries, bad, err := parseReport(node.Annotations[gpuhealthv1.HealthKey])
+	summaries, bad, err := gpuhealthv1.ParseHealthEach(node.Annotations[gpuhealthv1.HealthKey])
 	res.Bad = bad
 	if err != nil {
 		return res, err
@@ -176,36 +175,6 @@ func reportedSince(summaries map[string]gpuhealthv1.GPUSummary, t time.Time) boo
 		}
 	}
 	return false
-}
-
-// parseReport decodes the gpu-health annotation with the wire format's codec; when the whole
-// does not decode, it decodes entry by entry, so that one damaged entry costs only itself. bad
-// names the entries skipped, sorted. An annotation that is not a JSON object is an error.
-func parseReport(value string) (summaries map[string]gpuhealthv1.GPUSummary, bad []string, err error) {
-	summaries, err = gpuhealthv1.ParseHealth(value)
-	if err == nil {
-		return summaries, nil, nil
-	}
-	var entries map[string]json.RawMessage
-	if json.Unmarshal([]byte(value), &entries) != nil {
-		return nil, nil, err
-	}
-	summaries = make(map[string]gpuhealthv1.GPUSummary, len(entries))
-	for uuid, raw := range entries {
-		one, merr := json.Marshal(map[string]json.RawMessage{uuid: raw})
-		if merr != nil {
-			bad = append(bad, fmt.Sprintf("%q: %v", uuid, merr))
-			continue
-		}
-		s, perr := gpuhealthv1.ParseHealth(string(one))
-		if perr != nil {
-			bad = append(bad, fmt.Sprintf("%q: %v", uuid, perr))
-			continue
-		}
-		summaries[uuid] = s[uuid]
-	}
-	slices.Sort(bad)
-	return summaries, bad, nil
 }
 
 // conditionFromReason rebuilds a sticky condition from a reported reason ("XID79", "GPULost").

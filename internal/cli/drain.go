@@ -127,11 +127,9 @@ func changeDrains(ctx context.Context, client kubernetes.Interface, nodeName, gp
 // resolveGPU turns an index, UUID or PCI bus ID into the GPU's UUID and index, using the agent's
 // health annotation and the drains already recorded.
 func resolveGPU(node *corev1.Node, drains map[string]gpuhealthv1.Drain, gpu string) (string, int, error) {
-	summaries := map[string]gpuhealthv1.GPUSummary{}
-	if v := node.Annotations[gpuhealthv1.HealthKey]; v != "" {
-		if err := json.Unmarshal([]byte(v), &summaries); err != nil {
-			return "", 0, fmt.Errorf("node %s: %s is not valid JSON: %w", node.Name, gpuhealthv1.HealthKey, err)
-		}
+	summaries, err := gpuhealthv1.ParseHealth(node.Annotations[gpuhealthv1.HealthKey])
+	if err != nil {
+		return "", 0, fmt.Errorf("node %s: %w", node.Name, err)
 	}
 	index, isIndex := -1, false
 	if i, err := strconv.Atoi(gpu); err == nil && i >= 0 {

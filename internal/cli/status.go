@@ -150,12 +150,10 @@ func collectStatus(nodes []corev1.Node, logger klog.Logger, now time.Time, stale
 	gpus := []GPUStatus{}
 	for _, n := range nodes {
 		first := len(gpus)
-		summaries := map[string]gpuhealthv1.GPUSummary{}
-		if v := n.Annotations[gpuhealthv1.HealthKey]; v != "" {
-			if err := json.Unmarshal([]byte(v), &summaries); err != nil {
-				logger.Error(err, "Skipping a node with a malformed health annotation", "node", n.Name)
-				continue
-			}
+		summaries, err := gpuhealthv1.ParseHealth(n.Annotations[gpuhealthv1.HealthKey])
+		if err != nil {
+			logger.Error(err, "Skipping a node with a malformed health annotation", "node", n.Name)
+			continue
 		}
 		drains, err := gpuhealthv1.ParseDrains(n.Annotations[gpuhealthv1.DrainsKey])
 		if err != nil {

@@ -243,6 +243,37 @@ func ParseHealth(value string) (map[string]GPUSummary, error) {
 	return summaries, nil
 }
 
+// ParseHealthEach decodes HealthKey's value entry by entry: an entry that does not decode is
+// left out and named in bad ("GPU-x": why), and the others are kept, so that a reader rebuilding
+// state from a partly corrupt report keeps what it can. err is set only when the value is no
+// JSON object at all.
+func ParseHealthEach(value string) (summaries map[string]GPUSummary, bad []string, err error) {
+	summaries, err = ParseHealth(value)
+	if err == nil {
+		return summaries, nil, nil
+	}
+	var entries map[string]json.RawMessage
+	if json.Unmarshal([]byte(value), &entries) != nil {
+		return nil, nil, err
+	}
+	summaries = make(map[string]GPUSummary, len(entries))
+	for uuid, raw := range entries {
+		one, merr := json.Marshal(map[string]json.RawMessage{uuid: raw})
+		if merr != nil {
+			bad = append(bad, fmt.Sprintf("%q: %v", uuid, merr))
+			continue
+		}
+		s, perr := ParseHealth(string(one))
+		if perr != nil {
+			bad = append(bad, fmt.Sprintf("%q: %v", uuid, perr))
+			continue
+		}
+		summaries[uuid] = s[uuid]
+	}
+	slices.Sort(bad)
+	return summaries, bad, nil
+}
+
 // UnhealthyIndexes returns the indexes of the physical GPUs that are Unhealthy, ascending. MIG
 // instances do not count on their own: an index names a whole card.
 func UnhealthyIndexes(snap health.Snapshot) []int {
