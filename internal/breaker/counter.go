@@ -3,7 +3,6 @@ package breaker
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
@@ -274,8 +273,8 @@ func PhysicalGPUs(healthJSON string) int {
 
 // physicalGPUs is the uncapped count of PhysicalGPUs.
 func physicalGPUs(healthJSON string) int {
-	var s map[string]gpuhealthv1.GPUSummary
-	if json.Unmarshal([]byte(healthJSON), &s) != nil {
+	s, err := gpuhealthv1.ParseHealth(healthJSON)
+	if err != nil {
 		return 0
 	}
 	n := 0

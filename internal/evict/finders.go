@@ -16,7 +16,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpuhealth/gpuhealth/internal/kube"
-	"github.com/gpuhealth/gpuhealth/internal/scheduling"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -117,7 +117,7 @@ func matchID(id, resource, prefix string, gpu health.Device, uuids []string) (bo
 	}
 	gpuPart, _, _ := strings.Cut(base, ":")
 	n, err := strconv.Atoi(gpuPart)
-	if err != nil || n < 0 || n >= scheduling.MaxGPUsPerNode {
+	if err != nil || n < 0 || n >= gpuhealthv1.MaxGPUsPerNode {
 		return false, fmt.Sprintf("%s device ID %q is neither a UUID nor an index; left alone", resource, short(id))
 	}
 	if n != gpu.Index {
@@ -214,25 +214,17 @@ func (v Volcano) Find(ctx context.Context, gpu health.Device, _ []health.Device)
 }
 
 func volcanoHolds(pod *corev1.Pod, gpu health.Device) (bool, string) {
-	if u := pod.Annotations[scheduling.GPUUUIDAnnotation]; u != "" {
+	if u := pod.Annotations[gpuhealthv1.PodGPUUUIDKey]; u != "" {
 		return strings.EqualFold(u, gpu.UUID), ""
 	}
-	v, ok := pod.Annotations[scheduling.GPUIndexAnnotation]
-	if !ok {
+	cards, present, ok := gpuhealthv1.ReadPodCards(pod.Annotations)
+	switch {
+	case !present:
 		return false, ""
+	case !ok:
+		return false, fmt.Sprintf("%s %q is not a card index; left alone", gpuhealthv1.PodGPUIndexKey, short(pod.Annotations[gpuhealthv1.PodGPUIndexKey]))
 	}
-	held, bad := false, false
-	for part := range strings.SplitSeq(v, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(part))
-		if err != nil || n < 0 || n >= scheduling.MaxGPUsPerNode {
-			bad = true
-			continue
-		}
-		held = held || n == gpu.Index
-	}
-	if bad {
-		return false, fmt.Sprintf("%s %q is not a card index; left alone", scheduling.GPUIndexAnnotation, short(v))
-	}
+	held := slices.Contains(cards, gpu.Index)
 	if held && (gpu.Index < 0 || gpu.Missing) {
 		return false, ""
 	}

@@ -33,17 +33,14 @@ const (
 	// ResourceGPUNumber is, on a node, how many cards share ResourceGPUMemory.
 	ResourceGPUNumber corev1.ResourceName = "volcano.sh/gpu-number"
 
-	// GPUIndexAnnotation on a pod names the card (NVML index) a GPU-sharing pod runs on, as
-	// Volcano records it.
-	GPUIndexAnnotation = "volcano.sh/gpu-index"
-	// GPUUUIDAnnotation on a pod names the same card by UUID, which survives index shifts.
-	GPUUUIDAnnotation = "gpuhealth.dev/gpu-uuid"
+	// GPUIndexAnnotation and GPUUUIDAnnotation name a GPU-sharing pod's card: the wire
+	// package's PodGPUIndexKey and PodGPUUUIDKey (gpuhealthv1.ReadPodCards reads them).
+	GPUIndexAnnotation = gpuhealthv1.PodGPUIndexKey
+	GPUUUIDAnnotation  = gpuhealthv1.PodGPUUUIDKey
 )
 
-// MaxGPUsPerNode bounds the GPU count read from a node's capacity, so that a corrupt quantity
-// cannot make the parser allocate without limit. Real nodes have at most a few dozen (MIG
-// instances counted as nvidia.com/gpu included).
-const MaxGPUsPerNode = 1024
+// MaxGPUsPerNode bounds the GPU count read from a node's capacity (gpuhealthv1.MaxGPUsPerNode).
+const MaxGPUsPerNode = gpuhealthv1.MaxGPUsPerNode
 
 // maxWarnings bounds the warnings one annotation produces; a 256 KiB annotation of garbage must
 // not turn into 100,000 log lines.

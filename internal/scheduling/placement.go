@@ -88,15 +88,14 @@ func PodHold(pod *corev1.Pod) (h Hold, ok bool, warning string) {
 	}
 	h = Hold{Node: pod.Spec.NodeName, GPUs: req.GPUs, Card: NoCard}
 	if req.MemoryMiB > 0 {
-		v, set := pod.Annotations[GPUIndexAnnotation]
-		card, err := strconv.Atoi(v)
+		cards, set, ok := gpuhealthv1.ReadPodCards(pod.Annotations)
 		switch {
 		case !set:
 			warning = fmt.Sprintf("GPU-sharing pod has no %s annotation: its %d MiB are not charged to a card", GPUIndexAnnotation, req.MemoryMiB)
-		case err != nil || card < 0 || card >= MaxGPUsPerNode:
-			warning = fmt.Sprintf("%s %s is not a card index: its %d MiB are not charged to a card", GPUIndexAnnotation, gpuhealthv1.Short(v), req.MemoryMiB)
+		case !ok || len(cards) != 1:
+			warning = fmt.Sprintf("%s %s is not a card index: its %d MiB are not charged to a card", GPUIndexAnnotation, gpuhealthv1.Short(pod.Annotations[GPUIndexAnnotation]), req.MemoryMiB)
 		default:
-			h.Card, h.MemoryMiB = card, req.MemoryMiB
+			h.Card, h.MemoryMiB = cards[0], req.MemoryMiB
 		}
 	}
 	return h, true, warning
