@@ -36,6 +36,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 	"github.com/gpuhealth/gpuhealth/internal/simdriver"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -455,12 +456,21 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 		return err
 	}
 
-	st.heading("GPU 5 of " + nodes[0] + " cools down")
-	if err := waitFor(ctx, "GPU 5 to recover after three clean samples", func() (bool, error) {
+	// GPU 5 cools down at the scenario's 25 s: the story says whether that happened already.
+	recovered := func() (bool, error) {
 		n, err := admin.CoreV1().Nodes().Get(ctx, nodes[0], metav1.GetOptions{})
 		return err == nil && n.Annotations[gpuhealthv1.UnhealthyIDsKey] == "3", err
-	}); err != nil {
+	}
+	if back, err := recovered(); err != nil {
 		return err
+	} else if back {
+		st.heading("GPU 5 of " + nodes[0] + " has cooled down")
+		st.say("GPU 5 is back already: Healthy again after three clean samples below its slowdown temperature")
+	} else {
+		st.heading("GPU 5 of " + nodes[0] + " cools down")
+		if err := waitFor(ctx, "GPU 5 to recover after three clean samples", recovered); err != nil {
+			return err
+		}
 	}
 	st.say("$ gpuhealth status --problems")
 	if err := status("--problems"); err != nil {
@@ -469,6 +479,26 @@ func run(ctx context.Context, bin, scenarioPath string, onDriver bool) error {
 	st.say("GPU 3 stays out until the node reboots; GPU 2 of %s until `gpuhealth undrain %s 2`", nodes[1], nodes[1])
 	st.heading("The end")
 	return nil
+}
+
+// taintedDevices names the DRA devices of node that gpuhealth's DeviceTaintRules keep work off
+// now ("gpu-3, gpu-5"; "none" when there are none).
+func taintedDevices(ctx context.Context, admin kubernetes.Interface, node string) (string, error) {
+	rules, err := admin.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: devicetaint.NodeLabel + "=" + node})
+	if err != nil {
+		return "", err
+	}
+	var names []string
+	for _, r := range rules.Items {
+		if sel := r.Spec.DeviceSelector; sel != nil && sel.Device != nil && r.Spec.Taint.Effect != resourcev1.DeviceTaintEffectNone {
+			names = append(names, *sel.Device)
+		}
+	}
+	if len(names) == 0 {
+		return "none", nil
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", "), nil
 }
 
 // driverLead is how long after its start a node's simulated driver plays its scenario's first
@@ -588,7 +618,11 @@ func sayRunning(ctx context.Context, st *story, admin kubernetes.Interface) erro
 // submitWork sends pods down both scheduler paths and tells where each landed and why.
 func submitWork(ctx context.Context, st *story, admin kubernetes.Interface) error {
 	// The DRA path: claims for one GPU each, on the node with the faults. The stock scheduler
-	// skips the tainted devices.
+	// skips the tainted devices: the story names those tainted when the claims were made.
+	tainted, err := taintedDevices(ctx, admin, nodes[0])
+	if err != nil {
+		return err
+	}
 	for i := range 2 {
 		name := fmt.Sprintf("dra-job-%d", i)
 		claim := controlplane.GPUClaim(namespace, name)
@@ -661,7 +695,7 @@ func submitWork(ctx context.Context, st *story, admin kubernetes.Interface) erro
 			if err != nil {
 				return err
 			}
-			st.say("%-18s -> %s, device %s: kube-scheduler's DRA allocator skips the devices gpuhealth tainted (gpu-3, gpu-5)", name, p.Spec.NodeName, allocated(claim))
+			st.say("%-18s -> %s, device %s: kube-scheduler's DRA allocator skips the devices gpuhealth tainted (%s)", name, p.Spec.NodeName, allocated(claim), tainted)
 		case p.Spec.NodeName != "":
 			st.say("%-18s -> %s: %s", name, p.Spec.NodeName, why(p, nodeList.Items, used))
 			if hold, ok, _ := scheduling.PodHold(p); ok {
