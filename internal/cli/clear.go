@@ -63,13 +63,10 @@ cleared nothing or did not answer in time (the request then stays for the agent 
 				}
 				condition = sel.String()
 			}
-			client, err := newUserClient(kubeconfig)
-			if err != nil {
-				return cmdutil.BadInput(err)
-			}
 			ctx := cmd.Context()
-			if by == "" {
-				by = whoAmI(ctx, client)
+			client, by, err := asOperator(ctx, kubeconfig, by)
+			if err != nil {
+				return err
 			}
 			req := gpuhealthv1.Clear{Condition: condition, Reason: reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
 			node := args[0]

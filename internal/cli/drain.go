@@ -40,13 +40,10 @@ gpuhealth.dev/gpu-health annotation.`,
 			if strings.TrimSpace(reason) == "" {
 				return cmdutil.BadInput(errors.New("--reason: required (say why, for the next person)"))
 			}
-			client, err := newUserClient(kubeconfig)
-			if err != nil {
-				return cmdutil.BadInput(err)
-			}
 			ctx := cmd.Context()
-			if by == "" {
-				by = whoAmI(ctx, client)
+			client, by, err := asOperator(ctx, kubeconfig, by)
+			if err != nil {
+				return err
 			}
 			uuid, index, err := changeDrains(ctx, client, args[0], args[1], func(drains map[string]gpuhealthv1.Drain, uuid string, index int) (bool, error) {
 				drains[uuid] = gpuhealthv1.Drain{Index: index, Reason: reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
@@ -169,6 +166,19 @@ func normalizeBusID(id string) string {
 		return n
 	}
 	return strings.ToLower(id)
+}
+
+// asOperator returns the API client of the user running an operator's command and who they are:
+// by when given, else what the API server knows them as.
+func asOperator(ctx context.Context, kubeconfig, by string) (kubernetes.Interface, string, error) {
+	client, err := newUserClient(kubeconfig)
+	if err != nil {
+		return nil, "", cmdutil.BadInput(err)
+	}
+	if by == "" {
+		by = whoAmI(ctx, client)
+	}
+	return client, by, nil
 }
 
 // whoAmI asks the API server who the caller is; it falls back to "unknown".

@@ -45,13 +45,10 @@ verdict came in time (a test that gives no verdict is retried by the agent; the 
 			if strings.TrimSpace(reason) == "" {
 				reason = "requested with gpuhealth validate"
 			}
-			client, err := newUserClient(kubeconfig)
-			if err != nil {
-				return cmdutil.BadInput(err)
-			}
 			ctx := cmd.Context()
-			if by == "" {
-				by = whoAmI(ctx, client)
+			client, by, err := asOperator(ctx, kubeconfig, by)
+			if err != nil {
+				return err
 			}
 			req := gpuhealthv1.ValidationRequest{Reason: reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
 			node := args[0]
