@@ -14,7 +14,6 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/report"
-	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -57,7 +56,7 @@ func TestWireHandsEveryWriterToTheFanOut(t *testing.T) {
 			clk := clocktesting.NewFakeClock(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
 			backend := sim.New(sc, sim.Options{Clock: clk})
 			opts := Options{
-				NodeName: "n1", Client: adapt.Clientset(client), Backend: simBackend{backend}, Policy: health.DefaultPolicy(),
+				NodeName: "n1", Client: adapt.Clientset(client), Backend: backend, Policy: health.DefaultPolicy(),
 				Agent: config.AgentConfig{Reporters: tc.reporters, CheckpointPath: "-"},
 				Clock: clk, Registry: prometheus.NewRegistry(), KernelLog: kmsg.NewCompanion(),
 			}
@@ -97,8 +96,3 @@ func TestWireHandsEveryWriterToTheFanOut(t *testing.T) {
 		})
 	}
 }
-
-// simBackend is the simulator as a gpu.Backend.
-type simBackend struct{ *sim.Backend }
-
-func (b simBackend) Run(ctx context.Context, sink gpu.Sink) error { return b.Backend.Run(ctx, sink) }

@@ -41,7 +41,7 @@ var errReexec = errors.New("the NVIDIA driver came back as another library: this
 type nvmlSession interface {
 	Devices() []health.Device
 	DriverVersion() string
-	Run(ctx context.Context, sink gpunvml.Sink) error
+	Run(ctx context.Context, sink gpu.Sink) error
 	Close() error
 }
 

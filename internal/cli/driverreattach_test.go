@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
@@ -33,7 +34,7 @@ func newFakeSession(uuids ...string) *fakeSession {
 
 func (s *fakeSession) Devices() []health.Device { return s.devices }
 func (s *fakeSession) DriverVersion() string    { return "535.261.03" }
-func (s *fakeSession) Run(ctx context.Context, _ gpunvml.Sink) error {
+func (s *fakeSession) Run(ctx context.Context, _ gpu.Sink) error {
 	select {
 	case err := <-s.ends:
 		return err

@@ -15,13 +15,16 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	"github.com/gpuhealth/gpuhealth/internal/nodegpu"
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 func newWatchCommand() *cobra.Command {
-	var backend, scenarioPath, configPath, output string
+	var configPath, output string
+	var backend nodegpu.BackendFlags
 	var nvmlOpts cmdutil.NVMLOptions
 	cmd := &cobra.Command{
 		Use:   "watch [--backend nvml|sim] [--scenario FILE] [--config FILE] [--output json|table]",
@@ -43,13 +46,8 @@ a MIG instance).`,
 			if output != "json" && output != "table" {
 				return cmdutil.BadInput(fmt.Errorf("--output: must be json or table, got %q", output))
 			}
-			switch {
-			case backend != "nvml" && backend != "sim":
-				return cmdutil.BadInput(fmt.Errorf("--backend: must be nvml or sim, got %q", backend))
-			case backend == "sim" && scenarioPath == "":
-				return cmdutil.BadInput(errors.New("--scenario: required with --backend sim"))
-			case backend == "nvml" && scenarioPath != "":
-				return cmdutil.BadInput(errors.New("--scenario: only with --backend sim"))
+			if err := backend.Validate(); err != nil {
+				return err
 			}
 			cfg, policy, err := cmdutil.LoadConfig(configPath)
 			if err != nil {
@@ -59,14 +57,13 @@ a MIG instance).`,
 				fmt.Fprintln(cmd.ErrOrStderr(), prefix, args)
 			}, funcr.Options{})
 
-			var src watchSource
-			if backend == "sim" {
-				sc, err := sim.LoadScenario(scenarioPath)
+			var be gpu.Backend
+			if backend.Backend == "sim" {
+				sc, err := sim.LoadScenario(backend.Scenario)
 				if err != nil {
 					return cmdutil.BadInput(err)
 				}
-				be := sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: cfg.SampleEvery()})
-				src = watchSource{devices: be.Devices(), run: func(ctx context.Context, m *health.Monitor) error { return be.Run(ctx, m) }}
+				be = sim.New(sc, sim.Options{Clock: clock.RealClock{}, SampleInterval: cfg.SampleEvery()})
 			} else {
 				b, err := nvmlOpts.Open(gpunvml.WithSamplePeriod(cfg.SampleEvery()), gpunvml.WithLogger(logger))
 				if err != nil {
@@ -77,32 +74,27 @@ a MIG instance).`,
 						logger.Error(err, "closing NVML")
 					}
 				}()
-				src = watchSource{devices: b.Devices(), run: func(ctx context.Context, m *health.Monitor) error { return b.Run(ctx, m) }}
+				be = b
 			}
-			return runWatch(klog.NewContext(cmd.Context(), logger), src, policy, output, cmd.OutOrStdout())
+			return runWatch(klog.NewContext(cmd.Context(), logger), be, policy, output, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().StringVar(&backend, "backend", "nvml", "GPU backend: nvml (this node's GPUs) or sim (a scenario)")
-	cmd.Flags().StringVar(&scenarioPath, "scenario", "", "scenario file to replay (with --backend sim)")
+	// watch's own help for the flags of nodegpu.BackendFlags, checked by its Validate.
+	cmd.Flags().StringVar(&backend.Backend, "backend", "nvml", "GPU backend: nvml (this node's GPUs) or sim (a scenario)")
+	cmd.Flags().StringVar(&backend.Scenario, "scenario", "", "scenario file to replay (with --backend sim)")
 	cmd.Flags().StringVar(&configPath, "config", "", "HealthConfig file (default: the built-in default profile)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: json or table")
 	nvmlOpts.AddFlags(cmd.Flags())
 	return cmd
 }
 
-// watchSource is a backend watch runs: its devices, and a loop that feeds a monitor until the
-// end of a scenario or of its context.
-type watchSource struct {
-	devices []health.Device
-	run     func(context.Context, *health.Monitor) error
-}
-
-// runWatch runs src into a monitor and prints each transition until src returns (the end of a
-// scenario) or ctx ends (a signal). The backend runs in a goroutine this function waits for; it
-// logs through ctx's logger.
-func runWatch(ctx context.Context, src watchSource, policy *health.Policy, output string, out io.Writer) error {
+// runWatch runs backend into a monitor and prints each transition until the backend returns
+// (the end of a scenario) or ctx ends (a signal). The backend runs in a goroutine this function
+// waits for; it logs through ctx's logger.
+func runWatch(ctx context.Context, backend gpu.Backend, policy *health.Policy, output string, out io.Writer) error {
 	log := klog.FromContext(ctx)
-	rt, err := health.NewRuntime(policy, src.devices, health.RuntimeOptions{})
+	devices := backend.Devices()
+	rt, err := health.NewRuntime(policy, devices, health.RuntimeOptions{})
 	if err != nil {
 		return err
 	}
@@ -111,12 +103,12 @@ func runWatch(ctx context.Context, src watchSource, policy *health.Policy, outpu
 	sub.Next() // the initial all-healthy state is not a transition
 
 	p := transitionPrinter{out: out, json: output == "json"}
-	if err := p.header(src.devices); err != nil {
+	if err := p.header(devices); err != nil {
 		return err
 	}
 
 	// The runtime ticks the monitor (quiet periods end with time, not only with signals) and runs
-	// the source; the source's end, not the runtime's, ends watch.
+	// the backend; the backend's end, not the runtime's, ends watch.
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srcDone := make(chan error, 1)
@@ -125,7 +117,7 @@ func runWatch(ctx context.Context, src watchSource, policy *health.Policy, outpu
 		defer close(rtDone)
 		// The feed always returns nil (its error goes to srcDone), so Run has none to return.
 		_ = rt.Run(runCtx, func(ctx context.Context, m *health.Monitor) error {
-			srcDone <- src.run(ctx, m)
+			srcDone <- backend.Run(ctx, m)
 			return nil
 		})
 	}()
@@ -133,7 +125,7 @@ func runWatch(ctx context.Context, src watchSource, policy *health.Policy, outpu
 		select {
 		case <-sub.C():
 			if err := p.update(sub, log); err != nil {
-				// Stdout is gone; stop the source and report why.
+				// Stdout is gone; stop the backend and report why.
 				cancel()
 				<-rtDone
 				if rerr := <-srcDone; rerr != nil && !errors.Is(rerr, context.Canceled) {

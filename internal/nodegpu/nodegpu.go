@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
@@ -112,44 +111,36 @@ func Open(ctx context.Context, o Options) (Opened, error) {
 // NVMLBackend returns the NVML backend Open opened (nil for the simulator).
 func NVMLBackend(be ResettingBackend) *gpunvml.Backend {
 	if n, ok := be.(nvmlBackend); ok {
-		return n.b
+		return n.Backend
 	}
 	return nil
 }
 
-// simBackend adapts the simulator to the agent and the device plugin.
-type simBackend struct{ b *sim.Backend }
+// simBackend is the simulator for the agent and the device plugin: a gpu.Backend as it is (its
+// Run takes the gpu.Sink), with its scenario's missing GPUs (Placeholders: the simulator's PCI
+// bus) and the DCGM-like diagnostic of its GPUs (gpu.Diagnoser); it adds the Resetter.
+type simBackend struct{ *sim.Backend }
 
-func (s simBackend) Devices() []health.Device { return s.b.Devices() }
-
-// Placeholders are the scenario's missing GPUs (gpus.missing): the simulator's PCI bus.
-func (s simBackend) Placeholders() []health.Device { return s.b.Placeholders() }
-func (s simBackend) Run(ctx context.Context, sink gpu.Sink) error {
-	return s.b.Run(ctx, sink)
-}
+var (
+	_ ResettingBackend   = simBackend{}
+	_ placeholderBackend = simBackend{}
+	_ gpu.Diagnoser      = simBackend{}
+)
 
 // Resetter: the simulator resets its GPUs itself; the command is for real GPUs.
-func (s simBackend) Resetter([]string) (gpu.Resetter, error) { return s.b, nil }
+func (s simBackend) Resetter([]string) (gpu.Resetter, error) { return s.Backend, nil }
 
-// Diagnose: the simulated GPUs' diagnostic answers as DCGM's does (gpu.Diagnoser).
-func (s simBackend) Diagnose(ctx context.Context, uuid string) ([]byte, int, error) {
-	return s.b.Diagnose(ctx, uuid)
-}
+// nvmlBackend is the NVML backend for the agent and the device plugin: a gpu.Backend as it is,
+// whose Up (gpuhealth_source_up{source="nvml"}) and Stalled (/healthz fails while an NVML call
+// hangs: agent.Staller) the agent reads; it adds the source's name and the Resetter.
+type nvmlBackend struct{ *gpunvml.Backend }
 
-type nvmlBackend struct{ b *gpunvml.Backend }
+var _ ResettingBackend = nvmlBackend{}
 
-func (n nvmlBackend) Devices() []health.Device { return n.b.Devices() }
-func (n nvmlBackend) Run(ctx context.Context, sink gpu.Sink) error {
-	return n.b.Run(ctx, sink)
-}
-
-// SourceName and Up: gpuhealth_source_up{source="nvml"}.
+// SourceName names the backend in gpuhealth_source_up.
 func (n nvmlBackend) SourceName() string { return "nvml" }
-func (n nvmlBackend) Up() bool           { return n.b.Up() }
 
-// Stalled: /healthz fails while an NVML call hangs (agent.Staller).
-func (n nvmlBackend) Stalled(now time.Time) error { return n.b.Stalled(now) }
-
+// Resetter resets a GPU by running the command (gpunvml.Backend.CommandResetter).
 func (n nvmlBackend) Resetter(command []string) (gpu.Resetter, error) {
-	return n.b.CommandResetter(command)
+	return n.CommandResetter(command)
 }

@@ -281,6 +281,7 @@ func (p printSink) Signal(s health.Signal) {
 		_ = p.enc.Encode(s)
 	}
 }
+func (p printSink) Reboot(string, time.Time)    {}
 func (p printSink) SetUnmonitored(string, bool) {}
 
 const fourGPUs = "node: sd-node\ngpus: {count: 4}\nevents:\n  - {at: 0s, gpu: 1, temperatureC: 97}\n  - {at: 0s, gpu: 3, ecc: {uncorrectedVolatile: 2}}\n"

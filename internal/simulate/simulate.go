@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -117,10 +118,10 @@ type Options struct {
 	SampleInterval time.Duration
 }
 
-// Recorder feeds a health tracker with the signals of any backend (the sim backend's Sink, the
-// NVML backend's Sink and CheckSink) and keeps every transition, so that a replay through either
-// backend ends in a Result. It is safe for concurrent use: the NVML backend signals from its
-// sampler and its event loop at once.
+// Recorder feeds a health tracker with the signals of any backend (it is a gpu.Sink, with the
+// simulator's PeerSink and the NVML backend's CheckSink) and keeps every transition, so that a
+// replay through either backend ends in a Result. It is safe for concurrent use: the NVML
+// backend signals from its sampler and its event loop at once.
 type Recorder struct {
 	tracker *health.Tracker
 	start   time.Time
@@ -131,6 +132,11 @@ type Recorder struct {
 	signals     uint64
 	err         error
 }
+
+var (
+	_ gpu.Sink     = (*Recorder)(nil)
+	_ sim.PeerSink = (*Recorder)(nil)
+)
 
 // NewRecorder returns a recorder for devices under policy; start is the scenario's 0s, which
 // the Result's offsets count from.

@@ -26,13 +26,23 @@ type Diagnoser interface {
 	Diagnose(ctx context.Context, uuid string) (output []byte, exitCode int, err error)
 }
 
-// Sink is what a Backend feeds: a *health.Monitor, or a kmsg.BackendSink in front of one.
-// A backend may ask its sink for more (the NVML backend's CheckSink).
+// Sink is what every Backend feeds: a *health.Monitor, or the health.Feed in front of one that
+// kmsg.Companion.BackendFeed returns. It is the one sink of the backends; a backend that needs
+// more asks for it through a small interface of its own, discovered by type assertion (the NVML
+// backend's CheckSink, the simulator's PeerSink).
 type Sink interface {
+	// Signal receives one signal.
 	Signal(health.Signal)
+	// Reboot is called when the node reboots, with the new boot ID (the simulator's reboots).
 	Reboot(bootID string, at time.Time)
+	// SetUnmonitored marks a device whose events cannot be watched (or clears the mark).
 	SetUnmonitored(uuid string, unmonitored bool)
 }
+
+var (
+	_ Sink = (*health.Monitor)(nil)
+	_ Sink = (*health.Feed)(nil)
+)
 
 // Backend is a source of GPU signals: the GPUs it watches, and a Run that feeds their signals
 // to a sink until its context ends or the backend fails.

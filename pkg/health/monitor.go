@@ -11,8 +11,8 @@ import (
 const MaxPendingTransitions = 4096
 
 // Monitor connects a backend to a Tracker and to any number of subscribers. Backends call
-// Signal, Reboot, SetUnmonitored and SetCheckUnmonitored (they declare those methods in their
-// own small Sink interfaces); subscribers receive the latest Snapshot and the transitions since they last
+// Signal, Reboot, SetUnmonitored and SetCheckUnmonitored (they take it as a gpu.Sink, with
+// SetCheckUnmonitored as a capability); subscribers receive the latest Snapshot and the transitions since they last
 // looked. A slow subscriber never blocks the backend: snapshots coalesce to the latest one.
 type Monitor struct {
 	tracker *Tracker

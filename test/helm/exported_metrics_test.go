@@ -384,11 +384,6 @@ func scrapeAgent(t *testing.T) string {
 	return text
 }
 
-// simBackend is the simulator as the agent's backend (gpu.Backend).
-type simBackend struct{ *sim.Backend }
-
-func (b simBackend) Run(ctx context.Context, sink gpu.Sink) error { return b.Backend.Run(ctx, sink) }
-
 // scrapeValidatingAgent runs an agent with remediation and validation on, on a simulated GPU
 // whose XID 48 a reset clears and whose diagnostic fails, and returns its /metrics once a
 // validation has been judged: the validation series exist only from a verdict on.
@@ -407,7 +402,7 @@ func scrapeValidatingAgent(t *testing.T) string {
 	g.Go(func() error {
 		return agent.Run(gctx, agent.Options{
 			NodeName: "n1", Client: adapt.Clientset(client), Policy: health.DefaultPolicy(), BootID: backend.BootID(),
-			Backend:        simBackend{backend},
+			Backend:        backend,
 			Agent:          config.AgentConfig{CheckpointPath: "-"},
 			MetricsAddress: "127.0.0.1:0",
 			Ready:          func(a string) { addr.Store(a) },

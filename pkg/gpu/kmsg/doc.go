@@ -22,7 +22,7 @@
 //     recovery action of XID 154, a lost GPU (also for one that failed to initialise).
 //   - [Source] puts these together: [OpenSource] replays the buffer since boot, skips what the
 //     checkpoint's [health.Cursor] says was applied before a restart, follows new records, and
-//     feeds a [Sink] (a *health.Monitor) one record at a time with [health.Monitor.Advance],
+//     feeds a [ReplaySink] (a *health.Monitor) one record at a time with [health.Monitor.Advance],
 //     so the cursor and the faults it produced are saved together. Only records of the kernel
 //     facility count: an NVRM line a process wrote is counted as spoofed ([Stats]).
 //   - [Companion] runs the kernel log beside a GPU backend as the agent and the device plugin

@@ -297,7 +297,7 @@ func NormalizeBusID(s string) (string, bool) {
 	s = strings.TrimSpace(s)
 	// The driver writes the domain in four digits and NVML in eight, always with it.
 	domain, _, _ := strings.Cut(s, ":")
-	if strings.Count(s, ":") != 2 || len(domain) != 4 && !(len(domain) == 8 && strings.HasPrefix(domain, "0000")) {
+	if strings.Count(s, ":") != 2 || len(domain) != 4 && (len(domain) != 8 || !strings.HasPrefix(domain, "0000")) {
 		return "", false
 	}
 	if !strings.Contains(s, ".") {
@@ -305,16 +305,4 @@ func NormalizeBusID(s string) (string, bool) {
 	}
 	out, err := health.NormalizePCIBusID(s)
 	return out, err == nil
-}
-
-func isHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := range len(s) {
-		if _, ok := unhex(s[i]); !ok {
-			return false
-		}
-	}
-	return true
 }

@@ -17,8 +17,11 @@ import (
 // SourceName names the kernel log among a Monitor's replayable sources and in metrics.
 const SourceName = "kmsg"
 
-// Sink is what a Source feeds; *health.Monitor satisfies it.
-type Sink interface {
+// ReplaySink is what a Source feeds; *health.Monitor satisfies it. It is not a gpu.Sink, nor a
+// capability of one: a replayable source applies signals only together with its cursor, one
+// record at a time, and reads the cursor back at start, so it needs both methods and nothing
+// of gpu.Sink.
+type ReplaySink interface {
 	// Cursor returns how far the source's records were applied, as restored from the checkpoint.
 	Cursor(source string) (health.Cursor, bool)
 	// Advance applies the signals of one record and moves the cursor past it, atomically for
@@ -26,7 +29,7 @@ type Sink interface {
 	Advance(source string, to health.Cursor, sigs ...health.Signal)
 }
 
-var _ Sink = (*health.Monitor)(nil)
+var _ ReplaySink = (*health.Monitor)(nil)
 
 // SourceOptions configure a Source.
 type SourceOptions struct {
@@ -123,7 +126,7 @@ func (s *Source) Stats() Stats {
 // Run reads records until ctx is done (then it returns nil) or the log fails to read. Bad
 // records, spoofed lines, unknown GPUs and overruns are counted and logged (ctx's logr logger,
 // sparingly: a flood of them logs O(log n) lines), never fatal.
-func (s *Source) Run(ctx context.Context, sink Sink) error {
+func (s *Source) Run(ctx context.Context, sink ReplaySink) error {
 	logger := logr.FromContextOrDiscard(ctx).WithValues("source", SourceName)
 	from, ok := sink.Cursor(SourceName)
 	resume := ok && from.BootID == s.opts.BootID && s.opts.BootID != ""

@@ -71,7 +71,7 @@ func (f *fakeSink) signals() []health.Signal {
 }
 
 // runSource runs a Source over reads until it has read n records, stops it and returns it.
-func runSource(t *testing.T, sink Sink, opts SourceOptions, n uint64, reads ...fakeRead) *Source {
+func runSource(t *testing.T, sink ReplaySink, opts SourceOptions, n uint64, reads ...fakeRead) *Source {
 	t.Helper()
 	if opts.clock == nil {
 		opts.clock = testClock

@@ -3,6 +3,7 @@ package nvml
 import (
 	"fmt"
 
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -11,7 +12,7 @@ import (
 
 // emitBroken reports the GPU as broken when the reading ended because it is; it reports whether
 // it did.
-func (b *Backend) emitBroken(g *gpu, r Readings, base health.Signal, sink Sink) bool {
+func (b *Backend) emitBroken(g *gpu, r Readings, base health.Signal, sink gpuapi.Sink) bool {
 	kind, ok := r.fault()
 	if ok {
 		b.reportBroken(g, kind, base.Time, sink)
@@ -20,7 +21,7 @@ func (b *Backend) emitBroken(g *gpu, r Readings, base health.Signal, sink Sink) 
 }
 
 // emitRecoveryAction reads and reports NVML's recovery action after an event announced a change.
-func (b *Backend) emitRecoveryAction(g *gpu, base health.Signal, sink Sink) {
+func (b *Backend) emitRecoveryAction(g *gpu, base health.Signal, sink gpuapi.Sink) {
 	var r Readings
 	action, ok, _ := b.recoveryAction(g, reader{&r})
 	switch {
@@ -36,7 +37,7 @@ func (b *Backend) emitRecoveryAction(g *gpu, base health.Signal, sink Sink) {
 
 // emitECCAfterEvent reads the ECC totals after an ECC event. When they cannot be read, a
 // double-bit event still reports one uncorrected error.
-func (b *Backend) emitECCAfterEvent(g *gpu, doubleBit bool, base health.Signal, sink Sink) {
+func (b *Backend) emitECCAfterEvent(g *gpu, doubleBit bool, base health.Signal, sink gpuapi.Sink) {
 	var r Readings
 	_ = b.readECC(g, reader{&r})
 	switch {
@@ -65,7 +66,7 @@ func (b *Backend) emitECCAfterEvent(g *gpu, doubleBit bool, base health.Signal, 
 // falls back to them. When nothing can be read (MIG mode, a failed reading), the event itself is
 // reported: a pending retirement on an older GPU, a pending row remap on a newer one, or a
 // remap failure.
-func (b *Backend) emitRetirementAfterEvent(g *gpu, failure bool, base health.Signal, sink Sink) {
+func (b *Backend) emitRetirementAfterEvent(g *gpu, failure bool, base health.Signal, sink gpuapi.Sink) {
 	var r Readings
 	rd := reader{&r}
 	_ = b.readRemappedRows(g, rd)

@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -24,15 +25,9 @@ const (
 	DefaultStartBackoff   = time.Second
 )
 
-// Sink receives what the backend learns. *health.Monitor satisfies it.
-type Sink interface {
-	// Signal receives one signal.
-	Signal(health.Signal)
-	// SetUnmonitored marks a device whose events cannot be watched (or clears the mark).
-	SetUnmonitored(uuid string, unmonitored bool)
-}
-
-var _ Sink = (*health.Monitor)(nil)
+// Backend feeds the one sink every backend feeds (gpu.Sink; it never calls Reboot: a reboot
+// ends the process that watches), and asks it for more through CheckSink.
+var _ gpuapi.Backend = (*Backend)(nil)
 
 type options struct {
 	samplePeriod   time.Duration

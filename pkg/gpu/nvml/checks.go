@@ -7,10 +7,11 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// CheckSink is what a Sink can also do, discovered by type assertion: record that one check
+// CheckSink is what a gpu.Sink can also do, discovered by type assertion: record that one check
 // cannot run on a device. *health.Monitor implements it. Without it, the checks that cannot run
 // are only logged (once, at Open) and listed by Probe.
 type CheckSink interface {
@@ -123,7 +124,7 @@ func (b *Backend) logOff() {
 
 // announce tells sink, as Run starts, what Open learnt: the checks that cannot run on each GPU
 // (and its MIG devices), and the GPUs that were broken already.
-func (b *Backend) announce(sink Sink) {
+func (b *Backend) announce(sink gpuapi.Sink) {
 	cs, _ := sink.(CheckSink)
 	for _, g := range b.gpus {
 		if cs != nil {

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 )
 
 // The NVIDIA driver can go away under a running backend: the GPU operator's driver container is
@@ -83,7 +85,7 @@ func (b *Backend) checkDriver() *DriverGoneError {
 // driverWentAway ends Run after a loop saw the driver go: every GPU is unmonitored from now on
 // (its health as it was). The first report wins; later ones (the other loop seeing the same)
 // return the same error.
-func (b *Backend) driverWentAway(gone *DriverGoneError, sink Sink) error {
+func (b *Backend) driverWentAway(gone *DriverGoneError, sink gpuapi.Sink) error {
 	if !b.gone.CompareAndSwap(nil, gone) {
 		return b.gone.Load()
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
@@ -115,7 +116,7 @@ func (f *fixture) driverAnswers() func(nvml.Return) {
 // runToEnd starts b.Run, waits for its first sampling round and its first Wait, and returns
 // where Run's result comes: for tests in which Run ends by itself (its context ends with the
 // test).
-func (f *fixture) runToEnd(b *gpunvml.Backend, sink gpunvml.Sink) <-chan error {
+func (f *fixture) runToEnd(b *gpunvml.Backend, sink gpuapi.Sink) <-chan error {
 	f.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	f.t.Cleanup(cancel)

@@ -7,6 +7,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sync/errgroup"
 
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -57,7 +58,7 @@ func EventNames(mask uint64) []string {
 // watching cannot start (no event set can be created, after the tries WithStartRetries sets). Every event set is freed before
 // Run returns. Run may be called once at a time. A reset through CommandResetter parks the
 // event loop and the sampler while it runs (see session.go).
-func (b *Backend) Run(ctx context.Context, sink Sink) error {
+func (b *Backend) Run(ctx context.Context, sink gpuapi.Sink) error {
 	b.announce(sink)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return b.watchEvents(ctx, sink) })
@@ -83,7 +84,7 @@ func (b *Backend) supportedEvents(g *gpu) (uint64, nvml.Return) {
 	return mask, ret
 }
 
-func (b *Backend) setUnmonitored(g *gpu, sink Sink, unmonitored bool) {
+func (b *Backend) setUnmonitored(g *gpu, sink gpuapi.Sink, unmonitored bool) {
 	sink.SetUnmonitored(g.dev.UUID, unmonitored)
 	for _, m := range g.migs {
 		sink.SetUnmonitored(m.UUID, unmonitored)
@@ -130,7 +131,7 @@ func (b *Backend) attribute(h nvml.Device) (target, bool) {
 }
 
 // handleEvent turns one event into signals.
-func (b *Backend) handleEvent(e nvml.EventData, sink Sink) {
+func (b *Backend) handleEvent(e nvml.EventData, sink gpuapi.Sink) {
 	now := b.opts.clock.Now()
 	if e.EventType == nvml.EventMigConfigChange {
 		// Whichever GPU it names, the layout is compared with the inventory at the next round.
@@ -151,7 +152,7 @@ func (b *Backend) handleEvent(e nvml.EventData, sink Sink) {
 	b.eventSignals(t, e, now, sink)
 }
 
-func (b *Backend) eventSignals(t target, e nvml.EventData, now time.Time, sink Sink) {
+func (b *Backend) eventSignals(t target, e nvml.EventData, now time.Time, sink gpuapi.Sink) {
 	g := t.gpu
 	base := health.Signal{Device: g.dev.UUID, Time: now}
 	switch e.EventType {
@@ -186,7 +187,7 @@ func (b *Backend) eventSignals(t target, e nvml.EventData, now time.Time, sink S
 // unattributed handles an event whose device handle matches no GPU and has no readable UUID.
 // Usually the handle's GPU is gone: every GPU that no longer answers the probe (see alive) is
 // lost. Only when every GPU still answers is the event applied to all of them, failing safe.
-func (b *Backend) unattributed(e nvml.EventData, now time.Time, sink Sink) {
+func (b *Backend) unattributed(e nvml.EventData, now time.Time, sink gpuapi.Sink) {
 	b.stats.add(func(s *Stats) { s.Unattributed++ })
 	if b.probeLost(sink) > 0 {
 		return

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 )
 
 // watcher owns the event sets of one Run: it creates one (trying again at start, when the node
@@ -13,7 +15,7 @@ import (
 // it when it can no longer be used. Only the event loop's goroutine touches it.
 type watcher struct {
 	b    *Backend
-	sink Sink
+	sink gpuapi.Sink
 	// set is nil while there is none; registered lists the GPUs registered on it.
 	set        nvml.EventSet
 	registered []*gpu
@@ -28,7 +30,7 @@ type watcher struct {
 
 // watchEvents runs the event loop until ctx ends and frees the event set before it returns. It
 // returns an error only when no event set can be created at start.
-func (b *Backend) watchEvents(ctx context.Context, sink Sink) error {
+func (b *Backend) watchEvents(ctx context.Context, sink gpuapi.Sink) error {
 	w := &watcher{b: b, sink: sink}
 	defer w.free()
 	err := w.start(ctx)

@@ -14,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	testingclock "k8s.io/utils/clock/testing"
 
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
 )
@@ -300,7 +301,7 @@ func (f *fixture) open(opts ...gpunvml.Option) *gpunvml.Backend {
 
 // run starts b.Run and waits for the first sampling round; stopping it is registered as a
 // cleanup that also checks Run's result and that the event set was freed.
-func (f *fixture) run(b *gpunvml.Backend, sink gpunvml.Sink) (stop func()) {
+func (f *fixture) run(b *gpunvml.Backend, sink gpuapi.Sink) (stop func()) {
 	f.t.Helper()
 	events := f.eventsAtStart() // before Run consumes the queued answers
 	ctx, cancel := context.WithCancel(context.Background())

@@ -5,12 +5,13 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // reportBroken tells sink that g is lost or needs a reset. A lost GPU is remembered: it is not
 // registered on an event set again.
-func (b *Backend) reportBroken(g *gpu, kind health.SignalKind, at time.Time, sink Sink) {
+func (b *Backend) reportBroken(g *gpu, kind health.SignalKind, at time.Time, sink gpuapi.Sink) {
 	if kind == health.SignalLost {
 		g.lost.Store(true)
 	}
@@ -38,7 +39,7 @@ func (b *Backend) alive(g *gpu) nvml.Return {
 
 // probeLost asks every GPU whether it is still there (see alive) and reports those that cannot
 // answer as lost, or as needing a reset when NVML says so. It returns how many did not answer.
-func (b *Backend) probeLost(sink Sink) int {
+func (b *Backend) probeLost(sink gpuapi.Sink) int {
 	n := 0
 	for _, g := range b.gpus {
 		if ret := b.alive(g); ret != nvml.SUCCESS {

@@ -109,7 +109,7 @@ func (r *commandResetter) Reset(ctx context.Context, uuid string) error {
 }
 
 // emitCommandReset reports a reset made by CommandResetter since the last round.
-func (b *Backend) emitCommandReset(g *gpu, base health.Signal, sink Sink) {
+func (b *Backend) emitCommandReset(g *gpu, base health.Signal, sink gpuapi.Sink) {
 	if g.resetDone.Swap(false) {
 		b.stats.add(func(s *Stats) { s.Resets++ })
 		sink.Signal(with(base, health.SignalReset))

@@ -4,13 +4,14 @@ import (
 	"context"
 	"strings"
 
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
 // sampleLoop runs a sampling round at once (it sets the counters' baselines) and then every
 // sample period until ctx ends, or until the driver went away (a *DriverGoneError) or the MIG
 // layout changed (an *InventoryChangedError).
-func (b *Backend) sampleLoop(ctx context.Context, sink Sink) error {
+func (b *Backend) sampleLoop(ctx context.Context, sink gpuapi.Sink) error {
 	for {
 		// While a reset has NVML the round waits; it then reads the GPUs afresh.
 		if _, ok := b.gate.enter(ctx); !ok {
@@ -48,7 +49,7 @@ func (b *Backend) sampleLoop(ctx context.Context, sink Sink) error {
 	}
 }
 
-func (b *Backend) sampleAll(sink Sink) {
+func (b *Backend) sampleAll(sink gpuapi.Sink) {
 	for _, g := range b.gpus {
 		b.emitReadings(g, b.read(g), sink)
 	}
@@ -58,7 +59,7 @@ func (b *Backend) sampleAll(sink Sink) {
 // emitReadings turns one round of readings into signals and ends the round with SignalSample.
 // A lost GPU gets SignalLost and nothing else, a GPU that needs a reset SignalResetRequired and
 // nothing else; readings without data produce no signal.
-func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
+func (b *Backend) emitReadings(g *gpu, r Readings, sink gpuapi.Sink) {
 	base := health.Signal{Device: g.dev.UUID, Time: r.Time}
 	b.emitCommandReset(g, base, sink)
 	if kind, ok := r.fault(); ok {
@@ -135,7 +136,7 @@ func (b *Backend) emitReadings(g *gpu, r Readings, sink Sink) {
 
 // emitEarlyWarnings passes on the row remapper histogram, the SRAM ECC status, the PCIe link
 // and the fabric state.
-func (b *Backend) emitEarlyWarnings(r Readings, base health.Signal, sink Sink) {
+func (b *Backend) emitEarlyWarnings(r Readings, base health.Signal, sink gpuapi.Sink) {
 	if h := r.RowRemapHistogram; h != nil {
 		s := with(base, health.SignalRowRemapHistogram)
 		s.BanksLow, s.BanksNone = h.Low, h.None
@@ -163,7 +164,7 @@ func (b *Backend) emitEarlyWarnings(r Readings, base health.Signal, sink Sink) {
 // round: one that cannot run (NOT_SUPPORTED, a reading not believed) is not running on the GPU
 // and its MIG devices until a reading is taken again. The checks Open found off are announced
 // by announce and never change.
-func (b *Backend) markChecks(g *gpu, checks []checkState, sink Sink) {
+func (b *Backend) markChecks(g *gpu, checks []checkState, sink gpuapi.Sink) {
 	cs, ok := sink.(CheckSink)
 	if !ok {
 		return
@@ -200,7 +201,7 @@ const eccNearZero = 16
 // own: the totals are read again. A glitch (the second read back where the totals were), totals
 // lower but not near zero (40 → 39: no reset does that) and totals that cannot be read again are
 // counted in Stats().Glitches and logged, and are no reset.
-func (b *Backend) emitECC(g *gpu, e ECCReading, base health.Signal, sink Sink) {
+func (b *Backend) emitECC(g *gpu, e ECCReading, base health.Signal, sink gpuapi.Sink) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	lower := func(e ECCReading) bool {

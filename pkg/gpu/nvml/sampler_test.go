@@ -9,6 +9,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 	gpunvml "github.com/gpuhealth/gpuhealth/pkg/gpu/nvml"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/healthtest"
@@ -169,11 +170,16 @@ func kindsOf(sigs []health.Signal, uuid string) []health.SignalKind {
 }
 
 // teeSink sends everything to two sinks.
-type teeSink [2]gpunvml.Sink
+type teeSink [2]gpuapi.Sink
 
 func (t teeSink) Signal(s health.Signal) {
 	t[0].Signal(s)
 	t[1].Signal(s)
+}
+
+func (t teeSink) Reboot(bootID string, at time.Time) {
+	t[0].Reboot(bootID, at)
+	t[1].Reboot(bootID, at)
 }
 
 func (t teeSink) SetUnmonitored(uuid string, u bool) {

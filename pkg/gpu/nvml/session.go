@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	gpuapi "github.com/gpuhealth/gpuhealth/pkg/gpu"
 )
 
 // A GPU reset needs the GPU free of every client, this backend's NVML session included:
@@ -81,7 +83,7 @@ func (b *Backend) reacquire() error {
 // keepNVML watches for NVML being down after a reset (Init failed). Then every GPU that is not
 // lost is unmonitored, and Init is tried again with the wait backoff until it succeeds; the
 // event loop's registrations clear the marks again. It returns nil when ctx ends.
-func (b *Backend) keepNVML(ctx context.Context, sink Sink) error {
+func (b *Backend) keepNVML(ctx context.Context, sink gpuapi.Sink) error {
 	var delay time.Duration
 	for {
 		wake, err := b.gate.downState()

@@ -9,6 +9,7 @@ import (
 
 	yaml "go.yaml.in/yaml/v3"
 
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -274,7 +275,7 @@ func (b *Backend) seeEarlyWarnings() {
 
 // applyEarlyWarning changes an early-warning reading and reports it at once; a recovery count,
 // polled only, shows in the next round.
-func (g *gpuState) applyEarlyWarning(ev Event, base health.Signal, sink Sink) {
+func (g *gpuState) applyEarlyWarning(ev Event, base health.Signal, sink gpu.Sink) {
 	switch ev.Kind {
 	case EventFabric:
 		g.fabric = ev.Fabric

@@ -26,6 +26,12 @@ func (s *trackerSink) Signal(sig health.Signal) {
 
 func (s *trackerSink) Reboot(bootID string, at time.Time) { s.tr.Reboot(bootID, at, nil) }
 
+func (s *trackerSink) SetUnmonitored(uuid string, unmonitored bool) {
+	if err := s.tr.SetUnmonitored(uuid, unmonitored); err != nil && s.err == nil {
+		s.err = err
+	}
+}
+
 func (s *trackerSink) SetPeerFaults(faults []health.PeerFault, at time.Time) {
 	if _, err := s.tr.SetPeerFaults(faults, at, nil); err != nil && s.err == nil {
 		s.err = err

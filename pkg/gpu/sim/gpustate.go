@@ -3,6 +3,7 @@ package sim
 import (
 	"time"
 
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -41,7 +42,7 @@ type gpuState struct {
 	recoveriesSeen uint32 // bit set of links with a recovery event
 }
 
-func (g *gpuState) apply(ev Event, now time.Time, sink Sink) {
+func (g *gpuState) apply(ev Event, now time.Time, sink gpu.Sink) {
 	base := health.Signal{Device: g.uuid, Time: now}
 	if g.lost && ev.Kind != EventXID {
 		// A lost GPU answers nothing but "lost"; its readings cannot change.
@@ -149,7 +150,7 @@ func (g *gpuState) temperatureSignal(base health.Signal) health.Signal {
 }
 
 // sample emits one sampling round, as the NVML sampler would.
-func (g *gpuState) sample(now time.Time, sink Sink) {
+func (g *gpuState) sample(now time.Time, sink gpu.Sink) {
 	if g.missing {
 		return
 	}

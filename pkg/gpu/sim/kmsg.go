@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -83,7 +84,7 @@ func (sc *Scenario) busIDs() string {
 
 // applyKmsg feeds one kernel-log line through the parser and the mapper, as the agent's kernel
 // log source does: only kernel-facility records count. A GPU the line reports lost stays lost.
-func (b *Backend) applyKmsg(ev Event, now time.Time, sink Sink) {
+func (b *Backend) applyKmsg(ev Event, now time.Time, sink gpu.Sink) {
 	if ev.Kmsg.Facility != kmsg.FacilityKernel {
 		b.spoofed++
 		return

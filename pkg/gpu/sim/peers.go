@@ -17,8 +17,9 @@ import (
 // server, so its sim backend refuses it.
 const EventPeerFault EventKind = "peerFault"
 
-// PeerSink is a Sink that takes the peer nodes' faults (health.Tracker.SetPeerFaults): the
-// whole set, each time it changes.
+// PeerSink is what a gpu.Sink can also do, discovered by type assertion: take the peer nodes'
+// faults (health.Tracker.SetPeerFaults), the whole set each time it changes. Run refuses a
+// scenario with peerFault events when its sink cannot.
 type PeerSink interface {
 	SetPeerFaults(faults []health.PeerFault, at time.Time)
 }

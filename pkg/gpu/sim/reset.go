@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 )
 
 // Resetting a simulated GPU on request (Backend.Reset, as nvidia-smi --gpu-reset): the Run loop
@@ -37,7 +39,7 @@ func (b *Backend) Reset(ctx context.Context, uuid string) error {
 }
 
 // serveReset applies a reset request at the current time and returns the events to come.
-func (b *Backend) serveReset(req resetRequest, start time.Time, events []Event, sink Sink) []Event {
+func (b *Backend) serveReset(req resetRequest, start time.Time, events []Event, sink gpu.Sink) []Event {
 	now := b.opts.Clock.Now()
 	if b.opts.Virtual {
 		now = start

@@ -44,13 +44,9 @@ const (
 	DefaultSampleEvery = 10 * time.Second
 )
 
-// Sink receives what the simulated node does.
-type Sink interface {
-	// Signal receives one signal.
-	Signal(health.Signal)
-	// Reboot is called when the node reboots, with the new boot ID.
-	Reboot(bootID string, at time.Time)
-}
+// Backend feeds the one sink every backend feeds (gpu.Sink: signals, and Reboot when the node
+// reboots; it never calls SetUnmonitored), and a PeerSink the peer nodes' faults.
+var _ gpu.Backend = (*Backend)(nil)
 
 // Options control a replay.
 type Options struct {
@@ -155,7 +151,7 @@ func (b *Backend) End() time.Duration { return b.sc.End(b.opts.Settle) }
 
 // Run replays the scenario into sink. It returns nil at the scenario's end (or, with Forever,
 // when ctx is cancelled), and ctx's error if cancelled before the end.
-func (b *Backend) Run(ctx context.Context, sink Sink) error {
+func (b *Backend) Run(ctx context.Context, sink gpu.Sink) error {
 	if _, ok := sink.(PeerSink); !ok && b.sc.HasPeerFaults() {
 		return errors.New("scenario: peerFault events are replayed by gpuhealth simulate only; an agent reads its peers' faults from their nodes' reports")
 	}
@@ -241,7 +237,7 @@ func (b *Backend) waitUntil(ctx context.Context, t time.Time) (*resetRequest, er
 	}
 }
 
-func (b *Backend) apply(ev Event, now time.Time, sink Sink) {
+func (b *Backend) apply(ev Event, now time.Time, sink gpu.Sink) {
 	switch ev.Kind {
 	case EventDiag, EventLatent:
 		// Only a diagnostic sees them: no signal, no reading changes.

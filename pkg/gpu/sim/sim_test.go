@@ -18,7 +18,7 @@ import (
 
 var epoch = time.Unix(0, 0).UTC()
 
-// recorder is a sim.Sink that keeps everything it receives.
+// recorder is a gpu.Sink that keeps everything it receives.
 type recorder struct {
 	mu      sync.Mutex
 	signals []health.Signal
@@ -40,6 +40,9 @@ func (r *recorder) Reboot(bootID string, at time.Time) {
 	r.reboots = append(r.reboots, fmt.Sprintf("%s@%v", bootID, at.Sub(epoch)))
 	r.log = append(r.log, fmt.Sprintf("%v reboot", at.Sub(epoch)))
 }
+
+// SetUnmonitored: the simulator never calls it.
+func (r *recorder) SetUnmonitored(string, bool) {}
 
 func (r *recorder) count() int {
 	r.mu.Lock()
