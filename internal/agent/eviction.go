@@ -34,6 +34,7 @@ func (w *wiring) newEvictor() (ev *evict.Evictor, start func(context.Context) er
 		Recorder: w.recorder, NodeRef: w.nodeRef, Clock: opts.Clock, Self: selfPod(),
 		DryRun: ec.DryRun, GracePeriod: time.Duration(*ec.GracePeriod), Retry: time.Duration(*ec.Retry),
 		ExcludeNamespaces: ec.ExcludeNamespaces, ReportOnlyNamespaces: ec.ReportOnlyNamespaces, DaemonSetPods: ec.DaemonSetPods,
+		Nodes: w.caches.nodes,
 	}
 	var cb *breaker.Breaker
 	if cfg.CircuitBreaker.Enabled {

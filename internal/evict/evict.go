@@ -29,7 +29,9 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/internal/report"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -65,6 +67,9 @@ type Options struct {
 	Retry time.Duration
 	// Changed, when set, is called after a round whose pending evictions (Pending) changed.
 	Changed func()
+	// Nodes, when set, is the agent's shared cache of this Node, which the pending evictions
+	// are written by; nil gives the Evictor one of its own.
+	Nodes *nodecache.Cache
 }
 
 // MaxBackoff bounds the wait between two evictions of a pod a PodDisruptionBudget blocks.
@@ -83,8 +88,10 @@ type Evictor struct {
 	since   map[string]time.Time // GPU UUID -> when it was first seen asking for eviction
 	pods    map[types.UID]*podState
 	noticed map[string]bool // Events already recorded, by key
-	// published is the annotation's value as last written (nil: not yet).
-	published *string
+
+	// nodes and writer publish the pending evictions on the Node (annotation.go).
+	nodes  *nodecache.Cache
+	writer *report.AnnotationWriter
 }
 
 type podState struct {
@@ -111,9 +118,14 @@ func New(opts Options) (*Evictor, error) {
 	if opts.NodeRef == nil {
 		opts.NodeRef = &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: opts.NodeName}
 	}
+	nodes := opts.Nodes
+	if nodes == nil {
+		nodes = nodecache.New(opts.Client, opts.NodeName)
+	}
 	return &Evictor{
 		opts: opts, trigger: make(chan struct{}, 1), pending: map[string]gpuhealthv1.GPUEvictions{},
 		since: map[string]time.Time{}, pods: map[types.UID]*podState{}, noticed: map[string]bool{},
+		nodes: nodes, writer: report.NewAnnotationWriter(opts.Client, nodes, gpuhealthv1.EvictionsKey),
 	}, nil
 }
 
@@ -145,8 +157,15 @@ func (e *Evictor) Pending() map[string]gpuhealthv1.GPUEvictions {
 	return out
 }
 
-// Run works until ctx is done: a round on every Update and every Retry.
+// Run works until ctx is done: a round on every Update, every Retry and every change of the
+// annotation by someone else.
 func (e *Evictor) Run(ctx context.Context) error {
+	if err := e.startPublishing(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
+		return err
+	}
 	t := e.opts.Clock.NewTicker(e.opts.Retry)
 	defer t.Stop()
 	for {

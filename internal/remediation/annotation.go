@@ -15,7 +15,7 @@ import (
 // gpuhealth.dev/gpu-remediation, for `gpuhealth status` and operators.
 type AnnotationSyncer struct {
 	nodes       *nodecache.Cache
-	writer      *nodecache.AnnotationWriter
+	writer      *report.AnnotationWriter
 	states      func() map[string]State
 	maxAttempts int
 }
@@ -27,7 +27,7 @@ var (
 
 // NewAnnotationSyncer returns the syncer of the node in nodes; states gives the repair states.
 func NewAnnotationSyncer(client kube.Interface, nodes *nodecache.Cache, states func() map[string]State, maxAttempts int) *AnnotationSyncer {
-	return &AnnotationSyncer{nodes: nodes, writer: nodes.AnnotationWriter(client, gpuhealthv1.RemediationKey), states: states, maxAttempts: maxAttempts}
+	return &AnnotationSyncer{nodes: nodes, writer: report.NewAnnotationWriter(client, nodes, gpuhealthv1.RemediationKey), states: states, maxAttempts: maxAttempts}
 }
 
 // Name implements report.Syncer.

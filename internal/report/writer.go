@@ -1,6 +1,8 @@
-// Package report holds what every reporter shares: the Syncer contract and the damped Writer
-// that drives a Syncer. Each sink (Node annotations, DeviceTaintRules, the Node condition, ...)
-// lives in a subpackage and only has to say how to make the API server match one snapshot.
+// Package report holds what every reporter shares: the Syncer contract, the damped Writer
+// that drives a Syncer, and the AnnotationWriter through which everything the agent writes on its
+// Node's annotations goes (the reporters, remediation's states, the pending evictions). Each sink
+// (Node annotations, DeviceTaintRules, the Node condition, ...) lives in a subpackage and only has
+// to say how to make the API server match one snapshot.
 package report
 
 import (

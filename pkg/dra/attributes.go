@@ -9,8 +9,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/gpuhealth/gpuhealth/pkg/dra/nvidia"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
-	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // Attributes names the device attributes that tie a DRA device to a GPU. A name without a
@@ -28,12 +28,13 @@ type Attributes struct {
 	PCIBusID string
 }
 
-// DefaultAttributes returns the attribute names NVIDIA's DRA driver (gpu.nvidia.com) publishes,
-// the agent configuration's defaults: it sets uuid on whole GPUs, static MIG devices and VFIO
-// devices, parentUUID on static and dynamic MIG devices, and the Kubernetes standard attribute
-// resource.kubernetes.io/pciBusID on every device of a physical GPU (see docs/dra-devices.md).
+// DefaultAttributes returns the attribute names NVIDIA's DRA driver (gpu.nvidia.com) publishes
+// (package nvidia), the agent configuration's defaults too: it sets uuid on whole GPUs, static MIG
+// devices and VFIO devices, parentUUID on static and dynamic MIG devices, and the Kubernetes
+// standard attribute resource.kubernetes.io/pciBusID on every device of a physical GPU (see
+// docs/dra-devices.md).
 func DefaultAttributes() Attributes {
-	return Attributes{UUID: config.DefaultUUIDAttribute, ParentUUID: config.DefaultParentUUIDAttribute, PCIBusID: config.DefaultPCIBusIDAttribute}
+	return Attributes{UUID: nvidia.UUIDAttribute, ParentUUID: nvidia.ParentUUIDAttribute, PCIBusID: nvidia.PCIBusIDAttribute}
 }
 
 // WithDefaults returns a copy with the default name in place of every empty one.

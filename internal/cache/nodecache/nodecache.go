@@ -1,6 +1,7 @@
 // Package nodecache is the agent's view of its own Node: one informer, selected to that Node by
 // name, that every reporter and the drains watcher share (one watch per agent instead of one per
-// user), plus the objects the agent's own writes returned.
+// user), plus the objects the agent's own writes returned. It reads; writing the Node's
+// annotations is report.AnnotationWriter's job.
 //
 // Reading from an informer saves a GET before every write (at fleet scale, two requests per node
 // and change), but an informer lags behind the agent's own writes: right after a patch it may still
@@ -147,24 +148,24 @@ func (c *Cache) Get(ctx context.Context) (*corev1.Node, error) {
 	started, written := c.started, c.written
 	c.mu.Unlock()
 	if !started {
-		return c.live(ctx)
+		return c.Refresh(ctx)
 	}
 	obj, exists, err := c.informer.GetStore().GetByKey(c.nodeName)
 	if err != nil {
-		return c.live(ctx)
+		return c.Refresh(ctx)
 	}
 	cached, _ := obj.(*corev1.Node)
 	switch {
 	case !exists || cached == nil:
 		// Not in the cache: the Node is new, or gone. The API server knows which.
-		return c.live(ctx)
+		return c.Refresh(ctx)
 	case written == nil:
 		return cached, nil
 	}
 	cmp, err := resourceversion.CompareResourceVersion(cached.ResourceVersion, written.ResourceVersion)
 	switch {
 	case err != nil:
-		return c.live(ctx)
+		return c.Refresh(ctx)
 	case cmp >= 0:
 		return cached, nil
 	default:
@@ -172,7 +173,10 @@ func (c *Cache) Get(ctx context.Context) (*corev1.Node, error) {
 	}
 }
 
-func (c *Cache) live(ctx context.Context) (*corev1.Node, error) {
+// Refresh reads the Node from the API server, past the informer, for a writer that must see the
+// Node as it is now (the API server refused a write made on an older copy); Get returns nothing
+// older afterwards.
+func (c *Cache) Refresh(ctx context.Context) (*corev1.Node, error) {
 	n, err := c.client.CoreV1().Nodes().Get(ctx, c.nodeName, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("get node %s: %w", c.nodeName, err)

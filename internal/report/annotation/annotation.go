@@ -39,7 +39,7 @@ import (
 type Syncer struct {
 	nodeName string
 	nodes    *nodecache.Cache
-	writer   *nodecache.AnnotationWriter
+	writer   *report.AnnotationWriter
 	beat     report.Heartbeat
 	clock    clock.PassiveClock
 
@@ -82,7 +82,7 @@ func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Syncer{nodeName: nodeName, nodes: nodes, writer: nodes.AnnotationWriter(client, keys...), beat: opts.Heartbeat, clock: opts.Clock}
+	return &Syncer{nodeName: nodeName, nodes: nodes, writer: report.NewAnnotationWriter(client, nodes, keys...), beat: opts.Heartbeat, clock: opts.Clock}
 }
 
 // Name implements report.Syncer.

@@ -44,8 +44,8 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
+	"github.com/gpuhealth/gpuhealth/pkg/dra/nvidia"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
-	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // Labels on every rule.
@@ -133,7 +133,7 @@ var (
 // New returns a Syncer for nodeName.
 func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Driver == "" {
-		opts.Driver = config.DefaultDriverName
+		opts.Driver = nvidia.DriverName
 	}
 	attrs := opts.attributes()
 	opts.UUIDAttribute, opts.ParentUUIDAttribute, opts.PCIBusIDAttribute = attrs.UUID, attrs.ParentUUID, attrs.PCIBusID

@@ -34,7 +34,7 @@ import (
 type Syncer struct {
 	nodeName string
 	nodes    *nodecache.Cache
-	writer   *nodecache.AnnotationWriter
+	writer   *report.AnnotationWriter
 
 	mu      sync.Mutex
 	lastBad string // bad input already logged
@@ -58,7 +58,7 @@ func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if nodes == nil {
 		nodes = nodecache.New(client, nodeName)
 	}
-	return &Syncer{nodeName: nodeName, nodes: nodes, writer: nodes.AnnotationWriter(client, gpuhealthv1.HAMiCordonKey, gpuhealthv1.HAMiStateKey)}
+	return &Syncer{nodeName: nodeName, nodes: nodes, writer: report.NewAnnotationWriter(client, nodes, gpuhealthv1.HAMiCordonKey, gpuhealthv1.HAMiStateKey)}
 }
 
 // Name implements report.Syncer.

@@ -120,17 +120,9 @@ func (s *Syncer) Name() string { return "condition" }
 // rather than at the next resync.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	if err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj any) {
-			o, ok1 := oldObj.(*corev1.Node)
-			n, ok2 := newObj.(*corev1.Node)
-			if !ok1 || !ok2 {
-				trigger()
-				return
-			}
-			if !sameConditions(ours(o), ours(n)) && !s.isOurs(n) {
-				trigger()
-			}
-		},
+		UpdateFunc: report.OnNodeUpdate(trigger, func(o, n *corev1.Node) bool {
+			return !sameConditions(ours(o), ours(n)) && !s.isOurs(n)
+		}),
 	}); err != nil {
 		return err
 	}

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/gpuhealth/gpuhealth/pkg/dra/nvidia"
 )
 
 // Reporter names accepted in agent.reporters.
@@ -29,15 +31,16 @@ func AllReporters() []string {
 // KnownReporters lists every reporter agent.reporters may name: the defaults and the opt-in ones.
 func KnownReporters() []string { return append(AllReporters(), ReporterHAMi) }
 
-// Defaults of the agent section.
+// Defaults of the agent section. The DRA names are what NVIDIA's DRA driver publishes, owned by
+// package nvidia (pkg/dra/nvidia) and named here as the section's defaults.
 const (
-	DefaultDriverName    = "gpu.nvidia.com"
-	DefaultUUIDAttribute = "uuid"
+	DefaultDriverName    = nvidia.DriverName
+	DefaultUUIDAttribute = nvidia.UUIDAttribute
 	// DefaultParentUUIDAttribute holds, on MIG devices and DynamicMIG partitions, their GPU's UUID.
-	DefaultParentUUIDAttribute = "parentUUID"
+	DefaultParentUUIDAttribute = nvidia.ParentUUIDAttribute
 	// DefaultPCIBusIDAttribute holds a device's PCI address (the standard attribute NVIDIA's
 	// driver sets on GPUs, MIG devices and VFIO passthrough devices).
-	DefaultPCIBusIDAttribute = "resource.kubernetes.io/pciBusID"
+	DefaultPCIBusIDAttribute = nvidia.PCIBusIDAttribute
 	DefaultCheckpointPath    = "/var/lib/gpuhealth/checkpoint.json"
 	DefaultResync            = 5 * time.Minute
 	DefaultHeartbeat         = 5 * time.Minute

@@ -1,4 +1,4 @@
-package nodecache
+package report
 
 import (
 	"context"
@@ -15,15 +15,17 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 )
 
-// AnnotationWriter writes a fixed set of the Node's annotations for one reporter: it patches only
-// those keys (a JSON merge patch, so other annotations are never touched), only when a value
-// differs, and tells its own writes apart from other writers' so that the informer event its own
-// patch causes does not cost another sync.
+// AnnotationWriter writes a fixed set of the Node's annotations for one of the agent's writers (a
+// reporter, remediation's states, the evictor's pending evictions): it patches only those keys (a
+// JSON merge patch, so other annotations are never touched), only when a value differs, and tells
+// its own writes apart from other writers' so that the informer event its own patch causes does
+// not cost another sync.
 type AnnotationWriter struct {
-	cache  *Cache
+	nodes  *nodecache.Cache
 	client kube.Interface
 	keys   []string
 
@@ -33,29 +35,35 @@ type AnnotationWriter struct {
 	conflicts atomic.Uint64
 }
 
-// AnnotationWriter returns a writer of keys on the cache's Node.
-func (c *Cache) AnnotationWriter(client kube.Interface, keys ...string) *AnnotationWriter {
-	return &AnnotationWriter{cache: c, client: client, keys: keys}
+// NewAnnotationWriter returns a writer of keys on the Node that nodes follows: every write it
+// makes is recorded in nodes, and a Node it must read again (after a conflict) is read through it.
+func NewAnnotationWriter(client kube.Interface, nodes *nodecache.Cache, keys ...string) *AnnotationWriter {
+	return &AnnotationWriter{nodes: nodes, client: client, keys: keys}
 }
 
 // OnForeignChange calls trigger whenever one of the writer's keys changes on the Node to values
 // this writer did not write (someone removed or replaced them), and when the Node appears.
 func (w *AnnotationWriter) OnForeignChange(trigger func()) error {
-	return w.cache.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	return w.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { trigger() },
-		UpdateFunc: func(oldObj, newObj any) {
-			o, ok1 := oldObj.(*corev1.Node)
-			n, ok2 := newObj.(*corev1.Node)
-			if !ok1 || !ok2 {
-				trigger()
-				return
-			}
+		UpdateFunc: OnNodeUpdate(trigger, func(o, n *corev1.Node) bool {
 			changed := slices.ContainsFunc(w.keys, func(k string) bool { return o.Annotations[k] != n.Annotations[k] })
-			if changed && !w.isOurs(n) {
-				trigger()
-			}
-		},
+			return changed && !w.isOurs(n)
+		}),
 	})
+}
+
+// OnNodeUpdate returns an informer's update handler that calls trigger when foreign says the
+// change from the old Node to the new one is someone else's (what a writer of the Node must
+// repair), and when the objects are not Nodes.
+func OnNodeUpdate(trigger func(), foreign func(old, cur *corev1.Node) bool) func(oldObj, newObj any) {
+	return func(oldObj, newObj any) {
+		o, ok1 := oldObj.(*corev1.Node)
+		n, ok2 := newObj.(*corev1.Node)
+		if !ok1 || !ok2 || foreign(o, n) {
+			trigger()
+		}
+	}
 }
 
 func (w *AnnotationWriter) isOurs(n *corev1.Node) bool {
@@ -88,7 +96,7 @@ func (w *AnnotationWriter) WriteMerged(ctx context.Context, node *corev1.Node, m
 			return err
 		}
 		w.conflicts.Add(1)
-		fresh, gerr := w.cache.live(ctx)
+		fresh, gerr := w.nodes.Refresh(ctx)
 		if gerr != nil {
 			return gerr
 		}
@@ -127,11 +135,11 @@ func (w *AnnotationWriter) patch(ctx context.Context, node *corev1.Node, want ma
 	if err != nil {
 		return 0, err
 	}
-	patched, err := w.client.CoreV1().Nodes().Patch(ctx, w.cache.NodeName(), types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"})
+	patched, err := w.client.CoreV1().Nodes().Patch(ctx, w.nodes.NodeName(), types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpuhealth-agent"})
 	if err != nil {
-		return 0, fmt.Errorf("patch node %s annotations %v: %w", w.cache.NodeName(), w.keys, err)
+		return 0, fmt.Errorf("patch node %s annotations %v: %w", w.nodes.NodeName(), w.keys, err)
 	}
-	w.cache.Wrote(patched)
+	w.nodes.Wrote(patched)
 	w.mu.Lock()
 	w.written = want
 	w.mu.Unlock()
