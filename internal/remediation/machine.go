@@ -297,6 +297,16 @@ func (m *Machine) ResetObserved(uuid string, at time.Time) {
 	}
 }
 
+// lastReset is when a GPU's history last recorded a reset.
+func lastReset(h []health.HistoryEntry) (time.Time, bool) {
+	for i := len(h) - 1; i >= 0; i-- {
+		if h[i].Kind == health.HistoryReset {
+			return h[i].Time, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // States returns every GPU's repair state that is worth keeping, by UUID.
 func (m *Machine) States() map[string]State {
 	m.mu.Lock()
@@ -349,6 +359,10 @@ func (m *Machine) Step(ctx context.Context, snap health.Snapshot) []Event {
 			in.result, in.finished = err, true
 		}
 		if at, ok := observed[uuid]; ok {
+			in.observedAt, in.observed = at, true
+		}
+		// The snapshot says it too: the GPU's history records every reset the backend reported.
+		if at, ok := lastReset(d.History); ok && (!in.observed || at.After(in.observedAt)) {
 			in.observedAt, in.observed = at, true
 		}
 		if v, ok := verdicts[uuid]; ok {

@@ -430,3 +430,20 @@ func TestControllerValidatesRecordsAndTimesOut(t *testing.T) {
 		}
 	}
 }
+
+// The backend's reset reaches the machine in the snapshot, as the GPU's history records it: a GPU
+// whose validation failed has no condition for the reset to end, and is still seen reset.
+func TestAResetIsSeenInTheSnapshotsHistory(t *testing.T) {
+	r := newValidationRig(t, validationConfig())
+	r.step(snap(status(gpu(0), xid48)))
+	r.wantPhase(0, PhaseResetting)
+	r.m.ResetFinished(gpu(0).UUID, nil)
+	r.clock.Step(time.Second)
+	reset := status(gpu(0))
+	reset.History = []health.HistoryEntry{{Time: t0.Add(-time.Hour), Kind: health.HistoryFault, Reason: "XID48"}}
+	r.step(snap(reset))
+	r.wantPhase(0, PhaseResetting) // the command returned; no reset recorded since the phase began
+	reset.History = append(reset.History, health.HistoryEntry{Time: r.clock.Now(), Kind: health.HistoryReset})
+	r.step(snap(reset))
+	r.wantPhase(0, PhaseValidating)
+}

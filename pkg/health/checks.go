@@ -34,6 +34,9 @@ func (ev *evaluation) reset(gpu *deviceState) {
 	gpu.eccCorrected, gpu.pcie, gpu.nvlink = counterRate{}, counterRate{}, nil
 	gpu.fabricPendingSince, gpu.nvlinkRecov = time.Time{}, nil
 	gpu.recordRepair(HistoryReset, ev.now)
+	// The reset is news even when no condition ends (a GPU whose validation failed has none):
+	// its history and what reads it (remediation, the report's counts) change.
+	ev.t.generation++
 	resetClears := func(c *condState) bool { return c.ClearsOn == ClearsOnGPUReset }
 	for _, child := range gpu.children {
 		ev.removeIf(child, ReasonGPUReset, resetClears)
