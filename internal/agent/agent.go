@@ -117,7 +117,7 @@ func Run(ctx context.Context, opts Options) error {
 		// the backend and the kernel log; a backend that fails stops the agent.
 		err := w.rt.Run(ctx, func(ctx context.Context, mon *health.Monitor) error {
 			return opts.KernelLog.Run(ctx, mon, func(ctx context.Context) error {
-				return opts.Backend.Run(ctx, opts.KernelLog.BackendFeed(mon, w.observeSignal))
+				return opts.Backend.Run(ctx, opts.KernelLog.BackendFeed(mon, w.metrics.SignalObserver(opts.Clock)))
 			})
 		})
 		if err != nil {

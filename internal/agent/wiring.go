@@ -179,15 +179,6 @@ func (w *wiring) close() {
 	}
 }
 
-// observeSignal hears of every backend signal the monitor applied: how long it waited, and the
-// resets remediation verifies its own by.
-func (w *wiring) observeSignal(sig health.Signal) {
-	w.metrics.ObserveSignal(sig.Time, w.opts.Clock.Now())
-	if sig.Kind == health.SignalReset && w.rem != nil {
-		w.rem.ResetObserved(sig.Device, sig.Time)
-	}
-}
-
 // sharedCaches are the informer caches every reporter reads.
 type sharedCaches struct {
 	nodes   *nodecache.Cache

@@ -159,7 +159,8 @@ func (c *Controller) RequestValidation(uuid, why string) {
 // Validates reports whether the controller validates GPUs before they go back.
 func (c *Controller) Validates() bool { return c.opts.Config.Validate }
 
-// ResetObserved records a reset the backend reported (health.SignalReset).
+// ResetObserved records a reset the backend reported (health.SignalReset) outside the snapshot;
+// the agent's snapshots carry every reset in the GPU's history, which Step reads itself.
 func (c *Controller) ResetObserved(uuid string, at time.Time) {
 	c.machine.ResetObserved(uuid, at)
 	c.nudge()

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -150,6 +151,12 @@ func (m *Metrics) ObserveSignal(observed, evaluated time.Time) {
 	if d := evaluated.Sub(observed); d >= 0 {
 		m.signalLatency.Observe(d.Seconds())
 	}
+}
+
+// SignalObserver returns what a backend's feed calls with every signal the monitor applied
+// (health.Feed's observe): how long the signal waited, by clk.
+func (m *Metrics) SignalObserver(clk clock.PassiveClock) func(health.Signal) {
+	return func(sig health.Signal) { m.ObserveSignal(sig.Time, clk.Now()) }
 }
 
 // Describe implements prometheus.Collector.
