@@ -198,15 +198,15 @@ func glitch(m map[string]bool, reading string) bool {
 	return false
 }
 
+// samePCI compares PCI addresses as health.NormalizePCIBusID writes them (NVML's eight-digit
+// domain, sysfs's four); what is no address is compared as written.
 func samePCI(a, b string) bool {
-	norm := func(s string) string {
-		s = strings.ToLower(strings.TrimSpace(s))
-		if dom, rest, ok := strings.Cut(s, ":"); ok && len(dom) < 8 {
-			s = strings.Repeat("0", 8-len(dom)) + dom + ":" + rest
-		}
-		return s
+	na, errA := health.NormalizePCIBusID(a)
+	nb, errB := health.NormalizePCIBusID(b)
+	if errA != nil || errB != nil {
+		return strings.EqualFold(strings.TrimSpace(a), strings.TrimSpace(b))
 	}
-	return norm(a) == norm(b)
+	return na == nb
 }
 
 func b2u(b bool) uint64 {

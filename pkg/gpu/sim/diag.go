@@ -156,7 +156,7 @@ func (b *Backend) Diagnose(ctx context.Context, uuid string) (output []byte, exi
 
 // dcgmDevice describes GPU i as DCGM's entity list and discovery do.
 func (b *Backend) dcgmDevice(i int) DCGMDevice {
-	return DCGMDevice{Name: b.sc.Model, UUID: GPUUUID(b.sc.Node, i), PCIBusID: fmt.Sprintf("00000000:%02X:00.0", 0x10+i),
+	return DCGMDevice{Name: b.sc.Model, UUID: GPUUUID(b.sc.Node, i), PCIBusID: PCIBusID(i),
 		Serial: Serial(i), DeviceID: PCIDeviceID}
 }
 

@@ -240,7 +240,7 @@ func (sc *Scenario) Devices() []health.Device {
 		gpu := health.Device{
 			UUID:     GPUUUID(sc.Node, i),
 			Index:    i,
-			PCIBusID: fmt.Sprintf("00000000:%02X:00.0", 0x10+i),
+			PCIBusID: PCIBusID(i),
 			Minor:    i,
 			Model:    sc.Model,
 		}
@@ -263,10 +263,14 @@ func (sc *Scenario) Devices() []health.Device {
 func (sc *Scenario) OnBus() []string {
 	out := make([]string, sc.GPUCount)
 	for i := range out {
-		out[i] = fmt.Sprintf("0000:%02x:00.0", 0x10+i)
+		out[i], _ = health.NormalizePCIBusID(PCIBusID(i))
 	}
 	return out
 }
+
+// PCIBusID is the PCI address of simulated GPU index as NVML writes it (00000000:10:00.0): GPU i
+// sits on bus 0x10+i, on every simulated node and in the simulated driver alike.
+func PCIBusID(index int) string { return fmt.Sprintf("00000000:%02X:00.0", 0x10+index) }
 
 // Placeholders returns the placeholder devices of the GPUs in gpus.missing
 // (health.MissingGPUs).
