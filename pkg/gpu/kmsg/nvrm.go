@@ -241,16 +241,22 @@ func cutField(s, key string) (value, rest string, ok bool) {
 	return strings.Trim(value, "'"), strings.TrimLeft(rest, " "), true
 }
 
+// cutBusID splits "0000:3b:00: the rest" into the GPU's address (NormalizeBusID) and the rest.
+func cutBusID(s string) (bus, rest string, ok bool) {
+	addr, rest, ok := strings.Cut(s, ": ")
+	if !ok {
+		return "", "", false
+	}
+	bus, ok = NormalizeBusID(addr)
+	return bus, rest, ok
+}
+
 // parseGPUAt parses what follows "NVRM: GPU at PCI:":
 //
 //	0000:00:05: GPU-efbdfde9-5798-a6e7-4c46-12518fa15375
 //	0000:3b:00: GPU has fallen off the bus.
 func parseGPUAt(s string) (Event, bool) {
-	addr, rest, ok := strings.Cut(s, ": ")
-	if !ok {
-		return Event{}, false
-	}
-	bus, ok := NormalizeBusID(addr)
+	bus, rest, ok := cutBusID(s)
 	if !ok {
 		return Event{}, false
 	}
@@ -272,11 +278,7 @@ func parseGPUAt(s string) (Event, bool) {
 // The "rm_init_adapter failed, device minor number 0" line that always follows the first is
 // left out on purpose, so that one failure makes one event.
 func parseGPU(s string) (Event, bool) {
-	addr, rest, ok := strings.Cut(s, ": ")
-	if !ok {
-		return Event{}, false
-	}
-	bus, ok := NormalizeBusID(addr)
+	bus, rest, ok := cutBusID(s)
 	if !ok {
 		return Event{}, false
 	}

@@ -69,8 +69,10 @@ func (r DCGMRun) text(tests []dcgmTest) []byte {
 	return []byte(b.String())
 }
 
-func (r DCGMRun) text4(b *strings.Builder, tests []dcgmTest) {
-	for _, cat := range []string{"Deployment", "Hardware", "Integration", "Stress"} {
+// byCategory calls row for each test, category by category in the order given, each category
+// after its banner (a category without a test has none).
+func byCategory(b *strings.Builder, order []string, tests []dcgmTest, row func(dcgmTest)) {
+	for _, cat := range order {
 		banner := false
 		for _, t := range tests {
 			if t.category != cat {
@@ -80,53 +82,49 @@ func (r DCGMRun) text4(b *strings.Builder, tests []dcgmTest) {
 				b.WriteString(diagCategoryBanners[cat])
 				banner = true
 			}
-			diagRow(b, t.name, t.result) // the test's own line shows a warning as "Warn"
-			diagRow(b, "", fmt.Sprintf("GPU%d: %s", r.GPU, jsonResult(t.result)))
-			for _, e := range t.errs {
-				msg := e.msg
-				if e.subtest != "" {
-					msg = e.subtest + ": " + msg
-				}
-				diagMessage(b, fmt.Sprintf("Warning: GPU%d", r.GPU), msg)
-			}
+			row(t)
 		}
 	}
 }
 
+func (r DCGMRun) text4(b *strings.Builder, tests []dcgmTest) {
+	byCategory(b, []string{"Deployment", "Hardware", "Integration", "Stress"}, tests, func(t dcgmTest) {
+		diagRow(b, t.name, t.result) // the test's own line shows a warning as "Warn"
+		diagRow(b, "", fmt.Sprintf("GPU%d: %s", r.GPU, jsonResult(t.result)))
+		for _, e := range t.errs {
+			msg := e.msg
+			if e.subtest != "" {
+				msg = e.subtest + ": " + msg
+			}
+			diagMessage(b, fmt.Sprintf("Warning: GPU%d", r.GPU), msg)
+		}
+	})
+}
+
 func (r DCGMRun) text3(b *strings.Builder, tests []dcgmTest) {
-	for _, cat := range []string{"Deployment", "Integration", "Hardware", "Stress"} {
-		banner := false
-		for _, t := range tests {
-			if t.category != cat {
-				continue
-			}
-			if !banner {
-				b.WriteString(diagCategoryBanners[cat])
-				banner = true
-			}
-			if t.name == "software" {
-				for _, sub := range softwareSubtests {
-					res := resPass
-					if t.result == resSkip {
-						res = resSkip
-					}
-					var errs []dcgmError
-					for _, e := range t.errs {
-						if e.subtest == sub {
-							res, errs = jsonResult(t.result), append(errs, e)
-						}
-					}
-					diagRow(b, sub, res)
-					for _, e := range errs {
-						diagMessage(b, "Error", e.msg)
-					}
-				}
-				continue
-			}
+	byCategory(b, []string{"Deployment", "Integration", "Hardware", "Stress"}, tests, func(t dcgmTest) {
+		if t.name != "software" {
 			diagRow(b, t.text3, t.result+" - All")
 			for _, e := range t.errs {
 				diagMessage(b, "Warning", e.msg)
 			}
+			return
 		}
-	}
+		for _, sub := range softwareSubtests {
+			res := resPass
+			if t.result == resSkip {
+				res = resSkip
+			}
+			var errs []dcgmError
+			for _, e := range t.errs {
+				if e.subtest == sub {
+					res, errs = jsonResult(t.result), append(errs, e)
+				}
+			}
+			diagRow(b, sub, res)
+			for _, e := range errs {
+				diagMessage(b, "Error", e.msg)
+			}
+		}
+	})
 }
