@@ -62,6 +62,9 @@ type GPUStatus struct {
 	// ReportedHealth what the stopped agent last said.
 	Heartbeat      *time.Time `json:"heartbeat,omitempty"`
 	Stale          bool       `json:"stale,omitempty"`
+	// FutureHeartbeat: the heartbeat is further ahead of this clock than --stale-after, which
+	// makes it stale too (a node clock far ahead, or a value written by hand).
+	FutureHeartbeat bool `json:"futureHeartbeat,omitempty"`
 	ReportedHealth string     `json:"reportedHealth,omitempty"`
 }
 
@@ -208,7 +211,7 @@ func markStale(rows []GPUStatus, s gpuhealthv1.Staleness) {
 			r.Heartbeat = &at
 		}
 		if s.Stale {
-			r.Stale, r.ReportedHealth, r.Health = true, r.Health, HealthUnknown
+			r.Stale, r.ReportedHealth, r.Health, r.FutureHeartbeat = true, r.Health, HealthUnknown, s.Future
 		}
 	}
 }
@@ -261,7 +264,10 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 		healthText := g.Health
 		if g.Stale {
 			healthText = HealthUnknown + " (stale: no heartbeat)"
-			if g.Heartbeat != nil {
+			switch {
+			case g.Heartbeat != nil && g.FutureHeartbeat:
+				healthText = fmt.Sprintf("%s (heartbeat in the future: %s, was %s)", HealthUnknown, g.Heartbeat.UTC().Format(time.RFC3339), g.ReportedHealth)
+			case g.Heartbeat != nil:
 				healthText = fmt.Sprintf("%s (stale since %s, was %s)", HealthUnknown, g.Heartbeat.UTC().Format(time.RFC3339), g.ReportedHealth)
 			}
 		}

@@ -31,13 +31,14 @@ func NewHeartbeat(period time.Duration) Heartbeat {
 }
 
 // Due reports whether a heartbeat must be written at now, given the node's current value of
-// HeartbeatKey: none, an unreadable one, or one a period (and Late) old.
+// HeartbeatKey: none, an unreadable one, one a period (and Late) old, or one more than a period
+// ahead of this clock (which readers take for stale, and which would otherwise stand until then).
 func (h Heartbeat) Due(current string, now time.Time) bool {
 	if h.Period <= 0 {
 		return false
 	}
 	t, err := gpuhealthv1.ParseHeartbeat(current)
-	return err != nil || !now.Before(t.Add(h.Period+h.Late))
+	return err != nil || !now.Before(t.Add(h.Period+h.Late)) || t.Sub(now) > h.Period
 }
 
 // Next is when the heartbeat after the one valued current is due (zero: off, or due at once).

@@ -39,3 +39,15 @@ func TestHeartbeatsAreSpreadAndNeverTooOften(t *testing.T) {
 		t.Error("an unreadable heartbeat is not due at once")
 	}
 }
+
+// A heartbeat more than a period ahead of the agent's clock is rewritten at once (readers take it
+// for stale, and it would otherwise stand until that time); a clock a little ahead is not.
+func TestAHeartbeatInTheFutureIsRewritten(t *testing.T) {
+	now := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	h := report.Heartbeat{Period: 5 * time.Minute, Late: time.Second}
+	for ahead, want := range map[time.Duration]bool{10 * time.Second: false, 5*time.Minute + time.Second: true, time.Hour: true, 365 * 24 * time.Hour: true} {
+		if got := h.Due(gpuhealthv1.FormatHeartbeat(now.Add(ahead)), now); got != want {
+			t.Errorf("Due with a heartbeat %v ahead = %v, want %v", ahead, got, want)
+		}
+	}
+}

@@ -86,8 +86,16 @@ func (n *NodeGPUs) Stale(now time.Time, staleAfter time.Duration) (bool, string)
 		return false, ""
 	case n.HeartbeatUnreadable:
 		return true, "the gpuhealth report of this node is stale: its heartbeat annotation is unreadable"
-	case n.Heartbeat.IsZero() || now.Sub(n.Heartbeat) <= staleAfter:
+	case n.Heartbeat.IsZero():
 		return false, ""
+	}
+	stale, future := gpuhealthv1.HeartbeatStale(n.Heartbeat, now, staleAfter)
+	switch {
+	case !stale:
+		return false, ""
+	case future:
+		return true, "the gpuhealth report of this node is stale: its heartbeat " + n.Heartbeat.UTC().Format(time.RFC3339) +
+			" is in the future (a node clock far ahead, or a value written by hand); GPU pods are not placed on it"
 	}
 	return true, "the gpuhealth report of this node is stale since " + n.Heartbeat.UTC().Format(time.RFC3339) +
 		" (its agent stopped confirming it); GPU pods are not placed on it"

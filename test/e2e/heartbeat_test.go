@@ -110,4 +110,26 @@ func TestHeartbeatTellsADeadAgentFromAHealthyOne(t *testing.T) {
 		return strings.Contains(res.FailedNodes[dead], "stale since") && !strings.Contains(res.FailedNodes[alive], "stale"),
 			fmt.Sprintf("failed %v", res.FailedNodes), nil
 	})
+
+	// A heartbeat dated a year ahead (by hand, or a node clock far ahead) keeps the dead agent
+	// fresh nowhere; the live agent rewrites one on its own node at its next sync.
+	future := gpuhealthv1.FormatHeartbeat(time.Now().AddDate(1, 0, 0))
+	for _, n := range []string{dead, alive} {
+		mergePatchNode(t, c.Admin(), n, map[string]any{gpuhealthv1.HeartbeatKey: future})
+	}
+	eventuallyWithin(t, 3*staleAfter, "a heartbeat in the future: stale for the dead agent, rewritten by the live one", func(ctx context.Context) (bool, string, error) {
+		out, stderr, code := gpuhealthCLI(t, "status", "--kubeconfig", c.AdminKubeconfig(), "--stale-after", staleAfter.String())
+		if code != 0 {
+			return false, "", fmt.Errorf("status: exit %d: %s", code, stderr)
+		}
+		names := []string{dead, alive}
+		res := x.Filter(ctx, &extenderv1.ExtenderArgs{Pod: gpuPod, NodeNames: &names})
+		ann, err := nodeAnnotations(ctx, c, alive)
+		if err != nil {
+			return false, "", err
+		}
+		rewritten := ann[gpuhealthv1.HeartbeatKey] != future
+		return strings.Contains(out, "Unknown (heartbeat in the future: ") && strings.Contains(res.FailedNodes[dead], "is in the future") && rewritten,
+			fmt.Sprintf("%s\nfailed %v\nlive node's heartbeat %s", out, res.FailedNodes, ann[gpuhealthv1.HeartbeatKey]), nil
+	})
 }

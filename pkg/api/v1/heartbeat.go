@@ -43,11 +43,15 @@ type Staleness struct {
 	Stale bool
 	// Err says why an unreadable heartbeat counts as stale.
 	Err error
+	// Future: the heartbeat is further ahead of the reader's clock than the bound (a node clock
+	// far ahead, or a value written by hand): taken as stale, since it would otherwise keep an
+	// agent that stopped fresh until that time.
+	Future bool
 }
 
 // JudgeHeartbeat judges a node's annotations at now: stale when its heartbeat is older than
-// staleAfter (0 turns the judgement off) or cannot be read (a garbage value must not pass for a
-// live agent). A heartbeat in the future (a node clock ahead) is fresh.
+// staleAfter (0 turns the judgement off), cannot be read (a garbage value must not pass for a
+// live agent), or is more than staleAfter in the future (HeartbeatStale).
 func JudgeHeartbeat(annotations map[string]string, now time.Time, staleAfter time.Duration) Staleness {
 	v, ok := annotations[HeartbeatKey]
 	if !ok || staleAfter <= 0 {
@@ -57,7 +61,18 @@ func JudgeHeartbeat(annotations map[string]string, now time.Time, staleAfter tim
 	if err != nil {
 		return Staleness{Stale: true, Err: err}
 	}
-	return Staleness{Heartbeat: t, Stale: now.Sub(t) > staleAfter}
+	stale, future := HeartbeatStale(t, now, staleAfter)
+	return Staleness{Heartbeat: t, Stale: stale, Future: future}
+}
+
+// HeartbeatStale judges one heartbeat at now: stale when it is more than staleAfter old, or more
+// than staleAfter ahead of now (future). A heartbeat a little ahead (clocks that differ by less
+// than the bound) is fresh.
+func HeartbeatStale(t, now time.Time, staleAfter time.Duration) (stale, future bool) {
+	if t.Sub(now) > staleAfter {
+		return true, true
+	}
+	return now.Sub(t) > staleAfter, false
 }
 
 // Age is how long ago the heartbeat was at now (0 without one).
@@ -72,6 +87,9 @@ func (s Staleness) Age(now time.Time) time.Duration {
 func (s Staleness) Describe(now time.Time) string {
 	if s.Err != nil {
 		return "stale: unreadable heartbeat (" + s.Err.Error() + ")"
+	}
+	if s.Future {
+		return fmt.Sprintf("stale: heartbeat in the future (%s, %s ahead of this clock)", s.Heartbeat.UTC().Format(time.RFC3339), s.Heartbeat.Sub(now).Truncate(time.Second))
 	}
 	return fmt.Sprintf("stale since %s (%s ago)", s.Heartbeat.UTC().Format(time.RFC3339), s.Age(now).Truncate(time.Second))
 }
