@@ -60,12 +60,12 @@ type GPUStatus struct {
 	// Heartbeat is when the node's agent last confirmed its report (absent: it does not send
 	// heartbeats). Stale: older than --stale-after (or unreadable); Health is then "Unknown" and
 	// ReportedHealth what the stopped agent last said.
-	Heartbeat      *time.Time `json:"heartbeat,omitempty"`
-	Stale          bool       `json:"stale,omitempty"`
+	Heartbeat *time.Time `json:"heartbeat,omitempty"`
+	Stale     bool       `json:"stale,omitempty"`
 	// FutureHeartbeat: the heartbeat is further ahead of this clock than --stale-after, which
 	// makes it stale too (a node clock far ahead, or a value written by hand).
-	FutureHeartbeat bool `json:"futureHeartbeat,omitempty"`
-	ReportedHealth string     `json:"reportedHealth,omitempty"`
+	FutureHeartbeat bool   `json:"futureHeartbeat,omitempty"`
+	ReportedHealth  string `json:"reportedHealth,omitempty"`
 }
 
 // HealthUnknown is a row's health when the node's report is stale.
