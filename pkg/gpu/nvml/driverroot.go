@@ -244,7 +244,21 @@ func checkLoadable(library string) error {
 	lib := dl.New(library, dl.RTLD_LAZY|dl.RTLD_GLOBAL)
 	loadErr := lib.Open()
 	if loadErr == nil {
+		missing := missingCoreFunctions(lib)
 		if err := lib.Close(); err != nil {
+			return &DriverError{Kind: ErrLibraryNotLoadable, Library: library, Err: err}
+		}
+		if len(missing) > 0 {
+			return &DriverError{Kind: ErrLibraryNotLoadable, Library: library, Detail: "lacks " + strings.Join(missing, ", ") +
+				" (a stub, a partial install, or not NVIDIA's NVML library)"}
+		}
+		// Every reference the library makes must resolve: go-nvml binds lazily, and a reference
+		// that does not would end the process at its first call ("symbol lookup error").
+		now := dl.New(library, dl.RTLD_NOW|dl.RTLD_LOCAL)
+		if err := now.Open(); err != nil {
+			return &DriverError{Kind: ErrLibraryNotLoadable, Library: library, Err: err}
+		}
+		if err := now.Close(); err != nil {
 			return &DriverError{Kind: ErrLibraryNotLoadable, Library: library, Err: err}
 		}
 		return nil
@@ -260,6 +274,42 @@ func checkLoadable(library string) error {
 		e.Detail = fmt.Sprintf("built for %s (%s), this process is %s", f.Machine, f.Class, runtime.GOARCH)
 	}
 	return e
+}
+
+// coreFunctions are the NVML functions the backend calls without looking them up first (the
+// optional ones are in symbols.go), each with the versions go-nvml binds it to: one of each must
+// be there, or go-nvml's first call of it ends the process with the loader's "symbol lookup
+// error" (its cgo references resolve lazily).
+var coreFunctions = [][]string{
+	{"nvmlInit_v2", "nvmlInit"},
+	{"nvmlShutdown"},
+	{"nvmlErrorString"},
+	{"nvmlSystemGetDriverVersion"},
+	{"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"},
+	{"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"},
+	{"nvmlDeviceGetHandleByUUID"},
+	{"nvmlDeviceGetUUID"},
+	{"nvmlDeviceGetName"},
+	{"nvmlDeviceGetMinorNumber"},
+	{"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo"},
+}
+
+// missingCoreFunctions names the core functions (the first name of each) that lib lacks.
+func missingCoreFunctions(lib *dl.DynamicLibrary) []string {
+	var missing []string
+	for _, names := range coreFunctions {
+		found := false
+		for _, n := range names {
+			if lib.Lookup(n) == nil {
+				found = true
+				break
+			}
+		}
+		if !found {
+			missing = append(missing, names[0])
+		}
+	}
+	return missing
 }
 
 // DriverRoot opens the NVML backend on NVIDIA's library under a driver root. Keep one DriverRoot

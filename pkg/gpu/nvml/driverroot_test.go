@@ -2,6 +2,7 @@ package nvml_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -205,4 +206,53 @@ func openRealLibrary(t *testing.T, versionDir string) {
 	if changed, err := d.Changed(); !changed || err != nil {
 		t.Errorf("Changed after the library was replaced = %v, %v; want true", changed, err)
 	}
+}
+
+// A library that loads but lacks a function the backend calls unguarded, or holds a reference
+// that does not resolve, is refused before go-nvml's first call, with the missing functions or
+// the loader's words: never the "symbol lookup error" that ends the process (#45).
+func TestOpenDriverRootPartialLibrary(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler:", err)
+	}
+	build := func(t *testing.T, src string) (root, lib string) {
+		t.Helper()
+		root = t.TempDir()
+		lib = filepath.Join(root, "usr/lib64/libnvidia-ml.so.1")
+		if err := os.MkdirAll(filepath.Dir(lib), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		c := filepath.Join(t.TempDir(), "stub.c")
+		if err := os.WriteFile(c, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, c).CombinedOutput(); err != nil {
+			t.Fatalf("cc: %v\n%s", err, out)
+		}
+		return root, lib
+	}
+	t.Run("lacks core functions", func(t *testing.T) {
+		root, lib := build(t, "int nvmlInit_v2(void) { return 0; }\nint nvmlDeviceGetCount(unsigned *n) { *n = 0; return 0; }\n")
+		_, err := gpunvml.OpenDriverRoot(root, []string{"/usr/lib64"})
+		if !errors.Is(err, gpunvml.ErrLibraryNotLoadable) || !errors.Is(err, gpunvml.ErrNoDriver) ||
+			!strings.HasPrefix(err.Error(), "NVML library cannot be loaded: "+lib+": lacks nvmlShutdown, nvmlErrorString, nvmlSystemGetDriverVersion, ") ||
+			strings.Contains(err.Error(), "nvmlDeviceGetCount_v2") {
+			t.Errorf("err = %v, want cannot be loaded naming the missing functions (not nvmlDeviceGetCount, which it has)", err)
+		}
+	})
+	t.Run("a reference that does not resolve", func(t *testing.T) {
+		var src strings.Builder
+		src.WriteString("extern int gpuhealth_nowhere(void);\n")
+		for _, f := range []string{"nvmlInit_v2", "nvmlShutdown", "nvmlErrorString", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount_v2",
+			"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMinorNumber", "nvmlDeviceGetPciInfo_v3"} {
+			fmt.Fprintf(&src, "int %s(void) { return gpuhealth_nowhere(); }\n", f)
+		}
+		root, lib := build(t, src.String())
+		_, err := gpunvml.OpenDriverRoot(root, []string{"/usr/lib64"})
+		if !errors.Is(err, gpunvml.ErrLibraryNotLoadable) || !strings.HasPrefix(err.Error(), "NVML library cannot be loaded: "+lib) ||
+			!strings.Contains(err.Error(), "gpuhealth_nowhere") {
+			t.Errorf("err = %v, want cannot be loaded with the loader's words on the undefined symbol", err)
+		}
+	})
 }
