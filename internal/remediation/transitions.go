@@ -401,23 +401,19 @@ func (t *transition) probation() next {
 		return done
 	}
 	if st.Validated {
-		return t.backInService(fmt.Sprintf("the GPU passed its validation and stayed healthy for %v", probation))
+		return t.backInService(fmt.Sprintf("the GPU passed its validation and stayed healthy for %v and is back in service", probation))
 	}
 	return t.backInService(fmt.Sprintf("the GPU stayed healthy for %v after its reset and is back in service (passive: no validation configured, nothing tested it)", probation))
 }
 
-// backInService ends the repair: the slot is given back and the GPU returns to service
-// through the normal path. A return no test judged says so (passive), for the GPU's history.
+// backInService ends the repair (why says how the GPU came back): the slot is given back and
+// the GPU returns to service through the normal path. A return no test judged says so
+// (passive), for the GPU's history.
 func (t *transition) backInService(why string) next {
 	st := t.st
 	t.m.release(t.ctx, t.dev.UUID)
 	d := t.now.Sub(st.FaultSince)
-	e := Event{Device: t.dev, Kind: KindRepaired, Duration: d}
-	if strings.Contains(why, "back in service") {
-		e.Message = fmt.Sprintf("%s, %v after the repair began", why, d.Round(time.Second))
-	} else {
-		e.Message = fmt.Sprintf("%s and is back in service, %v after the repair began", why, d.Round(time.Second))
-	}
+	e := Event{Device: t.dev, Kind: KindRepaired, Duration: d, Message: fmt.Sprintf("%s, %v after the repair began", why, d.Round(time.Second))}
 	if !st.Validated {
 		e.Validation, e.By = health.ValidationPassive, "probation"
 	}

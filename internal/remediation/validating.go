@@ -93,7 +93,7 @@ func (t *transition) judge(v verdict) next {
 		t.events = append(t.events, e)
 		st.Validated, st.ValidationFailed, st.ValidationErrors = true, false, 0
 		if m.cfg.ValidationProbation <= 0 {
-			return t.backInService("the GPU passed its validation")
+			return t.backInService("the GPU passed its validation and is back in service")
 		}
 		t.enter(PhaseProbation, "passed its validation; on probation")
 		return done
