@@ -5,12 +5,12 @@ import (
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
@@ -34,11 +34,7 @@ type drainWatcher struct {
 func (w *drainWatcher) run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("watcher", "drains")
 	// Events arrive on one informer goroutine, so apply needs no lock.
-	apply := func(obj any) {
-		node, ok := obj.(*corev1.Node)
-		if !ok {
-			return
-		}
+	apply := func(node *corev1.Node) {
 		drains, err := gpuhealthv1.ParseDrains(node.Annotations[gpuhealthv1.DrainsKey])
 		if err != nil {
 			logger.Error(err, "Ignoring a malformed drains annotation; keeping the drains in force")
@@ -58,10 +54,7 @@ func (w *drainWatcher) run(ctx context.Context) error {
 		}
 		logger.Info("Drains applied", "drained", len(set))
 	}
-	if err := w.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    apply,
-		UpdateFunc: func(_, obj any) { apply(obj) },
-	}); err != nil {
+	if err := w.nodes.AddEventHandler(kube.Handlers(apply, nil)); err != nil {
 		return err
 	}
 	if err := w.nodes.Start(ctx); err != nil {

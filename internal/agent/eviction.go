@@ -8,6 +8,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/evict"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/internal/kube/podresources"
 )
 
 // newEvictor builds the evictor of the pods holding GPUs that ask for eviction
@@ -28,7 +29,7 @@ func (w *wiring) newEvictor() (ev *evict.Evictor, start func(context.Context) er
 	eo := evict.Options{
 		NodeName: opts.NodeName, Client: opts.Client, Evicter: evicter,
 		Finders: []evict.Finder{
-			evict.PodResources{Lister: evict.Socket{Path: ec.PodResourcesSocket}},
+			evict.PodResources{Lister: podresources.Socket{Path: ec.PodResourcesSocket}},
 			evict.Volcano{Client: opts.Client, NodeName: opts.NodeName},
 		},
 		Recorder: w.recorder, NodeRef: w.nodeRef, Clock: opts.Clock, Self: selfPod(),

@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -77,21 +76,16 @@ func (w *requestWatcher) run(ctx context.Context) error {
 	// The informer's handler only pokes: applying and acknowledging happen on this goroutine,
 	// from the newest Node the cache knows, never on the informer's.
 	poke := make(chan struct{}, 1)
-	notify := func(obj any) {
-		if node, ok := obj.(*corev1.Node); ok {
-			if _, ok := node.Annotations[w.kind.key]; !ok {
-				return
-			}
+	notify := func(node *corev1.Node) {
+		if _, ok := node.Annotations[w.kind.key]; !ok {
+			return
 		}
 		select {
 		case poke <- struct{}{}:
 		default:
 		}
 	}
-	if err := w.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    notify,
-		UpdateFunc: func(_, obj any) { notify(obj) },
-	}); err != nil {
+	if err := w.nodes.AddEventHandler(kube.Handlers(notify, nil)); err != nil {
 		return err
 	}
 	if err := w.nodes.Start(ctx); err != nil {

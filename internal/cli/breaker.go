@@ -68,7 +68,7 @@ chart runs it when the breaker is on).`,
 		},
 	}
 	for _, c := range []*cobra.Command{status, ack} {
-		c.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+		addUserKubeconfig(c, &kubeconfig)
 		c.Flags().StringVarP(&namespace, "namespace", "n", config.DefaultBreakerNamespace, "namespace of the agents' circuit breaker")
 	}
 	cmd.AddCommand(status, ack, newBreakerControllerCommand())

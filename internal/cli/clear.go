@@ -25,8 +25,7 @@ import (
 const clearPoll = 500 * time.Millisecond
 
 func newClearCommand() *cobra.Command {
-	var kubeconfig, reason, by string
-	var waitFor time.Duration
+	var f requestFlags
 	cmd := &cobra.Command{
 		Use:   "clear NODE GPU [CONDITION] --reason TEXT",
 		Short: "Clear a false positive: end a GPU's condition by hand",
@@ -49,11 +48,11 @@ cleared nothing or did not answer in time (the request then stays for the agent 
   gpuhealth clear gpu-node-7 GPU-76f99748-0f9a-e5e5-c69b-1e46cae6e125 --reason "bad batch of test jobs" --wait 1m`,
 		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if strings.TrimSpace(reason) == "" {
+			if strings.TrimSpace(f.reason) == "" {
 				return cmdutil.BadInput(errors.New("--reason: required (say why, for the next person)"))
 			}
-			if waitFor < 0 {
-				return cmdutil.BadInput(fmt.Errorf("--wait: must not be negative, got %v", waitFor))
+			if f.wait < 0 {
+				return cmdutil.BadInput(fmt.Errorf("--wait: must not be negative, got %v", f.wait))
 			}
 			var condition string
 			if len(args) == 3 {
@@ -64,11 +63,11 @@ cleared nothing or did not answer in time (the request then stays for the agent 
 				condition = sel.String()
 			}
 			ctx := cmd.Context()
-			client, by, err := asOperator(ctx, kubeconfig, by)
+			client, by, err := asOperator(ctx, f.kubeconfig, f.by)
 			if err != nil {
 				return err
 			}
-			req := gpuhealthv1.Clear{Condition: condition, Reason: reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
+			req := gpuhealthv1.Clear{Condition: condition, Reason: f.reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
 			node := args[0]
 			gpu, err := requestClear(ctx, client, node, args[1], &req)
 			if err != nil {
@@ -82,18 +81,16 @@ cleared nothing or did not answer in time (the request then stays for the agent 
 				fmt.Fprintf(cmd.ErrOrStderr(), "note: GPU %d %s; the agent says in an Event whether anything matched\n", gpu.Index, note)
 			}
 			out := cmd.OutOrStdout()
-			if waitFor == 0 {
+			if f.wait == 0 {
 				_, err = fmt.Fprintf(out, "requested clear of %s on GPU %d (%s) on node %s; the agent posts an Event when it has applied it (kubectl get events --field-selector involvedObject.name=%s)\n",
 					what, req.Index, gpu.uuid, node, node)
 				return err
 			}
-			return waitForClear(ctx, agentAnswer{client: client, node: node, uuid: gpu.uuid, timeout: waitFor, poll: clearPoll}, out, req)
+			return waitForClear(ctx, agentAnswer{client: client, node: node, uuid: gpu.uuid, timeout: f.wait, poll: clearPoll}, out, req)
 		},
 	}
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
-	cmd.Flags().StringVar(&reason, "reason", "", "why the condition is a false positive (required)")
-	cmd.Flags().StringVar(&by, "by", "", "who clears it (default: the user the API server knows you as)")
-	cmd.Flags().DurationVar(&waitFor, "wait", 0, "wait this long for the agent to apply the request and print what it did (0: do not wait)")
+	f.add(cmd, "why the condition is a false positive (required)", "who clears it",
+		"wait this long for the agent to apply the request and print what it did (0: do not wait)")
 	return cmd
 }
 
@@ -241,11 +238,36 @@ type agentAnswer struct {
 	timeout, poll time.Duration
 }
 
-// clearEvent finds the Event the agent posted for req: its message names the request.
-func clearEvent(ctx context.Context, client kubernetes.Interface, node string, req gpuhealthv1.Clear) *corev1.Event {
-	list, err := client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
+// requestFlags are the flags of the commands that put an operator's request on a Node for its
+// agent (clear, validate).
+type requestFlags struct {
+	kubeconfig, reason, by string
+	wait                   time.Duration
+}
+
+// add registers the flags on cmd, with what --reason, --by and --wait mean for it.
+func (f *requestFlags) add(cmd *cobra.Command, reasonHelp, byHelp, waitHelp string) {
+	addUserKubeconfig(cmd, &f.kubeconfig)
+	cmd.Flags().StringVar(&f.reason, "reason", "", reasonHelp)
+	cmd.Flags().StringVar(&f.by, "by", "", byHelp+" (default: the user the API server knows you as)")
+	cmd.Flags().DurationVar(&f.wait, "wait", 0, waitHelp)
+}
+
+// addUserKubeconfig registers --kubeconfig on a command an operator runs from anywhere.
+func addUserKubeconfig(cmd *cobra.Command, kubeconfig *string) {
+	cmd.Flags().StringVar(kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+}
+
+// nodeEvents lists the Events about node (the agent posts them in the default namespace).
+func nodeEvents(ctx context.Context, client kubernetes.Interface, node string) (*corev1.EventList, error) {
+	return client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
 		FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node,
 	})
+}
+
+// clearEvent finds the Event the agent posted for req: its message names the request.
+func clearEvent(ctx context.Context, client kubernetes.Interface, node string, req gpuhealthv1.Clear) *corev1.Event {
+	list, err := nodeEvents(ctx, client, node)
 	if err != nil {
 		return nil
 	}

@@ -45,18 +45,13 @@ gpuhealth.dev/gpu-health annotation.`,
 			if err != nil {
 				return err
 			}
-			uuid, index, err := changeDrains(ctx, client, args[0], args[1], func(drains map[string]gpuhealthv1.Drain, uuid string, index int) (bool, error) {
+			return changeDrainsAndSay(cmd, client, args, "drained", func(drains map[string]gpuhealthv1.Drain, uuid string, index int) (bool, error) {
 				drains[uuid] = gpuhealthv1.Drain{Index: index, Reason: reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
 				return true, nil
 			})
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "drained GPU %d (%s) on node %s\n", index, uuid, args[0])
-			return err
 		},
 	}
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	addUserKubeconfig(cmd, &kubeconfig)
 	cmd.Flags().StringVar(&reason, "reason", "", "why the GPU is drained (required)")
 	cmd.Flags().StringVar(&by, "by", "", "who drains it (default: the user the API server knows you as)")
 	return cmd
@@ -75,22 +70,29 @@ condition keeps it Unhealthy. GPU is an index, a UUID or a PCI bus ID.`,
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
-			uuid, index, err := changeDrains(cmd.Context(), client, args[0], args[1], func(drains map[string]gpuhealthv1.Drain, uuid string, _ int) (bool, error) {
+			return changeDrainsAndSay(cmd, client, args, "undrained", func(drains map[string]gpuhealthv1.Drain, uuid string, _ int) (bool, error) {
 				if _, ok := drains[uuid]; !ok {
 					return false, nil
 				}
 				delete(drains, uuid)
 				return true, nil
 			})
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "undrained GPU %d (%s) on node %s\n", index, uuid, args[0])
-			return err
 		},
 	}
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	addUserKubeconfig(cmd, &kubeconfig)
 	return cmd
+}
+
+// changeDrainsAndSay applies change to the drains of node args[0] for GPU args[1] and prints
+// what was done (verb) to which GPU.
+func changeDrainsAndSay(cmd *cobra.Command, client kubernetes.Interface, args []string, verb string,
+	change func(drains map[string]gpuhealthv1.Drain, uuid string, index int) (bool, error)) error {
+	uuid, index, err := changeDrains(cmd.Context(), client, args[0], args[1], change)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s GPU %d (%s) on node %s\n", verb, index, uuid, args[0])
+	return err
 }
 
 // changeDrains resolves gpu on node and applies change to the node's drains with optimistic

@@ -137,7 +137,7 @@ shows its GPUs as "Unknown (stale since ...)": its agent stopped, and its last w
 			}
 		},
 	}
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+	addUserKubeconfig(cmd, &kubeconfig)
 	cmd.Flags().StringVar(&node, "node", "", "only this node")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, wide or json")
 	cmd.Flags().BoolVar(&problems, "problems", false, "only GPUs that are not Healthy, are drained or carry other writers' taints")

@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -19,8 +18,7 @@ import (
 )
 
 func newValidateCommand() *cobra.Command {
-	var kubeconfig, reason, by string
-	var waitFor time.Duration
+	var f requestFlags
 	cmd := &cobra.Command{
 		Use:   "validate NODE GPU [--reason TEXT] [--wait DUR]",
 		Short: "Test one GPU actively before it is trusted again",
@@ -39,36 +37,34 @@ verdict came in time (a test that gives no verdict is retried by the agent; the 
   gpuhealth validate gpu-node-7 GPU-76f99748-0f9a-e5e5-c69b-1e46cae6e125 --reason "after RMA" --wait 10m`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if waitFor < 0 {
-				return cmdutil.BadInput(fmt.Errorf("--wait: must not be negative, got %v", waitFor))
+			if f.wait < 0 {
+				return cmdutil.BadInput(fmt.Errorf("--wait: must not be negative, got %v", f.wait))
 			}
-			if strings.TrimSpace(reason) == "" {
-				reason = "requested with gpuhealth validate"
+			if strings.TrimSpace(f.reason) == "" {
+				f.reason = "requested with gpuhealth validate"
 			}
 			ctx := cmd.Context()
-			client, by, err := asOperator(ctx, kubeconfig, by)
+			client, by, err := asOperator(ctx, f.kubeconfig, f.by)
 			if err != nil {
 				return err
 			}
-			req := gpuhealthv1.ValidationRequest{Reason: reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
+			req := gpuhealthv1.ValidationRequest{Reason: f.reason, By: by, At: time.Now().UTC().Truncate(time.Second)}
 			node := args[0]
 			uuid, err := requestValidation(ctx, client, node, args[1], &req)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if waitFor == 0 {
+			if f.wait == 0 {
 				_, err = fmt.Fprintf(out, "requested validation of GPU %d (%s) on node %s; the agent posts GPUValidation Events with the verdict (kubectl get events --field-selector involvedObject.name=%s)\n",
 					req.Index, uuid, node, node)
 				return err
 			}
-			return waitForValidation(ctx, agentAnswer{client: client, node: node, uuid: uuid, timeout: waitFor, poll: clearPoll}, out, req)
+			return waitForValidation(ctx, agentAnswer{client: client, node: node, uuid: uuid, timeout: f.wait, poll: clearPoll}, out, req)
 		},
 	}
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
-	cmd.Flags().StringVar(&reason, "reason", "", "why the GPU is to be tested, for the next person")
-	cmd.Flags().StringVar(&by, "by", "", "who asks (default: the user the API server knows you as)")
-	cmd.Flags().DurationVar(&waitFor, "wait", 0, "wait this long for the verdict and print it (0: do not wait)")
+	f.add(cmd, "why the GPU is to be tested, for the next person", "who asks",
+		"wait this long for the verdict and print it (0: do not wait)")
 	return cmd
 }
 
@@ -110,9 +106,7 @@ func waitForValidation(ctx context.Context, a agentAnswer, out io.Writer, req gp
 		said    = map[string]bool{}
 	)
 	err := wait.PollUntilContextTimeout(ctx, poll, timeout, true, func(ctx context.Context) (bool, error) {
-		list, err := client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
-			FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node,
-		})
+		list, err := nodeEvents(ctx, client, node)
 		if err != nil {
 			return false, nil // keep waiting: the API server may be away for a moment
 		}

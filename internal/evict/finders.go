@@ -6,10 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -145,33 +142,6 @@ func short(s string) string {
 		return s[:64] + "..."
 	}
 	return s
-}
-
-// Socket dials the kubelet's pod-resources socket for each List.
-type Socket struct {
-	Path string
-	// Timeout bounds one List (default 10s).
-	Timeout time.Duration
-}
-
-// List implements PodLister.
-func (s Socket) List(ctx context.Context) (*podresourcesv1.ListPodResourcesResponse, error) {
-	timeout := s.Timeout
-	if timeout <= 0 {
-		timeout = 10 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	conn, err := grpc.NewClient("unix://"+s.Path, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, fmt.Errorf("kubelet pod-resources %s: %w", s.Path, err)
-	}
-	defer conn.Close()
-	resp, err := podresourcesv1.NewPodResourcesListerClient(conn).List(ctx, &podresourcesv1.ListPodResourcesRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("kubelet pod-resources %s: List: %w", s.Path, err)
-	}
-	return resp, nil
 }
 
 // Volcano finds Volcano GPU-sharing pods on the node by their card: gpuhealth.dev/gpu-uuid when

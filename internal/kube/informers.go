@@ -85,3 +85,25 @@ func (f *Informers) WaitForCacheSync(ctx context.Context) error {
 
 // Shutdown waits for the informers' goroutines; call it after the context given to Start is done.
 func (f *Informers) Shutdown() { f.wg.Wait() }
+
+// Handlers returns informer handlers that call set with each added or updated object of type T
+// and, when del is not nil, del with each deleted one (unwrapping the tombstone of a delete the
+// watch missed). Objects of other types are passed over.
+func Handlers[T any](set, del func(T)) cache.ResourceEventHandlerFuncs {
+	typed := func(f func(T)) func(any) {
+		return func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if t, ok := obj.(T); ok {
+				f(t)
+			}
+		}
+	}
+	h := cache.ResourceEventHandlerFuncs{AddFunc: typed(set)}
+	h.UpdateFunc = func(_, obj any) { h.AddFunc(obj) }
+	if del != nil {
+		h.DeleteFunc = typed(del)
+	}
+	return h
+}

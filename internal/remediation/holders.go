@@ -10,15 +10,13 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/internal/kube/podresources"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -48,7 +46,7 @@ func uuidsOf(dev health.Device, migs []health.Device) []string {
 type PodResources struct {
 	// Socket is the kubelet's pod-resources socket.
 	Socket string
-	// Timeout bounds one List (default 10s).
+	// Timeout bounds one List (default podresources.DefaultTimeout).
 	Timeout time.Duration
 }
 
@@ -56,20 +54,9 @@ var _ HolderFinder = PodResources{}
 
 // Holders implements HolderFinder.
 func (p PodResources) Holders(ctx context.Context, dev health.Device, migs []health.Device) ([]string, error) {
-	timeout := p.Timeout
-	if timeout <= 0 {
-		timeout = 10 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	conn, err := grpc.NewClient("unix://"+p.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	resp, err := podresources.Socket{Path: p.Socket, Timeout: p.Timeout}.List(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("kubelet pod-resources %s: %w", p.Socket, err)
-	}
-	defer conn.Close()
-	resp, err := podresourcesv1.NewPodResourcesListerClient(conn).List(ctx, &podresourcesv1.ListPodResourcesRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("kubelet pod-resources %s: List: %w", p.Socket, err)
+		return nil, err
 	}
 	uuids := uuidsOf(dev, migs)
 	var out []string

@@ -227,15 +227,22 @@ func (ev *evaluation) nvlinkState(gpu *deviceState, sig Signal) {
 }
 
 // nvlinkErrors applies a sample of one NVLink's error counter, as a rate against the policy's
+
+// growLinks returns rates, grown to hold link's counter.
+func growLinks(rates []counterRate, link uint32) []counterRate {
+	if int(link) >= len(rates) {
+		rates = append(rates, make([]counterRate, int(link)+1-len(rates))...)
+	}
+	return rates
+}
+
 // limit.
 func (ev *evaluation) nvlinkErrors(gpu *deviceState, sig Signal) {
 	p := ev.t.policy
 	if !p.NVLink.Enabled || sig.Link >= maxTrackedLinks {
 		return
 	}
-	if int(sig.Link) >= len(gpu.nvlink) {
-		gpu.nvlink = append(gpu.nvlink, make([]counterRate, int(sig.Link)+1-len(gpu.nvlink))...)
-	}
+	gpu.nvlink = growLinks(gpu.nvlink, sig.Link)
 	rate, ok := gpu.nvlink[sig.Link].perMinute(sig.Value, ev.now)
 	if !ok {
 		return

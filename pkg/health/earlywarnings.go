@@ -116,9 +116,7 @@ func (ev *evaluation) nvlinkRecoveries(gpu *deviceState, sig Signal) {
 	if !p.NVLinkRecoveries.Enabled || sig.Link >= maxTrackedLinks {
 		return
 	}
-	if int(sig.Link) >= len(gpu.nvlinkRecov) {
-		gpu.nvlinkRecov = append(gpu.nvlinkRecov, make([]counterRate, int(sig.Link)+1-len(gpu.nvlinkRecov))...)
-	}
+	gpu.nvlinkRecov = growLinks(gpu.nvlinkRecov, sig.Link)
 	w := &gpu.nvlinkRecov[sig.Link]
 	if !w.valid || sig.Value < w.base || ev.now.Before(w.at) {
 		*w = counterRate{base: sig.Value, at: ev.now, valid: true}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
@@ -41,29 +42,16 @@ func (s *state) start(ctx context.Context, client kubernetes.Interface, l listen
 	if err := nodeInf.SetTransform(trimNode); err != nil {
 		return err
 	}
-	onNode := func(obj any) {
-		if n, ok := obj.(*corev1.Node); ok {
-			warnings, better := s.setNode(n)
-			for _, w := range warnings {
-				logger.Info("Ignoring part of a GPU health annotation", "node", klog.KObj(n), "warning", w)
-			}
-			if better && l != nil {
-				l.nodeImproved(n.Name)
-			}
+	onNode := func(n *corev1.Node) {
+		warnings, better := s.setNode(n)
+		for _, w := range warnings {
+			logger.Info("Ignoring part of a GPU health annotation", "node", klog.KObj(n), "warning", w)
+		}
+		if better && l != nil {
+			l.nodeImproved(n.Name)
 		}
 	}
-	nodeReg, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    onNode,
-		UpdateFunc: func(_, obj any) { onNode(obj) },
-		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
-			}
-			if n, ok := obj.(*corev1.Node); ok {
-				s.deleteNode(n.Name)
-			}
-		},
-	})
+	nodeReg, err := nodeInf.AddEventHandler(kube.Handlers(onNode, func(n *corev1.Node) { s.deleteNode(n.Name) }))
 	if err != nil {
 		return err
 	}
@@ -72,11 +60,7 @@ func (s *state) start(ctx context.Context, client kubernetes.Interface, l listen
 	if err := podInf.SetTransform(trimPod); err != nil {
 		return err
 	}
-	onPod := func(obj any) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok {
-			return
-		}
+	onPod := func(p *corev1.Pod) {
 		h, holds, warning := scheduling.PodHold(p)
 		if warning != "" {
 			logger.Info("Pod's GPU share is not charged to a card", "pod", klog.KObj(p), "warning", warning)
@@ -86,21 +70,12 @@ func (s *state) start(ctx context.Context, client kubernetes.Interface, l listen
 			l.forget(p.UID) // bound: nothing to retry
 		}
 	}
-	podReg, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    onPod,
-		UpdateFunc: func(_, obj any) { onPod(obj) },
-		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
-			}
-			if p, ok := obj.(*corev1.Pod); ok {
-				s.forget(p.UID)
-				if l != nil {
-					l.forget(p.UID)
-				}
-			}
-		},
-	})
+	podReg, err := podInf.AddEventHandler(kube.Handlers(onPod, func(p *corev1.Pod) {
+		s.forget(p.UID)
+		if l != nil {
+			l.forget(p.UID)
+		}
+	}))
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -233,14 +232,7 @@ func Summaries(snap health.Snapshot) map[string]GPUSummary {
 
 // ParseHealth decodes HealthKey's value. An empty value means no devices.
 func ParseHealth(value string) (map[string]GPUSummary, error) {
-	summaries := map[string]GPUSummary{}
-	if strings.TrimSpace(value) == "" {
-		return summaries, nil
-	}
-	if err := json.Unmarshal([]byte(value), &summaries); err != nil {
-		return nil, fmt.Errorf("%s: %w", HealthKey, err)
-	}
-	return summaries, nil
+	return parseByUUID[GPUSummary](HealthKey, value)
 }
 
 // ParseHealthEach decodes HealthKey's value entry by entry: an entry that does not decode is
@@ -299,19 +291,7 @@ type Drain struct {
 
 // ParseDrains decodes DrainsKey's value. An empty value means no drains.
 func ParseDrains(value string) (map[string]Drain, error) {
-	drains := map[string]Drain{}
-	if strings.TrimSpace(value) == "" {
-		return drains, nil
-	}
-	if err := json.Unmarshal([]byte(value), &drains); err != nil {
-		return nil, fmt.Errorf("%s: %w", DrainsKey, err)
-	}
-	for uuid := range drains {
-		if uuid == "" {
-			return nil, fmt.Errorf("%s: an entry has an empty UUID", DrainsKey)
-		}
-	}
-	return drains, nil
+	return parseRequests[Drain](DrainsKey, value)
 }
 
 // Message is how a drain reads in a condition message.

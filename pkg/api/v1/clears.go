@@ -54,17 +54,11 @@ type Clear struct {
 // a value with one bad request is refused whole, so that nothing is applied from a mistyped
 // annotation.
 func ParseClears(value string) (map[string][]Clear, error) {
-	clears := map[string][]Clear{}
-	if strings.TrimSpace(value) == "" {
-		return clears, nil
-	}
-	if err := json.Unmarshal([]byte(value), &clears); err != nil {
-		return nil, fmt.Errorf("%s: %w", ClearsKey, err)
+	clears, err := parseRequests[[]Clear](ClearsKey, value)
+	if err != nil {
+		return nil, err
 	}
 	for uuid, list := range clears {
-		if uuid == "" {
-			return nil, fmt.Errorf("%s: an entry has an empty UUID", ClearsKey)
-		}
 		for i, c := range list {
 			if strings.TrimSpace(c.Reason) == "" {
 				return nil, fmt.Errorf("%s: %s[%d]: no reason", ClearsKey, uuid, i)

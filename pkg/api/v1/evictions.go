@@ -51,14 +51,7 @@ type PodEviction struct {
 
 // ParseEvictions decodes EvictionsKey's value; an empty value means nothing pending.
 func ParseEvictions(value string) (map[string]GPUEvictions, error) {
-	out := map[string]GPUEvictions{}
-	if strings.TrimSpace(value) == "" {
-		return out, nil
-	}
-	if err := json.Unmarshal([]byte(value), &out); err != nil {
-		return nil, fmt.Errorf("%s: %w", EvictionsKey, err)
-	}
-	return out, nil
+	return parseByUUID[GPUEvictions](EvictionsKey, value)
 }
 
 // FormatEvictions encodes the pending evictions as EvictionsKey's value, "" for none. Pods past

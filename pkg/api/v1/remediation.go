@@ -1,9 +1,7 @@
 package v1
 
 import (
-	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -28,14 +26,7 @@ type GPURemediation struct {
 
 // ParseRemediation decodes RemediationKey's value. An empty value means no GPU under repair.
 func ParseRemediation(value string) (map[string]GPURemediation, error) {
-	out := map[string]GPURemediation{}
-	if strings.TrimSpace(value) == "" {
-		return out, nil
-	}
-	if err := json.Unmarshal([]byte(value), &out); err != nil {
-		return nil, fmt.Errorf("%s: %w", RemediationKey, err)
-	}
-	return out, nil
+	return parseByUUID[GPURemediation](RemediationKey, value)
 }
 
 // Short is the remediation state as a table cell: "Probation (1/3)", "-" when idle.

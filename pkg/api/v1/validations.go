@@ -51,17 +51,11 @@ type ValidationRequest struct {
 // Every request must name a GPU and give a reason: a value with one bad request is refused
 // whole, so that nothing is applied from a mistyped annotation.
 func ParseValidationRequests(value string) (map[string]ValidationRequest, error) {
-	out := map[string]ValidationRequest{}
-	if strings.TrimSpace(value) == "" {
-		return out, nil
-	}
-	if err := json.Unmarshal([]byte(value), &out); err != nil {
-		return nil, fmt.Errorf("%s: %w", ValidationRequestsKey, err)
+	out, err := parseRequests[ValidationRequest](ValidationRequestsKey, value)
+	if err != nil {
+		return nil, err
 	}
 	for uuid, r := range out {
-		if strings.TrimSpace(uuid) == "" {
-			return nil, fmt.Errorf("%s: an entry has an empty UUID", ValidationRequestsKey)
-		}
 		if strings.TrimSpace(r.Reason) == "" {
 			return nil, fmt.Errorf("%s: %s: no reason", ValidationRequestsKey, uuid)
 		}

@@ -211,29 +211,24 @@ func newOptions(opts []Option) options {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.samplePeriod <= 0 {
-		o.samplePeriod = DefaultSamplePeriod
-	}
-	if o.eventWait <= 0 {
-		o.eventWait = DefaultEventWait
-	}
-	if o.backoffInitial <= 0 {
-		o.backoffInitial = DefaultBackoffInitial
-	}
+	positiveOr(&o.samplePeriod, DefaultSamplePeriod)
+	positiveOr(&o.eventWait, DefaultEventWait)
+	positiveOr(&o.backoffInitial, DefaultBackoffInitial)
 	if o.backoffMax < o.backoffInitial {
 		o.backoffMax = max(DefaultBackoffMax, o.backoffInitial)
 	}
-	if o.startAttempts <= 0 {
-		o.startAttempts = DefaultStartAttempts
-	}
-	if o.startBackoff <= 0 {
-		o.startBackoff = DefaultStartBackoff
-	}
-	if o.inventoryCheck <= 0 {
-		o.inventoryCheck = DefaultInventoryCheck
-	}
+	positiveOr(&o.startAttempts, DefaultStartAttempts)
+	positiveOr(&o.startBackoff, DefaultStartBackoff)
+	positiveOr(&o.inventoryCheck, DefaultInventoryCheck)
 	o.expectedNVLinks = min(max(o.expectedNVLinks, 0), nvml.NVLINK_MAX_LINKS)
 	return o
+}
+
+// positiveOr sets *v to def when an option left it zero or negative.
+func positiveOr[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Close shuts NVML down. It is safe to call more than once; Run must have returned. It waits for

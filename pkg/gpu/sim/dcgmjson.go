@@ -15,31 +15,21 @@ func jsonResult(res string) string {
 // json4 is 4.x's document: results per entity (the GPU, entity group 1), a test_summary per
 // test, the entity list and the versions under metadata.
 func (r DCGMRun) json4(tests []dcgmTest) jobj {
-	var categories jarr
-	for _, cat := range []string{"Deployment", "Hardware", "Integration", "Stress"} {
-		var ts jarr
-		for _, t := range tests {
-			if t.category != cat {
-				continue
-			}
-			res := jobj{"entity_group": "GPU", "entity_group_id": 1, "entity_id": r.GPU, "status": jsonResult(t.result)}
-			if len(t.errs) > 0 {
-				var ws jarr
-				for _, e := range t.errs {
-					msg := e.msg
-					if e.subtest != "" {
-						msg = e.subtest + ": " + msg // the software plugin names its check
-					}
-					ws = append(ws, jobj{"warning": msg, "error_id": e.code, "error_category": e.category, "error_severity": e.severity})
+	categories := jsonByCategory([]string{"Deployment", "Hardware", "Integration", "Stress"}, tests, func(t dcgmTest) jarr {
+		res := jobj{"entity_group": "GPU", "entity_group_id": 1, "entity_id": r.GPU, "status": jsonResult(t.result)}
+		if len(t.errs) > 0 {
+			var ws jarr
+			for _, e := range t.errs {
+				msg := e.msg
+				if e.subtest != "" {
+					msg = e.subtest + ": " + msg // the software plugin names its check
 				}
-				res["warnings"] = ws
+				ws = append(ws, e.warning("warning", msg))
 			}
-			ts = append(ts, jobj{"name": t.name, "results": jarr{res}, "test_summary": jobj{"status": jsonResult(t.result)}})
+			res["warnings"] = ws
 		}
-		if len(ts) > 0 {
-			categories = append(categories, jobj{"category": cat, "tests": ts})
-		}
-	}
+		return jarr{jobj{"name": t.name, "results": jarr{res}, "test_summary": jobj{"status": jsonResult(t.result)}}}
+	})
 	entity := jobj{"device_id": r.Device.DeviceID, "entity_id": r.GPU}
 	if r.Device.Serial != "" {
 		entity["serial_num"] = r.Device.Serial
@@ -61,47 +51,20 @@ func (r DCGMRun) json4(tests []dcgmTest) jobj {
 // string; categories Deployment, Integration, Hardware, Stress; versions and device IDs at the
 // top level.
 func (r DCGMRun) json3(tests []dcgmTest) jobj {
-	var categories jarr
-	for _, cat := range []string{"Deployment", "Integration", "Hardware", "Stress"} {
-		var ts jarr
-		for _, t := range tests {
-			if t.category != cat {
-				continue
-			}
-			if t.name == "software" {
-				for _, sub := range softwareSubtests {
-					res := jobj{"status": resPass}
-					if t.result == resSkip {
-						res["status"] = resSkip
-					}
-					var ws jarr
-					for _, e := range t.errs {
-						if e.subtest == sub {
-							res["status"], res["gpu_id"] = jsonResult(t.result), r.GPU
-							ws = append(ws, jobj{"warnings": e.msg, "error_id": e.code, "error_category": e.category, "error_severity": e.severity})
-						}
-					}
-					if len(ws) > 0 {
-						res["warnings"] = ws
-					}
-					ts = append(ts, jobj{"name": sub, "results": jarr{res}})
-				}
-				continue
-			}
-			res := jobj{"gpu_id": strconv.Itoa(r.GPU), "status": jsonResult(t.result)}
-			if len(t.errs) > 0 {
-				var ws jarr
-				for _, e := range t.errs {
-					ws = append(ws, jobj{"warning": e.msg, "error_id": e.code, "error_category": e.category, "error_severity": e.severity})
-				}
-				res["warnings"] = ws
-			}
-			ts = append(ts, jobj{"name": t.name3, "results": jarr{res}})
+	categories := jsonByCategory([]string{"Deployment", "Integration", "Hardware", "Stress"}, tests, func(t dcgmTest) jarr {
+		if t.name == "software" {
+			return r.software3(t)
 		}
-		if len(ts) > 0 {
-			categories = append(categories, jobj{"category": cat, "tests": ts})
+		res := jobj{"gpu_id": strconv.Itoa(r.GPU), "status": jsonResult(t.result)}
+		if len(t.errs) > 0 {
+			var ws jarr
+			for _, e := range t.errs {
+				ws = append(ws, e.warning("warning", e.msg))
+			}
+			res["warnings"] = ws
 		}
-	}
+		return jarr{jobj{"name": t.name3, "results": jarr{res}}}
+	})
 	doc := jobj{
 		"DCGM GPU Diagnostic":     jobj{"test_categories": categories},
 		"version":                 r.Version,
@@ -112,4 +75,51 @@ func (r DCGMRun) json3(tests []dcgmTest) jobj {
 		doc["GPU Device Serials"] = jobj{strconv.Itoa(r.GPU): r.Device.Serial}
 	}
 	return doc
+}
+
+// software3 is 3.x's software plugin: one Deployment test per subtest, each with one result.
+func (r DCGMRun) software3(t dcgmTest) jarr {
+	var ts jarr
+	for _, sub := range softwareSubtests {
+		res := jobj{"status": resPass}
+		if t.result == resSkip {
+			res["status"] = resSkip
+		}
+		var ws jarr
+		for _, e := range t.errs {
+			if e.subtest == sub {
+				res["status"], res["gpu_id"] = jsonResult(t.result), r.GPU
+				ws = append(ws, e.warning("warnings", e.msg)) // 3.x's own spelling here
+			}
+		}
+		if len(ws) > 0 {
+			res["warnings"] = ws
+		}
+		ts = append(ts, jobj{"name": sub, "results": jarr{res}})
+	}
+	return ts
+}
+
+// jsonByCategory groups the documents entries makes of each test under their categories, in
+// order; a category without tests is left out.
+func jsonByCategory(order []string, tests []dcgmTest, entries func(dcgmTest) jarr) jarr {
+	var categories jarr
+	for _, cat := range order {
+		var ts jarr
+		for _, t := range tests {
+			if t.category == cat {
+				ts = append(ts, entries(t)...)
+			}
+		}
+		if len(ts) > 0 {
+			categories = append(categories, jobj{"category": cat, "tests": ts})
+		}
+	}
+	return categories
+}
+
+// warning is the error's entry in a result's warnings, its message under key ("warning"; 3.x's
+// software subtests spell it "warnings").
+func (e dcgmError) warning(key, msg string) jobj {
+	return jobj{key: msg, "error_id": e.code, "error_category": e.category, "error_severity": e.severity}
 }

@@ -209,31 +209,24 @@ func pcieLinkEvent(l pcieLinkSpec, ev *Event) error {
 	if l.Gen == nil && l.MaxGen == nil && l.Width == nil && l.MaxWidth == nil {
 		return errors.New("pcieLink: set gen, maxGen, width or maxWidth (what is absent stays as it was)")
 	}
-	for _, g := range []struct {
-		name string
-		v    *uint8
-		into *uint8
-	}{{"gen", l.Gen, &ev.PCIeLink.Gen}, {"maxGen", l.MaxGen, &ev.PCIeLink.MaxGen}} {
-		if g.v == nil {
+	for _, f := range []struct {
+		name  string
+		v     *uint8
+		into  *uint8
+		width bool
+	}{
+		{"gen", l.Gen, &ev.PCIeLink.Gen, false}, {"maxGen", l.MaxGen, &ev.PCIeLink.MaxGen, false},
+		{"width", l.Width, &ev.PCIeLink.Width, true}, {"maxWidth", l.MaxWidth, &ev.PCIeLink.MaxWidth, true},
+	} {
+		switch {
+		case f.v == nil:
 			continue
+		case !f.width && (*f.v < 1 || *f.v > MaxPCIeGen):
+			return fmt.Errorf("pcieLink.%s: must be a PCIe generation from 1 to %d, got %d", f.name, MaxPCIeGen, *f.v)
+		case f.width && !slices.Contains(PCIeWidths, *f.v):
+			return fmt.Errorf("pcieLink.%s: must be a PCIe link width (1, 2, 4, 8, 12, 16 or 32), got %d", f.name, *f.v)
 		}
-		if *g.v < 1 || *g.v > MaxPCIeGen {
-			return fmt.Errorf("pcieLink.%s: must be a PCIe generation from 1 to %d, got %d", g.name, MaxPCIeGen, *g.v)
-		}
-		*g.into = *g.v
-	}
-	for _, w := range []struct {
-		name string
-		v    *uint8
-		into *uint8
-	}{{"width", l.Width, &ev.PCIeLink.Width}, {"maxWidth", l.MaxWidth, &ev.PCIeLink.MaxWidth}} {
-		if w.v == nil {
-			continue
-		}
-		if !slices.Contains(PCIeWidths, *w.v) {
-			return fmt.Errorf("pcieLink.%s: must be a PCIe link width (1, 2, 4, 8, 12, 16 or 32), got %d", w.name, *w.v)
-		}
-		*w.into = *w.v
+		*f.into = *f.v
 	}
 	p := ev.PCIeLink
 	if p.Gen > 0 && p.MaxGen > 0 && p.Gen > p.MaxGen || p.Width > 0 && p.MaxWidth > 0 && p.Width > p.MaxWidth {
