@@ -38,7 +38,7 @@ type clearWatcher struct {
 
 func (w *clearWatcher) requests() *requestWatcher {
 	if w.w == nil {
-		w.w = &requestWatcher{nodes: w.nodes, client: w.client, clock: w.clock, recorder: w.recorder, nodeRef: w.nodeRef, kind: requestKind{
+		w.w = &requestWatcher{nodes: w.nodes, client: w.client, clock: w.clock, recorder: w.recorder, nodeRef: w.nodeRef, memory: w.monitor, kind: requestKind{
 			key: gpuhealthv1.ClearsKey, name: "clear", malformedReason: gpuhealthv1.EventMalformedClears, notRemovedReason: gpuhealthv1.EventClearsNotRemoved,
 			pending: func(value string) ([]pendingRequest, error) {
 				clears, err := gpuhealthv1.ParseClears(value)
@@ -48,7 +48,7 @@ func (w *clearWatcher) requests() *requestWatcher {
 				var out []pendingRequest
 				for _, uuid := range slices.Sorted(maps.Keys(clears)) {
 					for _, c := range clears[uuid] {
-						out = append(out, pendingRequest{id: requestKey(uuid, c), apply: func(ctx context.Context) { w.apply(ctx, uuid, c) }})
+						out = append(out, pendingRequest{id: requestKey(uuid, c), at: c.At, apply: func(ctx context.Context) { w.apply(ctx, uuid, c) }})
 					}
 				}
 				return out, nil
@@ -81,7 +81,7 @@ func ClearsRemovalPatch(value string) ([]byte, error) {
 func (w *clearWatcher) apply(ctx context.Context, uuid string, c gpuhealthv1.Clear) {
 	logger := klog.FromContext(ctx)
 	sel, _ := gpuhealthv1.ParseConditionSelector(c.Condition) // ParseClears checked it
-	res := clearConditions(w.monitor, uuid, sel, w.clock.Now())
+	res := clearConditions(w.monitor, uuid, sel, c.At, w.clock.Now())
 	what := sel.String()
 	if what == "" {
 		what = "every condition"
@@ -92,13 +92,13 @@ func (w *clearWatcher) apply(ctx context.Context, uuid string, c gpuhealthv1.Cle
 		w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearMatchedNothing,
 			"gpuhealth cleared nothing: this node has no GPU %s (request for %s %s)", uuid, what, c.Message())
 	case len(res.cleared) == 0:
-		logger.Info("A clear request matched no condition", "gpu", uuid, "condition", what, "by", c.By, "inEffect", res.remaining)
+		logger.Info("A clear request matched no condition", "gpu", uuid, "condition", what, "by", c.By, "inEffect", res.remaining, "raisedAfter", res.later)
 		w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearMatchedNothing,
 			"gpuhealth cleared nothing on %s: %s; requested %s", res.device, res.nothingMatched(sel), c.Message())
 	default:
 		logger.Info("Cleared conditions at an operator's request", "gpu", uuid, "cleared", res.cleared, "by", c.By, "reason", c.Reason)
 		w.recorder.Eventf(w.nodeRef, corev1.EventTypeNormal, gpuhealthv1.EventConditionsCleared,
-			"gpuhealth cleared %s on %s, requested %s; %s", strings.Join(res.cleared, ", "), res.device, c.Message(), res.now())
+			"gpuhealth cleared %s on %s, requested %s; %s%s", strings.Join(res.cleared, ", "), res.device, c.Message(), res.now(), res.laterNote())
 	}
 }
 
@@ -107,12 +107,27 @@ type clearResult struct {
 	found bool
 	// device names the GPU: "GPU 1 (GPU-...)".
 	device string
-	// cleared are the reasons of the conditions it ended; remaining those in effect after it.
-	cleared, remaining []string
-	health             health.Severity
+	// cleared are the reasons of the conditions it ended; remaining those in effect after it;
+	// later those it selected but left, because they began after the request was written.
+	cleared, remaining, later []string
+	health                    health.Severity
+	at                        time.Time
+}
+
+// laterNote says which selected conditions were left because they began after the request.
+func (r clearResult) laterNote() string {
+	if len(r.later) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; left %s: raised after the request was written (%s), a request clears only what it saw",
+		strings.Join(r.later, ", "), r.at.UTC().Format(time.RFC3339))
 }
 
 func (r clearResult) nothingMatched(sel gpuhealthv1.ConditionSelector) string {
+	if len(r.later) > 0 {
+		return fmt.Sprintf("%s raised after the request was written (%s), and a request clears only what was in effect then",
+			strings.Join(r.later, ", "), r.at.UTC().Format(time.RFC3339))
+	}
 	msg := "no condition " + sel.String() + " in effect"
 	if sel.Name == "" {
 		msg = "no condition to clear in effect"
@@ -133,17 +148,18 @@ func (r clearResult) now() string {
 	return "now " + r.health.String() + ", still " + strings.Join(r.remaining, ", ")
 }
 
-// clearConditions ends the conditions sel selects on the GPU uuid and on its MIG instances
-// through the Monitor, which publishes each change with its transitions (reporters, the
-// checkpoint, the GPURecovered Event and the transition metric follow).
-func clearConditions(m *health.Monitor, uuid string, sel gpuhealthv1.ConditionSelector, now time.Time) clearResult {
+// clearConditions ends the conditions sel selects on the GPU uuid and on its MIG instances that
+// began at or before at (when the request was written, to the second), through the Monitor, which publishes
+// each change with its transitions (reporters, the checkpoint, the GPURecovered Event and the
+// transition metric follow). A selected condition that began after at is left and named.
+func clearConditions(m *health.Monitor, uuid string, sel gpuhealthv1.ConditionSelector, at, now time.Time) clearResult {
 	tracker := m.Tracker()
 	snap := tracker.Snapshot()
 	gpu := findDevice(snap, uuid)
 	if gpu == nil {
 		return clearResult{}
 	}
-	res := clearResult{found: true, device: fmt.Sprintf("GPU %d (%s)", gpu.Device.Index, gpu.Device.UUID)}
+	res := clearResult{found: true, device: fmt.Sprintf("GPU %d (%s)", gpu.Device.Index, gpu.Device.UUID), at: at}
 	if gpu.Device.MIG != nil {
 		res.device = "MIG instance " + gpu.Device.UUID
 	}
@@ -159,7 +175,13 @@ func clearConditions(m *health.Monitor, uuid string, sel gpuhealthv1.ConditionSe
 			continue
 		}
 		for _, c := range d.Conditions {
-			if sel.Matches(c) {
+			switch {
+			case !sel.Matches(c):
+			case c.Since.Truncate(time.Second).After(at): // at has whole seconds: a condition of its second was seen
+				if !slices.Contains(res.later, c.Reason) {
+					res.later = append(res.later, c.Reason)
+				}
+			default:
 				targets = append(targets, target{d.Device.UUID, c.Type, c.Code, c.Reason})
 			}
 		}

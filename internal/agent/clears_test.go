@@ -3,12 +3,14 @@ package agent
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -113,37 +115,37 @@ func TestClearWatcherAppliesEachRequestOnce(t *testing.T) {
 		},
 		{
 			name:   "every condition but the drain",
-			clears: `{"GPU-a":[{"index":0,"reason":"bad batch","by":"alice"}]}`,
+			clears: `{"GPU-a":[{"index":0,"reason":"bad batch","by":"alice","at":"2026-11-30T10:00:30Z"}]}`,
 			wantA:  []string{"AdminDrain"}, wantB: []string{"XID48"}, wantMIG: []string{"XID109", "XID48"},
-			wantEvents: []string{"Normal GPUConditionsCleared gpuhealth cleared XID48, XID79 on GPU 0 (GPU-a), requested by alice: bad batch; now Unhealthy, still AdminDrain"},
+			wantEvents: []string{"Normal GPUConditionsCleared gpuhealth cleared XID48, XID79 on GPU 0 (GPU-a), requested by alice at 2026-11-30T10:00:30Z: bad batch; now Unhealthy, still AdminDrain"},
 		},
 		{
 			name:   "a GPU and its MIG instances",
-			clears: `{"GPU-b":[{"index":1,"reason":"r","by":"alice"}]}`,
+			clears: `{"GPU-b":[{"index":1,"reason":"r","by":"alice","at":"2026-11-30T10:00:30Z"}]}`,
 			wantA:  []string{"AdminDrain", "XID48", "XID79"}, wantB: nil, wantMIG: nil,
-			wantEvents: []string{"cleared XID48, XID109 on GPU 1 (GPU-b), requested by alice: r; now Healthy"},
+			wantEvents: []string{"cleared XID48, XID109 on GPU 1 (GPU-b), requested by alice at 2026-11-30T10:00:30Z: r; now Healthy"},
 		},
 		{
 			name:   "by TYPE:CODE, a UUID in another case",
-			clears: `{"gpu-a":[{"index":0,"condition":"xid:48","reason":"r","by":"alice"}]}`,
+			clears: `{"gpu-a":[{"index":0,"condition":"xid:48","reason":"r","by":"alice","at":"2026-11-30T10:00:30Z"}]}`,
 			wantA:  []string{"AdminDrain", "XID79"}, wantB: []string{"XID48"}, wantMIG: []string{"XID109", "XID48"},
 			wantEvents: []string{"cleared XID48 on GPU 0 (GPU-a)"},
 		},
 		{
 			name:   "nothing matches",
-			clears: `{"GPU-b":[{"index":1,"condition":"UncorrectedECCErrors","reason":"r","by":"alice"}]}`,
+			clears: `{"GPU-b":[{"index":1,"condition":"UncorrectedECCErrors","reason":"r","by":"alice","at":"2026-11-30T10:00:30Z"}]}`,
 			wantA:  []string{"AdminDrain", "XID48", "XID79"}, wantB: []string{"XID48"}, wantMIG: []string{"XID109", "XID48"},
-			wantEvents: []string{"Warning GPUClearMatchedNothing gpuhealth cleared nothing on GPU 1 (GPU-b): no condition UncorrectedECCErrors in effect (in effect: XID48); requested by alice: r"},
+			wantEvents: []string{"Warning GPUClearMatchedNothing gpuhealth cleared nothing on GPU 1 (GPU-b): no condition UncorrectedECCErrors in effect (in effect: XID48); requested by alice at 2026-11-30T10:00:30Z: r"},
 		},
 		{
 			name:   "only a drain in effect",
-			clears: `{"GPU-a":[{"index":0,"condition":"XID","reason":"r","by":"alice"},{"index":0,"reason":"again","by":"alice"}]}`,
+			clears: `{"GPU-a":[{"index":0,"condition":"XID","reason":"r","by":"alice","at":"2026-11-30T10:00:30Z"},{"index":0,"reason":"again","by":"alice","at":"2026-11-30T10:00:30Z"}]}`,
 			wantA:  []string{"AdminDrain"}, wantB: []string{"XID48"}, wantMIG: []string{"XID109", "XID48"},
 			wantEvents: []string{"cleared XID48, XID79 on GPU 0", "Warning GPUClearMatchedNothing gpuhealth cleared nothing on GPU 0 (GPU-a): no condition to clear in effect (in effect: AdminDrain); gpuhealth undrain ends a drain"},
 		},
 		{
 			name:   "a GPU this node does not have, then one it has",
-			clears: `{"GPU-gone":[{"index":5,"condition":"XID48","reason":"r","by":"alice"}],"GPU-b":[{"index":1,"condition":"XID48","reason":"r","by":"alice"}]}`,
+			clears: `{"GPU-gone":[{"index":5,"condition":"XID48","reason":"r","by":"alice","at":"2026-11-30T10:00:30Z"}],"GPU-b":[{"index":1,"condition":"XID48","reason":"r","by":"alice","at":"2026-11-30T10:00:30Z"}]}`,
 			wantA:  []string{"AdminDrain", "XID48", "XID79"}, wantB: nil, wantMIG: []string{"XID109"},
 			wantEvents: []string{"cleared XID48 on GPU 1 (GPU-b)", "Warning GPUClearMatchedNothing gpuhealth cleared nothing: this node has no GPU GPU-gone"},
 		},
@@ -185,7 +187,7 @@ func TestClearWatcherAppliesEachRequestOnce(t *testing.T) {
 
 // A cleared condition that returns is raised again, as any other.
 func TestClearedConditionReturns(t *testing.T) {
-	f := newClearFixture(t, `{"GPU-b":[{"index":1,"condition":"XID48","reason":"r","by":"alice"}]}`)
+	f := newClearFixture(t, `{"GPU-b":[{"index":1,"condition":"XID48","reason":"r","by":"alice","at":"2026-11-30T10:00:30Z"}]}`)
 	ctx := context.Background()
 	if err := f.w.sync(ctx); err != nil {
 		t.Fatal(err)
@@ -223,7 +225,7 @@ func TestClearWatcherLeavesAMalformedAnnotation(t *testing.T) {
 // A removal that fails is tried again without applying the requests again; a request added
 // before the removal succeeds is applied too, and nothing is lost.
 func TestClearWatcherRetriesTheRemoval(t *testing.T) {
-	first := `{"GPU-a":[{"index":0,"condition":"XID79","reason":"first","by":"alice"}]}`
+	first := `{"GPU-a":[{"index":0,"condition":"XID79","reason":"first","by":"alice","at":"2026-11-30T10:00:30Z"}]}`
 	f := newClearFixture(t, first)
 	fails := 1
 	f.client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -241,7 +243,7 @@ func TestClearWatcherRetriesTheRemoval(t *testing.T) {
 		t.Fatal("the request is gone although the removal failed")
 	}
 	// An operator adds a request meanwhile: the next removal's test sees the new value.
-	second := `{"GPU-a":[{"index":0,"condition":"XID79","reason":"first","by":"alice"},{"index":0,"condition":"XID48","reason":"second","by":"carol"}]}`
+	second := `{"GPU-a":[{"index":0,"condition":"XID79","reason":"first","by":"alice","at":"2026-11-30T10:00:30Z"},{"index":0,"condition":"XID48","reason":"second","by":"carol","at":"2026-11-30T10:00:30Z"}]}`
 	n, err := f.client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -291,7 +293,7 @@ func TestClearWatcherRun(t *testing.T) {
 		}
 		f.w.nodes.Shutdown()
 	}()
-	body := `{"metadata":{"annotations":{"` + gpuhealthv1.ClearsKey + `":"{\"GPU-b\":[{\"index\":1,\"condition\":\"XID48\",\"reason\":\"r\",\"by\":\"alice\"}]}"}}}`
+	body := `{"metadata":{"annotations":{"` + gpuhealthv1.ClearsKey + `":"{\"GPU-b\":[{\"index\":1,\"condition\":\"XID48\",\"reason\":\"r\",\"by\":\"alice\",\"at\":\"2026-11-30T10:00:30Z\"}]}"}}}`
 	if _, err := f.client.CoreV1().Nodes().Patch(ctx, "n1", "application/merge-patch+json", []byte(body), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -306,5 +308,65 @@ func TestClearWatcherRun(t *testing.T) {
 	})
 	if events := f.events(); len(events) != 1 || !strings.Contains(events[0], "GPUConditionsCleared") {
 		t.Errorf("events %q, want the request applied once", events)
+	}
+}
+
+// A request ends only conditions that began by the time it was written: a fault raised after it
+// (a request left in a manifest, or written while the agent was down) stays, and the Event says
+// why.
+func TestClearLeavesConditionsRaisedAfterTheRequest(t *testing.T) {
+	f := newClearFixture(t, `{"GPU-b":[{"index":1,"condition":"XID48","reason":"old ticket","by":"alice","at":"2026-11-30T09:59:00Z"}]}`)
+	if err := f.w.sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.reasons("GPU-b"); !slices.Equal(got, []string{"XID48"}) {
+		t.Errorf("GPU-b has %v, want XID48 kept: it began after the request", got)
+	}
+	events := f.events()
+	if len(events) != 1 || !strings.Contains(events[0], "Warning GPUClearMatchedNothing gpuhealth cleared nothing on GPU 1 (GPU-b)") ||
+		!strings.Contains(events[0], "XID48 raised after the request was written (2026-11-30T09:59:00Z)") {
+		t.Errorf("events %q, want one Warning naming XID48 as raised after the request", events)
+	}
+}
+
+// A request the agent may not remove is not applied again by the next process: the checkpoint
+// remembers it.
+func TestClearAppliedOnceAcrossRestarts(t *testing.T) {
+	f := newClearFixture(t, `{"GPU-a":[{"index":0,"condition":"XID79","reason":"r","by":"alice","at":"2026-11-30T10:00:30Z"}]}`)
+	f.client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "n1", errors.New("an older admission policy"))
+	})
+	ctx := context.Background()
+	if err := f.w.sync(ctx); err == nil {
+		t.Fatal("sync succeeded although the removal was refused")
+	}
+	if events := f.events(); len(events) != 2 || !strings.Contains(events[0], "cleared XID79") || !strings.Contains(events[1], "does not apply them again after a restart") {
+		t.Fatalf("events %q, want the clear and the refused removal", events)
+	}
+
+	// The agent restarts: a new process restores the checkpoint the first one wrote.
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	if err := health.WriteCheckpoint(path, f.monitor.Tracker().Checkpoint()); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := health.ReadCheckpoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := health.NewTracker(health.DefaultPolicy(), []health.Device{{UUID: "GPU-a", Index: 0}, {UUID: "GPU-b", Index: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := health.NewMonitor(tr)
+	if err := m.Restore(cp, "boot-1", clearsT0.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	restarted := &clearWatcher{nodes: nodecache.New(adapt.Clientset(f.client), "n1"), client: adapt.Clientset(f.client), monitor: m,
+		clock: f.clock, recorder: f.recorder, nodeRef: f.w.nodeRef}
+	_ = restarted.sync(ctx) // the removal is still refused
+	for _, e := range f.events() {
+		if strings.Contains(e, "Cleared") || strings.Contains(e, "cleared") {
+			t.Errorf("the restarted agent applied the request again: %q", e)
+		}
 	}
 }

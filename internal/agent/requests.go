@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -38,11 +40,19 @@ type requestKind struct {
 	pending func(value string) ([]pendingRequest, error)
 }
 
-// pendingRequest is one request on the Node: what identifies it while it is there, and how to
-// apply it (which says what it did in an Event).
+// pendingRequest is one request on the Node: what identifies it while it is there, when it was
+// written (zero if it does not say), and how to apply it (which says what it did in an Event).
 type pendingRequest struct {
 	id    string
+	at    time.Time
 	apply func(ctx context.Context)
+}
+
+// requestMemory remembers the requests applied across restarts (health.Monitor does, in its
+// checkpoint).
+type requestMemory interface {
+	RequestApplied(key string) bool
+	RememberRequest(key string, at, now time.Time)
 }
 
 // requestWatcher applies the requests of one kind on this agent's Node, each once, then removes
@@ -51,8 +61,9 @@ type pendingRequest struct {
 // a request again. A malformed annotation is reported and left alone: nothing is applied from
 // it, and nothing in it is lost.
 //
-// An agent that dies between applying and removing applies the requests again when it starts:
-// the window is one API call.
+// Each request applied is also remembered (memory: the health checkpoint), so that one the agent
+// could not remove (a policy that forbids it, the API server away, a crash in between) is not
+// applied again by the next process.
 type requestWatcher struct {
 	nodes    *nodecache.Cache
 	client   kube.Interface
@@ -60,6 +71,7 @@ type requestWatcher struct {
 	recorder record.EventRecorder
 	nodeRef  *corev1.ObjectReference
 	kind     requestKind
+	memory   requestMemory
 
 	// applied holds the requests of the annotation that are applied and not yet removed: a
 	// removal that failed is tried again without applying them again.
@@ -145,11 +157,32 @@ func (w *requestWatcher) sync(ctx context.Context) error {
 	for _, r := range requests {
 		pending[r.id] = true
 		if !w.applied[r.id] {
-			r.apply(ctx)
+			w.applyOnce(ctx, r)
 		}
 	}
 	w.applied = pending
 	return w.remove(ctx, value)
+}
+
+// applyOnce applies r unless the memory says an earlier process did, and remembers it.
+func (w *requestWatcher) applyOnce(ctx context.Context, r pendingRequest) {
+	if w.memory == nil {
+		r.apply(ctx)
+		return
+	}
+	sum := sha256.Sum256([]byte(r.id))
+	key := w.kind.name + "/" + hex.EncodeToString(sum[:16])
+	if w.memory.RequestApplied(key) {
+		klog.FromContext(ctx).V(2).Info("Request applied before this process started; not applied again", "kind", w.kind.name, "key", key)
+		return
+	}
+	r.apply(ctx)
+	now := w.clock.Now()
+	at := r.at
+	if at.IsZero() {
+		at = now
+	}
+	w.memory.RememberRequest(key, at, now)
 }
 
 // removalPatch is the JSON patch that removes the annotation key only while it still holds
@@ -177,7 +210,7 @@ func (w *requestWatcher) remove(ctx context.Context, value string) error {
 			w.refused = value
 			w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, w.kind.notRemovedReason,
 				"gpuhealth applied the %s requests but may not remove %s (an admission policy older than gpuhealth %s?): %v; "+
-					"it tries again, and applies them again if it restarts first", w.kind.name, w.kind.key, w.kind.name, err)
+					"it tries again, and does not apply them again after a restart (its checkpoint remembers them)", w.kind.name, w.kind.key, w.kind.name, err)
 		}
 		return fmt.Errorf("remove %s: %w", w.kind.key, err)
 	case err != nil:

@@ -21,7 +21,7 @@ import (
 // of data, data) and the meaning of every field already there; a reader ignores the fields it
 // does not know, skips the entries it cannot represent, restores the rest and says what it left
 // out (CheckpointNotes). testdata/checkpoint-v*.json hold what each version looks like.
-const CheckpointVersion = 4
+const CheckpointVersion = 5
 
 // ErrCorruptCheckpoint is wrapped by ReadCheckpoint when the file exists but cannot be trusted:
 // not JSON, a wrong checksum, no version, or data without the shape every version shares.
@@ -40,6 +40,10 @@ type Checkpoint struct {
 	// Cursors says, per replayable source (the kernel log), how far its records were applied
 	// to Devices; absent from checkpoints written before sources had cursors.
 	Cursors map[string]Cursor `json:"cursors,omitempty"`
+	// Requests are the operators' requests applied (version 5 and later), by the key their
+	// applier gave them, with the time each was written: a restart does not apply them again
+	// (Tracker.RequestApplied).
+	Requests map[string]time.Time `json:"requests,omitempty"`
 }
 
 // CheckpointedDevice is one device's sticky conditions. The identity is kept so that a GPU
@@ -67,7 +71,7 @@ func sticky(c Condition) bool { return c.ClearsOn != ClearsOnRecovered }
 func (t *Tracker) Checkpoint() Checkpoint {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cp := Checkpoint{BootID: t.bootID, Time: t.lastTime, Cursors: maps.Clone(t.cursors)}
+	cp := Checkpoint{BootID: t.bootID, Time: t.lastTime, Cursors: maps.Clone(t.cursors), Requests: maps.Clone(t.requests)}
 	for _, ds := range t.ordered {
 		var conds []Condition
 		for _, c := range ds.conds {
@@ -106,6 +110,10 @@ func (t *Tracker) Restore(cp Checkpoint, bootID string, now time.Time, out []Tra
 	// another boot.
 	for name, c := range cp.Cursors {
 		t.setCursorLocked(name, c)
+	}
+	// So do the requests applied: they are the Node's, not the boot's.
+	for key, at := range cp.Requests {
+		t.rememberRequestLocked(key, at, now)
 	}
 	for _, d := range added {
 		if err := t.addLocked(d); err != nil {

@@ -112,6 +112,8 @@ func (d *checkpointDecoder) checkpoint(b []byte) (Checkpoint, error) {
 		Time    time.Time                  `json:"time"`
 		Devices []json.RawMessage          `json:"devices"`
 		Cursors map[string]json.RawMessage `json:"cursors"`
+		// Requests are version 5's.
+		Requests map[string]json.RawMessage `json:"requests"`
 	}
 	if err := json.Unmarshal(b, &frame); err != nil {
 		return Checkpoint{}, err
@@ -135,6 +137,17 @@ func (d *checkpointDecoder) checkpoint(b []byte) (Checkpoint, error) {
 			continue
 		}
 		cp.Cursors[name] = c
+	}
+	for _, key := range slices.Sorted(maps.Keys(frame.Requests)) {
+		var at time.Time
+		if err := json.Unmarshal(frame.Requests[key], &at); err != nil {
+			d.skip("request %q: %v", key, err)
+			continue
+		}
+		if cp.Requests == nil {
+			cp.Requests = make(map[string]time.Time, len(frame.Requests))
+		}
+		cp.Requests[key] = at
 	}
 	return cp, nil
 }

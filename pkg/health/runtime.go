@@ -186,10 +186,14 @@ func (r *Runtime) Run(ctx context.Context, feed func(context.Context, *Monitor) 
 	}
 }
 
-// savedParts are what decide whether a checkpoint is worth writing: its sticky devices and the
-// sources' cursors (its time changes with every signal and alone is no reason to write).
+// savedParts are what decide whether a checkpoint is worth writing: its sticky devices (and the
+// requests applied) and the sources' cursors (its time changes with every signal and alone is
+// no reason to write).
 func savedParts(cp Checkpoint) (devices, cursors []byte, err error) {
-	if devices, err = json.Marshal(cp.Devices); err != nil {
+	if devices, err = json.Marshal(struct {
+		D []CheckpointedDevice
+		R map[string]time.Time
+	}{cp.Devices, cp.Requests}); err != nil {
 		return nil, nil, err
 	}
 	cursors, err = json.Marshal(cp.Cursors)

@@ -52,6 +52,9 @@ type Tracker struct {
 	// rebootRepaired are the GPUs that had a fault pending when the node rebooted, as Restore
 	// found them in a checkpoint of an earlier boot (see RebootRepaired).
 	rebootRepaired []string
+	// requests are the operators' requests applied, by key, with the time each was written
+	// (see RequestApplied).
+	requests map[string]time.Time
 }
 
 // RebootRepaired returns the physical GPUs that had a fault no repair had ended (Unhealthy,

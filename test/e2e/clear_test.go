@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -151,6 +152,43 @@ func TestClearAFalsePositive(t *testing.T) {
 	if events, err := nodeEvents(ctx, c, node, gpuhealthv1.EventConditionsCleared); err != nil || len(events) != 1 {
 		t.Errorf("%d clear Events after the fault returned, %v; want the one", len(events), err)
 	}
+
+	// A request written before the fault returned (one left in a manifest, re-applied by a
+	// GitOps tool) clears nothing of it; a request without "at" is refused whole.
+	stale := fmt.Sprintf(`{%q:[{"index":1,"condition":"XID48","reason":"re-applied manifest","by":"gitops","at":%q}]}`,
+		uuids[1], started.UTC().Format(time.RFC3339))
+	mergePatchNode(t, admin, node, map[string]any{gpuhealthv1.ClearsKey: stale})
+	eventually(t, "the stale request applied, removed, and its Warning names the newer fault", func(ctx context.Context) (bool, string, error) {
+		ann, err := nodeAnnotations(ctx, c, node)
+		if err != nil {
+			return false, "", err
+		}
+		events, err := nodeEvents(ctx, c, node, gpuhealthv1.EventClearMatchedNothing)
+		if err != nil {
+			return false, "", err
+		}
+		said := slices.ContainsFunc(events, func(e corev1.Event) bool {
+			return strings.Contains(e.Message, "re-applied manifest") && strings.Contains(e.Message, "XID48 raised after the request was written")
+		})
+		_, pending := ann[gpuhealthv1.ClearsKey]
+		return !pending && said, fmt.Sprintf("pending=%v warnings=%d", pending, len(events)), nil
+	})
+	eventually(t, "GPU 1 still unhealthy in every sink after the stale request", sinks(true))
+	undated := fmt.Sprintf(`{%q:[{"index":1,"condition":"XID48","reason":"no date","by":"gitops"}]}`, uuids[1])
+	mergePatchNode(t, admin, node, map[string]any{gpuhealthv1.ClearsKey: undated})
+	eventually(t, "the undated request refused and left on the Node", func(ctx context.Context) (bool, string, error) {
+		events, err := nodeEvents(ctx, c, node, gpuhealthv1.EventMalformedClears)
+		if err != nil {
+			return false, "", err
+		}
+		ann, err := nodeAnnotations(ctx, c, node)
+		if err != nil {
+			return false, "", err
+		}
+		refused := slices.ContainsFunc(events, func(e corev1.Event) bool { return strings.Contains(e.Message, `no "at"`) })
+		return refused && ann[gpuhealthv1.ClearsKey] == undated, fmt.Sprintf("malformed warnings=%d", len(events)), nil
+	})
+	eventually(t, "GPU 1 still unhealthy in every sink after the undated request", sinks(true))
 }
 
 // userKubeconfig writes a kubeconfig for user, who may do what rules allow and no more.

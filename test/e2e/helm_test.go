@@ -410,7 +410,7 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 
 	// An operator clears the fault: the agent applies the request and removes it, under the
 	// chart's RBAC and policy.
-	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.ClearsKey: `{"` + uuidsA[1] + `":[{"index":1,"condition":"XID48","reason":"false positive","by":"admin"}]}`})
+	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.ClearsKey: `{"` + uuidsA[1] + `":[{"index":1,"condition":"XID48","reason":"false positive","by":"admin","at":"` + time.Now().UTC().Format(time.RFC3339) + `"}]}`})
 	eventually(t, "the clear applied and its request removed by A's agent", func(ctx context.Context) (bool, string, error) {
 		ann, err := nodeAnnotations(ctx, c, nodeA)
 		if err != nil {

@@ -37,6 +37,8 @@ const (
 
 // Clear is one request to clear a false positive: which condition (a ConditionSelector in its
 // text form; empty for every condition but an administrative drain), why, who asked and when.
+// At bounds what it clears: only conditions that began at or before it (a request left in a
+// manifest, or written while the agent was down, never ends a fault raised after it).
 // By and At are what the requester wrote, not facts the API server vouches for: the audit log
 // has who wrote the annotation.
 type Clear struct {
@@ -50,7 +52,8 @@ type Clear struct {
 }
 
 // ParseClears decodes ClearsKey's value. An empty value means no requests. Every request must
-// name a GPU, give a reason and, if it names a condition, one ParseConditionSelector accepts:
+// name a GPU, give a reason, say when it was written (At: a request ends only conditions that
+// began by then) and, if it names a condition, one ParseConditionSelector accepts:
 // a value with one bad request is refused whole, so that nothing is applied from a mistyped
 // annotation.
 func ParseClears(value string) (map[string][]Clear, error) {
@@ -65,6 +68,9 @@ func ParseClears(value string) (map[string][]Clear, error) {
 			}
 			if _, err := ParseConditionSelector(c.Condition); err != nil {
 				return nil, fmt.Errorf("%s: %s[%d]: %w", ClearsKey, uuid, i, err)
+			}
+			if c.At.IsZero() {
+				return nil, fmt.Errorf(`%s: %s[%d]: no "at" (when the request was written): without it a request would clear faults raised after it`, ClearsKey, uuid, i)
 			}
 		}
 	}

@@ -16,13 +16,14 @@ func TestParseClears(t *testing.T) {
 	}{
 		{"empty", "", 0, ""},
 		{"blank", "  ", 0, ""},
-		{"one GPU, two requests", `{"GPU-a":[{"index":0,"condition":"XID79","reason":"loose cable","by":"alice","at":"2026-11-30T10:00:00Z"},{"index":0,"reason":"all of it","by":"alice"}]}`, 2, ""},
-		{"two GPUs", `{"GPU-a":[{"condition":"XID:79","reason":"r"}],"GPU-b":[{"condition":"nvlinkdown:3","reason":"r"}]}`, 2, ""},
+		{"one GPU, two requests", `{"GPU-a":[{"index":0,"condition":"XID79","reason":"loose cable","by":"alice","at":"2026-11-30T10:00:00Z"},{"index":0,"reason":"all of it","by":"alice","at":"2026-11-30T10:00:00Z"}]}`, 2, ""},
+		{"two GPUs", `{"GPU-a":[{"condition":"XID:79","reason":"r","at":"2026-11-30T10:00:00Z"}],"GPU-b":[{"condition":"nvlinkdown:3","reason":"r","at":"2026-11-30T10:00:00Z"}]}`, 2, ""},
+		{"no at", `{"GPU-a":[{"condition":"XID79","reason":"r","by":"alice"}]}`, 0, `GPU-a[0]: no "at"`},
 		{"not JSON", `{"GPU-a":`, 0, ClearsKey},
 		{"a list of the wrong shape", `{"GPU-a":{"reason":"r"}}`, 0, ClearsKey},
 		{"empty UUID", `{"":[{"reason":"r"}]}`, 0, "empty UUID"},
 		{"no reason", `{"GPU-a":[{"condition":"XID79","reason":" "}]}`, 0, "GPU-a[0]: no reason"},
-		{"a bad condition makes the whole value bad", `{"GPU-a":[{"reason":"r"}],"GPU-b":[{"condition":"XID 79","reason":"r"}]}`, 0, "GPU-b[0]"},
+		{"a bad condition makes the whole value bad", `{"GPU-a":[{"reason":"r","at":"2026-11-30T10:00:00Z"}],"GPU-b":[{"condition":"XID 79","reason":"r","at":"2026-11-30T10:00:00Z"}]}`, 0, "GPU-b[0]"},
 		{"a drain is not cleared", `{"GPU-a":[{"condition":"AdminDrain","reason":"r"}]}`, 0, "undrain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
