@@ -12,12 +12,16 @@ import (
 //	gpuhealth_breaker_leader         1 while this replica leads and counts
 //	gpuhealth_breaker_slots_swept_total{pool}  slots deleted because they stopped counting
 //	gpuhealth_breaker_stale_nodes    nodes left out of the count: their agents' heartbeats are stale
+//	gpuhealth_agent_silent_nodes     nodes marked because their agents went silent (package silence)
+//	gpuhealth_agent_silences_total   agents that went silent, as the controller saw them go
 //
 // The agents export the breaker's effect themselves (gpuhealth_circuit_breaker_held_gpus).
 type ControllerMetrics struct {
 	Registry                        *prometheus.Registry
 	ClusterGPUs, Leader, StaleNodes prometheus.Gauge
 	SlotsSwept                      *prometheus.CounterVec
+	SilentNodes                     prometheus.Gauge
+	Silences                        prometheus.Counter
 }
 
 // NewControllerMetrics returns the controller's metrics, registered. Registering distinct
@@ -33,7 +37,11 @@ func NewControllerMetrics() *ControllerMetrics {
 			Help: "Nodes left out of the cluster's GPU count because their agents' heartbeats are stale (or unreadable)."}),
 		SlotsSwept: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuhealth_breaker_slots_swept_total",
 			Help: "Slots (Leases) deleted because they stopped counting, by pool (the slot name's prefix)."}, []string{"pool"}),
+		SilentNodes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuhealth_agent_silent_nodes",
+			Help: "Nodes whose gpuhealth agent is silent (heartbeat stale, unreadable, in the future or removed), marked AgentSilent."}),
+		Silences: prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuhealth_agent_silences_total",
+			Help: "Agents that went silent, counted when the controller marks their node."}),
 	}
-	m.Registry.MustRegister(m.ClusterGPUs, m.Leader, m.StaleNodes, m.SlotsSwept, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.Registry.MustRegister(m.ClusterGPUs, m.Leader, m.StaleNodes, m.SlotsSwept, m.SilentNodes, m.Silences, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -125,7 +125,7 @@ func newBreakerControllerCommand() *cobra.Command {
 		kubeconfig, namespace, metricsAddress, driver string
 		capacityResources                             []string
 		window, staleAfter                            time.Duration
-		leaderElect                                   bool
+		leaderElect, agentSilence, silentTaint        bool
 		logs                                          logOptions
 	)
 	cmd := &cobra.Command{
@@ -138,6 +138,11 @@ than --stale-after not at all), and writes the count into the
 ConfigMap gpuhealth-circuit-breaker, from which every agent computes the breaker's budget. It
 also deletes the slots that stopped counting: the breaker's once they leave --window (or an
 acknowledgement), remediation's once they expire (agents may delete only their own). With
+--agent-silence (default) it marks every node whose agent went silent (heartbeat older than
+--stale-after, unreadable, in the future, or removed after it had one): the GPUUnhealthy condition
+Unknown with reason AgentSilent, a GPUAgentSilent Event (GPUAgentBack when it writes again), the
+metric gpuhealth_agent_silent_nodes, and with --agent-silent-taint the NoSchedule taint
+gpuhealth.dev/agent-silent until the agent is back. With
 --leader-elect (default) its replicas elect one leader through the Lease ` + breakercontroller.LeaderElectionLease + `.
 --metrics-address serves /healthz (failing when a leader stopped renewing its lease) and /metrics
 (gpuhealth_breaker_cluster_gpus, gpuhealth_breaker_leader, gpuhealth_breaker_slots_swept_total).`,
@@ -161,6 +166,7 @@ acknowledgement), remediation's once they expire (agents may delete only their o
 			err = breakercontroller.Run(ctx, breakercontroller.Options{
 				Client: client, Namespace: namespace, Driver: driver, CapacityResources: capacityResources,
 				Window: window, StaleAfter: staleAfter, LeaderElect: leaderElect, MetricsAddress: metricsAddress,
+				AgentSilence: agentSilence && staleAfter > 0, SilentTaint: silentTaint,
 				MoreSlots: []breaker.SweptPool{breaker.ExpiringPool(remediation.SlotPool(adapt.Clientset(client), namespace))},
 			})
 			if errors.Is(err, breakercontroller.ErrListen) {
@@ -177,6 +183,8 @@ acknowledgement), remediation's once they expire (agents may delete only their o
 	f.DurationVar(&staleAfter, "stale-after", gpuhealthv1.DefaultStaleAfter, "a node whose agent's heartbeat is older (or unreadable) is left out of the count (0: count every node)")
 	f.StringSliceVar(&capacityResources, "capacity-resources", breaker.DefaultCapacityResources, "extended resources whose capacity bounds each node's GPU count (a trailing * is a prefix)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "elect one leader among the replicas")
+	f.BoolVar(&agentSilence, "agent-silence", true, "mark the nodes whose agents went silent (condition GPUUnhealthy Unknown, reason AgentSilent; an Event; a metric); off with --stale-after=0")
+	f.BoolVar(&silentTaint, "agent-silent-taint", false, "also taint a silent agent's node "+gpuhealthv1.AgentSilentTaintKey+":NoSchedule until the agent writes again")
 	f.StringVar(&metricsAddress, "metrics-address", ":9403", "address to serve /healthz and /metrics on (empty: none)")
 	logs.addFlags(f)
 	return cmd

@@ -129,13 +129,13 @@ func TestRequestClearRetriesOnConflict(t *testing.T) {
 			return true, nil, err
 		}
 		node := n.(*corev1.Node).DeepCopy()
-		node.Annotations[gpuhealthv1.ClearsKey] = `{"GPU-b":[{"index":1,"reason":"theirs","by":"dave"}]}`
+		node.Annotations[gpuhealthv1.ClearsKey] = `{"GPU-b":[{"index":1,"reason":"theirs","by":"dave","at":"2026-11-30T10:00:00Z"}]}`
 		if err := client.Tracker().Update(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, node, ""); err != nil {
 			return true, nil, err
 		}
 		return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "nodes"}, "n1", errors.New("the object has been modified"))
 	})
-	req := gpuhealthv1.Clear{Reason: "mine", By: "carol"}
+	req := gpuhealthv1.Clear{Reason: "mine", By: "carol", At: time.Date(2026, 11, 30, 10, 1, 0, 0, time.UTC)}
 	if _, err := requestClear(ctx, client, "n1", "1", &req); err != nil {
 		t.Fatal(err)
 	}

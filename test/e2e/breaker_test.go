@@ -207,10 +207,21 @@ func TestCircuitBreakerStopsAMassEviction(t *testing.T) {
 // until the test ends, and returns the base URL of its /metrics and /healthz.
 func startBreakerController(t *testing.T, c *controlplane.Cluster) string {
 	t.Helper()
+	return startBreakerControllerWith(t, c, nil)
+}
+
+// startBreakerControllerWith is startBreakerController with more flags; --agent-silent-taint
+// grants breaker.SilentTaintClusterRoleRules too, as the chart does.
+func startBreakerControllerWith(t *testing.T, c *controlplane.Cluster, args []string) string {
+	t.Helper()
 	ctx := t.Context()
 	const name = "gpuhealth-breaker-controller"
 	admin := c.Admin()
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: breaker.ControllerClusterRoleRules()}, metav1.CreateOptions{}); err != nil {
+	rules := breaker.ControllerClusterRoleRules()
+	if slices.Contains(args, "--agent-silent-taint") {
+		rules = append(rules, breaker.SilentTaintClusterRoleRules()...)
+	}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	subjects := []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: agentNamespace, Name: name}}
@@ -239,7 +250,7 @@ func startBreakerController(t *testing.T, c *controlplane.Cluster) string {
 		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	cmd := exec.Command(gpuhealthBinary(t), "breaker", "controller", "--kubeconfig", kubeconfig, "-n", agentNamespace, "--metrics-address", addr, "-v", "2")
+	cmd := exec.Command(gpuhealthBinary(t), append([]string{"breaker", "controller", "--kubeconfig", kubeconfig, "-n", agentNamespace, "--metrics-address", addr, "-v", "2"}, args...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -93,7 +93,7 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	// An admin's drain and a foreign annotation on A, and a rule of B's, for the agent to leave alone.
 	mergePatchNode(t, admin, nodeA, map[string]any{gpuhealthv1.DrainsKey: `{"GPU-x":{"by":"admin"}}`, "example.com/other": "keep"})
 	// Operators' clear requests on A and B: A's agent may remove A's, and nothing else of them.
-	clearsA := `{"GPU-x":[{"index":0,"reason":"false positive","by":"admin"}]}`
+	clearsA := `{"GPU-x":[{"index":0,"reason":"false positive","by":"admin","at":"2026-11-30T10:00:00Z"}]}`
 	// And validation requests (gpuhealth validate), alike.
 	validateA := `{"GPU-x":{"index":0,"reason":"after RMA","by":"admin"}}`
 	for _, n := range []string{nodeA, nodeB} {

@@ -173,8 +173,30 @@ func TestCircuitBreakerRoleIsLeastPrivilege(t *testing.T) {
 	// The breaker's controller: least privilege, and the Deployment runs it in the namespace. It
 	// also sweeps remediation's slots, so it runs with either.
 	const controller = "gpuhealth-breaker-controller"
-	if render(t).has("Deployment", controller) {
-		t.Error("the breaker controller is rendered although the breaker and remediation are off")
+	if render(t, "breakerController.agentSilence.enabled=false").has("Deployment", controller) {
+		t.Error("the breaker controller is rendered although the breaker, remediation and the agent silence watch are off")
+	}
+	// By default it runs to mark the nodes whose agents went silent, with no taint and no
+	// access to the Nodes' spec.
+	var silenceRole rbacv1.ClusterRole
+	def := render(t)
+	def.get(t, "ClusterRole", controller, &silenceRole)
+	if want := breaker.ControllerClusterRoleRules(); !equality.Semantic.DeepEqual(silenceRole.Rules, want) {
+		t.Errorf("default breaker controller ClusterRole differs from breaker.ControllerClusterRoleRules():\n got %s\nwant %s", rulesString(silenceRole.Rules), rulesString(want))
+	}
+	var silenceDep appsv1.Deployment
+	def.get(t, "Deployment", controller, &silenceDep)
+	if args := strings.Join(silenceDep.Spec.Template.Spec.Containers[0].Args, " "); strings.Contains(args, "--agent-silen") {
+		t.Errorf("default breaker controller args %q: want the agent silence watch on by its default, untainted", args)
+	}
+	tainted := render(t, "breakerController.agentSilence.taint=true")
+	tainted.get(t, "ClusterRole", controller, &silenceRole)
+	if want := append(breaker.ControllerClusterRoleRules(), breaker.SilentTaintClusterRoleRules()...); !equality.Semantic.DeepEqual(silenceRole.Rules, want) {
+		t.Errorf("breaker controller ClusterRole with the silent taint:\n got %s\nwant %s", rulesString(silenceRole.Rules), rulesString(want))
+	}
+	tainted.get(t, "Deployment", controller, &silenceDep)
+	if !slices.Contains(silenceDep.Spec.Template.Spec.Containers[0].Args, "--agent-silent-taint") {
+		t.Errorf("breaker controller args %v lack --agent-silent-taint", silenceDep.Spec.Template.Spec.Containers[0].Args)
 	}
 	if !render(t, "config.remediation.enabled=true").has("Deployment", controller) {
 		t.Error("the breaker controller is not rendered with remediation on: nothing would sweep its expired slots")

@@ -8,6 +8,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,14 +22,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
+	"github.com/gpuhealth/gpuhealth/internal/silence"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
 // LeaderElectionLease is the Lease the breaker controller's replicas elect a leader with.
@@ -49,6 +55,9 @@ type Options struct {
 	// StaleAfter leaves a node whose agent's heartbeat is older out of the count (0: count every
 	// node).
 	StaleAfter time.Duration
+	// AgentSilence marks the nodes whose agents went silent (package silence), judged with
+	// StaleAfter (DefaultStaleAfter when StaleAfter is 0); SilentTaint taints them too.
+	AgentSilence, SilentTaint bool
 	// MoreSlots are further slot pools to sweep (remediation's, whose package imports this one).
 	MoreSlots []breaker.SweptPool
 	// LeaderElect elects one leader among the replicas through LeaderElectionLease; without it
@@ -88,12 +97,20 @@ func Run(ctx context.Context, opts Options) error {
 		Pools: append([]breaker.SweptPool{breaker.BreakerPool(breaker.BreakerSlots(kc, opts.Namespace), opts.Window, breaker.AcknowledgedAt(kc, opts.Namespace))}, opts.MoreSlots...),
 		Swept: func(prefix string, n int) { m.SlotsSwept.WithLabelValues(prefix).Add(float64(n)) },
 	}
+	silent, stopEvents, err := silenceWatcher(ctx, opts, m)
+	if err != nil {
+		return err
+	}
+	defer stopEvents()
 	work := func(ctx context.Context) error {
 		m.Leader.Set(1)
 		defer m.Leader.Set(0)
 		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return counter.Run(ctx) })
 		g.Go(func() error { return sweeper.Run(ctx) })
+		if silent != nil {
+			g.Go(func() error { return silent.Run(ctx) })
+		}
 		return g.Wait()
 	}
 	watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
@@ -108,6 +125,27 @@ func Run(ctx context.Context, opts Options) error {
 		return runLeaderElected(ctx, election(opts.Client, opts.Namespace, opts.Identity, watchdog), work)
 	})
 	return g.Wait()
+}
+
+// silenceWatcher returns the agent silence watcher opts ask for (nil when off), posting its
+// Events through a broadcaster that stop ends.
+func silenceWatcher(ctx context.Context, opts Options, m *breaker.ControllerMetrics) (*silence.Watcher, func(), error) {
+	if !opts.AgentSilence {
+		return nil, func() {}, nil
+	}
+	kc := adapt.Clientset(opts.Client)
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(kube.EventSink{Client: kc})
+	w, err := silence.New(silence.Options{
+		Client: kc, StaleAfter: cmp.Or(opts.StaleAfter, gpuhealthv1.DefaultStaleAfter), Taint: opts.SilentTaint,
+		Recorder: broadcaster.NewRecorder(kube.Scheme, corev1.EventSource{Component: "gpuhealth-breaker-controller"}),
+		Silent:   func(n int) { m.SilentNodes.Set(float64(n)) }, Marked: m.Silences.Inc,
+	})
+	if err != nil {
+		broadcaster.Shutdown()
+		return nil, nil, err
+	}
+	return w, broadcaster.Shutdown, nil
 }
 
 // election is how the breaker controller's replicas elect their leader: through the Lease
