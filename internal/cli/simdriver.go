@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -28,6 +29,7 @@ docs/nvml.md, "The simulated driver".`,
 
 func newSimDriverServeCommand() *cobra.Command {
 	var scenarioPath, driverRoot, version, libraryDir, librarySubdir, dcgmVersion string
+	var injectUIDs []uint
 	var logs logOptions
 	cmd := &cobra.Command{
 		Use:   "serve --scenario FILE --driver-root DIR [--driver-version V]",
@@ -41,7 +43,12 @@ line and field; kernel-log lines and reboots are refused (a driver serves neithe
 
 serve also installs DIR/usr/bin/dcgmi, which runs this binary's sim-driver dcgmi: the simulator
 is the node's DCGM host engine, and answers diagnostics of its GPUs as the scenario's diag and
-latent events say (docs/scenario.md).`,
+latent events say (docs/scenario.md).
+
+Its socket, beside the library, is open to every user, as /dev/nvidiactl is: any process may read
+the GPUs. Changing them (sim-driver inject, nvidia-smi --gpu-reset) is for root, the simulator's
+own user and the users of --inject-uid, from the simulator's own pid namespace only: a process
+in a container of its own is refused, root or not.`,
 		Example: `  gpuhealth sim-driver serve --scenario examples/scenario.yaml --driver-root /tmp/driver &
   gpuhealth probe --driver-root /tmp/driver
   gpuhealth sim-driver inject --driver-root /tmp/driver '{gpu: 2, xid: 79}'`,
@@ -64,8 +71,16 @@ latent events say (docs/scenario.md).`,
 			if err := simdriver.CheckScenario(sc); err != nil {
 				return cmdutil.BadInput(fmt.Errorf("%s: %w", scenarioPath, err))
 			}
+			uids := make([]uint32, 0, len(injectUIDs))
+			for _, u := range injectUIDs {
+				if u > math.MaxUint32 {
+					return cmdutil.BadInput(fmt.Errorf("--inject-uid %d: not a uid", u))
+				}
+				uids = append(uids, uint32(u))
+			}
 			return simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: driverRoot, Version: version,
-				LibraryDir: libraryDir, LibrarySubdir: librarySubdir, Logger: klog.FromContext(ctx), DCGMVersion: dcgmVersion})
+				LibraryDir: libraryDir, LibrarySubdir: librarySubdir, Logger: klog.FromContext(ctx), DCGMVersion: dcgmVersion,
+				InjectUIDs: uids})
 		},
 	}
 	f := cmd.Flags()
@@ -74,6 +89,7 @@ latent events say (docs/scenario.md).`,
 	f.StringVar(&version, "driver-version", "", "driver profile: a version or a branch such as 535 (default: the newest)")
 	f.StringVar(&librarySubdir, "library-subdir", "", "the directory inside --driver-root the library goes to (default usr/lib/<triplet>; the GPU operator's driver container has usr/lib64)")
 	f.StringVar(&libraryDir, "library-dir", "", "where the built libraries are (default: sim-driver beside this binary, or $"+simdriver.LibraryDirEnv+")")
+	f.UintSliceVar(&injectUIDs, "inject-uid", nil, "a user, besides root and the simulator's own, whose processes in the simulator's pid namespace may inject and reset GPUs (repeatable)")
 	f.StringVar(&dcgmVersion, "dcgm-version", sim.DCGMVersion4, "the DCGM version the installed dcgmi speaks: "+sim.DCGMVersion4+" (4.x's JSON) or "+sim.DCGMVersion3+" (3.x's)")
 	logs.addFlags(f)
 	return cmd
@@ -85,7 +101,9 @@ func newSimDriverInjectCommand() *cobra.Command {
 		Use:   "inject --driver-root DIR 'EVENT'",
 		Short: "Apply one scenario event (without at) at once on the simulator serving DIR",
 		Long: `inject applies EVENT, one scenario event in the scenario file's own YAML form without at
-(docs/scenario.md), on the simulator serving DIR, at once. A bad event exits 2 and changes nothing.`,
+(docs/scenario.md), on the simulator serving DIR, at once. A bad event exits 2 and changes nothing.
+The simulator takes injections from root, its own user and the users of its --inject-uid, from
+its own pid namespace only (not from a container of its own): any other process is refused, exit 1.`,
 		Example: `  gpuhealth sim-driver inject --driver-root /tmp/driver '{gpu: 2, xid: 79}'
   gpuhealth sim-driver inject --driver-root /tmp/driver '{gpu: 0, ecc: {uncorrectedVolatile: 1}}'`,
 		Args: cobra.ExactArgs(1),

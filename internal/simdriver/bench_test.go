@@ -69,12 +69,9 @@ func benchServerT(b testing.TB, gpus int, node func(*node)) func() net.Conn {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = c.Close() })
-		hello := request{Op: opHello, A: uint32(os.Getpid()), B: wireVersion}
-		copy(hello.S[:], "550.163.01") // the library of the driver served (fakeLibraryDir's only profile)
-		for _, req := range []request{hello, {Op: opInit}} {
-			if _, err := roundTrip(c, &req); err != nil {
-				b.Fatal(err)
-			}
+		// The library of the driver served (fakeLibraryDir's only profile).
+		if err := hello(c, uint32(os.Getpid()), "550.163.01"); err != nil {
+			b.Fatal(err)
 		}
 		return c
 	}

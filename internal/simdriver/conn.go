@@ -27,9 +27,15 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	}
 }
 
-// serveConn serves one connection: a HELLO, then calls until the peer goes.
+// serveConn serves one connection: a HELLO, then calls until the peer goes. The process is the
+// one the kernel names (peer.go), whatever pid its HELLO gives.
 func (s *server) serveConn(ctx context.Context, c net.Conn) {
 	defer c.Close()
+	who, err := peerOf(c)
+	if err != nil {
+		s.log.Info("A connection closed unserved", "reason", err.Error())
+		return
+	}
 	r := bufio.NewReaderSize(c, reqSize*4)
 	var req request
 	if err := readRequest(r, &req); err != nil {
@@ -38,7 +44,7 @@ func (s *server) serveConn(ctx context.Context, c net.Conn) {
 	var resp response
 	switch req.Op {
 	case opInject:
-		s.inject(c, r, &req)
+		s.inject(c, r, &req, who)
 		return
 	case opDiag:
 		s.diag(ctx, c, r, &req)
@@ -50,7 +56,7 @@ func (s *server) serveConn(ctx context.Context, c net.Conn) {
 	default:
 		return
 	}
-	pid := req.A
+	pid := who.process(req.A)
 	if req.B != wireVersion {
 		resp.Ret = retUnknown
 		_ = writeResponse(c, &resp)
@@ -92,11 +98,14 @@ func (s *server) serveConn(ctx context.Context, c net.Conn) {
 			return
 		}
 		resp = response{}
-		if req.Op == opEventSetWait {
+		switch {
+		case req.Op == opEventSetWait:
 			if !s.waitWatching(ctx, c, r, pid, &req, &resp) {
 				return // the consumer died in the middle of its wait
 			}
-		} else {
+		case req.Op == opReset && s.permit(who, "GPU reset") != nil:
+			resp.Ret = retNoPermission // as a real reset by a user who is not root: nvidia-smi exits 4
+		default:
 			s.node.mu.Lock()
 			hangUntil := s.node.answer(pid, &req, &resp)
 			s.node.mu.Unlock()

@@ -19,6 +19,12 @@
 // DCGMI (`gpuhealth sim-driver dcgmi`), which asks the simulator for a diagnostic of one GPU and
 // prints DCGM's document and exit status for the GPU's diagnostic state (dcgm.go, dcgmi.go).
 //
+// The socket is open to every user (SocketMode), as /dev/nvidiactl is on a real node: any process,
+// in a container or not, reads the GPUs. The simulator knows each process from the kernel
+// (SO_PEERCRED), never from the pid its HELLO gives, and takes injections and GPU resets only from
+// root, its own user and Options.InjectUIDs, in its own pid namespace: not from a tenant's
+// container, root or not (peer.go).
+//
 // Events reach every event set that registered their type for their device, from the moment of
 // registration, in every process; a lost GPU answers GPU_IS_LOST from every call on it. With the
 // simulator stopped the library answers nvmlInit with DRIVER_NOT_LOADED, as NVIDIA's does without

@@ -68,6 +68,10 @@ func parseEvent(sc *sim.Scenario, body []byte) (sim.Event, error) {
 // ErrInjectRefused wraps the simulator's refusal of an injected event (bad input).
 var ErrInjectRefused = errors.New("the simulator refused the event")
 
+// ErrInjectForbidden wraps the simulator's refusal of the process that injects: only root and the
+// simulator's own user (and Options.InjectUIDs), from the simulator's pid namespace, may (peer.go).
+var ErrInjectForbidden = errors.New("the simulator takes no injection from this process")
+
 // Inject applies one event at once on the simulator serving the driver root (its socket is
 // looked for in the library directories a driver root has).
 func Inject(driverRoot, event string) error {
@@ -100,6 +104,8 @@ func Inject(driverRoot, event string) error {
 		return fmt.Errorf("reading the simulator's answer: %w", err)
 	}
 	switch {
+	case resp.Ret == retNoPermission:
+		return fmt.Errorf("%w: %s", ErrInjectForbidden, reason)
 	case resp.Ret != retSuccess && resp.N == 1:
 		return fmt.Errorf("the simulated driver cannot do it now: %s", reason)
 	case resp.Ret != retSuccess:
@@ -111,14 +117,18 @@ func Inject(driverRoot, event string) error {
 // maxInject bounds an injected event's YAML.
 const maxInject = 64 << 10
 
-// inject applies one event from `sim-driver inject`: C bytes of YAML follow the request; the
-// answer is the response and, on error, the message's length and bytes.
-func (s *server) inject(c net.Conn, r io.Reader, req *request) {
+// inject applies one event from `sim-driver inject`, when who may change the GPUs: C bytes of
+// YAML follow the request; the answer is the response and, on error, the message's length and
+// bytes.
+func (s *server) inject(c net.Conn, r io.Reader, req *request, who peer) {
 	var resp response
 	msg := ""
-	if req.C > maxInject {
-		msg = fmt.Sprintf("the event is %d bytes, more than %d", req.C, maxInject)
-	} else {
+	switch err := s.permit(who, "injection"); {
+	case err != nil:
+		resp.Ret, msg = retNoPermission, err.Error()
+	case req.C > maxInject:
+		resp.Ret, msg = retInvalidArgument, fmt.Sprintf("the event is %d bytes, more than %d", req.C, maxInject)
+	default:
 		body := make([]byte, req.C)
 		if _, err := io.ReadFull(r, body); err != nil {
 			return
@@ -128,21 +138,18 @@ func (s *server) inject(c net.Conn, r io.Reader, req *request) {
 		refused := false
 		if err == nil {
 			if err = s.node.apply(ev); err == nil {
-				s.log.Info("Injected", "event", string(body))
+				s.log.Info("Injected", "event", string(body), "pid", who.pid, "uid", who.uid)
 			} else {
 				refused = true
 			}
 		}
 		s.node.mu.Unlock()
 		if err != nil {
-			msg = err.Error()
+			resp.Ret, msg = retInvalidArgument, err.Error()
 		}
 		if refused {
 			resp.N = 1 // valid, but the driver refused it now: not bad input
 		}
-	}
-	if msg != "" {
-		resp.Ret = retInvalidArgument
 	}
 	_ = writeResponse(c, &resp)
 	_ = binary.Write(c, binary.LittleEndian, uint32(len(msg)))

@@ -41,6 +41,9 @@ type Options struct {
 	// DCGMVersion is the DCGM version the installed dcgmi speaks (sim.DCGMVersion4 when empty;
 	// 3.x gives 3.x's JSON).
 	DCGMVersion string
+	// InjectUIDs are the users, besides root and the simulator's own, whose processes may
+	// change what the GPUs do (Inject, a GPU reset), from the simulator's pid namespace (peer.go).
+	InjectUIDs []uint32
 
 	node func(*node) // tests: the simulator's state
 }
@@ -78,7 +81,8 @@ func Serve(ctx context.Context, o Options) error {
 		o.Clock = clock.RealClock{}
 	}
 	s := &server{node: newNode(o.Scenario, func(msg string, kv ...any) { o.Logger.Info(msg, kv...) }), log: o.Logger,
-		clock: o.Clock, conns: map[net.Conn]uint32{}, perPID: map[uint32]int{}, version: inst.Version}
+		clock: o.Clock, conns: map[net.Conn]uint32{}, perPID: map[uint32]int{}, version: inst.Version,
+		access: accessPolicy{uid: uint32(os.Geteuid()), more: o.InjectUIDs}}
 	s.node.onRegister = o.OnRegister
 	if o.node != nil {
 		o.node(s.node)
@@ -150,7 +154,8 @@ func listen(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", path, err)
 	}
-	if err := os.Chmod(path, 0o666); err != nil { // consumers run as any user, as with /dev/nvidia*
+	// The mode net.Listen gave depends on the umask: set the one that is meant.
+	if err := os.Chmod(path, SocketMode); err != nil {
 		_ = lis.Close()
 		return nil, err
 	}
@@ -164,10 +169,12 @@ type server struct {
 	// version is the driver profile served: a library of another version is refused, as the
 	// kernel module refuses a libnvidia-ml of another version (LIB_RM_VERSION_MISMATCH).
 	version string
+	// access says who may change what the GPUs do (peer.go).
+	access accessPolicy
 
 	mu     sync.Mutex
-	conns  map[net.Conn]uint32 // connection -> pid
-	perPID map[uint32]int
+	conns  map[net.Conn]uint32 // connection -> process key (peer.process)
+	perPID map[uint32]int      // process key -> connections
 
 	// diagMu guards diagRunning: one DCGM diagnostic at a time, as one host engine runs one
 	// nvvs (dcgm.go).

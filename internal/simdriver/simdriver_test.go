@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,6 +64,9 @@ func TestMain(m *testing.M) {
 	libraryDir = dir
 	code := m.Run()
 	_ = os.RemoveAll(dir)
+	if publicDir != "" {
+		_ = os.RemoveAll(publicDir)
+	}
 	os.Exit(code)
 }
 
@@ -75,18 +79,43 @@ type served struct {
 	stop       func()
 }
 
-func serve(t *testing.T, scenario, version string) *served {
+// serve serves scenario with the driver profile version (set, when given, changes the options).
+func serve(t *testing.T, scenario, version string, set ...func(*simdriver.Options)) *served {
 	t.Helper()
-	// Short: a Unix socket path has at most 107 bytes.
+	return serveOn(t, newRoot(t), scenario, version, set...)
+}
+
+// newRoot is a fresh driver root, removed at the end of the test. Its path is short: a Unix
+// socket path has at most 107 bytes.
+func newRoot(t *testing.T) string {
+	t.Helper()
 	root, err := os.MkdirTemp("", "sd-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	return serveOn(t, root, scenario, version)
+	return root
 }
 
-func serveOn(t *testing.T, root, scenario, version string) *served {
+// startSimulator starts a simulator child (serveChild's, changed as a test needs it) and waits
+// until it serves.
+func startSimulator(t *testing.T, cmd *exec.Cmd) *childProc {
+	t.Helper()
+	sd := startCommand(t, cmd)
+	if l := <-sd.lines; l != "serving" {
+		t.Fatalf("simulator: %q", l)
+	}
+	return sd
+}
+
+// serveChild is a simulator of fourGPUs on root in a child process ("serve" mode), with env
+// added; it prints "serving" when it listens.
+func serveChild(root string, env ...string) *exec.Cmd {
+	return childCommand("serve", root, append([]string{"GPUHEALTH_SIMDRIVER_SCENARIO=apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\n" + fourGPUs,
+		"GPUHEALTH_SIMDRIVER_LIBS=" + libraryDir}, env...)...)
+}
+
+func serveOn(t *testing.T, root, scenario, version string, set ...func(*simdriver.Options)) *served {
 	t.Helper()
 	sc, err := sim.ParseDriverScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\n" + scenario))
 	if err != nil {
@@ -96,16 +125,18 @@ func serveOn(t *testing.T, root, scenario, version string) *served {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
-	go func() {
-		done <- simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: root, Version: version, LibraryDir: libraryDir,
-			Logger: testLogger(t), Ready: func() { close(ready) },
-			OnRegister: func(_ uint32, gpu int, _ uint64) {
-				select {
-				case s.registered <- gpu:
-				default:
-				}
-			}})
-	}()
+	o := simdriver.Options{Scenario: sc, DriverRoot: root, Version: version, LibraryDir: libraryDir,
+		Logger: testLogger(t), Ready: func() { close(ready) },
+		OnRegister: func(_ uint32, gpu int, _ uint64) {
+			select {
+			case s.registered <- gpu:
+			default:
+			}
+		}}
+	for _, f := range set {
+		f(&o)
+	}
+	go func() { done <- simdriver.Serve(ctx, o) }()
 	select {
 	case <-ready:
 	case err := <-done:
@@ -138,12 +169,24 @@ type childProc struct {
 	cmd        *exec.Cmd
 }
 
+// childCommand is this test binary as a consumer in mode on root.
+func childCommand(mode, root string, env ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), childEnv+"="+mode, "GPUHEALTH_SIMDRIVER_ROOT="+root), env...)
+	return cmd
+}
+
 // startChild runs this test binary as a consumer in mode on root, and kills it at the end of the
 // test.
 func startChild(t *testing.T, mode, root string, env ...string) *childProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), childEnv+"="+mode, "GPUHEALTH_SIMDRIVER_ROOT="+root), env...)
+	return startCommand(t, childCommand(mode, root, env...))
+}
+
+// startCommand starts a child made by childCommand (changed as a test needs it), and kills it at
+// the end of the test.
+func startCommand(t *testing.T, cmd *exec.Cmd) *childProc {
+	t.Helper()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -240,6 +283,14 @@ func child(mode, root string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
+		if u := os.Getenv("GPUHEALTH_SIMDRIVER_UMASK"); u != "" {
+			mask, err := strconv.ParseUint(u, 8, 32)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 2
+			}
+			syscall.Umask(int(mask))
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		err = simdriver.Serve(ctx, simdriver.Options{Scenario: sc, DriverRoot: root, LibraryDir: os.Getenv("GPUHEALTH_SIMDRIVER_LIBS"),
@@ -252,6 +303,13 @@ func child(mode, root string) int {
 		return 0
 	case "equivalence":
 		return equivalenceChild(root)
+	case "inject":
+		if err := simdriver.Inject(root, os.Getenv("GPUHEALTH_SIMDRIVER_EVENT")); err != nil {
+			fmt.Printf("forbidden=%t %v\n", errors.Is(err, simdriver.ErrInjectForbidden), err)
+			return 1
+		}
+		fmt.Println("injected")
+		return 0
 	case "retry":
 		d := &gpunvml.DriverRoot{Root: root}
 		said := ""
@@ -426,11 +484,7 @@ func TestEventsReachEveryConsumer(t *testing.T) {
 // Stopped, the simulator is a driver that is not loaded; started again, one that came back, and
 // a process that kept trying (as the agent does) opens it.
 func TestDriverGoesAndComesBack(t *testing.T) {
-	root, err := os.MkdirTemp("", "sd-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := newRoot(t)
 	sc, err := sim.ParseScenario([]byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\nnode: n\ngpus: {count: 2}\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -691,17 +745,8 @@ func TestDriverGlitches(t *testing.T) {
 // calls answer errors while no simulator serves), the next simulator takes over the socket the
 // killed one left, and the consumer, which never restarted, gets the XIDs injected there.
 func TestSimulatorKilledUnderAConsumer(t *testing.T) {
-	root, err := os.MkdirTemp("", "sd-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	scenario := "GPUHEALTH_SIMDRIVER_SCENARIO=apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\n" + fourGPUs
-	libs := "GPUHEALTH_SIMDRIVER_LIBS=" + libraryDir
-	first := startChild(t, "serve", root, scenario, libs)
-	if l := <-first.lines; l != "serving" {
-		t.Fatalf("simulator: %q", l)
-	}
+	root := newRoot(t)
+	first := startSimulator(t, serveChild(root))
 	consumer := startChild(t, "watch", root)
 	<-consumer.lines // the first sampling round: the consumer has NVML open
 	if err := first.cmd.Process.Kill(); err != nil {
@@ -723,10 +768,7 @@ func TestSimulatorKilledUnderAConsumer(t *testing.T) {
 		}
 		break
 	}
-	second := startChild(t, "serve", root, scenario, libs)
-	if l := <-second.lines; l != "serving" {
-		t.Fatalf("second simulator: %q", l)
-	}
+	startSimulator(t, serveChild(root))
 	// The consumer makes its event set anew on the new simulator (with backoff); inject until it
 	// reports the XID.
 	deadline := time.After(60 * time.Second)
@@ -758,27 +800,15 @@ func TestSimulatorKilledUnderAConsumer(t *testing.T) {
 // (LIB_RM_VERSION_MISMATCH), and the backend's Run ends with a *DriverGoneError instead of
 // retrying forever, so that its process can start again on the new library.
 func TestDriverUpgradedUnderAConsumer(t *testing.T) {
-	root, err := os.MkdirTemp("", "sd-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	scenario := "GPUHEALTH_SIMDRIVER_SCENARIO=apiVersion: gpuhealth.dev/v1alpha1\nkind: Scenario\n" + fourGPUs
-	libs := "GPUHEALTH_SIMDRIVER_LIBS=" + libraryDir
-	first := startChild(t, "serve", root, scenario, libs, "GPUHEALTH_SIMDRIVER_VERSION=535")
-	if l := <-first.lines; l != "serving" {
-		t.Fatalf("simulator: %q", l)
-	}
+	root := newRoot(t)
+	first := startSimulator(t, serveChild(root, "GPUHEALTH_SIMDRIVER_VERSION=535"))
 	consumer := startChild(t, "watch", root)
 	<-consumer.lines // the first sampling round: the consumer has NVML open
 	if err := first.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = first.wait()
-	second := startChild(t, "serve", root, scenario, libs, "GPUHEALTH_SIMDRIVER_VERSION=550")
-	if l := <-second.lines; l != "serving" {
-		t.Fatalf("second simulator: %q", l)
-	}
+	startSimulator(t, serveChild(root, "GPUHEALTH_SIMDRIVER_VERSION=550"))
 	deadline := time.After(60 * time.Second)
 	for {
 		select {

@@ -170,6 +170,7 @@ const (
 	retUninitialized        = 1
 	retInvalidArgument      = 2
 	retNotSupported         = 3
+	retNoPermission         = 4
 	retNotFound             = 6
 	retInsufficientSize     = 7
 	retDriverNotLoaded      = 9

@@ -7,6 +7,8 @@
  * calling thread owns (so that a thread blocked in nvmlEventSetWait holds up no other call). The
  * first request of a connection is SIM_OP_HELLO with the process ID in a and the library's
  * profile (driver version) in s; the simulator keeps event sets and NVML sessions per process.
+ * It knows the process from the socket's peer credentials (SO_PEERCRED), not from a: a is taken
+ * only from a process the simulator's pid namespace cannot see (peer.go).
  */
 #ifndef GPUHEALTH_SIM_WIRE_H
 #define GPUHEALTH_SIM_WIRE_H
@@ -77,8 +79,8 @@ enum sim_op {
 	SIM_OP_SUPPORTED_EVENTS,
 	SIM_OP_EVENTSET_WAIT,
 	SIM_OP_UNSUPPORTED, /* s: the function's name; logged once by the simulator */
-	SIM_OP_INJECT,      /* from `sim-driver inject`: c bytes of YAML follow the request */
-	SIM_OP_RESET,       /* nvidia-smi --gpu-reset of dev: refused while another process holds it */
+	SIM_OP_INJECT,      /* from `sim-driver inject`: c bytes of YAML follow the request; the node's only */
+	SIM_OP_RESET,       /* nvidia-smi --gpu-reset of dev: the node's only; refused while another process holds it */
 	SIM_OP_ROW_REMAP_HISTOGRAM,
 	SIM_OP_SRAM_STATUS,
 	SIM_OP_PCIE_LINK, /* a: 0 current generation, 1 current width, 2 maximum generation, 3 maximum width, 4 the GPU's own maximum generation */
