@@ -318,7 +318,7 @@ func TestImageLoadsRealDriverLibraries(t *testing.T) {
 					t.Fatalf("probe: exit %d, %q; want exit 1 saying the kernel driver is not loaded, with the library", code, out)
 				}
 				t.Logf("probe: %s", strings.TrimSpace(out))
-				runAgentUntilDriverNotLoaded(t, root, ra)
+				runAgentUntilDriverNotLoaded(t, root, ra, "the NVIDIA kernel driver is not loaded")
 			})
 		}
 	}
@@ -341,6 +341,29 @@ func TestImageLoadsRealDriverLibraries(t *testing.T) {
 		if code != 1 || !strings.Contains(out, "NVML library cannot be loaded") || !strings.Contains(out, "libpthread.so.0") {
 			t.Fatalf("probe: exit %d, %q; want exit 1, cannot be loaded, naming libpthread.so.0", code, out)
 		}
+	})
+	t.Run("a library that lacks core functions", func(t *testing.T) {
+		// A stub, a partial install: it loads, and go-nvml's first call of a function it lacks
+		// would end the process (symbol lookup error, exit 127) with no word of why.
+		cc, err := exec.LookPath("cc")
+		if err != nil {
+			t.Skip("no C compiler:", err)
+		}
+		root := copyRootfs(t, rootfs)
+		lib := filepath.Join(root, ra.driverMount, "usr/lib64/libnvidia-ml.so.1")
+		run(t, "mkdir", "-p", filepath.Dir(lib))
+		src := filepath.Join(t.TempDir(), "stub.c")
+		if err := os.WriteFile(src, []byte("int nvmlInit_v2(void) { return 0; }\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		run(t, cc, "-shared", "-fPIC", "-o", lib, src)
+		code, out := probeIn(t, root, ra)
+		if code != 1 || !strings.Contains(out, "NVML library cannot be loaded") || !strings.Contains(out, "lacks nvmlShutdown") ||
+			!strings.Contains(out, "nvmlSystemGetDriverVersion") {
+			t.Fatalf("probe: exit %d, %q; want exit 1, cannot be loaded, naming the functions it lacks", code, out)
+		}
+		// The agent stays up, not ready, and says why, once.
+		runAgentUntilDriverNotLoaded(t, root, ra, "lacks nvmlShutdown")
 	})
 	t.Run("a library for another architecture", func(t *testing.T) {
 		root := copyRootfs(t, rootfs)
@@ -367,7 +390,7 @@ func TestImageLoadsRealDriverLibraries(t *testing.T) {
 // interface, and its API server is unreachable there), with the files the kubelet would give it
 // (the healthconfig ConfigMap, a service-account token). The agent must not exit: it logs the
 // driver-not-loaded answer once and keeps retrying.
-func runAgentUntilDriverNotLoaded(t *testing.T, root string, ra chartAgent) {
+func runAgentUntilDriverNotLoaded(t *testing.T, root string, ra chartAgent, says string) {
 	t.Helper()
 	for path, content := range map[string]string{
 		"etc/gpuhealth/healthconfig.yaml":                        ra.healthConfig,
@@ -397,12 +420,12 @@ func runAgentUntilDriverNotLoaded(t *testing.T, root string, ra chartAgent) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	deadline := time.After(30 * time.Second)
-	for !strings.Contains(out.String(), "the NVIDIA kernel driver is not loaded") {
+	for !strings.Contains(out.String(), says) {
 		select {
 		case err := <-exited:
 			t.Fatalf("the agent exited (%v) instead of waiting for the driver:\n%s", err, out.String())
 		case <-deadline:
-			t.Fatalf("the agent did not say the driver is not loaded within 30s:\n%s", out.String())
+			t.Fatalf("the agent did not say %q within 30s:\n%s", says, out.String())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -416,7 +439,7 @@ func runAgentUntilDriverNotLoaded(t *testing.T, root string, ra chartAgent) {
 	if err := <-exited; err == nil {
 		t.Errorf("the agent exited cleanly before it was stopped")
 	}
-	if n := strings.Count(out.String(), "the NVIDIA kernel driver is not loaded"); n != 1 {
+	if n := strings.Count(out.String(), says); n != 1 {
 		t.Errorf("the agent logged the driver error %d times in 2 s of retries, want once (it logs again only when the reason changes):\n%s", n, out.String())
 	}
 }
