@@ -171,4 +171,3 @@ func (ev *evaluation) repeats(gpu *deviceState, xid uint32) {
 		})
 	}
 }
-
