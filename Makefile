@@ -101,6 +101,10 @@ lint: ## golangci-lint (pinned, installed by hack/tools.sh), including the go-nv
 	$(TOOLS_BIN)/logcheck -check-contextual -config hack/logcheck.conf ./...
 	for m in $(EXAMPLES); do (cd $$m && $(TOOLS_BIN)/golangci-lint run ./... && $(TOOLS_BIN)/logcheck -check-contextual ./...); done
 
+.PHONY: generate-proto
+generate-proto: ## Regenerate the committed Go code of gpuhealth's .proto files (pkg/nvsentinel/datamodels): protoc from Debian's protobuf-compiler, its Go plugins pinned in hack/tools.sh.
+	hack/generate-proto.sh
+
 .PHONY: verify
 verify: lint ## gofmt, go vet, go mod tidy, generated docs, and lint.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }

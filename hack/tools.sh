@@ -3,7 +3,8 @@
 # version, outside the work tree so fresh clones on the same machine reuse them.
 #
 #   hack/tools.sh bindir               print the directory holding the tools
-#   hack/tools.sh install NAME...      install NAME if missing (golangci-lint, helm, promtool, logcheck)
+#   hack/tools.sh install NAME...      install NAME if missing (golangci-lint, helm, promtool, logcheck,
+#                                      protoc-gen-go, protoc-gen-go-grpc)
 set -euo pipefail
 
 GOLANGCI_LINT_VERSION=v2.15.0
@@ -17,6 +18,11 @@ PROMTOOL_VERSION=v0.316.0
 # logcheck (Kubernetes' structured and contextual logging checks, as dra-example-driver runs
 # it): `make lint` runs it with -check-contextual.
 LOGCHECK_VERSION=v0.11.0
+# protoc's Go plugins, for pkg/nvsentinel/datamodels (hack/generate-proto.sh). protoc-gen-go is
+# the google.golang.org/protobuf that go.mod requires, so that the generated code and the runtime
+# it calls come from one commit; protoc-gen-go-grpc's code needs grpc 1.64 or later.
+PROTOC_GEN_GO_VERSION=v1.36.12-0.20260120151049-f2248ac996af
+PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
 
 cache_root=${GPUHEALTH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuhealth}
 bin_dir="$cache_root/tools/bin"
@@ -39,6 +45,14 @@ install_tool() {
 	logcheck)
 		module=sigs.k8s.io/logtools/logcheck
 		version=$LOGCHECK_VERSION
+		;;
+	protoc-gen-go)
+		module=google.golang.org/protobuf/cmd/protoc-gen-go
+		version=$PROTOC_GEN_GO_VERSION
+		;;
+	protoc-gen-go-grpc)
+		module=google.golang.org/grpc/cmd/protoc-gen-go-grpc
+		version=$PROTOC_GEN_GO_GRPC_VERSION
 		;;
 	*)
 		echo "hack/tools.sh: unknown tool $name" >&2

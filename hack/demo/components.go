@@ -154,7 +154,9 @@ func (d *demo) startNode(i int, node, config string) error {
 		validation = fmt.Sprintf("validation: {enabled: true, probation: 5s, command: [%q, diag, -r, \"2\", -i, \"gpu:{dcgmID}\", -j]}", filepath.Join(root, "usr", "bin", "dcgmi"))
 	}
 	agentConfig := filepath.Join(logDir, node+".config.yaml")
-	if err := os.WriteFile(agentConfig, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"+remediation+", "+validation+"}\n"), 0o644); err != nil {
+	// The claimstatus reporter finds the claims of the node's pods through the same kubelet.
+	claims := fmt.Sprintf("agent: {claimStatus: {podResourcesSocket: %q}}\n", kubeletNodes[i].PodResourcesSocket())
+	if err := os.WriteFile(agentConfig, []byte("apiVersion: gpuhealth.dev/v1alpha1\nkind: HealthConfig\nsampleInterval: 1s\n"+claims+remediation+", "+validation+"}\n"), 0o644); err != nil {
 		return err
 	}
 	if err := start("agent-"+node, append(append([]string{"agent"}, agentSource...), "--node-name", node,

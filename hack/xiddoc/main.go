@@ -173,10 +173,12 @@ Across nodes: a GB200 NVL72 rack is one NVLink domain of 18 nodes, and one GPU's
 reaches GPUs of other nodes. The agent of a node labelled with its domain (` + "`nvidia.com/gpu.clique`" + `,
 which GPU feature discovery sets; ` + "`agent.nvlinkDomainLabel`" + `) reads the faults the agents of the
 other nodes of the domain report (the gpu-health annotation's ` + "`xidFaults`" + `), and attributes a
-caused-by XID to a peer's fault that began within %v of it either way (the peer's report comes
-late, and clocks differ) when no GPU of its own node had one: reason ` + "`XID<n>CausedByPeerGPU`" + `,
-the peer's node and GPU in the message and the Event. An XID raised before the peer's report
-arrived is attributed when it does.
+caused-by XID to a peer's fault of the XID the driver named, on a GPU the peer's own report marks
+Unhealthy, that began within %v of it either way (the peer's report comes late, and clocks
+differ) when no GPU of its own node had one: reason ` + "`XID<n>CausedByPeerGPU`" + `, the peer's node
+and GPU in the message and the Event. An XID that names no cause is never a peer's. An XID raised
+before the peer's report arrived is attributed when it does; the attribution ends when the
+peer's report no longer has the fault, and the XID is its GPU's own again, under its rule.
 
 `
 
@@ -199,7 +201,7 @@ scheduler receives: 32 entries on each of 8 GPUs made the Node's writes take twi
 const missing = `## Missing GPUs
 
 A node can lose a GPU without any XID: it fails to initialise, falls off the bus before the
-driver loads, or is bound to another driver, and NVML simply returns one GPU fewer. The agent
+driver loads, or NVIDIA's driver fails to bind it, and NVML simply returns one GPU fewer. The agent
 compares the NVIDIA GPUs on the PCI bus (vendor 0x10de, display and 3D controller classes, read
 from sysfs) and, when configured, an expected count with the GPUs the backend opens. Each
 missing one becomes a placeholder, ` + "`MISSING-<PCI address>`" + ` (or ` + "`MISSING-<n>`" + ` past what the
@@ -208,6 +210,10 @@ annotation (` + "`missing: true`" + `, index -1) and in ` + "`gpuhealth status`"
 ` + "`GPUsMissing`" + ` ("the node runs 3 of its 4 GPUs") on its ` + "`GPUUnhealthy`" + ` condition. Kernel-log lines
 that name its address are kept against it. Volcano's index list, HAMi's cordon, DRA and the
 extender leave it out: none of them ever offered it. The comparison is made anew at every start,
-so ` + "`GPUMissing`" + ` is never checkpointed and a GPU that is back is not held missing.
+so ` + "`GPUMissing`" + ` is never checkpointed and a GPU that is back is not held missing. A GPU bound
+to another driver on purpose (` + "`vfio-pci`" + `: KubeVirt, Kata passthrough) is left out, neither
+watched nor missing, and told once per start in a ` + "`GPUBoundToOtherDriver`" + ` Event on the Node;
+` + "`inventory.otherDrivers: missing`" + ` counts it missing ([configuration.md](configuration.md)).
+Placeholders stop once the node has 1,024 GPUs: a bus that lists more holds fakes.
 
 `

@@ -15,6 +15,7 @@
 //   - remediation and eviction, when configured (remediation.go, eviction.go);
 //   - the watchers of operators' requests on the Node: drains (drains.go) and clears (clears.go);
 //   - the NVLink-domain peers' lookup (peers.go), unless agent.nvlinkDomainLabel is "-";
+//   - NVIDIA's Device API on a Unix socket, when agent.deviceAPI.socket is set (pkg/deviceapi);
 //   - the HTTP server (/metrics, /healthz, /readyz), when MetricsAddress is set.
 //
 // The first loop that fails cancels the others; a cancelled context (SIGTERM) stops everything
@@ -38,9 +39,12 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
+	"github.com/gpuhealth/gpuhealth/internal/heartbeat"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/report"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/deviceapi"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -80,10 +84,19 @@ type Options struct {
 	// Missing are placeholders for GPUs the node should have and the backend cannot open
 	// (health.MissingGPUs): tracked and reported beside the backend's devices.
 	Missing []health.Device
+	// StartEvents are recorded on the Node once the agent has started: what its start-up found
+	// that an operator should hear of (GPUs left out of the inventory for another driver).
+	StartEvents []Event
 	// Nodes, when set, is the cache of this agent's Node to share (the command watches the
 	// GPU operator's labels through it); the caller starts and shuts it down. Nil: Run makes
 	// its own.
 	Nodes *nodecache.Cache
+}
+
+// Event is an Event the agent records on its Node.
+type Event struct {
+	// Type is corev1.EventTypeNormal or corev1.EventTypeWarning.
+	Type, Reason, Message string
 }
 
 // Run runs the agent until ctx is done or a loop fails.
@@ -151,6 +164,12 @@ func Run(ctx context.Context, opts Options) error {
 			return w.evictor.Run(ctx)
 		})
 	}
+	// The heartbeat: a Lease of this node's in the agent's namespace (the circuit breaker's:
+	// $POD_NAMESPACE, the chart's), renewed every agent.heartbeat.
+	period := time.Duration(*w.cfg.Heartbeat)
+	beat := &heartbeat.Renewer{Client: opts.Client, Namespace: w.cfg.CircuitBreaker.Namespace, Node: opts.NodeName,
+		Period: period, StaleAfter: gpuhealthv1.StaleAfterPeriods * period, Clock: opts.Clock}
+	g.Go(func() error { return beat.Run(ctx) })
 	drains := &drainWatcher{nodes: w.caches.nodes, monitor: w.monitor, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef}
 	g.Go(func() error { return drains.run(ctx) })
 	clears := &clearWatcher{nodes: w.caches.nodes, client: opts.Client, monitor: w.monitor, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef}
@@ -162,8 +181,17 @@ func Run(ctx context.Context, opts Options) error {
 		peers := &peerResolver{client: opts.Client, nodes: w.caches.nodes, label: label, monitor: w.monitor, clock: opts.Clock}
 		g.Go(func() error { return peers.run(ctx) })
 	}
+	if api := w.cfg.DeviceAPI; api.Socket != "" {
+		// NVIDIA's Device API for node-local readers (docs/device-api.md): straight from the
+		// Monitor, like every subscriber, so no reader can slow the reporters.
+		srv := deviceapi.New(w.monitor, deviceapi.Options{MaxWatchers: api.MaxWatchers, Clock: opts.Clock})
+		g.Go(func() error { return srv.ServeSocket(ctx, deviceapi.SocketOptions{Path: api.Socket, Group: api.Group}) })
+	}
 	if opts.MetricsAddress != "" {
 		g.Go(func() error { return serve(ctx, opts, w.writers, w.rt.CheckpointSaved) })
+	}
+	for _, e := range opts.StartEvents {
+		w.recorder.Event(w.nodeRef, e.Type, e.Reason, e.Message)
 	}
 	logger.Info("Agent started", "gpus", len(opts.Backend.Devices()), "missingGPUs", len(opts.Missing), "reporters", w.cfg.Reporters, "bootID", opts.BootID)
 	return g.Wait()

@@ -179,7 +179,7 @@ func reportedSince(summaries map[string]gpuhealthv1.GPUSummary, t time.Time) boo
 
 // conditionFromReason rebuilds a sticky condition from a reported reason ("XID79", "GPULost").
 func conditionFromReason(p *health.Policy, reason string, since time.Time) (health.Condition, bool) {
-	const note = " (restored from the node's gpu-health annotation)"
+	const note = health.RestoredFromReportNote
 	if reason == "GPULost" {
 		r := p.Lost
 		return health.Condition{Type: health.ConditionGPULost, Severity: r.Severity, ClearsOn: r.ClearsOn, Evict: r.Evict,

@@ -10,11 +10,13 @@ import (
 )
 
 // ClusterRoleRulesFor are the least privileges the agent needs cluster-wide with these reporters
-// (and remediation on or off): RBAC cannot name "the Node I run on", so these are cluster-wide,
-// and the chart's admission policy narrows every write to the agent's own Node and its own
-// DeviceTaintRules. Pods and ResourceClaims are readable only when a part that needs them runs.
-// The Helm chart's ClusterRole must match (test/helm checks every reporter set).
-func ClusterRoleRulesFor(reporters []string, remediationOn bool) []rbacv1.PolicyRule {
+// (remediation on or off, and the claimstatus reporter finding claims through a pod watch, or
+// not): RBAC cannot name "the Node I run on", so these are cluster-wide, and the chart's admission
+// policy narrows every write to the agent's own Node and its own DeviceTaintRules. Pods are
+// readable only when a part that lists them runs (remediation, or claimstatus with
+// agent.claimStatus.podWatch), ResourceClaims only by name. The Helm chart's ClusterRole must
+// match (test/helm checks every reporter set).
+func ClusterRoleRulesFor(reporters []string, remediationOn, claimsByPodWatch bool) []rbacv1.PolicyRule {
 	on := func(r string) bool { return slices.Contains(reporters, r) }
 	// Every reporter reads its own Node (the shared cache, the drains annotation), the peers
 	// watcher the other Nodes of its NVLink domain; the annotation, Volcano and HAMi reporters
@@ -30,12 +32,20 @@ func ClusterRoleRulesFor(reporters []string, remediationOn bool) []rbacv1.Policy
 	if on(config.ReporterDeviceTaint) {
 		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"devicetaintrules"}, Verbs: []string{"get", "list", "create", "update", "delete"}})
 	}
+	switch {
+	case on(config.ReporterClaimStatus) && claimsByPodWatch:
+		// claimstatus with agent.claimStatus.podWatch watches the pods bound to the node
+		// (selected by spec.nodeName; RBAC cannot confine it to them).
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}})
+	case remediationOn:
+		// Remediation lists the pods bound to the node: their claims (who holds a GPU) and the
+		// GPU operator's components.
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}})
+	}
 	if on(config.ReporterClaimStatus) || remediationOn {
-		// The claimstatus reporter and remediation (who holds a GPU) find claims through the pods
-		// bound to the node (selected by spec.nodeName) and read each claim by name.
-		rules = append(rules,
-			rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
-			rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}})
+		// The claims of the node's pods, each read by name (claimstatus finds them through the
+		// kubelet's pod-resources API; RBAC cannot confine a get to one node's claims).
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}})
 	}
 	if on(config.ReporterClaimStatus) {
 		rules = append(rules,
@@ -47,10 +57,10 @@ func ClusterRoleRulesFor(reporters []string, remediationOn bool) []rbacv1.Policy
 	return rules
 }
 
-// ClusterRoleRules are the agent's cluster-wide rules with every reporter and remediation on:
-// what the e2e tests grant the agents they run.
+// ClusterRoleRules are the agent's cluster-wide rules with every reporter, remediation and the
+// claimstatus pod watch on: what the e2e tests grant the agents they run.
 func ClusterRoleRules() []rbacv1.PolicyRule {
-	return ClusterRoleRulesFor(config.KnownReporters(), true)
+	return ClusterRoleRulesFor(config.KnownReporters(), true, true)
 }
 
 // EventsNamespace is where every Event the agent writes goes: they are all about its Node, and
@@ -75,12 +85,23 @@ const (
 // BreakerRoleRules are the permissions the circuit breaker needs in its namespace (a Role, not a
 // ClusterRole): reading the ConfigMap with the cluster's GPU count and the acknowledgement, and
 // taking slots by creating Leases (create cannot be limited by name: the admission policy lets an
-// agent create only slot Leases that name its own node). Agents never change or delete a
-// breaker slot: the breaker controller's Sweeper deletes those that stopped counting.
+// agent create only slot Leases that name its own node). Agents never change a breaker slot; they
+// delete only a domain slot they took for a GPU that the cluster's budget then refused (the
+// admission policy: only their own node's); the breaker controller deletes those that stopped
+// counting.
 func BreakerRoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create", "delete"}},
+	}
+}
+
+// HeartbeatRoleRules are what the agent needs in its namespace (a Role) for its heartbeat: its
+// Lease (gpuhealthv1.HeartbeatLeaseName), read, created and renewed; the admission policy
+// confines each agent to its own node's.
+func HeartbeatRoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
 	}
 }
 

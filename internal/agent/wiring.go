@@ -18,6 +18,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/evict"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/internal/kube/podresources"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
@@ -26,6 +27,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report/hami"
 	"github.com/gpuhealth/gpuhealth/internal/report/metrics"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
+	"github.com/gpuhealth/gpuhealth/internal/report/nvsentinel"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -203,9 +205,17 @@ func (w *wiring) newWriters() ([]*report.Writer, error) {
 		writers         []*report.Writer
 		conditionWriter *report.Writer // set below; the breaker nudges it when its state changes
 		cb              *breaker.Breaker
+		// gate is cb as the devicetaint and condition reporters share it: one question at a
+		// time (one slot a GPU), and the repair condition told when the breaker changes.
+		gate *nodecondition.BreakerGate
 	)
 	if cfg.CircuitBreaker.Enabled {
 		cb = w.newBreaker()
+		gate = nodecondition.NewBreakerGate(cb, func() {
+			if conditionWriter != nil {
+				conditionWriter.Trigger()
+			}
+		})
 		m.BreakerHeld(0) // closed until it holds a GPU back: the gauge exists from the start
 	}
 	heldChanged := func(held []string) {
@@ -221,25 +231,13 @@ func (w *wiring) newWriters() ([]*report.Writer, error) {
 			conditionWriter.Trigger()
 		}
 	}
-	// One reporter carries the node's heartbeat, so that it costs one write per period: the
-	// condition reporter (lastHeartbeatTime and the annotation in one patch), else the
-	// annotation reporter.
-	beat := report.NewHeartbeat(time.Duration(*cfg.Heartbeat))
-	beatOwner := config.ReporterCondition
-	if !slices.Contains(cfg.Reporters, beatOwner) {
-		beatOwner = config.ReporterAnnotation
-	}
-	beatFor := func(name string) report.Heartbeat {
-		if name == beatOwner {
-			return beat
-		}
-		return report.Heartbeat{}
-	}
+	// No reporter carries a heartbeat: the agent renews a Lease of its own (internal/heartbeat,
+	// started by Run), and writes the Node only when its GPUs' health changes.
 	for _, name := range cfg.Reporters {
 		var s report.Syncer
 		switch name {
 		case config.ReporterAnnotation:
-			s = annotation.New(opts.Client, opts.NodeName, annotation.Options{Nodes: w.caches.nodes, Heartbeat: beatFor(name), Clock: opts.Clock})
+			s = annotation.New(opts.Client, opts.NodeName, annotation.Options{Nodes: w.caches.nodes})
 		case config.ReporterDeviceTaint:
 			s = devicetaint.New(opts.Client, opts.NodeName, devicetaint.Options{
 				Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute, ParentUUIDAttribute: cfg.ParentUUIDAttribute,
@@ -255,22 +253,33 @@ func (w *wiring) newWriters() ([]*report.Writer, error) {
 						"the DeviceTaintRule name %s is held by a rule labelled for node %q, which this node's agent may not change; this node's rule is created under a generated name instead (see its %s annotation)",
 						name, holder, devicetaint.KeyAnnotation)
 				},
-				Breaker:     breakerOrNil(cb),
+				Breaker:     breakerOrNil(gate),
 				HeldChanged: heldChanged,
 				Relist:      time.Duration(*cfg.Resync),
 				Clock:       opts.Clock,
 			})
 		case config.ReporterCondition:
-			o := nodecondition.Options{Nodes: w.caches.nodes, Clock: opts.Clock, RebootRequired: opts.Remediation.Config.Enabled, Heartbeat: beatFor(name)}
-			if cb != nil { // a nil *Breaker must not become a non-nil interface
-				o.Breaker = cb
+			o := nodecondition.Options{Nodes: w.caches.nodes, Clock: opts.Clock, RebootRequired: opts.Remediation.Config.Enabled}
+			o.Repair = cfg.RepairCondition
+			if gate != nil { // a nil *BreakerGate must not become a non-nil interface
+				o.Breaker = gate
 			}
 			s = nodecondition.New(opts.Client, opts.NodeName, o)
 		case config.ReporterHAMi:
 			s = hami.New(opts.Client, opts.NodeName, hami.Options{Nodes: w.caches.nodes})
 		case config.ReporterClaimStatus:
 			s = claimstatus.New(opts.Client, opts.NodeName, claimstatus.Options{Driver: cfg.DriverName, UUIDAttribute: cfg.UUIDAttribute,
-				ParentUUIDAttribute: cfg.ParentUUIDAttribute, PCIBusIDAttribute: cfg.PCIBusIDAttribute, Devices: w.caches.devices, Clock: opts.Clock})
+				ParentUUIDAttribute: cfg.ParentUUIDAttribute, PCIBusIDAttribute: cfg.PCIBusIDAttribute, Devices: w.caches.devices, Clock: opts.Clock,
+				PodResources: podresources.Socket{Path: cfg.ClaimStatus.PodResourcesSocket}, PodWatch: cfg.ClaimStatus.PodWatch, Nodes: w.caches.nodes,
+				Unavailable: func(why string) { recorder.Event(nodeRef, corev1.EventTypeWarning, claimstatus.EventUnavailable, why) },
+				Unmarked:    func() { m.Unmatched(name) },
+			})
+		case config.ReporterNVSentinel:
+			nm := metrics.NewNVSentinel(opts.NodeName)
+			if err := nm.Register(opts.Registry); err != nil {
+				return nil, fmt.Errorf("agent: register metrics: %w", err)
+			}
+			s = nvsentinel.New(opts.NodeName, nvsentinel.Options{Config: cfg.NVSentinel, RemediationEnabled: opts.Remediation.Config.Enabled, Clock: opts.Clock, Observer: nm})
 		default:
 			return nil, fmt.Errorf("agent: unknown reporter %q", name)
 		}
@@ -287,9 +296,20 @@ func (w *wiring) newWriters() ([]*report.Writer, error) {
 // newBreaker returns a circuit breaker as agent.circuitBreaker says (it must be enabled).
 func (w *wiring) newBreaker() *breaker.Breaker {
 	cb := w.cfg.CircuitBreaker
-	return breaker.New(w.opts.Client, w.opts.NodeName, breaker.Options{
-		Namespace: cb.Namespace, MaxFraction: cb.MaxFraction, Window: time.Duration(*cb.Window), Clock: w.opts.Clock,
-	})
+	opts := breaker.Options{Namespace: cb.Namespace, MaxFraction: cb.MaxFraction, Window: time.Duration(*cb.Window), Clock: w.opts.Clock}
+	for _, d := range cb.Domains {
+		opts.Domains = append(opts.Domains, breaker.Domain{Label: d.Label, MaxFraction: d.MaxFraction})
+	}
+	if len(opts.Domains) > 0 {
+		opts.NodeLabels = func(ctx context.Context) (map[string]string, error) {
+			n, err := w.caches.nodes.Get(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return n.Labels, nil
+		}
+	}
+	return breaker.New(w.opts.Client, w.opts.NodeName, opts)
 }
 
 // draAttributes are the DRA device attribute names the agent matches GPUs by.
@@ -297,8 +317,8 @@ func draAttributes(cfg config.AgentConfig) dra.Attributes {
 	return dra.Attributes{UUID: cfg.UUIDAttribute, ParentUUID: cfg.ParentUUIDAttribute, PCIBusID: cfg.PCIBusIDAttribute}
 }
 
-// breakerOrNil keeps a nil *Breaker from becoming a non-nil interface.
-func breakerOrNil(b *breaker.Breaker) devicetaint.Breaker {
+// breakerOrNil keeps a nil *BreakerGate from becoming a non-nil interface.
+func breakerOrNil(b *nodecondition.BreakerGate) devicetaint.Breaker {
 	if b == nil {
 		return nil
 	}

@@ -48,6 +48,10 @@ func TestWireHandsEveryWriterToTheFanOut(t *testing.T) {
 			name: "remediation on, one reporter", reporters: []string{config.ReporterAnnotation}, remediation: true,
 			wantScheduling: []string{"annotation"}, wantFollowers: []string{"remediation"},
 		},
+		{
+			name: "nvsentinel follows the scheduler path", reporters: []string{config.ReporterNVSentinel, config.ReporterAnnotation},
+			wantScheduling: []string{"annotation"}, wantFollowers: []string{"nvsentinel"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())

@@ -71,6 +71,10 @@ type Options struct {
 	MaxFraction float64
 	Window      time.Duration
 	Clock       clock.Clock
+	// Domains add a budget per value of a node label (domains.go); NodeLabels returns the
+	// agent's node's labels, required with Domains.
+	Domains    []Domain
+	NodeLabels func(context.Context) (map[string]string, error)
 }
 
 // Breaker decides, for one agent, whether a GPU may get a disruptive effect.
@@ -81,8 +85,11 @@ type Breaker struct {
 	config   corelisters.ConfigMapLister
 	onChange func()
 
-	mu          sync.Mutex
-	held        []string
+	mu   sync.Mutex
+	held []string
+	// refusedBy is the domain (label=value) that last refused each GPU; absent: the cluster's
+	// budget did, or none.
+	refusedBy   map[string]string
 	recheckAt   time.Time // when a pending re-check fires (zero: none pending)
 	warnedCount bool
 	// warnedUnswept: the warning that unswept slots block the budget was logged.
@@ -124,17 +131,21 @@ func (b *Breaker) Start(ctx context.Context, onChange func()) error {
 	return nil
 }
 
-// state is what the ConfigMap says: the cluster's GPU count (0 when unknown) and the last
-// acknowledgement.
-func (b *Breaker) state() (clusterGPUs int, acknowledged time.Time) {
+// state is what the ConfigMap says: the cluster's GPU count (0 when unknown), the last
+// acknowledgement and, with domains, each domain value's GPUs.
+func (b *Breaker) state() (clusterGPUs int, acknowledged time.Time, domains DomainGPUs) {
 	if b.config == nil {
-		return 0, time.Time{}
+		return 0, time.Time{}, nil
 	}
 	cm, err := b.config.ConfigMaps(b.opts.Namespace).Get(ConfigMapName)
 	if err != nil {
-		return 0, time.Time{}
+		return 0, time.Time{}, nil
 	}
-	return ParseState(cm)
+	clusterGPUs, acknowledged = ParseState(cm)
+	if len(b.opts.Domains) > 0 {
+		domains = ParseDomainGPUs(cm)
+	}
+	return clusterGPUs, acknowledged, domains
 }
 
 // ParseState reads the count and the acknowledgement from the breaker's ConfigMap; a value
@@ -195,20 +206,74 @@ func Cutoff(now time.Time, window time.Duration, acknowledged time.Time) time.Ti
 var errSlotsBusy = errors.New("circuit breaker: lost every race for a free slot; retrying")
 
 // Admit reports whether the GPU may get a disruptive effect now, taking a slot when it may. A
-// GPU holding a live slot stays admitted.
+// GPU holding a live slot stays admitted. With domains, the GPU needs a slot of its node's value
+// of every domain label first, then one of the cluster's; a slot taken here for a domain is
+// released again when a later budget refuses, so that a held GPU holds no domain's budget.
 func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
-	total, acknowledged := b.state()
+	total, acknowledged, counted := b.state()
 	if total == 0 {
 		b.warnNoCount(ctx)
 		return true, nil
 	}
-	budget := b.Budget(total)
+	domains, err := b.nodeDomains(ctx, counted)
+	if err != nil {
+		return false, err
+	}
+	var taken []*Slot // domain slots taken by this call
+	release := func() {
+		for _, s := range taken {
+			if err := BreakerSlots(b.client, b.opts.Namespace).Release(ctx, *s); err != nil {
+				// The slot counts until the window or the Sweeper ends it: the domain's budget
+				// is the smaller for that while, never overrun.
+				klog.FromContext(ctx).Error(err, "Releasing a circuit-breaker domain slot failed", "gpu", uuid)
+			}
+		}
+	}
+	for _, d := range domains {
+		ok, s, err := b.admitIn(ctx, DomainSlots(b.client, b.opts.Namespace, d.Label, d.Value), d.Budget, acknowledged, uuid)
+		if err != nil || !ok {
+			release()
+			b.refused(uuid, d.String())
+			return false, err
+		}
+		if s != nil {
+			taken = append(taken, s)
+		}
+	}
+	ok, _, err := b.admitIn(ctx, BreakerSlots(b.client, b.opts.Namespace), b.Budget(total), acknowledged, uuid)
+	if err != nil || !ok {
+		release()
+		b.refused(uuid, "")
+		return false, err
+	}
+	b.refused(uuid, "")
+	return true, nil
+}
+
+// nodeDomains are the domain budgets the agent's node is under now.
+func (b *Breaker) nodeDomains(ctx context.Context, counted DomainGPUs) ([]DomainBudget, error) {
+	if len(b.opts.Domains) == 0 || len(counted) == 0 {
+		return nil, nil
+	}
+	if b.opts.NodeLabels == nil {
+		return nil, errors.New("circuit breaker: domains need the node's labels")
+	}
+	labels, err := b.opts.NodeLabels(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("circuit breaker: the node's labels: %w", err)
+	}
+	return NodeDomains(b.opts.Domains, labels, counted), nil
+}
+
+// admitIn admits the GPU in one pool of budget slots: it reports whether the GPU holds a live
+// slot there, and the slot when this call took it.
+func (b *Breaker) admitIn(ctx context.Context, pool SlotPool, budget int, acknowledged time.Time, uuid string) (bool, *Slot, error) {
 	for range 5 {
 		now := b.opts.Clock.Now()
 		cutoff := Cutoff(now, b.opts.Window, acknowledged)
-		slots, err := ListSlots(ctx, b.client, b.opts.Namespace)
+		slots, err := pool.List(ctx)
 		if err != nil {
-			return false, err
+			return false, nil, err
 		}
 		live, oldest := 0, time.Time{}
 		taken := map[int]Slot{}
@@ -218,7 +283,7 @@ func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
 				continue
 			}
 			if s.Node == b.nodeName && s.UUID == uuid {
-				return true, nil
+				return true, nil, nil
 			}
 			live++
 			if oldest.IsZero() || s.At.Before(oldest) {
@@ -227,7 +292,7 @@ func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
 		}
 		if live >= budget {
 			b.scheduleRecheck(oldest.Add(b.opts.Window))
-			return false, nil
+			return false, nil, nil
 		}
 		// Try a few free slots in random order: agents racing through a wave spread out. A slot
 		// that stopped counting is not free until the breaker controller's Sweeper deletes it.
@@ -242,30 +307,49 @@ func (b *Breaker) Admit(ctx context.Context, uuid string) (bool, error) {
 			// controller's Sweeper deletes them as they leave the window. Look again shortly.
 			b.scheduleRecheck(now.Add(sweepGrace))
 			b.warnUnswept(ctx)
-			return false, nil
+			return false, nil, nil
 		}
 		rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
 		for _, k := range free[:min(len(free), 3)] {
-			ok, err := b.take(ctx, k, taken, uuid, now)
+			s, err := pool.take(ctx, k, taken, SlotClaim{Node: b.nodeName, UUID: uuid, At: now})
 			if err != nil {
-				return false, err
+				return false, nil, fmt.Errorf("circuit breaker: %w", err)
 			}
-			if ok {
-				return true, nil
+			if s != nil {
+				return true, s, nil
 			}
 		}
 	}
-	return false, errSlotsBusy
+	return false, nil, errSlotsBusy
 }
 
-// take tries to hold slot k for the GPU by creating it. It reports whether it got the slot;
-// losing a race is not an error.
-func (b *Breaker) take(ctx context.Context, k int, taken map[int]Slot, uuid string, now time.Time) (bool, error) {
-	ok, err := BreakerSlots(b.client, b.opts.Namespace).Take(ctx, k, taken, SlotClaim{Node: b.nodeName, UUID: uuid, At: now})
-	if err != nil {
-		return false, fmt.Errorf("circuit breaker: %w", err)
+// refused records which domain refused the GPU ("" : the cluster's budget, or none).
+func (b *Breaker) refused(uuid, domain string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if domain == "" {
+		delete(b.refusedBy, uuid)
+		return
 	}
-	return ok, nil
+	if b.refusedBy == nil {
+		b.refusedBy = map[string]string{}
+	}
+	b.refusedBy[uuid] = domain
+}
+
+// HeldDomains are the domains (label=value) whose budgets hold back GPUs of this node now,
+// sorted; empty when only the cluster's budget holds them, or nothing is held.
+func (b *Breaker) HeldDomains() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, uuid := range b.held {
+		if d, ok := b.refusedBy[uuid]; ok && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // scheduleRecheck asks for another look when the oldest live slot leaves the window, unless an

@@ -4,12 +4,14 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/gpuhealth/gpuhealth/internal/heartbeat"
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,7 +44,8 @@ type Counter struct {
 	// CapacityResources are the extended resources whose capacity bounds a node's count (default
 	// DefaultCapacityResources); a name ending in "*" is a prefix.
 	CapacityResources []string
-	// StaleAfter: a node whose agent's heartbeat is older (or unreadable) counts for no GPUs:
+	// StaleAfter: a node whose agent's heartbeat (its Lease in Namespace, or an earlier release's
+	// annotation) is older (or unreadable) counts for no GPUs:
 	// its report means nothing, and its GPUs can be neither admitted nor held. 0 counts every
 	// node. Nodes without a heartbeat count as before.
 	StaleAfter time.Duration
@@ -51,6 +54,9 @@ type Counter struct {
 	Stale func(nodes int)
 	// Counted, when set, is called with every count written (for metrics).
 	Counted func(gpus int)
+	// Domains: each value of each label gets its GPUs counted too (DomainGPUsKey), at most
+	// MaxDomainValues values in all.
+	Domains []Domain
 }
 
 // DefaultCapacityResources are what GPU device plugins advertise: NVIDIA's whole GPUs and MIG
@@ -76,9 +82,16 @@ func (c *Counter) Run(ctx context.Context) error {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.driver", driver).String()
 	}))
 	// Keep only what is counted: a Node's gpu-health annotation and its GPU capacities.
-	if err := nodes.SetTransform(func(obj any) (any, error) { return countedNode(obj, resources), nil }); err != nil {
+	domainLabels := make([]string, 0, len(c.Domains))
+	for _, d := range c.Domains {
+		domainLabels = append(domainLabels, d.Label)
+	}
+	if err := nodes.SetTransform(func(obj any) (any, error) { return countedNode(obj, resources, domainLabels...), nil }); err != nil {
 		return err
 	}
+	// The agents' heartbeats, on Leases in the breaker's namespace (the chart's).
+	leases := heartbeat.NewLeases(c.Client, c.Namespace)
+	informers.Add(leases.Informer())
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "breaker-counter"})
 	defer queue.ShutDown()
@@ -92,6 +105,9 @@ func (c *Counter) Run(ctx context.Context) error {
 	if _, err := slices.AddEventHandler(dradevices.OnAnyChange(func() { slicesChanged.Store(true); queue.Add("count") })); err != nil {
 		return err
 	}
+	if _, err := leases.Informer().AddEventHandler(dradevices.OnAnyChange(func() { queue.Add("count") })); err != nil {
+		return err
+	}
 	informers.Start(ctx)
 	defer informers.Shutdown()
 	if err := informers.WaitForCacheSync(ctx); err != nil {
@@ -102,7 +118,7 @@ func (c *Counter) Run(ctx context.Context) error {
 		queue.ShutDown()
 	}()
 	queue.Add("count")
-	st := &counting{logger: logger, clk: clk, resources: resources, last: -1, warned: map[string]bool{}}
+	st := &counting{logger: logger, clk: clk, resources: resources, last: -1, warned: map[string]bool{}, leases: leases, domainLabels: domainLabels}
 	for {
 		key, quit := queue.Get()
 		if quit {
@@ -135,31 +151,46 @@ type counting struct {
 	last      int
 	sliceGPUs map[string]int
 	warned    map[string]bool // nodes whose inflated count was logged
+	leases    *heartbeat.Leases
+	// domainLabels are the Counter's domains' labels; lastDomains the domain data last written.
+	domainLabels []string
+	lastDomains  map[string]string
 }
 
 // count counts the GPUs of the nodes (objs) and writes the count when it changed.
 func (c *Counter) count(ctx context.Context, st *counting, objs []any) error {
 	total, stale := 0, 0
+	var domains domainCount
 	now := st.clk.Now()
 	for _, obj := range objs {
 		n, ok := obj.(*corev1.Node)
 		if !ok {
 			continue
 		}
-		if gpuhealthv1.JudgeHeartbeat(n.Annotations, now, c.StaleAfter).Stale {
+		if st.leases.Judge(n.Name, n.Annotations, now, c.StaleAfter).Stale {
 			stale++
 			continue
 		}
-		total += st.node(n)
+		gpus := st.node(n)
+		total += gpus
+		domains.add(st.domainLabels, n.Labels, gpus)
 	}
 	if c.Stale != nil {
 		c.Stale(stale)
 	}
-	if total == st.last {
+	var domainData map[string]string // nil: no domains, their keys are removed
+	dropped := 0
+	if len(st.domainLabels) > 0 {
+		var counted DomainGPUs
+		counted, dropped = domains.capped(st.domainLabels, MaxDomainValues)
+		domainData = encodeDomains(counted, c.Domains, dropped)
+	}
+	if total == st.last && maps.Equal(domainData, st.lastDomains) {
 		return nil
 	}
 	err := updateConfigMap(ctx, c.Client, c.Namespace, "gpuhealth-breaker-counter", func(data map[string]string) bool {
-		if data[ClusterGPUsKey] == strconv.Itoa(total) {
+		changed := setDomainData(data, domainData)
+		if data[ClusterGPUsKey] == strconv.Itoa(total) && !changed {
 			return false
 		}
 		data[ClusterGPUsKey] = strconv.Itoa(total)
@@ -170,7 +201,11 @@ func (c *Counter) count(ctx context.Context, st *counting, objs []any) error {
 		return err
 	}
 	st.logger.Info("Cluster GPU count", "gpus", total, "nodes", len(objs))
-	st.last = total
+	if dropped > 0 && st.lastDomains[DomainValuesDroppedKey] != domainData[DomainValuesDroppedKey] {
+		st.logger.Info("Warning: more domain values than the breaker counts; the nodes of the values left out are under the cluster's budget only",
+			"counted", MaxDomainValues, "leftOut", dropped)
+	}
+	st.last, st.lastDomains = total, domainData
 	if c.Counted != nil {
 		c.Counted(total)
 	}
@@ -194,14 +229,22 @@ func (st *counting) node(n *corev1.Node) int {
 	return counted
 }
 
-// countedNode is a Node reduced to what the Counter reads: its name, gpu-health annotation and
-// the capacities of resources.
-func countedNode(obj any, resources []string) any {
+// countedNode is a Node reduced to what the Counter reads: its name, gpu-health annotation,
+// the capacities of resources and the labels of its domains.
+func countedNode(obj any, resources []string, labels ...string) any {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj // a tombstone
 	}
 	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Namespace: n.Namespace, ResourceVersion: n.ResourceVersion, UID: n.UID}}
+	for _, l := range labels {
+		if v, ok := n.Labels[l]; ok {
+			if out.Labels == nil {
+				out.Labels = map[string]string{}
+			}
+			out.Labels[l] = v
+		}
+	}
 	for _, k := range []string{gpuhealthv1.HealthKey, gpuhealthv1.HeartbeatKey} {
 		if v, ok := n.Annotations[k]; ok {
 			if out.Annotations == nil {

@@ -11,6 +11,7 @@ import (
 //	gpuhealth_breaker_cluster_gpus   the cluster's GPUs as last written to the ConfigMap
 //	gpuhealth_breaker_leader         1 while this replica leads and counts
 //	gpuhealth_breaker_slots_swept_total{pool}  slots deleted because they stopped counting
+//	gpuhealth_breaker_domain_full{label,value}  1 while a domain's budget is used up (series only for those)
 //	gpuhealth_breaker_stale_nodes    nodes left out of the count: their agents' heartbeats are stale
 //	gpuhealth_agent_silent_nodes     nodes marked because their agents went silent (package silence)
 //	gpuhealth_agent_silences_total   agents that went silent, as the controller saw them go
@@ -20,6 +21,7 @@ type ControllerMetrics struct {
 	Registry                        *prometheus.Registry
 	ClusterGPUs, Leader, StaleNodes prometheus.Gauge
 	SlotsSwept                      *prometheus.CounterVec
+	DomainFull                      *prometheus.GaugeVec
 	SilentNodes                     prometheus.Gauge
 	Silences                        prometheus.Counter
 }
@@ -37,11 +39,22 @@ func NewControllerMetrics() *ControllerMetrics {
 			Help: "Nodes left out of the cluster's GPU count because their agents' heartbeats are stale (or unreadable)."}),
 		SlotsSwept: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuhealth_breaker_slots_swept_total",
 			Help: "Slots (Leases) deleted because they stopped counting, by pool (the slot name's prefix)."}, []string{"pool"}),
+		DomainFull: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpuhealth_breaker_domain_full",
+			Help: "1 while the circuit breaker's budget of one domain (a value of a domain label) is used up: its further GPUs are held. Only full domains have a series."}, []string{"label", "value"}),
 		SilentNodes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuhealth_agent_silent_nodes",
 			Help: "Nodes whose gpuhealth agent is silent (heartbeat stale, unreadable, in the future or removed), marked AgentSilent."}),
 		Silences: prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuhealth_agent_silences_total",
 			Help: "Agents that went silent, counted when the controller marks their node."}),
 	}
-	m.Registry.MustRegister(m.ClusterGPUs, m.Leader, m.StaleNodes, m.SlotsSwept, m.SilentNodes, m.Silences, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.Registry.MustRegister(m.ClusterGPUs, m.Leader, m.StaleNodes, m.SlotsSwept, m.DomainFull, m.SilentNodes, m.Silences, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// SetDomainFull sets or removes a domain's gpuhealth_breaker_domain_full series.
+func (m *ControllerMetrics) SetDomainFull(label, value string, full bool) {
+	if full {
+		m.DomainFull.WithLabelValues(label, value).Set(1)
+		return
+	}
+	m.DomainFull.DeleteLabelValues(label, value)
 }

@@ -24,11 +24,12 @@ func SilentTaintClusterRoleRules() []rbacv1.PolicyRule {
 }
 
 // ControllerRoleRules are what it needs in the breaker's namespace: the ConfigMap it writes the
-// count to and reads acknowledgements from, the Lease of its leader election, and the slots it
-// sweeps (listed, and deleted once they stop counting).
+// count to and reads acknowledgements from, the Lease of its leader election, the slots it
+// sweeps (listed, and deleted once they stop counting), and the agents' heartbeat Leases it
+// watches.
 func ControllerRoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "create", "update"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
 	}
 }

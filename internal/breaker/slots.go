@@ -1,6 +1,7 @@
 package breaker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -29,10 +30,13 @@ import (
 // node and delete only those. The circuit breaker counts its slots by age (Slot.Live); remediation gives
 // its slots a duration (Slot.Expires) and releases them.
 type SlotPool struct {
-	Client       kube.Interface
-	Namespace    string
-	Prefix       string
-	Label        string
+	Client    kube.Interface
+	Namespace string
+	Prefix    string
+	Label     string
+	// LabelValue is the value of Label on the pool's slots (default "true"); a pool with one
+	// lists only the slots with that value, so pools can share a label.
+	LabelValue   string
 	FieldManager string
 	// OwnerReleases: holders delete their own slots (remediation's, at the end of a repair, and
 	// when one expired), so Take may delete its node's expired slot before taking it again.
@@ -51,13 +55,22 @@ const MaxSlotDuration = 24 * time.Hour
 
 // List returns every slot Lease of the pool, live or not, by index.
 func (p SlotPool) List(ctx context.Context) ([]Slot, error) {
-	list, err := p.Client.CoordinationV1().Leases(p.Namespace).List(ctx, metav1.ListOptions{LabelSelector: p.Label})
+	selector := p.Label
+	if p.LabelValue != "" {
+		selector += "=" + p.LabelValue
+	}
+	list, err := p.Client.CoordinationV1().Leases(p.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		return nil, fmt.Errorf("list the %s* slots: %w", p.Prefix, err)
 	}
+	return p.slots(list.Items), nil
+}
+
+// slots are the pool's slots among leases, by index.
+func (p SlotPool) slots(leases []coordinationv1.Lease) []Slot {
 	var slots []Slot
-	for i := range list.Items {
-		l := &list.Items[i]
+	for i := range leases {
+		l := &leases[i]
 		idx, err := strconv.Atoi(strings.TrimPrefix(l.Name, p.Prefix))
 		if err != nil || idx < 0 || !strings.HasPrefix(l.Name, p.Prefix) {
 			continue
@@ -70,7 +83,7 @@ func (p SlotPool) List(ctx context.Context) ([]Slot, error) {
 		slots = append(slots, s)
 	}
 	slices.SortFunc(slots, func(a, b Slot) int { return a.Index - b.Index })
-	return slots, nil
+	return slots
 }
 
 // SlotClaim is who takes a slot, when, and for how long.
@@ -89,12 +102,19 @@ type SlotClaim struct {
 // other is not Take's to delete (the Sweeper removes it), so Take reports false. It reports
 // whether it got the slot; losing a race is not an error.
 func (p SlotPool) Take(ctx context.Context, k int, taken map[int]Slot, c SlotClaim) (bool, error) {
+	s, err := p.take(ctx, k, taken, c)
+	return s != nil, err
+}
+
+// take is Take, returning the slot it took (nil: it lost the race) for a holder that may have
+// to release it again.
+func (p SlotPool) take(ctx context.Context, k int, taken map[int]Slot, c SlotClaim) (*Slot, error) {
 	if s, ok := taken[k]; ok {
 		if !p.OwnerReleases || s.Node != c.Node {
-			return false, nil
+			return nil, nil
 		}
 		if err := p.Release(ctx, s); err != nil {
-			return false, err
+			return nil, err
 		}
 	}
 	holder := Holder(c.Node, c.UUID)
@@ -105,17 +125,17 @@ func (p SlotPool) Take(ctx context.Context, k int, taken map[int]Slot, c SlotCla
 	}
 	l := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Prefix + strconv.Itoa(k), Namespace: p.Namespace,
-			Labels: map[string]string{p.Label: "true", "app.kubernetes.io/managed-by": "gpuhealth"}},
+			Labels: map[string]string{p.Label: cmp.Or(p.LabelValue, "true"), "app.kubernetes.io/managed-by": "gpuhealth"}},
 		Spec: spec,
 	}
-	_, err := p.Client.CoordinationV1().Leases(p.Namespace).Create(ctx, l, metav1.CreateOptions{FieldManager: p.FieldManager})
+	created, err := p.Client.CoordinationV1().Leases(p.Namespace).Create(ctx, l, metav1.CreateOptions{FieldManager: p.FieldManager})
 	switch {
 	case err == nil:
-		return true, nil
+		return &Slot{Index: k, Node: c.Node, UUID: c.UUID, At: created.CreationTimestamp.Time, lease: created}, nil
 	case apierrors.IsAlreadyExists(err):
-		return false, nil // someone else got there first
+		return nil, nil // someone else got there first
 	default:
-		return false, fmt.Errorf("take slot %s%d: %w", p.Prefix, k, err)
+		return nil, fmt.Errorf("take slot %s%d: %w", p.Prefix, k, err)
 	}
 }
 

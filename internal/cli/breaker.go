@@ -5,11 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -75,12 +81,13 @@ chart runs it when the breaker is on).`,
 	return cmd
 }
 
-func breakerStatus(ctx context.Context, client kubernetes.Interface, namespace string, window time.Duration, out interface{ Write([]byte) (int, error) }) error {
+func breakerStatus(ctx context.Context, client kubernetes.Interface, namespace string, window time.Duration, out io.Writer) error {
 	var total int
 	var acknowledged time.Time
 	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, breaker.ConfigMapName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
+		cm = nil
 	case err != nil:
 		return err
 	default:
@@ -110,7 +117,76 @@ func breakerStatus(ctx context.Context, client kubernetes.Interface, namespace s
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", s.Index, s.Node, s.UUID, s.At.Format(time.RFC3339), counts)
 	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if cm == nil {
+		return nil
+	}
+	return breakerDomainStatus(ctx, client, namespace, cm, cutoff, out)
+}
+
+// breakerDomainStatus prints the budgets per domain: each value's GPUs, budget and live slots.
+func breakerDomainStatus(ctx context.Context, client kubernetes.Interface, namespace string, cm *corev1.ConfigMap, cutoff time.Time, out io.Writer) error {
+	fractions := breaker.ParseDomainFractions(cm)
+	if len(fractions) == 0 {
+		return nil
+	}
+	var domains []breaker.Domain
+	for _, l := range slices.Sorted(maps.Keys(fractions)) {
+		domains = append(domains, breaker.Domain{Label: l, MaxFraction: fractions[l]})
+	}
+	slots, err := client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: breaker.DomainSlotLabel})
+	if err != nil {
+		return err
+	}
+	live := map[string]int{}
+	for _, l := range slots.Items {
+		if l.CreationTimestamp.After(cutoff) {
+			live[l.Labels[breaker.DomainSlotLabel]]++
+		}
+	}
+	fmt.Fprintln(out)
+	if n := cm.Data[breaker.DomainValuesDroppedKey]; n != "" {
+		fmt.Fprintf(out, "domain values not counted (past %d): %s; their nodes are under the cluster's budget only\n", breaker.MaxDomainValues, n)
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 3, ' ', 0)
+	fmt.Fprintln(tw, "DOMAIN\tVALUE\tGPUS\tBUDGET\tUSED\tFULL")
+	for _, u := range breaker.DomainsInUse(domains, breaker.ParseDomainGPUs(cm), live) {
+		full := "no"
+		if u.Full() {
+			full = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", u.Label, u.Value, u.GPUs, u.Budget, u.Used, full)
+	}
 	return tw.Flush()
+}
+
+// parseBreakerDomains reads --domain LABEL=MAXFRACTION flags, checked as the HealthConfig's
+// agent.circuitBreaker.domains are.
+func parseBreakerDomains(flags []string) ([]breaker.Domain, error) {
+	cb := config.CircuitBreakerConfig{}
+	for _, f := range flags {
+		label, fraction, ok := strings.Cut(f, "=")
+		n, err := strconv.ParseFloat(fraction, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("--domain %q: want LABEL=MAXFRACTION", f)
+		}
+		cb.Domains = append(cb.Domains, config.BreakerDomain{Label: label, MaxFraction: n})
+	}
+	if err := cb.ValidateDomains(); err != nil {
+		return nil, fmt.Errorf("--domain: %w", err)
+	}
+	return breakerDomains(cb.Domains), nil
+}
+
+// breakerDomains are the configuration's domains as package breaker takes them.
+func breakerDomains(in []config.BreakerDomain) []breaker.Domain {
+	out := make([]breaker.Domain, 0, len(in))
+	for _, d := range in {
+		out = append(out, breaker.Domain{Label: d.Label, MaxFraction: d.MaxFraction})
+	}
+	return out
 }
 
 // Client limits of the breaker controller: one metadata watch of the Nodes, one ConfigMap write
@@ -123,7 +199,7 @@ const (
 func newBreakerControllerCommand() *cobra.Command {
 	var (
 		kubeconfig, namespace, metricsAddress, driver string
-		capacityResources                             []string
+		capacityResources, domains                    []string
 		window, staleAfter                            time.Duration
 		leaderElect, agentSilence, silentTaint        bool
 		logs                                          logOptions
@@ -163,10 +239,14 @@ gpuhealth.dev/agent-silent until the agent is back. With
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
+			budgets, err := parseBreakerDomains(domains)
+			if err != nil {
+				return cmdutil.BadInput(err)
+			}
 			err = breakercontroller.Run(ctx, breakercontroller.Options{
 				Client: client, Namespace: namespace, Driver: driver, CapacityResources: capacityResources,
 				Window: window, StaleAfter: staleAfter, LeaderElect: leaderElect, MetricsAddress: metricsAddress,
-				AgentSilence: agentSilence && staleAfter > 0, SilentTaint: silentTaint,
+				AgentSilence: agentSilence && staleAfter > 0, SilentTaint: silentTaint, Domains: budgets,
 				MoreSlots: []breaker.SweptPool{breaker.ExpiringPool(remediation.SlotPool(adapt.Clientset(client), namespace))},
 			})
 			if errors.Is(err, breakercontroller.ErrListen) {
@@ -182,6 +262,7 @@ gpuhealth.dev/agent-silent until the agent is back. With
 	f.StringVar(&driver, "driver", config.DefaultDriverName, "the DRA driver whose ResourceSlices bound each node's GPU count")
 	f.DurationVar(&staleAfter, "stale-after", gpuhealthv1.DefaultStaleAfter, "a node whose agent's heartbeat is older (or unreadable) is left out of the count (0: count every node)")
 	f.StringSliceVar(&capacityResources, "capacity-resources", breaker.DefaultCapacityResources, "extended resources whose capacity bounds each node's GPU count (a trailing * is a prefix)")
+	f.StringArrayVar(&domains, "domain", nil, "a budget per value of a node label, LABEL=MAXFRACTION (agent.circuitBreaker.domains; repeatable): count each value's GPUs and report a full one")
 	f.BoolVar(&leaderElect, "leader-elect", true, "elect one leader among the replicas")
 	f.BoolVar(&agentSilence, "agent-silence", true, "mark the nodes whose agents went silent (condition GPUUnhealthy Unknown, reason AgentSilent; an Event; a metric); off with --stale-after=0")
 	f.BoolVar(&silentTaint, "agent-silent-taint", false, "also taint a silent agent's node "+gpuhealthv1.AgentSilentTaintKey+":NoSchedule until the agent writes again")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -27,15 +28,15 @@ const (
 
 func newExtenderCommand() *cobra.Command {
 	var (
-		listenAddress, kubeconfig string
-		bind, requeue             bool
-		maxRequestBytes           int64
-		maxConcurrent             int
-		schedulerNames            []string
-		certFile, keyFile, caFile string
-		insecure                  bool
-		staleAfter                time.Duration
-		logs                      logOptions
+		listenAddress, kubeconfig, agentNamespace string
+		bind, requeue                             bool
+		maxRequestBytes                           int64
+		maxConcurrent                             int
+		schedulerNames                            []string
+		certFile, keyFile, caFile                 string
+		insecure                                  bool
+		staleAfter                                time.Duration
+		logs                                      logOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "extender --listen-address HOST:PORT (--tls-cert-file FILE --tls-private-key-file FILE --client-ca-file FILE | --insecure) [--kubeconfig FILE] [--bind] [--requeue]",
@@ -91,7 +92,7 @@ the --scheduler-name schedulers onto a node that passes the filter now. See docs
 				klog.FromContext(ctx).Info("Warning: --insecure: serving plain HTTP, and anyone who reaches the address may call /filter and /bind")
 			}
 			return extender.Run(ctx, ln, client, extender.Options{Bind: bind, Requeue: requeue, MaxRequestBytes: maxRequestBytes,
-				MaxConcurrent: maxConcurrent, SchedulerNames: schedulerNames, TLS: tlsConfig, StaleAfter: staleAfter})
+				MaxConcurrent: maxConcurrent, SchedulerNames: schedulerNames, TLS: tlsConfig, StaleAfter: staleAfter, AgentNamespace: agentNamespace})
 		},
 	}
 	f := cmd.Flags()
@@ -102,6 +103,7 @@ the --scheduler-name schedulers onto a node that passes the filter now. See docs
 	f.Int64Var(&maxRequestBytes, "max-request-bytes", extender.DefaultMaxRequestBytes, "largest request body accepted (nodeCacheCapable requests carry node names only; raise it for nodeCacheCapable: false)")
 	f.IntVar(&maxConcurrent, "max-concurrent-requests", extender.DefaultMaxConcurrent, "scheduler calls served at once; more are answered 503 at once")
 	f.DurationVar(&staleAfter, "stale-after", gpuhealthv1.DefaultStaleAfter, "a node whose agent's heartbeat is older (or unreadable) gets no GPU pods, saying why (0: trust every report)")
+	f.StringVar(&agentNamespace, "agent-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the agents' heartbeat Leases (default: $POD_NAMESPACE; empty: read only the heartbeat annotation of agents of earlier releases)")
 	f.StringSliceVar(&schedulerNames, "scheduler-name", []string{"default-scheduler"}, "schedulers whose pods /bind binds (the spec.schedulerName of the profiles that call this extender)")
 	f.StringVar(&certFile, "tls-cert-file", "", "the serving certificate (PEM; with its chain)")
 	f.StringVar(&keyFile, "tls-private-key-file", "", "the serving certificate's private key (PEM)")

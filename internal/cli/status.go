@@ -2,6 +2,7 @@ package cli
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	"github.com/gpuhealth/gpuhealth/internal/heartbeat"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
@@ -72,7 +75,7 @@ type GPUStatus struct {
 const HealthUnknown = "Unknown"
 
 func newStatusCommand() *cobra.Command {
-	var kubeconfig, node, output, driver string
+	var kubeconfig, node, output, driver, agentNamespace string
 	var problems bool
 	var staleAfter time.Duration
 	cmd := &cobra.Command{
@@ -83,8 +86,10 @@ prints one row per GPU: node, index, UUID, model, health, reasons, since when, a
 administrator drained it. Taints that other writers put on a GPU's DRA devices (the DRA
 driver's own taints in its ResourceSlices, DeviceTaintRules that are not gpuhealth's) show as
 reasons "external:<key>": they keep the device out of scheduling whatever gpuhealth says.
-A node whose agent's heartbeat (gpuhealth.dev/gpu-health-heartbeat) is older than --stale-after
-shows its GPUs as "Unknown (stale since ...)": its agent stopped, and its last word proves nothing.
+A node whose agent's heartbeat (its Lease in --agent-namespace; for an agent of an earlier release
+the annotation gpuhealth.dev/gpu-health-heartbeat) is older than --stale-after shows its GPUs as
+"Unknown (stale since ...)": its agent stopped, and its last word proves nothing. Nodes and
+Leases are read in pages of 500, so a 50,000-node cluster costs no single huge response.
 -o wide adds MIG instances, PCI bus IDs and drain details; -o json prints {"gpus": [...]}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -107,14 +112,22 @@ shows its GPUs as "Unknown (stale since ...)": its agent stopped, and its last w
 				}
 				nodes = []corev1.Node{*n}
 			} else {
-				list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-				if err != nil {
+				if nodes, err = listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]corev1.Node, string, error) {
+					list, err := client.CoreV1().Nodes().List(ctx, o)
+					if err != nil {
+						return nil, "", err
+					}
+					return list.Items, list.Continue, nil
+				}); err != nil {
 					return err
 				}
-				nodes = list.Items
 			}
 			logger := klog.FromContext(ctx)
-			gpus := collectStatus(nodes, logger, time.Now(), staleAfter)
+			leases, err := heartbeatLeases(ctx, client, agentNamespace)
+			if err != nil {
+				logger.Info("Judging heartbeats by the Nodes' annotations only: the agents' heartbeat Leases cannot be read", "namespace", agentNamespace, "err", err)
+			}
+			gpus := collectStatusWith(nodes, leases, logger, time.Now(), staleAfter)
 			if view, err := readDRAView(ctx, client, driver); err != nil {
 				logger.Info("Not showing other writers' DRA taints", "err", err)
 			} else {
@@ -143,13 +156,62 @@ shows its GPUs as "Unknown (stale since ...)": its agent stopped, and its last w
 	cmd.Flags().BoolVar(&problems, "problems", false, "only GPUs that are not Healthy, are drained or carry other writers' taints")
 	cmd.Flags().StringVar(&driver, "driver-name", config.DefaultDriverName, "the DRA driver whose devices carry the GPUs")
 	cmd.Flags().DurationVar(&staleAfter, "stale-after", gpuhealthv1.DefaultStaleAfter, "a node whose agent's heartbeat is older shows its GPUs as Unknown (0: trust every report)")
+	cmd.Flags().StringVar(&agentNamespace, "agent-namespace", config.DefaultBreakerNamespace, "namespace of the agents' heartbeat Leases (the chart's release namespace)")
 	return cmd
+}
+
+// statusPage is how many objects one list of `gpuhealth status` asks for.
+const statusPage = 500
+
+// listAll lists every object of a paged list, statusPage at a time.
+func listAll[T any](ctx context.Context, list func(context.Context, metav1.ListOptions) ([]T, string, error)) ([]T, error) {
+	var all []T
+	opts := metav1.ListOptions{Limit: statusPage}
+	for {
+		items, next, err := list(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, items...)
+		if next == "" {
+			return all, nil
+		}
+		opts.Continue = next
+	}
+}
+
+// heartbeatLeases returns the agents' heartbeat Leases in namespace by the node each names.
+func heartbeatLeases(ctx context.Context, client kubernetes.Interface, namespace string) (map[string]*coordinationv1.Lease, error) {
+	items, err := listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]coordinationv1.Lease, string, error) {
+		o.LabelSelector = gpuhealthv1.HeartbeatLeaseLabel + "=true"
+		list, err := client.CoordinationV1().Leases(namespace).List(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return list.Items, list.Continue, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]*coordinationv1.Lease, len(items))
+	for i := range items {
+		if h := items[i].Spec.HolderIdentity; h != nil && items[i].Name == gpuhealthv1.HeartbeatLeaseName(*h) {
+			out[*h] = &items[i]
+		}
+	}
+	return out, nil
 }
 
 // collectStatus builds the rows from the Nodes' annotations, judging their heartbeats at now
 // against staleAfter. A node whose annotations cannot be read is reported in the log and skipped;
 // the others still count.
 func collectStatus(nodes []corev1.Node, logger klog.Logger, now time.Time, staleAfter time.Duration) []GPUStatus {
+	return collectStatusWith(nodes, nil, logger, now, staleAfter)
+}
+
+// collectStatusWith is collectStatus with the agents' heartbeat Leases by node: a node with one
+// is judged by it, the others by their heartbeat annotation.
+func collectStatusWith(nodes []corev1.Node, leases map[string]*coordinationv1.Lease, logger klog.Logger, now time.Time, staleAfter time.Duration) []GPUStatus {
 	gpus := []GPUStatus{}
 	for _, n := range nodes {
 		first := len(gpus)
@@ -193,7 +255,7 @@ func collectStatus(nodes []corev1.Node, logger klog.Logger, now time.Time, stale
 				gpus = append(gpus, row)
 			}
 		}
-		markStale(gpus[first:], gpuhealthv1.JudgeHeartbeat(n.Annotations, now, staleAfter))
+		markStale(gpus[first:], heartbeat.Judge(n.Name, n.Annotations, leases[n.Name], now, staleAfter))
 	}
 	slices.SortFunc(gpus, func(a, b GPUStatus) int {
 		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Index, b.Index),

@@ -32,7 +32,7 @@ type Starter interface {
 	Start(ctx context.Context, trigger func()) error
 }
 
-// Pacer is implemented by syncers with a write of their own due at a time (a heartbeat): after a
+// Pacer is implemented by syncers with a write of their own due at a time (a retry, a probe): after a
 // successful Sync the Writer syncs again by NextSync, when that comes before the resync. Zero
 // means nothing is due.
 type Pacer interface {

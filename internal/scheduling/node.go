@@ -71,7 +71,8 @@ type NodeGPUs struct {
 	GPUs []GPU
 	// Unhealthy and Degraded count GPUs by health (drained ones are Unhealthy).
 	Unhealthy, Degraded int
-	// Heartbeat is when the node's agent last confirmed its report (gpuhealthv1.HeartbeatKey;
+	// Heartbeat is when the node's agent last confirmed its report (its heartbeat Lease, or for an
+	// agent of an earlier release gpuhealthv1.HeartbeatKey;
 	// zero: no heartbeat, an agent without them). HeartbeatUnreadable: the key holds no time,
 	// which readers take for a stale report.
 	Heartbeat           time.Time
@@ -85,7 +86,7 @@ func (n *NodeGPUs) Stale(now time.Time, staleAfter time.Duration) (bool, string)
 	case staleAfter <= 0:
 		return false, ""
 	case n.HeartbeatUnreadable:
-		return true, "the gpuhealth report of this node is stale: its heartbeat annotation is unreadable"
+		return true, "the gpuhealth report of this node is stale: its heartbeat is unreadable, or its agent's heartbeat Lease is gone or not renewed by it"
 	case n.Heartbeat.IsZero():
 		return false, ""
 	}

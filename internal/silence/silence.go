@@ -8,9 +8,11 @@
 // when the agent is back), a metric counts the silent nodes, and, when configured, a NoSchedule
 // taint (gpuhealthv1.AgentSilentTaintKey) keeps new pods off the node until the agent writes again.
 //
-// A node is silent when its heartbeat is older than StaleAfter, unreadable, or further than
-// StaleAfter in the future, and when it had a heartbeat and the key is gone (removing the
-// annotation must not make a dead agent "never stale"). A node with a gpu-health report and no
+// The heartbeat is the agent's Lease (gpuhealthv1.HeartbeatLeaseName in Options.Namespace), or
+// for an agent of an earlier release the Node's heartbeat annotation. A node is silent when its
+// heartbeat is older than StaleAfter, unreadable, or further than StaleAfter in the future, and
+// when it had a heartbeat and it is gone (deleting the Lease or the annotation must not make a
+// dead agent "never stale"). A node with a gpu-health report and no
 // heartbeat ever seen has an agent that predates heartbeats and is judged as before (not at all);
 // a node with neither has no agent and is left alone. The agent's own next write replaces the
 // condition; the Watcher only removes its taint.
@@ -23,6 +25,7 @@ import (
 	"slices"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,6 +35,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpuhealth/gpuhealth/internal/heartbeat"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
@@ -42,6 +46,9 @@ const conditionType = corev1.NodeConditionType(gpuhealthv1.ConditionGPUUnhealthy
 // Options configure a Watcher. Client and a positive StaleAfter are required.
 type Options struct {
 	Client kube.Interface
+	// Namespace holds the agents' heartbeat Leases (the chart's namespace); empty judges only
+	// the heartbeat annotation of agents of earlier releases.
+	Namespace string
 	// StaleAfter is how old a heartbeat may be (gpuhealthv1.DefaultStaleAfter: three periods).
 	StaleAfter time.Duration
 	// Taint puts gpuhealthv1.AgentSilentTaintKey (NoSchedule) on a silent node.
@@ -57,7 +64,8 @@ type Options struct {
 
 // Watcher marks silent agents' Nodes until its Run ends.
 type Watcher struct {
-	opts Options
+	opts   Options
+	leases *heartbeat.Leases // nil without Options.Namespace
 	// hadBeat are the nodes seen with a heartbeat since Run began; silent those judged silent.
 	hadBeat, silent map[string]bool
 }
@@ -82,11 +90,26 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err := nodes.SetTransform(func(obj any) (any, error) { return judgedNode(obj), nil }); err != nil {
 		return err
 	}
+	var leaseInf cache.SharedIndexInformer
+	if w.opts.Namespace != "" {
+		w.leases = heartbeat.NewLeases(w.opts.Client, w.opts.Namespace)
+		leaseInf = informers.Add(w.leases.Informer())
+	}
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent-silence"})
 	defer queue.ShutDown()
 	if _, err := nodes.AddEventHandler(kube.Handlers(func(n *corev1.Node) { queue.Add(n.Name) }, func(n *corev1.Node) { queue.Add(n.Name) })); err != nil {
 		return err
+	}
+	if leaseInf != nil {
+		onLease := func(l *coordinationv1.Lease) {
+			if l.Spec.HolderIdentity != nil {
+				queue.Add(*l.Spec.HolderIdentity)
+			}
+		}
+		if _, err := leaseInf.AddEventHandler(kube.Handlers(onLease, onLease)); err != nil {
+			return err
+		}
 	}
 	informers.Start(ctx)
 	defer informers.Shutdown()
@@ -130,12 +153,13 @@ type verdict struct {
 
 // judge judges node n at now.
 func (w *Watcher) judge(n *corev1.Node, now time.Time) verdict {
+	lease := w.leases.Of(n.Name)
 	_, hasBeat := n.Annotations[gpuhealthv1.HeartbeatKey]
 	_, hasReport := n.Annotations[gpuhealthv1.HealthKey]
 	switch {
-	case hasBeat:
+	case lease != nil || hasBeat:
 		w.hadBeat[n.Name] = true
-		s := gpuhealthv1.JudgeHeartbeat(n.Annotations, now, w.opts.StaleAfter)
+		s := heartbeat.Judge(n.Name, n.Annotations, lease, now, w.opts.StaleAfter)
 		switch {
 		case s.Err != nil:
 			return verdict{judged: true, silent: true, why: "its heartbeat cannot be read (" + s.Err.Error() + ")"}
@@ -146,7 +170,7 @@ func (w *Watcher) judge(n *corev1.Node, now time.Time) verdict {
 		}
 		return verdict{judged: true, recheck: max(s.Heartbeat.Add(w.opts.StaleAfter).Sub(now), 0) + time.Second}
 	case w.hadBeat[n.Name] || markedSilent(n):
-		return verdict{judged: true, silent: true, why: "its heartbeat annotation (" + gpuhealthv1.HeartbeatKey + ") was removed"}
+		return verdict{judged: true, silent: true, why: "its heartbeat (Lease " + gpuhealthv1.HeartbeatLeaseName(n.Name) + ", or annotation " + gpuhealthv1.HeartbeatKey + ") was removed"}
 	case hasReport:
 		return verdict{} // an agent older than heartbeats: nothing to judge by
 	}

@@ -30,9 +30,9 @@ func TestJudge(t *testing.T) {
 		{"unreadable", map[string]string{gpuhealthv1.HeartbeatKey: "yesterday"}, nil, false,
 			verdict{judged: true, silent: true, why: `its heartbeat cannot be read (gpuhealth.dev/gpu-health-heartbeat: parsing time "yesterday" as "2006-01-02T15:04:05Z07:00": cannot parse "yesterday" as "2006")`}},
 		{"removed after one was seen", map[string]string{gpuhealthv1.HealthKey: "{}"}, nil, true,
-			verdict{judged: true, silent: true, why: "its heartbeat annotation (gpuhealth.dev/gpu-health-heartbeat) was removed"}},
+			verdict{judged: true, silent: true, why: "its heartbeat (Lease gpuhealth-heartbeat-n, or annotation gpuhealth.dev/gpu-health-heartbeat) was removed"}},
 		{"removed, marked before a restart", map[string]string{gpuhealthv1.HealthKey: "{}"}, silentCondition, false,
-			verdict{judged: true, silent: true, why: "its heartbeat annotation (gpuhealth.dev/gpu-health-heartbeat) was removed"}},
+			verdict{judged: true, silent: true, why: "its heartbeat (Lease gpuhealth-heartbeat-n, or annotation gpuhealth.dev/gpu-health-heartbeat) was removed"}},
 		{"an agent older than heartbeats", map[string]string{gpuhealthv1.HealthKey: "{}"}, nil, false, verdict{}},
 		{"no agent", nil, nil, false, verdict{}},
 	} {

@@ -434,7 +434,7 @@ func TestTheEarlyWarningsExample(t *testing.T) {
 }
 
 // The NVLink-domain example: caused-by XIDs attributed to a peer node's fault, before and after
-// its report, and not once it has ended.
+// its report, withdrawn when it ends, and not made once it has ended.
 func TestTheNVLinkDomainExample(t *testing.T) {
 	sc := load(t, filepath.Join("..", "..", "examples", "nvlink-domain.yaml"))
 	res := run(t, sc, nil)
@@ -443,13 +443,18 @@ func TestTheNVLinkDomainExample(t *testing.T) {
 		"6s 0 Unhealthy->Degraded " + health.ReasonAttributedToPeer,
 		"10s 1 Healthy->Degraded XID145CausedByPeerGPU",
 		"11s 3 Healthy->Unhealthy XID145",
+		"2m0s 0 Degraded->Unhealthy XID145",
+		"2m0s 1 Degraded->Unhealthy XID145",
 		"12m0s 2 Healthy->Unhealthy XID145",
 	}
 	got := transitionLines(res)
 	if !slices.Equal(got, want) {
 		t.Fatalf("transitions\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if c := res.Devices[0].Conditions[0]; !strings.Contains(c.Message, "caused by XID 149 on GPU 2 (GPU-") || !strings.HasSuffix(c.Message, " of node nvl72-a-0") {
+	// While the peer reports its fault, GPU 0's message names the peer's GPU and node.
+	mid := *sc
+	mid.Duration = time.Minute
+	if c := run(t, &mid, nil).Devices[0].Conditions[0]; !strings.Contains(c.Message, "caused by XID 149 on GPU 2 (GPU-") || !strings.HasSuffix(c.Message, " of node nvl72-a-0") {
 		t.Errorf("GPU 0's message %q does not name the peer's GPU and node", c.Message)
 	}
 }

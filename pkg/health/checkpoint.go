@@ -23,6 +23,11 @@ import (
 // out (CheckpointNotes). testdata/checkpoint-v*.json hold what each version looks like.
 const CheckpointVersion = 5
 
+// RestoredFromReportNote ends the message of a condition an agent rebuilt from its Node's own
+// report (it had no checkpoint): readers that key on a message's text (NVSentinel merges equal
+// texts) strip it, so that a restored fault reads as the one before the restart.
+const RestoredFromReportNote = " (restored from the node's gpu-health annotation)"
+
 // ErrCorruptCheckpoint is wrapped by ReadCheckpoint when the file exists but cannot be trusted:
 // not JSON, a wrong checksum, no version, or data without the shape every version shares.
 // Callers report it and start without the checkpoint; it is never fatal.

@@ -55,8 +55,10 @@ type condState struct {
 	// instant count once.
 	cleanSamples int
 	cleanAt      time.Time
-	// causeXID is the XID the driver named as the cause of a CausedByPrevious XID condition
-	// (zero when it named none), for attributing it once a peer's fault arrives.
+	// flags and causeXID are what the driver said beside an XID condition's code (XIDFlags) and
+	// the XID it named as the cause of a CausedByPrevious one (zero when it named none), for
+	// judging it again against the peers' faults (SetPeerFaults). A checkpoint keeps neither.
+	flags    XIDFlags
 	causeXID uint32
 }
 

@@ -24,10 +24,19 @@ const (
 	MissingUUIDPrefix = "MISSING-"
 )
 
+// MaxGPUs is the most GPUs MissingGPUs lets a node have, its placeholders included: as many as
+// the readers of the node's report count (gpuhealthv1.MaxGPUsPerNode) and
+// inventory.expectedGPUs can ask for, far more than a server holds. A bus that lists more holds
+// fakes (a hostile or broken sysfs), not GPUs: 4,096 fake NVIDIA functions made 4,096
+// placeholders, and each costs the Node's gpu-health annotation some 150 bytes; capped, the
+// placeholders fit in the 256 KiB the API server allows a Node's annotations.
+const MaxGPUs = 1024
+
 // MissingGPUs returns a placeholder for each GPU the node should have and devices lack: each
 // address of onBus (PCI addresses in sysfs's form, 0000:3b:00.0) that no device of devices has,
 // then, while expected is more than the GPUs known (devices and the placeholders so far), one by
-// ordinal. Addresses are compared in sysfs's form (NVML writes 00000000:3B:00.0).
+// ordinal. Addresses are compared in sysfs's form (NVML writes 00000000:3B:00.0). Placeholders
+// stop once the node has MaxGPUs GPUs: what the bus lists past that is not tracked.
 func MissingGPUs(devices []Device, onBus []string, expected int) []Device {
 	have := map[string]bool{}
 	gpus := 0
@@ -42,6 +51,9 @@ func MissingGPUs(devices []Device, onBus []string, expected int) []Device {
 	}
 	var out []Device
 	for _, a := range onBus {
+		if gpus+len(out) >= MaxGPUs {
+			break
+		}
 		c, ok := canonicalBusID(a)
 		if !ok || have[c] {
 			continue
@@ -49,7 +61,7 @@ func MissingGPUs(devices []Device, onBus []string, expected int) []Device {
 		have[c] = true
 		out = append(out, Device{UUID: MissingUUIDPrefix + c, Index: -1, Minor: -1, PCIBusID: c, Missing: true})
 	}
-	for n := gpus + len(out); n < expected; n++ {
+	for n := gpus + len(out); n < min(expected, MaxGPUs); n++ {
 		out = append(out, Device{UUID: fmt.Sprintf("%s%d", MissingUUIDPrefix, n), Index: -1, Minor: -1, Missing: true})
 	}
 	return out

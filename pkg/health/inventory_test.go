@@ -1,10 +1,13 @@
 package health_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
@@ -76,5 +79,79 @@ func TestAMissingGPUIsUnhealthyAndTheNodeBelowCapacity(t *testing.T) {
 				t.Errorf("checkpoint holds %+v", c)
 			}
 		}
+	}
+}
+
+// fakeBus is n NVIDIA functions as a hostile or broken sysfs lists them.
+func fakeBus(n int) []string {
+	bus := make([]string, n)
+	for i := range bus {
+		bus[i] = fmt.Sprintf("0000:%02x:%02x.%d", i>>8, (i>>3)&0x1f, i&7)
+	}
+	return bus
+}
+
+// TestMissingGPUsStopAtMaxGPUs: 4,096 fake NVIDIA functions made 4,096 placeholders, each one
+// more entry in the Node's gpu-health annotation, without bound.
+func TestMissingGPUsStopAtMaxGPUs(t *testing.T) {
+	if health.MaxGPUs != gpuhealthv1.MaxGPUsPerNode {
+		t.Fatalf("MaxGPUs %d, but readers count %d GPUs per node", health.MaxGPUs, gpuhealthv1.MaxGPUsPerNode)
+	}
+	bus := fakeBus(4096)
+	opened := []health.Device{
+		{UUID: "GPU-a", PCIBusID: "00000000:00:00.0"},
+		{UUID: "GPU-b", PCIBusID: "00000000:0F:1F.7"}, // the last of the bus: past the cap
+		{UUID: "MIG-a1", MIG: &health.MIGPlacement{ParentUUID: "GPU-a"}},
+	}
+	for _, tc := range []struct {
+		name     string
+		devices  []health.Device
+		bus      []string
+		expected int
+		want     int
+		first    string
+	}{
+		{name: "a bus of 4,096", bus: bus, want: health.MaxGPUs, first: "MISSING-0000:00:00.0"},
+		{name: "GPUs opened count, MIG instances do not", devices: opened, bus: bus, want: health.MaxGPUs - 2, first: "MISSING-0000:00:00.1"},
+		{name: "an expected count past the cap", expected: 4096, want: health.MaxGPUs, first: "MISSING-0"},
+		{name: "a bus and an expected count", bus: bus[:10], expected: 4096, want: health.MaxGPUs, first: "MISSING-0000:00:00.0"},
+		{name: "the cap itself", bus: bus[:health.MaxGPUs], want: health.MaxGPUs, first: "MISSING-0000:00:00.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := health.MissingGPUs(tc.devices, tc.bus, tc.expected)
+			if len(got) != tc.want {
+				t.Fatalf("%d placeholders, want %d", len(got), tc.want)
+			}
+			if got[0].UUID != tc.first {
+				t.Errorf("first placeholder %s, want %s", got[0].UUID, tc.first)
+			}
+		})
+	}
+	full := make([]health.Device, health.MaxGPUs)
+	for i := range full {
+		full[i] = health.Device{UUID: fmt.Sprintf("GPU-%d", i), PCIBusID: bus[i]}
+	}
+	if got := health.MissingGPUs(full, bus, 0); len(got) != 0 {
+		t.Errorf("a node with MaxGPUs GPUs opened: %d placeholders", len(got))
+	}
+}
+
+// TestMaxGPUsPlaceholdersFitTheNodesAnnotations: the cap is there so that the report of a node
+// whose bus lists thousands of fakes can still be written (1,024 placeholders: some 154 kB).
+func TestMaxGPUsPlaceholdersFitTheNodesAnnotations(t *testing.T) {
+	const nodeAnnotationsLimit = 256 << 10 // the API server's bound on a Node's annotations, all together
+	missing := health.MissingGPUs(nil, fakeBus(4096), 0)
+	tr, err := health.NewTracker(health.DefaultPolicy(), missing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Tick(at(0), nil)
+	b, err := json.Marshal(gpuhealthv1.Summaries(tr.Snapshot()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The Node's other annotations (Volcano's, HAMi's, the heartbeat, other tools') need room too.
+	if room := nodeAnnotationsLimit - 64<<10; len(b) > room {
+		t.Errorf("the gpu-health annotation of %d placeholders is %d bytes, more than the %d a Node's annotations can spare", len(missing), len(b), room)
 	}
 }

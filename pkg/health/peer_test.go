@@ -14,8 +14,11 @@ func causedBy149(s *health.Signal) {
 	s.XID, s.XIDFlags, s.CauseXID = 145, health.XIDCausedByPrevious|health.XIDFatal, 149
 }
 
+// peerUUID is the peer's GPU 2, as NVML names it.
+const peerUUID = "GPU-9277d399-0674-44a9-b64e-d85bb19ce2b0"
+
 func peer149(since time.Duration) health.PeerFault {
-	return health.PeerFault{Node: "nvl72-rack7-node3", UUID: "GPU-peer-2", Index: 2, XID: 149, Since: at(since)}
+	return health.PeerFault{Node: "nvl72-rack7-node3", UUID: peerUUID, Index: 2, XID: 149, Since: at(since)}
 }
 
 func (h *harness) setPeers(d time.Duration, faults ...health.PeerFault) []health.Transition {
@@ -39,7 +42,7 @@ func TestXIDCausedByAPeersFaultIsAttributedToIt(t *testing.T) {
 	if c.Evict || c.RecommendedAction != health.ActionInspect || !c.CausedByPrevious {
 		t.Errorf("attributed condition %+v, want no eviction, inspect, CausedByPrevious", c)
 	}
-	if !strings.Contains(c.Message, "caused by XID 149 on GPU 2 (GPU-peer-2) of node nvl72-rack7-node3") {
+	if !strings.Contains(c.Message, "caused by XID 149 on GPU 2 ("+peerUUID+") of node nvl72-rack7-node3") {
 		t.Errorf("message %q does not name the peer's GPU and node", c.Message)
 	}
 }
@@ -56,11 +59,9 @@ func TestAPeersLateReportAttributesAnXIDAlreadyRaised(t *testing.T) {
 	if c := h.mustCondition(g0.UUID, health.ConditionXID, 145); c.Reason != "XID145CausedByPeerGPU" || c.Evict {
 		t.Errorf("condition %+v, want XID145CausedByPeerGPU without eviction", c)
 	}
-	// The attribution stands once made: the peer's fault clearing brings nothing back.
-	if out := h.setPeers(time.Minute); len(out) != 0 {
-		t.Errorf("the peer's fault clearing changed this node: %v", out)
-	}
-	h.wantHealth(g0.UUID, health.Degraded, false)
+	// The peer's fault clearing withdraws the attribution: the XID is its GPU's own again.
+	out = h.setPeers(time.Minute)
+	wantTransitions(t, out, tr(g0.UUID, health.Degraded, health.Unhealthy, "XID145"))
 }
 
 func TestPeerFaultsOutsideTheWindowOrNotTheCauseAreNotBlamed(t *testing.T) {
@@ -92,10 +93,10 @@ func TestSetPeerFaultsDropsInvalidFaultsAndKeepsTheRest(t *testing.T) {
 	g0 := gpuDevice(0)
 	h := newHarness(t, health.DefaultPolicy(), g0)
 	bad := []health.PeerFault{
-		{UUID: "GPU-x", XID: 149, Since: at(0)},
+		{UUID: peerUUID, XID: 149, Since: at(0)},
 		{Node: "n", XID: 149, Since: at(0)},
-		{Node: "n", UUID: "GPU-x", Since: at(0)},
-		{Node: "n", UUID: "GPU-x", XID: 149},
+		{Node: "n", UUID: peerUUID, Since: at(0)},
+		{Node: "n", UUID: peerUUID, XID: 149},
 	}
 	_, err := h.tr.SetPeerFaults(append(bad, peer149(0)), at(0), nil)
 	if err == nil {

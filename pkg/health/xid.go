@@ -73,22 +73,31 @@ func (ev *evaluation) xidOn(ds *deviceState, sig Signal, rule XIDRule) {
 			return // a softer report of a fault already in effect changes nothing
 		}
 	}
+	ev.replace(ds, ev.xidCondition(xid, sig.XIDFlags, sig.CauseXID, root))
+}
+
+// xidCondition is the condition an XID's rule raises, bent by what the driver said beside the
+// code (flags; cause, the XID it named as the cause): attributed to root when one was found,
+// else, for a Nonfatal XID, Degraded at most, no eviction, and a message that says so.
+func (ev *evaluation) xidCondition(xid uint32, flags XIDFlags, cause uint32, root rootFault) condState {
+	rule, _ := ev.t.policy.XIDRuleFor(xid)
 	desc := rule.Description
 	if desc == "" {
 		desc = "unknown XID"
 	}
-	cond := condState{Condition: Condition{
+	c := condState{Condition: Condition{
 		Type: ConditionXID, Code: xid, Severity: rule.Severity, ClearsOn: rule.ClearsOn, Evict: rule.Evict,
 		RecommendedAction: rule.Action, Reason: fmt.Sprintf("XID%d", xid), Message: fmt.Sprintf("XID %d: %s", xid, desc),
-		CausedByPrevious: sig.XIDFlags&XIDCausedByPrevious != 0,
-	}, causeXID: sig.CauseXID}
+		CausedByPrevious: flags&XIDCausedByPrevious != 0,
+	}, flags: flags, causeXID: cause}
 	switch {
 	case root.found():
-		root.attribute(&cond.Condition)
-	case sig.XIDFlags&XIDNonfatal != 0:
-		cond.Message += " (Nonfatal)"
+		root.attribute(&c.Condition)
+	case flags&XIDNonfatal != 0:
+		c.Severity, c.Evict = min(c.Severity, Degraded), false
+		c.Message += " (Nonfatal)"
 	}
-	ev.replace(ds, cond)
+	return c
 }
 
 // rootFault is the fault an XID the driver says an earlier one caused is attributed to: an XID
@@ -113,17 +122,18 @@ func (r rootFault) attribute(c *Condition) {
 		c.Message += fmt.Sprintf(", caused by XID %d on GPU %d (%s)", r.xid, r.local.dev.Index, r.local.dev.UUID)
 		return
 	}
-	c.Reason = fmt.Sprintf("XID%dCausedByPeerGPU", c.Code)
-	c.Message += fmt.Sprintf(", caused by XID %d on GPU %d (%s) of node %s", r.xid, r.peer.Index, r.peer.UUID, r.peer.Node)
+	c.Reason = peerReason(c.Code)
+	c.Message += r.peer.causeText()
 }
 
 // rootCause finds the fault an XID on ds at time at followed: an Unhealthy XID condition of
 // another physical GPU of this node, not itself caused by another, seen within the policy's
 // RootCauseWindow before at; or a peer's fault (PeerFault) that began within the window either
 // side of at (the peer's agent reports it after its own debounce, and the nodes' clocks differ a
-// little). A fault of the XID the driver named (cause, when not zero) beats any other, then the
-// most recent wins. None found: the XID keeps its rule, since failing safe beats blaming a GPU
-// nobody saw fail. peersOnly looks at the peers' faults alone: when an XID already raised is
+// little). A fault of this node's GPUs of the XID the driver named (cause, when not zero) beats
+// any other, then the most recent wins; a peer's fault must be of the XID the driver named, since
+// a peer's report is its own claim (SetPeerFaults). None found: the XID keeps its rule, since
+// failing safe beats blaming a GPU nobody saw fail. peersOnly looks at the peers' faults alone: when an XID already raised is
 // judged again, a fault this node's GPUs had then was found then, and one that came after it
 // did not cause it.
 func (ev *evaluation) rootCause(ds *deviceState, cause uint32, at time.Time, peersOnly bool) rootFault {
@@ -158,6 +168,10 @@ func (ev *evaluation) rootCause(ds *deviceState, cause uint32, at time.Time, pee
 	}
 	for i := range ev.t.peers {
 		p := &ev.t.peers[i]
+		// Only the fault the driver named: any other, a forged one included, explains nothing.
+		if cause == 0 || p.XID != cause {
+			continue
+		}
 		if d := at.Sub(p.Since); d > window || d < -window {
 			continue
 		}

@@ -146,6 +146,8 @@ type agentSetup struct {
 	breakerFraction float64
 	// topConfig is appended to the HealthConfig at the top level (a remediation section).
 	topConfig string
+	// agentConfig is appended inside the agent section, each line indented by two spaces.
+	agentConfig string
 	// heartbeat, when set, is agent.heartbeat.
 	heartbeat time.Duration
 }
@@ -170,6 +172,7 @@ func startAgent(t *testing.T, s agentSetup) *agentProcess {
 	if s.heartbeat > 0 {
 		cfg += fmt.Sprintf("  heartbeat: %v\n", s.heartbeat)
 	}
+	cfg += s.agentConfig
 	cfg += s.topConfig
 	if err := os.WriteFile(configPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

@@ -184,7 +184,9 @@ func TestAgentsAttributeAnXIDToAPeerNodesGPU(t *testing.T) {
 	peerUUIDs := labelledGPUNode(t, c, peer, 4, rack)
 	elseUUIDs := labelledGPUNode(t, c, elsewhere, 4, other)
 	kubeconfig := agentKubeconfig(t, c)
-	caused := "  - {at: 1s, gpu: 0, xid: 145, causedByPrevious: true}\n"
+	// The driver's own line, which names the XID that caused it: only a peer fault of that XID
+	// explains it (a scenario's causedByPrevious names none).
+	caused := "  - {at: 1s, kmsg: \"NVRM: Xid (PCI:0000:10:00): 145,  caused by previous Xid 149\"}\n"
 	startAgent(t, agentSetup{node: root, gpus: 4, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),
 		scenario: "events:\n  - {at: 1s, gpu: 2, xid: 149}\n"})
 	startAgent(t, agentSetup{node: peer, gpus: 4, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), "ckpt.json"),

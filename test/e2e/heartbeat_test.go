@@ -11,10 +11,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
-	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling/extender"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -22,10 +23,10 @@ import (
 )
 
 // TestHeartbeatTellsADeadAgentFromAHealthyOne: a real agent confirms its report every period
-// although nothing changes, in one write (the condition's lastHeartbeatTime and the heartbeat
-// annotation together, through nodes/status); once it is killed, its last "healthy" goes stale:
-// `gpuhealth status` shows Unknown (stale since ...) and the extender keeps GPU pods off the node,
-// saying why, while a node whose agent runs stays schedulable.
+// although nothing changes, by renewing its heartbeat Lease, with no Node write at all; once it is
+// killed, its Lease expires and its last "healthy" goes stale: `gpuhealth status` shows Unknown
+// (stale since ...) and the extender keeps GPU pods off the node, saying why, while a node whose
+// agent runs stays schedulable.
 func TestHeartbeatTellsADeadAgentFromAHealthyOne(t *testing.T) {
 	t.Parallel()
 	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true})
@@ -37,36 +38,36 @@ func TestHeartbeatTellsADeadAgentFromAHealthyOne(t *testing.T) {
 		gpuNode(t, c, n, 2)
 		agents[n] = startAgent(t, agentSetup{node: n, gpus: 2, kubeconfig: kubeconfig, checkpoint: filepath.Join(t.TempDir(), n+".json"), heartbeat: period})
 	}
-	beatOf := func(ctx context.Context, node string) (annotation, condition time.Time, err error) {
-		ann, err := nodeAnnotations(ctx, c, node)
-		if err != nil {
-			return time.Time{}, time.Time{}, err
+	renewed := func(ctx context.Context, node string) (time.Time, error) {
+		l, err := c.Admin().CoordinationV1().Leases(agentNamespace).Get(ctx, gpuhealthv1.HeartbeatLeaseName(node), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return time.Time{}, nil
 		}
-		cond, err := nodeCondition(ctx, c, node, nodecondition.Type)
-		if err != nil {
-			return time.Time{}, time.Time{}, err
+		if err != nil || l.Spec.RenewTime == nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != node {
+			return time.Time{}, err
 		}
-		at, _ := gpuhealthv1.ParseHeartbeat(ann[gpuhealthv1.HeartbeatKey])
-		return at, cond.LastHeartbeatTime.Time, nil
+		return l.Spec.RenewTime.Time, nil
 	}
 	var first time.Time
 	eventually(t, "the first heartbeat", func(ctx context.Context) (bool, string, error) {
-		a, cnd, err := beatOf(ctx, dead)
-		first = a
-		return !a.IsZero() && a.Equal(cnd.Truncate(time.Second)), fmt.Sprintf("annotation %v, condition %v", a, cnd), err
+		at, err := renewed(ctx, dead)
+		first = at
+		return !at.IsZero(), fmt.Sprintf("renewed %v", at), err
 	})
 	before := agents[dead].writes()
 	eventuallyWithin(t, 3*period, "the next heartbeat, with nothing changed", func(ctx context.Context) (bool, string, error) {
-		a, cnd, err := beatOf(ctx, dead)
-		return a.After(first) && a.Equal(cnd.Truncate(time.Second)), fmt.Sprintf("annotation %v, condition %v (first %v)", a, cnd, first), err
+		at, err := renewed(ctx, dead)
+		return at.After(first), fmt.Sprintf("renewed %v (first %v)", at, first), err
 	})
 	after := agents[dead].writes()
-	// One write per heartbeat: the condition reporter's patch carries the annotation too.
-	if d := after["condition"] - before["condition"]; d < 1 || d > 2 {
-		t.Errorf("the condition reporter wrote %d times over one heartbeat, want 1 (2 if the scrape straddled one)", d)
+	// No Node write for a heartbeat: the Lease is the heartbeat.
+	for _, reporter := range []string{"condition", "annotation"} {
+		if d := after[reporter] - before[reporter]; d != 0 {
+			t.Errorf("the %s reporter wrote the Node %d times over a heartbeat with nothing changed, want 0", reporter, d)
+		}
 	}
-	if after["annotation"] != before["annotation"] {
-		t.Errorf("the annotation reporter wrote %d times for heartbeats; the heartbeat rides the condition's write", after["annotation"]-before["annotation"])
+	if ann, err := nodeAnnotations(ctx, c, dead); err != nil || ann[gpuhealthv1.HeartbeatKey] != "" {
+		t.Errorf("the Node carries a heartbeat annotation %q (%v): the heartbeat is the Lease", ann[gpuhealthv1.HeartbeatKey], err)
 	}
 
 	agents[dead].kill()
@@ -96,7 +97,7 @@ func TestHeartbeatTellsADeadAgentFromAHealthyOne(t *testing.T) {
 	})
 
 	// The extender, against the same API server.
-	x := extender.New(c.Admin(), extender.Options{StaleAfter: staleAfter})
+	x := extender.New(c.Admin(), extender.Options{StaleAfter: staleAfter, AgentNamespace: agentNamespace})
 	if err := x.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -111,25 +112,32 @@ func TestHeartbeatTellsADeadAgentFromAHealthyOne(t *testing.T) {
 			fmt.Sprintf("failed %v", res.FailedNodes), nil
 	})
 
-	// A heartbeat dated a year ahead (by hand, or a node clock far ahead) keeps the dead agent
-	// fresh nowhere; the live agent rewrites one on its own node at its next sync.
-	future := gpuhealthv1.FormatHeartbeat(time.Now().AddDate(1, 0, 0))
+	// A heartbeat dated a year ahead (written by hand, or by a node clock far ahead) keeps the
+	// dead agent fresh nowhere; the live agent renews its own Lease at its next period.
+	future := metav1.NewMicroTime(time.Now().AddDate(1, 0, 0))
 	for _, n := range []string{dead, alive} {
-		mergePatchNode(t, c.Admin(), n, map[string]any{gpuhealthv1.HeartbeatKey: future})
+		l, err := c.Admin().CoordinationV1().Leases(agentNamespace).Get(ctx, gpuhealthv1.HeartbeatLeaseName(n), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Spec.RenewTime = &future
+		if _, err := c.Admin().CoordinationV1().Leases(agentNamespace).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	eventuallyWithin(t, 3*staleAfter, "a heartbeat in the future: stale for the dead agent, rewritten by the live one", func(ctx context.Context) (bool, string, error) {
+	eventuallyWithin(t, 3*staleAfter, "a heartbeat in the future: stale for the dead agent, renewed by the live one", func(ctx context.Context) (bool, string, error) {
 		out, stderr, code := gpuhealthCLI(t, "status", "--kubeconfig", c.AdminKubeconfig(), "--stale-after", staleAfter.String())
 		if code != 0 {
 			return false, "", fmt.Errorf("status: exit %d: %s", code, stderr)
 		}
 		names := []string{dead, alive}
 		res := x.Filter(ctx, &extenderv1.ExtenderArgs{Pod: gpuPod, NodeNames: &names})
-		ann, err := nodeAnnotations(ctx, c, alive)
+		at, err := renewed(ctx, alive)
 		if err != nil {
 			return false, "", err
 		}
-		rewritten := ann[gpuhealthv1.HeartbeatKey] != future
+		rewritten := at.Before(future.Time)
 		return strings.Contains(out, "Unknown (heartbeat in the future: ") && strings.Contains(res.FailedNodes[dead], "is in the future") && rewritten,
-			fmt.Sprintf("%s\nfailed %v\nlive node's heartbeat %s", out, res.FailedNodes, ann[gpuhealthv1.HeartbeatKey]), nil
+			fmt.Sprintf("%s\nfailed %v\nlive node's heartbeat %v", out, res.FailedNodes, at), nil
 	})
 }

@@ -113,7 +113,8 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	slotOfB := slotLease(breaker.SlotPrefix+"0", nodeB, 0)
 	repairOfB := slotLease(remediation.SlotName(0), nodeB, 300)
 	leader := slotLease("gpuhealth-breaker-controller", "controller-0", 15)
-	for _, l := range []*coordinationv1.Lease{slotOfB, repairOfB, leader} {
+	// And the agents' heartbeat Leases (their agents renew them from here on).
+	for _, l := range []*coordinationv1.Lease{slotOfB, repairOfB, leader, heartbeatLease(nodeA, nodeA), heartbeatLease(nodeB, nodeB)} {
 		if _, err := admin.CoordinationV1().Leases(helmNamespace).Create(ctx, l, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -279,10 +280,25 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		}, ""},
 		{"take over the other node's breaker slot", func(ctx context.Context) error {
 			return updateLease(ctx, asA, slotOfB.Name, func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptr.To(nodeA + "/GPU-a0") })
-		}, "Forbidden"}, // RBAC: agents never update Leases
+		}, "may not change a slot Lease"}, // agents update Leases (their heartbeat), never a slot
 		{"re-date its own breaker slot", func(ctx context.Context) error {
 			return updateLease(ctx, asA, breaker.SlotPrefix+"1", func(l *coordinationv1.Lease) { l.Spec.AcquireTime = ptr.To(metav1.NewMicroTime(time.Now())) })
-		}, "Forbidden"},
+		}, "may not change a slot Lease"},
+		{"renew its own heartbeat Lease", func(ctx context.Context) error {
+			return updateLease(ctx, asA, gpuhealthv1.HeartbeatLeaseName(nodeA), func(l *coordinationv1.Lease) { l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(time.Now())) })
+		}, ""},
+		{"renew the other node's heartbeat Lease (to keep a dead agent fresh)", func(ctx context.Context) error {
+			return updateLease(ctx, asA, gpuhealthv1.HeartbeatLeaseName(nodeB), func(l *coordinationv1.Lease) { l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(time.Now())) })
+		}, "may renew only its own heartbeat Lease"},
+		{"create the other node's heartbeat Lease under its own holder", func(ctx context.Context) error {
+			return createLease(ctx, asA, heartbeatLease(nodeB, nodeA))
+		}, "may renew only its own heartbeat Lease"},
+		{"hand its own heartbeat Lease to the other node", func(ctx context.Context) error {
+			return updateLease(ctx, asA, gpuhealthv1.HeartbeatLeaseName(nodeA), func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptr.To(nodeB) })
+		}, "may renew only its own heartbeat Lease"},
+		{"delete the other node's heartbeat Lease", func(ctx context.Context) error {
+			return asA.CoordinationV1().Leases(helmNamespace).Delete(ctx, gpuhealthv1.HeartbeatLeaseName(nodeB), metav1.DeleteOptions{})
+		}, "Forbidden"}, // RBAC: agents never delete a heartbeat
 		{"delete the other node's breaker slot", func(ctx context.Context) error {
 			return asA.CoordinationV1().Leases(helmNamespace).Delete(ctx, slotOfB.Name, metav1.DeleteOptions{})
 		}, "Forbidden"}, // RBAC: only the controller sweeps breaker slots
@@ -629,6 +645,14 @@ func slotLease(name, node string, seconds int32) *coordinationv1.Lease {
 		l.Spec.LeaseDurationSeconds = &seconds
 	}
 	return l
+}
+
+// heartbeatLease is the heartbeat Lease of node's agent, held by holder.
+func heartbeatLease(node, holder string) *coordinationv1.Lease {
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: gpuhealthv1.HeartbeatLeaseName(node), Namespace: helmNamespace, Labels: map[string]string{gpuhealthv1.HeartbeatLeaseLabel: "true"}},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), RenewTime: ptr.To(metav1.NewMicroTime(time.Now()))},
+	}
 }
 
 func createLease(ctx context.Context, cs kubernetes.Interface, l *coordinationv1.Lease) error {

@@ -25,28 +25,38 @@ import (
 )
 
 // TestKernelLogInTheAgentContainer answers, on a real runtime (containerd and runc on a real
-// kubelet node), whether the agent's container can read the host's kernel log: a pod with
-// exactly the security context, volume and mount the chart renders for the agent container runs
-// `gpuhealth probe --kernel-log` from the image. The chart's default (unprivileged, /dev/kmsg
-// mounted, CAP_SYSLOG) must be refused by the runtime's device rules, as docs/kernel-log.md
-// and the chart's values say, with the probe's hint naming the way out; with
-// agent.kernelLog.privileged the probe must read the whole log.
+// kubelet node), which container may read the host's kernel log: a pod with a container's
+// security context runs `gpuhealth probe --kernel-log` from the image. The agent's container as
+// the chart renders it, given the host's /dev/kmsg and CAP_SYSLOG (what earlier charts did), is
+// refused by the runtime's device rules, as docs/kernel-log.md says, with the probe's hint
+// naming the way out; the chart's kmsg-relay container (privileged, nothing mounted: a
+// privileged container has the host's devices) reads the whole log.
 func TestKernelLogInTheAgentContainer(t *testing.T) {
 	skipWithoutContainers(t)
 	t.Parallel()
 	c, n, image := startContainerdNode(t)
 	ctx := t.Context()
 	const ns = "default"
+	chart := renderedAgentContainer(t)
+	withSyslog := chart.agent.SecurityContext.DeepCopy()
+	withSyslog.Capabilities.Add = append(withSyslog.Capabilities.Add, "SYSLOG")
+	hostKmsg := corev1.Volume{Name: "kmsg", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+		Path: kmsg.DevKmsg, Type: ptr.To(corev1.HostPathCharDev)}}}
 	for _, tc := range []struct {
 		name         string
-		set          []string
+		sc           *corev1.SecurityContext
+		volumes      []corev1.Volume
+		mounts       []corev1.VolumeMount
 		wantReadable bool
 	}{
-		{"chart default", nil, false},
-		{"agent.kernelLog.privileged", []string{"agent.kernelLog.privileged=true"}, true},
+		{"the agent's container with /dev/kmsg and CAP_SYSLOG", withSyslog, []corev1.Volume{hostKmsg},
+			[]corev1.VolumeMount{{Name: "kmsg", MountPath: kmsg.DevKmsg, ReadOnly: true}}, false},
+		{"the chart's kmsg-relay container", chart.relay.SecurityContext, nil, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			agent := renderedAgentContainer(t, tc.set)
+			if tc.sc == nil || chart.relay.SecurityContext == nil {
+				t.Fatalf("the chart renders no security context: agent %+v, relay %+v", chart.agent.SecurityContext, chart.relay.SecurityContext)
+			}
 			pod := &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: "kmsg-probe-" + fmt.Sprint(tc.wantReadable), Namespace: ns},
 				Spec: corev1.PodSpec{
@@ -56,14 +66,11 @@ func TestKernelLogInTheAgentContainer(t *testing.T) {
 					Containers: []corev1.Container{{
 						Name: "probe", Image: image, ImagePullPolicy: corev1.PullNever,
 						Command:         []string{"/gpuhealth", "probe", "--kernel-log", "--output", "json"},
-						SecurityContext: agent.container.SecurityContext,
-						VolumeMounts:    agent.kmsgMounts,
+						SecurityContext: tc.sc,
+						VolumeMounts:    tc.mounts,
 					}},
-					Volumes: agent.kmsgVolumes,
+					Volumes: tc.volumes,
 				},
-			}
-			if len(pod.Spec.Volumes) != 1 || len(pod.Spec.Containers[0].VolumeMounts) != 1 {
-				t.Fatalf("the chart renders kmsg volumes %+v and mounts %+v, want one of each", agent.kmsgVolumes, agent.kmsgMounts)
 			}
 			created, err := c.Admin().CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 			if err != nil {
@@ -88,7 +95,7 @@ func TestKernelLogInTheAgentContainer(t *testing.T) {
 			}
 			t.Logf("%s: phase %s, readable %v, records %d, error %q", tc.name, phase, rep.Readable, rep.Records, rep.Error)
 			if rep.Readable != tc.wantReadable {
-				t.Fatalf("readable = %v, want %v; security context %+v\n%s", rep.Readable, tc.wantReadable, agent.container.SecurityContext, logs)
+				t.Fatalf("readable = %v, want %v; security context %+v\n%s", rep.Readable, tc.wantReadable, tc.sc, logs)
 			}
 			if tc.wantReadable {
 				if phase != corev1.PodSucceeded || rep.Records == 0 {
@@ -96,29 +103,25 @@ func TestKernelLogInTheAgentContainer(t *testing.T) {
 				}
 				return
 			}
-			if phase != corev1.PodFailed || !strings.Contains(rep.Error, "operation not permitted") || !strings.Contains(rep.Hint, "agent.kernelLog.privileged") {
-				t.Errorf("phase %s, error %q, hint %q: want Failed, EPERM, and the hint to name agent.kernelLog.privileged", phase, rep.Error, rep.Hint)
+			if phase != corev1.PodFailed || !strings.Contains(rep.Error, "operation not permitted") || !strings.Contains(rep.Hint, "kmsg-relay") {
+				t.Errorf("phase %s, error %q, hint %q: want Failed, EPERM, and the hint to name the kmsg-relay container", phase, rep.Error, rep.Hint)
 			}
 		})
 	}
 }
 
-// renderedAgent is what the chart renders for the agent container and its kernel log.
+// renderedAgent is what the chart renders for the agent container and the kmsg relay.
 type renderedAgent struct {
-	container   corev1.Container
-	kmsgMounts  []corev1.VolumeMount
-	kmsgVolumes []corev1.Volume
+	agent, relay corev1.Container
 }
 
-// renderedAgentContainer renders the chart with ci/local-values.yaml and set, and returns its agent
-// container with the /dev/kmsg volume and mount.
-func renderedAgentContainer(t *testing.T, set []string) renderedAgent {
+// renderedAgentContainer renders the chart with ci/local-values.yaml and the NVML backend (which
+// reads the node's kernel log), and returns its agent and kmsg-relay containers.
+func renderedAgentContainer(t *testing.T) renderedAgent {
 	t.Helper()
-	scenario := chartScenarioFile(t)
 	manifest, err := helm.Template(t.Context(), helm.Options{
 		Release: "gpuhealth", Namespace: "gpuhealth-system",
-		Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"}, Set: set,
-		SetFile: []string{"agent.sim.scenario=" + scenario},
+		Values: []string{"deployments/helm/gpuhealth/ci/local-values.yaml"}, Set: []string{"agent.backend=nvml"},
 	})
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, manifest)
@@ -136,25 +139,20 @@ func renderedAgentContainer(t *testing.T, set []string) renderedAgent {
 			t.Fatal(err)
 		}
 		var out renderedAgent
-		for _, v := range ds.Spec.Template.Spec.Volumes {
-			if v.HostPath != nil && v.HostPath.Path == kmsg.DevKmsg {
-				out.kmsgVolumes = append(out.kmsgVolumes, v)
+		for _, ctr := range append(ds.Spec.Template.Spec.InitContainers, ds.Spec.Template.Spec.Containers...) {
+			switch ctr.Name {
+			case "agent":
+				out.agent = ctr
+			case "kmsg-relay":
+				out.relay = ctr
 			}
 		}
-		for _, ctr := range ds.Spec.Template.Spec.Containers {
-			if ctr.Name != "agent" {
-				continue
-			}
-			out.container = ctr
-			for _, m := range ctr.VolumeMounts {
-				if m.MountPath == kmsg.DevKmsg {
-					out.kmsgMounts = append(out.kmsgMounts, m)
-				}
-			}
-			return out
+		if out.agent.Name == "" || out.relay.Name == "" {
+			t.Fatalf("the agent DaemonSet lacks the agent or the kmsg-relay container: %+v", ds.Spec.Template.Spec)
 		}
+		return out
 	}
-	t.Fatal("the chart renders no agent DaemonSet with an agent container")
+	t.Fatal("the chart renders no agent DaemonSet")
 	return renderedAgent{}
 }
 

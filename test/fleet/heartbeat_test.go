@@ -5,10 +5,8 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"maps"
 	"math"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -50,53 +47,27 @@ func heartbeatKnobs(t *testing.T) (period, window time.Duration) {
 	return period, window
 }
 
-// heartbeatPhase measures what the heartbeat costs at steady state (issue 28: at most one write
-// per node per period). The main run's agents keep the default period, 5 minutes, longer than
-// its steady window and its wave (they write their first heartbeat with their start-up
-// condition write, so none falls in those). Once they are stopped, every node's agent is
-// started again with agent.heartbeat = period, the same client, backend and settings otherwise,
-// and a fresh registry (each agent.Run registers its metrics); once all are ready and settled,
-// the agents' requests (by kind) and writes (gpuhealth_api_writes_total) are counted over window.
+// heartbeatPhase measures what the heartbeat costs at steady state (issue 49: no Node write at
+// all, one Lease renewal per node per period). The main run's agents renew their Leases an hour
+// apart, so none falls in its steady window or its wave. Once they are stopped, every node's agent
+// is started again with agent.heartbeat = period, the same client, backend and settings
+// otherwise, and a fresh registry (each agent.Run registers its metrics); once all are ready and
+// every node's Lease is renewed by them, the agents' requests (by kind) and Node writes
+// (gpuhealth_api_writes_total) are counted over window.
 //
-// Where the window lies. A node's agent writes a heartbeat with its start-up reconcile (the main
-// run's heartbeats are removed first, so one is due at every start), then one every T = period +
-// Late, Late its agent's random 1s..1s+period/4. A start-up write in the window would count as a
-// heartbeat, so the window opens only once every agent is ready (its start-up writes are done),
-// every Node carries a heartbeat of this phase, and heartbeatSettle has passed.
+// Why the agents start one after another. Over a window a node renews ⌊window/T⌋ or ⌈window/T⌉
+// times (T = period + its random jitter, up to a quarter of a period), depending on where its
+// renewals fall; the count averages window/T only when the nodes' phases are spread evenly over a
+// period, as in a real fleet. So the agents start evenly over one mean T, period + period/8.
 //
-// Why the agents start one after another. Over a window a node writes ⌊window/T⌋ or ⌈window/T⌉
-// times, depending on where its heartbeats fall; the count averages window/T only when the
-// nodes' phases are spread evenly over a period, as in a real fleet, whose nodes started at
-// unrelated times. Agents started together have nearly one phase, so nearly every node writes
-// the same number of times: over 3 periods, with T a little longer than the period, twice or
-// three times depending on where the window opens, and the ratio reads 0.67 or 1.0 where it is
-// about 0.93 (200 agents started together read 0.99: all 200 wrote 3 times). A longer window
-// shrinks that error (up to one write per node per window) without removing it. So the agents
-// start evenly over one mean T, period + period/8 + 1s, which spreads their phases over the
-// period; the window, at least 2 periods, then holds every node's heartbeat at least once, and
-// the one write per node that its phase decides averages out over the nodes.
-//
-// Writes per node per period = writes / nodes / (window / period): below 1 by the Late, which
-// averages 1 s + period/8 (about 0.88), less the half second the heartbeat's precision loses.
-// The test checks that the window holds no other write than the heartbeat's one patch and that
-// no node wrote more than once per period; the ratio is reported, never asserted.
+// Renewals per node per period = PUT leases / nodes / (window / period): below 1 by the jitter
+// (about 0.89). The test checks that the window holds no Node write and no write but the
+// renewals, and that no node renewed more than once per period; the ratio is reported, never
+// asserted.
 func heartbeatPhase(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter *requestCounter, settings config.AgentConfig, period, window time.Duration, fig *Figures) {
 	t.Helper()
-	// The agent's choice (internal/agent newWriters): the condition reporter carries the
-	// heartbeat in its nodes/status patch, else the annotation reporter in its Node patch.
-	owner, wantKind := config.ReporterCondition, "PATCH nodes/status"
-	if !slices.Contains(settings.Reporters, owner) {
-		owner, wantKind = config.ReporterAnnotation, "PATCH nodes"
-	}
-	if !slices.Contains(settings.Reporters, owner) {
-		t.Logf("heartbeat phase skipped: no reporter of %v carries the heartbeat", settings.Reporters)
-		return
-	}
+	const renewal = "PUT leases"
 	fig.HeartbeatPeriodSeconds = period.Seconds()
-	if err := clearHeartbeats(t.Context(), admin, fleet); err != nil {
-		t.Fatal(err)
-	}
-
 	settings.Heartbeat = ptrDuration(period)
 	ctx, stopAgents := context.WithCancel(klog.NewContext(t.Context(), logr.Discard()))
 	var agents errgroup.Group
@@ -110,7 +81,7 @@ func heartbeatPhase(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode
 		n.registry = prometheus.NewRegistry()
 		n.addr.Store("")
 	}
-	spread := period + period/8 + time.Second // the mean T: Late averages 1s + period/8
+	spread := period + period/8 // the mean T
 	start := time.Now()
 	for i, n := range fleet {
 		time.Sleep(time.Until(start.Add(spread * time.Duration(i) / time.Duration(len(fleet)))))
@@ -120,7 +91,7 @@ func heartbeatPhase(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode
 		t.Fatal(err)
 	}
 	t.Logf("heartbeat phase: %d agents started over %.1fs, all ready after %.1fs", len(fleet), spread.Seconds(), time.Since(start).Seconds())
-	if err := waitHeartbeats(t.Context(), admin, len(fleet)); err != nil {
+	if err := waitRenewed(t.Context(), admin, fleet, start); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(heartbeatSettle)
@@ -138,34 +109,26 @@ func heartbeatPhase(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode
 	fig.HeartbeatByKind = diff(after, before)
 	fig.HeartbeatRequests = total(fig.HeartbeatByKind)
 	fig.HeartbeatWrites = map[string]int{}
-	perNode := map[int]int{} // writes in the window -> nodes
-	// Writes at least a period apart: at most one more than the periods the window holds.
-	most := int(math.Floor(measured.Seconds()/period.Seconds())) + 1
 	for i, n := range fleet {
-		sum := 0
 		for reporter, v := range writesAfter[i] {
-			d := v - writesBefore[i][reporter]
-			fig.HeartbeatWrites[reporter] += d
-			sum += d
-		}
-		perNode[sum]++
-		if sum > most {
-			t.Errorf("node %s: %d writes in %v, more than one per heartbeat period of %v", n.name, sum, measured.Round(time.Millisecond), period)
+			if d := v - writesBefore[i][reporter]; d != 0 {
+				fig.HeartbeatWrites[reporter] += d
+				t.Errorf("node %s: reporter %s wrote the Node %d times in a window where nothing changed; want none (the heartbeat is the Lease)", n.name, reporter, d)
+			}
 		}
 	}
-	maps.DeleteFunc(fig.HeartbeatWrites, func(_ string, v int) bool { return v == 0 })
-	fig.HeartbeatPerNodePerPeriod = float64(sumWrites(fig.HeartbeatWrites)) / float64(len(fleet)) / (measured.Seconds() / period.Seconds())
-	t.Logf("heartbeat phase: %s window, writes per node in it %v, by reporter %v; requests %s",
-		measured.Round(time.Millisecond), perNode, fig.HeartbeatWrites, kinds(fig.HeartbeatByKind))
-
-	for reporter, v := range fig.HeartbeatWrites {
-		if reporter != owner {
-			t.Errorf("heartbeat window: %d writes of reporter %s; want only the heartbeat's, of %s", v, reporter, owner)
-		}
+	renewals := int(fig.HeartbeatByKind[renewal])
+	fig.HeartbeatWrites["lease"] = renewals
+	fig.HeartbeatPerNodePerPeriod = float64(renewals) / float64(len(fleet)) / (measured.Seconds() / period.Seconds())
+	// Renewals at least a period apart: at most one more than the periods the window holds.
+	if most := (int(math.Floor(measured.Seconds()/period.Seconds())) + 1) * len(fleet); renewals > most {
+		t.Errorf("heartbeat window: %d Lease renewals in %v by %d nodes, more than one per node per period of %v", renewals, measured.Round(time.Millisecond), len(fleet), period)
 	}
+	t.Logf("heartbeat phase: %s window, %d renewals (%.2f per node per period); requests %s",
+		measured.Round(time.Millisecond), renewals, fig.HeartbeatPerNodePerPeriod, kinds(fig.HeartbeatByKind))
 	for kind, v := range fig.HeartbeatByKind {
-		if kind != wantKind && !isRead(kind) && !strings.HasPrefix(kind, "failed ") {
-			t.Errorf("heartbeat window: %d requests %s; want no write but the heartbeat's %s", v, kind, wantKind)
+		if kind != renewal && !isRead(kind) && !strings.HasPrefix(kind, "failed ") {
+			t.Errorf("heartbeat window: %d requests %s; want no write but the heartbeat's %s", v, kind, renewal)
 		}
 	}
 }
@@ -176,43 +139,32 @@ func isRead(kind string) bool {
 	return verb == "GET" || verb == "LIST" || verb == "WATCH"
 }
 
-// clearHeartbeats removes the heartbeat annotation from every Node, so that every agent started
-// next writes its first heartbeat at start-up, whatever the period and however old the last one.
-func clearHeartbeats(ctx context.Context, admin kubernetes.Interface, fleet []*fleetNode) error {
-	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null}}}`, gpuhealthv1.HeartbeatKey)
-	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(16)
-	for _, n := range fleet {
-		g.Go(func() error {
-			if _, err := admin.CoreV1().Nodes().Patch(ctx, n.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-				return fmt.Errorf("clear the heartbeat of %s: %w", n.name, err)
-			}
-			return nil
-		})
-	}
-	return g.Wait()
-}
-
-// waitHeartbeats waits until the API server holds nodes Nodes, each with a heartbeat annotation
-// (clearHeartbeats removed every one before the phase's agents started).
-func waitHeartbeats(ctx context.Context, admin kubernetes.Interface, nodes int) error {
+// waitRenewed waits until the heartbeat Lease of every node of fleet was renewed at or after
+// since (by the phase's agents).
+func waitRenewed(ctx context.Context, admin kubernetes.Interface, fleet []*fleetNode, since time.Time) error {
 	deadline := time.Now().Add(convergeLimit)
 	for {
-		list, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		list, err := admin.CoordinationV1().Leases(agentNamespace).List(ctx, metav1.ListOptions{LabelSelector: gpuhealthv1.HeartbeatLeaseLabel + "=true"})
 		if err != nil {
 			return err
 		}
-		without := 0
-		for _, n := range list.Items {
-			if n.Annotations[gpuhealthv1.HeartbeatKey] == "" {
-				without++
+		renewed := map[string]bool{}
+		for _, l := range list.Items {
+			if l.Spec.HolderIdentity != nil && l.Spec.RenewTime != nil && !l.Spec.RenewTime.Time.Before(since.Truncate(time.Second)) {
+				renewed[*l.Spec.HolderIdentity] = true
 			}
 		}
-		if len(list.Items) == nodes && without == 0 {
+		missing := 0
+		for _, n := range fleet {
+			if !renewed[n.name] {
+				missing++
+			}
+		}
+		if missing == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("after %v, %d of %d Nodes have no heartbeat", convergeLimit, without, len(list.Items))
+			return fmt.Errorf("after %v, %d of %d nodes' heartbeat Leases are not renewed", convergeLimit, missing, len(fleet))
 		}
 		time.Sleep(time.Second)
 	}

@@ -125,19 +125,23 @@ func TestAgentClusterRoleIsLeastPrivilege(t *testing.T) {
 		set         []string
 		reporters   []string
 		remediation bool
+		podWatch    bool
 	}{
-		{"defaults", nil, config.AllReporters(), false},
-		{"Volcano only: no pods, claims, slices or rules", []string{"config.agent.reporters={annotation}"}, []string{"annotation"}, false},
-		{"rules and condition", []string{"config.agent.reporters={devicetaint,condition}"}, []string{"devicetaint", "condition"}, false},
-		{"HAMi with remediation: pods and claims for the holders", []string{"config.agent.reporters={hami,condition}", "config.remediation.enabled=true"}, []string{"hami", "condition"}, true},
-		{"validation: nothing more than remediation's", []string{"config.remediation.enabled=true", "config.remediation.validation.enabled=true", "agent.validation.dcgmImage=dcgm:4"}, config.AllReporters(), true},
+		{"defaults", nil, config.AllReporters(), false, false},
+		{"Volcano only: no pods, claims, slices or rules", []string{"config.agent.reporters={annotation}"}, []string{"annotation"}, false, false},
+		{"rules and condition", []string{"config.agent.reporters={devicetaint,condition}"}, []string{"devicetaint", "condition"}, false, false},
+		{"HAMi with remediation: pods and claims for the holders", []string{"config.agent.reporters={hami,condition}", "config.remediation.enabled=true"}, []string{"hami", "condition"}, true, false},
+		{"validation: nothing more than remediation's", []string{"config.remediation.enabled=true", "config.remediation.validation.enabled=true", "agent.validation.dcgmImage=dcgm:4"}, config.AllReporters(), true, false},
+		{"claimstatus by a pod watch", []string{"config.agent.claimStatus.podWatch=true"}, config.AllReporters(), false, true},
+		{"a pod watch and remediation", []string{"config.agent.claimStatus.podWatch=true", "config.remediation.enabled=true"}, config.AllReporters(), true, true},
+		{"a pod watch without claimstatus grants nothing", []string{"config.agent.claimStatus.podWatch=true", "config.agent.reporters={annotation}"}, []string{"annotation"}, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := render(t, tc.set...)
 			var role rbacv1.ClusterRole
 			r.get(t, "ClusterRole", "gpuhealth-agent", &role)
-			if want := agent.ClusterRoleRulesFor(tc.reporters, tc.remediation); !equality.Semantic.DeepEqual(role.Rules, want) {
-				t.Errorf("chart's agent ClusterRole rules differ from agent.ClusterRoleRulesFor(%v, %v):\n got %s\nwant %s", tc.reporters, tc.remediation, rulesString(role.Rules), rulesString(want))
+			if want := agent.ClusterRoleRulesFor(tc.reporters, tc.remediation, tc.podWatch); !equality.Semantic.DeepEqual(role.Rules, want) {
+				t.Errorf("chart's agent ClusterRole rules differ from agent.ClusterRoleRulesFor(%v, %v, %v):\n got %s\nwant %s", tc.reporters, tc.remediation, tc.podWatch, rulesString(role.Rules), rulesString(want))
 			}
 			var events rbacv1.Role
 			r.get(t, "Role", "gpuhealth-agent-events", &events)
@@ -547,60 +551,5 @@ func TestAgentFlowControl(t *testing.T) {
 	}
 	if off := render(t, "agent.flowControl.enabled=false"); off.has("FlowSchema", "gpuhealth-agent") || off.has("PriorityLevelConfiguration", "gpuhealth-agent") {
 		t.Error("flow control rendered although agent.flowControl.enabled=false")
-	}
-}
-
-func TestAgentKernelLog(t *testing.T) {
-	requireHelm(t)
-	tests := []struct {
-		name           string
-		set            []string
-		wantMount      bool
-		wantSyslog     bool
-		wantPrivileged bool
-		wantEnabled    bool
-	}{
-		{name: "default: /dev/kmsg mounted read-only with CAP_SYSLOG, unprivileged", wantMount: true, wantSyslog: true, wantEnabled: true},
-		{name: "off", set: []string{"config.kernelLog.enabled=false"}},
-		{name: "privileged", set: []string{"agent.kernelLog.privileged=true"}, wantMount: true, wantSyslog: true, wantPrivileged: true, wantEnabled: true},
-		{name: "privileged asks nothing while the kernel log is off", set: []string{"agent.kernelLog.privileged=true", "config.kernelLog.enabled=false"}},
-		// hostMounts mounts the whole /dev into a privileged container already.
-		{name: "hostMounts", set: []string{"agent.nvml.mode=hostMounts"}, wantSyslog: true, wantPrivileged: true, wantEnabled: true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			r := render(t, tc.set...)
-			var ds appsv1.DaemonSet
-			r.get(t, "DaemonSet", "gpuhealth-agent", &ds)
-			pod := ds.Spec.Template.Spec
-			c := pod.Containers[0]
-			vol := slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
-				return v.Name == "kmsg" && v.HostPath != nil && v.HostPath.Path == "/dev/kmsg" &&
-					v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathCharDev
-			})
-			mount := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
-				return m.Name == "kmsg" && m.MountPath == "/dev/kmsg" && m.ReadOnly
-			})
-			if vol != tc.wantMount || mount != tc.wantMount {
-				t.Errorf("kmsg volume %v, read-only mount %v; want %v", vol, mount, tc.wantMount)
-			}
-			sc := c.SecurityContext
-			syslog := sc.Capabilities != nil && slices.Contains(sc.Capabilities.Add, "SYSLOG")
-			if syslog != tc.wantSyslog || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
-				t.Errorf("capabilities %+v, want SYSLOG added %v and ALL dropped", sc.Capabilities, tc.wantSyslog)
-			}
-			if privileged := sc.Privileged != nil && *sc.Privileged; privileged != tc.wantPrivileged {
-				t.Errorf("privileged %v, want %v", privileged, tc.wantPrivileged)
-			}
-			var cm corev1.ConfigMap
-			r.get(t, "ConfigMap", "gpuhealth-agent-config", &cm)
-			cfg, err := config.Parse([]byte(cm.Data["healthconfig.yaml"]))
-			if err != nil {
-				t.Fatalf("rendered HealthConfig: %v", err)
-			}
-			if got := *cfg.KernelLogSection().Enabled; got != tc.wantEnabled {
-				t.Errorf("HealthConfig kernelLog.enabled %v, want %v", got, tc.wantEnabled)
-			}
-		})
 	}
 }

@@ -67,6 +67,18 @@ func (a renderedAgent) container(t *testing.T, name string) corev1.Container {
 	return a.pod.Containers[i]
 }
 
+// runOnceInits are the pod's init containers that run to completion before the others start
+// (dcgm-copy), without the sidecars that run beside them (kmsg-relay).
+func (a renderedAgent) runOnceInits() []corev1.Container {
+	var out []corev1.Container
+	for _, c := range a.pod.InitContainers {
+		if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 func envVar(c corev1.Container, name string) *corev1.EnvVar {
 	i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == name })
 	if i < 0 {
@@ -154,15 +166,15 @@ func checkDCGMCopy(t *testing.T, a renderedAgent, want bool) {
 	agentC := a.container(t, "agent")
 	mount := slices.IndexFunc(agentC.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "dcgm" })
 	if !want {
-		if len(a.pod.InitContainers) > 0 || vol >= 0 || mount >= 0 {
-			t.Errorf("a dcgmi copy nobody asked for: init containers %v, volume %v, mount %v", a.pod.InitContainers, vol >= 0, mount >= 0)
+		if len(a.runOnceInits()) > 0 || vol >= 0 || mount >= 0 {
+			t.Errorf("a dcgmi copy nobody asked for: init containers %v, volume %v, mount %v", a.runOnceInits(), vol >= 0, mount >= 0)
 		}
 		return
 	}
-	if len(a.pod.InitContainers) != 1 || a.pod.InitContainers[0].Name != dcgmCopyName {
-		t.Fatalf("init containers %+v, want %s alone", a.pod.InitContainers, dcgmCopyName)
+	if len(a.runOnceInits()) != 1 || a.runOnceInits()[0].Name != dcgmCopyName {
+		t.Fatalf("init containers %+v, want %s alone", a.runOnceInits(), dcgmCopyName)
 	}
-	ic := a.pod.InitContainers[0]
+	ic := a.runOnceInits()[0]
 	if ic.Image != testDCGMImage || ic.ImagePullPolicy != corev1.PullIfNotPresent {
 		t.Errorf("init container image %s (%s), want %s", ic.Image, ic.ImagePullPolicy, testDCGMImage)
 	}
@@ -265,7 +277,7 @@ func TestGPUOperatorValidationValues(t *testing.T) {
 	requireHelm(t)
 	values := []string{"deployments/helm/gpuhealth/gpu-operator-values.yaml"}
 	off := renderAgent(t, Options{Release: "gpuhealth", Namespace: testNamespace, Values: values})
-	if off.config.Remediation.Enabled || off.config.Remediation.Validation.Enabled || len(off.pod.InitContainers) > 0 {
+	if off.config.Remediation.Enabled || off.config.Remediation.Validation.Enabled || len(off.runOnceInits()) > 0 {
 		t.Errorf("the GPU operator's values turn remediation or validation on by themselves:\n%s", off.raw)
 	}
 	o := Options{Release: "gpuhealth", Namespace: testNamespace, Values: values, Set: validationOn}
@@ -287,8 +299,8 @@ func TestGPUOperatorValidationValues(t *testing.T) {
 			t.Errorf("dcgmi %s: want %q", args, want)
 		}
 	}
-	if len(on.pod.InitContainers) != 1 || !strings.HasPrefix(on.pod.InitContainers[0].Image, "nvcr.io/nvidia/cloud-native/dcgm:") {
-		t.Errorf("init containers %+v, want dcgm-copy from the operator's DCGM image", on.pod.InitContainers)
+	if len(on.runOnceInits()) != 1 || !strings.HasPrefix(on.runOnceInits()[0].Image, "nvcr.io/nvidia/cloud-native/dcgm:") {
+		t.Errorf("init containers %+v, want dcgm-copy from the operator's DCGM image", on.runOnceInits())
 	}
 }
 
@@ -307,10 +319,10 @@ func TestDCGMCopyScript(t *testing.T) {
 		}
 	}
 	a := renderAgent(t, releaseWith(append(slices.Clone(validationOn), "agent.validation.dcgmImage="+testDCGMImage)...))
-	if len(a.pod.InitContainers) != 1 {
-		t.Fatalf("init containers %+v", a.pod.InitContainers)
+	if len(a.runOnceInits()) != 1 {
+		t.Fatalf("init containers %+v", a.runOnceInits())
 	}
-	script := a.pod.InitContainers[0].Args[0]
+	script := a.runOnceInits()[0].Args[0]
 	// A program that links a few libraries and answers --version stands in for dcgmi.
 	stand, err := exec.LookPath("ls")
 	if err != nil {
@@ -482,7 +494,7 @@ func TestDCGMCopyRunsTheAgentsValidation(t *testing.T) {
 			if err := os.Mkdir(dest, 0o777); err != nil {
 				t.Fatal(err)
 			}
-			script := exec.CommandContext(t.Context(), "sh", "-c", a.pod.InitContainers[0].Args[0])
+			script := exec.CommandContext(t.Context(), "sh", "-c", a.runOnceInits()[0].Args[0])
 			script.Env = []string{"PATH=" + os.Getenv("PATH"), "DCGMI=" + self, "DEST=" + dest}
 			if out, err := script.CombinedOutput(); err != nil {
 				t.Fatalf("copy: %v\n%s", err, out)

@@ -14,7 +14,8 @@ import (
 
 // Grant gives the ServiceAccount namespace/account what the chart gives the agent with every
 // reporter and remediation on: the ClusterRole agent.ClusterRoleRules, and agent.EventsRoleRules
-// in agent.EventsNamespace, both named name. Objects that already exist are left as they are.
+// in agent.EventsNamespace, both named name, and agent.HeartbeatRoleRules in namespace (name-heartbeat).
+// Objects that already exist are left as they are.
 func Grant(ctx context.Context, admin kubernetes.Interface, name, namespace, account string) error {
 	subjects := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: namespace, Name: account}}
 	create := func(what string, err error) error {
@@ -43,6 +44,20 @@ func Grant(ctx context.Context, admin kubernetes.Interface, name, namespace, acc
 	_, err = rbac.RoleBindings(agent.EventsNamespace).Create(ctx, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: agent.EventsNamespace, Name: name},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   subjects,
+	}, metav1.CreateOptions{})
+	if err := create("RoleBinding", err); err != nil {
+		return err
+	}
+	// The heartbeat Lease, in the agent's namespace.
+	heartbeat := name + "-heartbeat"
+	_, err = rbac.Roles(namespace).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: heartbeat}, Rules: agent.HeartbeatRoleRules()}, metav1.CreateOptions{})
+	if err := create("Role", err); err != nil {
+		return err
+	}
+	_, err = rbac.RoleBindings(namespace).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: heartbeat},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: heartbeat},
 		Subjects:   subjects,
 	}, metav1.CreateOptions{})
 	return create("RoleBinding", err)

@@ -58,6 +58,9 @@ type Options struct {
 	// AgentSilence marks the nodes whose agents went silent (package silence), judged with
 	// StaleAfter (DefaultStaleAfter when StaleAfter is 0); SilentTaint taints them too.
 	AgentSilence, SilentTaint bool
+	// Domains are the circuit breaker's budgets per domain (agent.circuitBreaker.domains): their
+	// GPUs are counted, and a full one reported once (breaker.DomainWatcher).
+	Domains []breaker.Domain
 	// MoreSlots are further slot pools to sweep (remediation's, whose package imports this one).
 	MoreSlots []breaker.SweptPool
 	// LeaderElect elects one leader among the replicas through LeaderElectionLease; without it
@@ -92,7 +95,7 @@ func Run(ctx context.Context, opts Options) error {
 	kc := adapt.Clientset(opts.Client)
 	m := breaker.NewControllerMetrics()
 	counter := &breaker.Counter{Client: kc, Namespace: opts.Namespace, Driver: opts.Driver, CapacityResources: opts.CapacityResources, StaleAfter: opts.StaleAfter,
-		Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }, Stale: func(n int) { m.StaleNodes.Set(float64(n)) }}
+		Counted: func(n int) { m.ClusterGPUs.Set(float64(n)) }, Stale: func(n int) { m.StaleNodes.Set(float64(n)) }, Domains: opts.Domains}
 	sweeper := &breaker.Sweeper{
 		Pools: append([]breaker.SweptPool{breaker.BreakerPool(breaker.BreakerSlots(kc, opts.Namespace), opts.Window, breaker.AcknowledgedAt(kc, opts.Namespace))}, opts.MoreSlots...),
 		Swept: func(prefix string, n int) { m.SlotsSwept.WithLabelValues(prefix).Add(float64(n)) },
@@ -102,12 +105,15 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer stopEvents()
+	domains, stopDomainEvents := domainWatcher(ctx, opts, m)
+	defer stopDomainEvents()
 	work := func(ctx context.Context) error {
 		m.Leader.Set(1)
 		defer m.Leader.Set(0)
 		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return counter.Run(ctx) })
 		g.Go(func() error { return sweeper.Run(ctx) })
+		g.Go(func() error { return domains.Run(ctx) })
 		if silent != nil {
 			g.Go(func() error { return silent.Run(ctx) })
 		}
@@ -137,7 +143,7 @@ func silenceWatcher(ctx context.Context, opts Options, m *breaker.ControllerMetr
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(kube.EventSink{Client: kc})
 	w, err := silence.New(silence.Options{
-		Client: kc, StaleAfter: cmp.Or(opts.StaleAfter, gpuhealthv1.DefaultStaleAfter), Taint: opts.SilentTaint,
+		Client: kc, Namespace: opts.Namespace, StaleAfter: cmp.Or(opts.StaleAfter, gpuhealthv1.DefaultStaleAfter), Taint: opts.SilentTaint,
 		Recorder: broadcaster.NewRecorder(kube.Scheme, corev1.EventSource{Component: "gpuhealth-breaker-controller"}),
 		Silent:   func(n int) { m.SilentNodes.Set(float64(n)) }, Marked: m.Silences.Inc,
 	})
@@ -146,6 +152,21 @@ func silenceWatcher(ctx context.Context, opts Options, m *breaker.ControllerMetr
 		return nil, nil, err
 	}
 	return w, broadcaster.Shutdown, nil
+}
+
+// domainWatcher returns the breaker's DomainWatcher (it sweeps domain slots even without
+// domains configured), posting its Events through a broadcaster that stop ends.
+func domainWatcher(ctx context.Context, opts Options, m *breaker.ControllerMetrics) (*breaker.DomainWatcher, func()) {
+	kc := adapt.Clientset(opts.Client)
+	w := &breaker.DomainWatcher{Client: kc, Namespace: opts.Namespace, Window: opts.Window, Domains: opts.Domains, Full: m.SetDomainFull,
+		Swept: func(n int) { m.SlotsSwept.WithLabelValues(breaker.SlotPrefix + "<domain>-").Add(float64(n)) }}
+	if len(opts.Domains) == 0 {
+		return w, func() {}
+	}
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(kube.EventSink{Client: kc})
+	w.Recorder = broadcaster.NewRecorder(kube.Scheme, corev1.EventSource{Component: "gpuhealth-breaker-controller"})
+	return w, broadcaster.Shutdown
 }
 
 // election is how the breaker controller's replicas elect their leader: through the Lease

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
@@ -59,7 +60,7 @@ func Run(ctx context.Context, o Options) error {
 	err = agent.Run(runCtx, agent.Options{
 		NodeName: o.NodeName, Client: s.client, Backend: g.opened.Backend, Policy: s.policy, BootID: g.opened.BootID,
 		BootTime: bootTime, Agent: s.agentCfg, MetricsAddress: o.MetricsAddress, KernelLog: g.kernelLog, Remediation: rem,
-		Nodes: s.nodes, Missing: g.missing,
+		Nodes: s.nodes, Missing: g.missing, StartEvents: g.events,
 	})
 	// Every loop has returned: NVML is shut down here, whatever comes next.
 	g.release()
@@ -131,6 +132,8 @@ type gpus struct {
 	opened    nodegpu.Opened
 	missing   []health.Device
 	kernelLog *kmsg.Companion
+	// events are what finding them has to tell on the Node: the GPUs left out of the inventory.
+	events []agent.Event
 }
 
 // release closes the kernel log and the backend.
@@ -141,7 +144,8 @@ func (g gpus) release() {
 
 // openGPUs opens the backend, once NVML is there and the GPU operator lets GPU clients run
 // (without NVML yet, the driver container still starting say, or while the operator pauses GPU
-// clients, the agent waits), then finds the GPUs missing from it and opens the kernel log.
+// clients, the agent waits), then finds the GPUs missing from it and those another driver holds
+// (an Event for the agent to record), and opens the kernel log.
 func (s *start) openGPUs(ctx context.Context) (gpus, error) {
 	w := driverWait{node: s.o.NodeName, client: s.client, metricsAddress: s.o.MetricsAddress, pause: s.pause, away: s.away}
 	opened, err := waitForDriver(ctx, w, func() (nodegpu.Opened, error) {
@@ -150,7 +154,11 @@ func (s *start) openGPUs(ctx context.Context) (gpus, error) {
 	if err != nil {
 		return gpus{}, err
 	}
-	g := gpus{opened: opened, missing: nodegpu.MissingGPUs(ctx, s.cfg.Inventory, s.o.Backend, opened.Backend)}
+	missing, leftOut := nodegpu.MissingGPUs(ctx, s.cfg.Inventory, s.o.Backend, opened.Backend)
+	g := gpus{opened: opened, missing: missing}
+	if len(leftOut) > 0 {
+		g.events = append(g.events, agent.Event{Type: corev1.EventTypeNormal, Reason: nodegpu.EventGPUBoundToOtherDriver, Message: nodegpu.LeftOutMessage(leftOut)})
+	}
 	// The kernel log names GPUs by address: lines about a missing one are kept against it.
 	g.kernelLog = nodegpu.OpenKernelLog(ctx, s.cfg, s.o.Backend, slices.Concat(opened.Backend.Devices(), g.missing), opened.BootID)
 	return g, nil

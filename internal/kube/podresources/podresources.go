@@ -7,6 +7,7 @@ package podresources
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"google.golang.org/grpc"
@@ -26,8 +27,13 @@ type Socket struct {
 	Timeout time.Duration
 }
 
-// List returns every pod's devices as the kubelet allocated them.
+// List returns every pod's devices as the kubelet allocated them. A socket that is not there
+// is an error that errors.Is takes for fs.ErrNotExist: no kubelet serves it at that path (or
+// the path is not mounted), which a caller may tell from a kubelet that does not answer.
 func (s Socket) List(ctx context.Context) (*podresourcesv1.ListPodResourcesResponse, error) {
+	if _, err := os.Stat(s.Path); err != nil {
+		return nil, fmt.Errorf("kubelet pod-resources: %w", err)
+	}
 	timeout := s.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout

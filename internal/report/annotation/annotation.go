@@ -6,9 +6,10 @@
 //     (Volcano's device plugin, operators): gpuhealth keeps their entries and removes only its own,
 //     bookkept in gpuhealth.dev/volcano-unhealthy-ids-state (see gpuhealthv1.VolcanoStateKey);
 //   - gpuhealth.dev/gpu-health: a JSON object keyed by device UUID with index, model, health,
-//     reasons and since (gpuhealthv1.GPUSummary), for every GPU and MIG instance;
-//   - gpuhealth.dev/gpu-health-heartbeat, when this syncer carries the node's heartbeat
-//     (Options.Heartbeat): refreshed every period and with every write.
+//     reasons and since (gpuhealthv1.GPUSummary), for every GPU and MIG instance.
+//
+// The agent's heartbeat is not here: it renews a Lease (internal/heartbeat), so that nothing
+// writes the Node while nothing changes.
 //
 // Only these keys are ever written, with a JSON merge patch, so other annotations are never
 // touched. The syncer reads the Node from the agent's shared cache (nodecache) and writes only
@@ -22,11 +23,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/clock"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
@@ -40,20 +39,16 @@ type Syncer struct {
 	nodeName string
 	nodes    *nodecache.Cache
 	writer   *report.AnnotationWriter
-	beat     report.Heartbeat
-	clock    clock.PassiveClock
 
 	// lastGarbage and lastStateErr keep bad input from other writers to one log line per value.
 	mu           sync.Mutex
 	lastGarbage  string
 	lastStateErr string
-	nextBeat     time.Time
 }
 
 var (
 	_ report.Syncer  = (*Syncer)(nil)
 	_ report.Starter = (*Syncer)(nil)
-	_ report.Pacer   = (*Syncer)(nil)
 )
 
 // Options configure a Syncer. The zero value is ready to use.
@@ -61,12 +56,6 @@ type Options struct {
 	// Nodes, when set, is the agent's shared cache of this Node; nil gives the syncer one of its
 	// own.
 	Nodes *nodecache.Cache
-	// Heartbeat, when its period is set, makes this syncer carry the node's heartbeat (the
-	// agent gives it to the condition reporter when that runs): the
-	// gpuhealth.dev/gpu-health-heartbeat annotation, refreshed every period and with every write.
-	Heartbeat report.Heartbeat
-	// Clock stamps the heartbeat (default the real clock).
-	Clock clock.PassiveClock
 }
 
 // New returns a Syncer for nodeName.
@@ -76,13 +65,7 @@ func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 		nodes = nodecache.New(client, nodeName)
 	}
 	keys := []string{gpuhealthv1.UnhealthyIDsKey, gpuhealthv1.HealthKey, gpuhealthv1.VolcanoStateKey}
-	if opts.Heartbeat.Period > 0 {
-		keys = append(keys, gpuhealthv1.HeartbeatKey)
-	}
-	if opts.Clock == nil {
-		opts.Clock = clock.RealClock{}
-	}
-	return &Syncer{nodeName: nodeName, nodes: nodes, writer: report.NewAnnotationWriter(client, nodes, keys...), beat: opts.Heartbeat, clock: opts.Clock}
+	return &Syncer{nodeName: nodeName, nodes: nodes, writer: report.NewAnnotationWriter(client, nodes, keys...)}
 }
 
 // Name implements report.Syncer.
@@ -123,43 +106,11 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	}
 	ours := gpuhealthv1.UnhealthyIndexes(snap)
 	// The list is shared with Volcano's device plugin: merged on the Node as it is when written.
-	beat := ""
-	n, err := s.writer.WriteMerged(ctx, node, func(node *corev1.Node) map[string]string {
+	return s.writer.WriteMerged(ctx, node, func(node *corev1.Node) map[string]string {
 		merged := gpuhealthv1.MergeUnhealthyIDs(node.Annotations, ours)
 		s.logBadInput(ctx, merged)
-		want := map[string]string{gpuhealthv1.UnhealthyIDsKey: merged.Value, gpuhealthv1.HealthKey: healthJSON, gpuhealthv1.VolcanoStateKey: merged.State}
-		if s.beat.Period > 0 {
-			// The heartbeat is written when due, and with any other write (it costs nothing then).
-			beat = node.Annotations[gpuhealthv1.HeartbeatKey]
-			now := s.clock.Now()
-			if s.beat.Due(beat, now) || differs(node.Annotations, want) {
-				beat = gpuhealthv1.FormatHeartbeat(now)
-			}
-			want[gpuhealthv1.HeartbeatKey] = beat
-		}
-		return want
+		return map[string]string{gpuhealthv1.UnhealthyIDsKey: merged.Value, gpuhealthv1.HealthKey: healthJSON, gpuhealthv1.VolcanoStateKey: merged.State}
 	})
-	s.mu.Lock()
-	s.nextBeat = s.beat.Next(beat)
-	s.mu.Unlock()
-	return n, err
-}
-
-// differs reports whether annotations lack any value of want ("" meaning absent).
-func differs(annotations, want map[string]string) bool {
-	for k, v := range want {
-		if annotations[k] != v {
-			return true
-		}
-	}
-	return false
-}
-
-// NextSync implements report.Pacer: the next heartbeat.
-func (s *Syncer) NextSync() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.nextBeat
 }
 
 // logBadInput reports entries of another writer that are not GPU indexes, and an unreadable state,

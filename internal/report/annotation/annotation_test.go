@@ -9,10 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
-	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/annotation"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -116,49 +114,23 @@ func TestSyncFailsCleanlyWithoutTheNode(t *testing.T) {
 	}
 }
 
-// TestHeartbeatRidesTheAnnotations: the syncer that carries the heartbeat writes it with its
-// first write and again once a period has passed, and not in between; one that does not carry
-// it never touches the key (another reporter owns it).
-func TestHeartbeatRidesTheAnnotations(t *testing.T) {
+// TestNoHeartbeatOnTheNode: the heartbeat is a Lease now; the syncer writes the Node only when a
+// value changed, and leaves an earlier release's heartbeat annotation alone.
+func TestNoHeartbeatOnTheNode(t *testing.T) {
 	ctx := context.Background()
-	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	clk := clocktesting.NewFakePassiveClock(t0)
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-	s := annotation.New(adapt.Clientset(client), "n1", annotation.Options{Heartbeat: report.Heartbeat{Period: time.Minute}, Clock: clk})
-	heartbeat := func() string {
-		t.Helper()
-		n, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n.Annotations[gpuhealthv1.HeartbeatKey]
-	}
-	sync := func(want int) {
-		t.Helper()
+	old := gpuhealthv1.FormatHeartbeat(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{gpuhealthv1.HeartbeatKey: old}}})
+	s := annotation.New(adapt.Clientset(client), "n1", annotation.Options{})
+	for i, want := range []int{1, 0, 0} {
 		if n, err := s.Sync(ctx, snap(health.Healthy, health.Healthy)); err != nil || n != want {
-			t.Fatalf("Sync = %d, %v; want %d", n, err, want)
+			t.Fatalf("Sync %d = %d, %v; want %d writes", i, n, err, want)
 		}
 	}
-	sync(1)
-	if got := heartbeat(); got != gpuhealthv1.FormatHeartbeat(t0) {
-		t.Fatalf("heartbeat %q after the first write", got)
-	}
-	clk.SetTime(t0.Add(30 * time.Second))
-	sync(0)
-	if got := s.NextSync(); !got.Equal(t0.Add(time.Minute)) {
-		t.Errorf("NextSync = %v", got)
-	}
-	clk.SetTime(t0.Add(time.Minute))
-	sync(1)
-	if got := heartbeat(); got != gpuhealthv1.FormatHeartbeat(t0.Add(time.Minute)) {
-		t.Errorf("heartbeat %q after a period", got)
-	}
-	other := annotation.New(adapt.Clientset(client), "n1", annotation.Options{Clock: clk})
-	clk.SetTime(t0.Add(time.Hour))
-	if _, err := other.Sync(ctx, snap(health.Unhealthy, health.Healthy)); err != nil {
+	n, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := heartbeat(); got != gpuhealthv1.FormatHeartbeat(t0.Add(time.Minute)) {
-		t.Errorf("a syncer without the heartbeat changed it to %q", got)
+	if got := n.Annotations[gpuhealthv1.HeartbeatKey]; got != old {
+		t.Errorf("the heartbeat annotation is %q, want the earlier release's %q left alone", got, old)
 	}
 }

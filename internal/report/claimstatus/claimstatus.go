@@ -14,38 +14,36 @@
 // server also requires the per-driver synthetic permission resourceclaims/driver
 // (associated-node:patch for an agent whose token is bound to a pod on the claim's node).
 //
-// The claims are found as the kubelet finds them: through the pods bound to this node (one watch
-// selected by spec.nodeName, a selector the API server indexes) and the claims those pods use.
-// ResourceClaims cannot be selected by node, and a cluster-wide claim watch in every agent would
-// cache every claim of the cluster on every node and cost the API server one dispatch per agent
-// for every claim event. Claims are read with a GET only when there is something to check: while
-// a GPU of the node is not Healthy, for claims that still carry our condition, and once after
-// start for every claim on the node (conditions left by an earlier run).
+// The claims are found where the kubelet keeps them: its pod-resources API names, for every
+// container on the node, the DRA claims it was prepared with (claims.go), so the agent needs no
+// permission to read pods, and reads by name only the claims of its own node. ResourceClaims
+// cannot be selected by node, and neither can a reader of pods be confined to one node's: a pod
+// watch (Options.PodWatch, for kubelets that do not name claims) needs cluster-wide pods
+// list/watch. Claims are read with a GET only when there is something to check: the node's
+// claims once after start (conditions left by an earlier run) and, while a GPU is not Healthy,
+// when they come to the node or the conditions they should carry change; the claims that carry
+// our condition when it should change; and all of those again every Options.Recheck. A node
+// without DRA devices of the driver (device plugins only) looks for no claims at all.
 package claimstatus
 
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
-	"strings"
+	"time"
 
 	"github.com/gpuhealth/gpuhealth/pkg/dra"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
-	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/cache/dradevices"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
@@ -59,6 +57,18 @@ const (
 	ReasonUnhealthy = "Unhealthy"
 	ReasonDegraded  = "Degraded"
 	FieldManager    = "gpuhealth-agent"
+	// EventUnavailable is the reason of the Warning Event on the Node saying that the claims of
+	// its pods cannot be found, and why.
+	EventUnavailable = "ClaimStatusUnavailable"
+)
+
+// Defaults of Options.
+const (
+	DefaultPoll    = 10 * time.Second
+	DefaultRecheck = 5 * time.Minute
+	// RetryUnavailable is how often a syncer that cannot find the node's claims tries again
+	// while every GPU is Healthy (while one is not, every Poll).
+	RetryUnavailable = time.Minute
 )
 
 // Options configure a Syncer.
@@ -70,7 +80,29 @@ type Options struct {
 	// Devices, when set, is the agent's shared index of this node's DRA devices (of Driver and
 	// the same attributes); nil gives the syncer one of its own.
 	Devices *dradevices.Index
-	// Clock stamps the conditions' lastTransitionTime (default the real clock).
+	// PodResources is the kubelet's pod-resources API (podresources.Socket), which names the
+	// claims of the node's pods. Required unless PodWatch.
+	PodResources PodResourcesLister
+	// PodWatch finds the claims through a watch of the pods bound to the node instead (it needs
+	// cluster-wide pods list/watch): for kubelets that do not name claims in pod-resources.
+	PodWatch bool
+	// Nodes gives this node's Node, whose kubelet version says whether the kubelet names claims
+	// (nodecache.Cache does); nil reads it from the API server when needed.
+	Nodes NodeGetter
+	// Unavailable, when set, hears once per cause that the node's claims cannot be found, and
+	// why (the agent posts it as a Warning Event on its Node). Syncs go on, without them.
+	Unavailable func(why string)
+	// Unmarked, when set, hears each sync that has a GPU to mark and cannot find the node's
+	// claims (the agent counts it in gpuhealth_unmatched_devices_total).
+	Unmarked func()
+	// Poll is how often the node's claims are looked for again while a GPU is not Healthy, for
+	// pods that start on it (default DefaultPoll; not with PodWatch, whose watch says so).
+	Poll time.Duration
+	// Recheck is how often every claim to check is read again although nothing changed, to
+	// repair what someone else changed (default DefaultRecheck).
+	Recheck time.Duration
+	// Clock stamps the conditions' lastTransitionTime and paces the syncs (default the real
+	// clock).
 	Clock clock.PassiveClock
 }
 
@@ -79,16 +111,25 @@ type Syncer struct {
 	client   kube.Interface
 	nodeName string
 	opts     Options
-	pods     corelisters.PodLister
+	finder   claimFinder
 	devices  *dradevices.Index
 	// marked holds the claims that carry our condition, as far as this syncer knows; nil until a
 	// Sync has checked every claim on the node.
 	marked map[types.NamespacedName]bool
+	// checked holds, for each claim read since checkedAt, the fingerprint of the conditions it
+	// was checked against: it needs no new read while they stay the same.
+	checked   map[types.NamespacedName]uint64
+	checkedAt time.Time
+	// sick: the last Sync had a DRA device to mark; unavailable: why the node's claims could not
+	// be found in the last Sync that looked ("" when they could).
+	sick        bool
+	unavailable string
 }
 
 var (
 	_ report.Syncer  = (*Syncer)(nil)
 	_ report.Starter = (*Syncer)(nil)
+	_ report.Pacer   = (*Syncer)(nil)
 )
 
 // New returns a Syncer for nodeName.
@@ -96,108 +137,105 @@ func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Syncer{client: client, nodeName: nodeName, opts: opts}
+	opts.Poll = cmp.Or(opts.Poll, DefaultPoll)
+	opts.Recheck = cmp.Or(opts.Recheck, DefaultRecheck)
+	return &Syncer{client: client, nodeName: nodeName, opts: opts, checked: map[types.NamespacedName]uint64{}}
 }
 
 // Name implements report.Syncer.
 func (s *Syncer) Name() string { return "claimstatus" }
 
-// Start fills the caches of this node's pods (claims come and go with them) and slices.
+// Start fills the cache of this node's DRA devices and, with PodWatch, of its pods.
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	attrs := dra.Attributes{UUID: s.opts.UUIDAttribute, ParentUUID: s.opts.ParentUUIDAttribute, PCIBusID: s.opts.PCIBusIDAttribute}
 	devices, err := dradevices.Attach(ctx, s.opts.Devices, dradevices.Source{Client: s.client, Node: s.nodeName, Driver: s.opts.Driver, Attributes: attrs}, trigger)
 	if err != nil {
 		return fmt.Errorf("claimstatus: %w", err)
 	}
-	var informers kube.Informers
-	podInformer := informers.Add(kube.NewInformer(s.client, s.client.CoreV1().Pods(""), &corev1.Pod{}, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String()
-	}))
-	// Only the pod's name and claims are kept: the cache holds every pod of the node.
-	if err := podInformer.SetTransform(claimsOnly); err != nil {
-		return err
+	logger := klog.FromContext(ctx)
+	switch {
+	case s.opts.PodWatch:
+		pods, err := watchPods(ctx, s.client, s.nodeName, trigger)
+		if err != nil {
+			return fmt.Errorf("claimstatus: %w", err)
+		}
+		s.finder = pods
+		logger.Info("Finding the ResourceClaims of this node's pods through a watch of its pods (agent.claimStatus.podWatch)")
+	case s.opts.PodResources != nil:
+		s.finder = &kubeletClaims{lister: s.opts.PodResources, node: s.node}
+		logger.V(1).Info("Finding the ResourceClaims of this node's pods through the kubelet's pod-resources API")
+	default:
+		return errors.New("claimstatus: neither the kubelet's pod-resources API nor a pod watch to find claims by")
 	}
-	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if pod, ok := obj.(*corev1.Pod); !ok || len(dra.PodClaimNames(pod)) > 0 {
-				trigger()
-			}
-		},
-		UpdateFunc: func(oldObj, newObj any) {
-			o, ok1 := oldObj.(*corev1.Pod)
-			n, ok2 := newObj.(*corev1.Pod)
-			if !ok1 || !ok2 || !slices.Equal(dra.PodClaimNames(o), dra.PodClaimNames(n)) {
-				trigger()
-			}
-		},
-		DeleteFunc: func(any) { trigger() },
-	}); err != nil {
-		return err
-	}
-	s.pods, s.devices = corelisters.NewPodLister(podInformer.GetIndexer()), devices
-	informers.Start(ctx)
-	if err := informers.WaitForCacheSync(ctx); err != nil {
-		return fmt.Errorf("claimstatus: %w", err)
-	}
+	s.devices = devices
 	return nil
 }
 
-// claimsOnly strips a pod down to what Sync reads.
-func claimsOnly(obj any) (any, error) {
-	pod, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil // a tombstone
+// node returns this node's Node.
+func (s *Syncer) node(ctx context.Context) (*corev1.Node, error) {
+	if s.opts.Nodes != nil {
+		return s.opts.Nodes.Get(ctx)
 	}
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion},
-		Spec:       corev1.PodSpec{NodeName: pod.Spec.NodeName, ResourceClaims: pod.Spec.ResourceClaims},
-		Status: corev1.PodStatus{
-			ResourceClaimStatuses:       pod.Status.ResourceClaimStatuses,
-			ExtendedResourceClaimStatus: pod.Status.ExtendedResourceClaimStatus,
-		},
-	}, nil
+	return s.client.CoreV1().Nodes().Get(ctx, s.nodeName, metav1.GetOptions{})
 }
 
-// claimsOnNode returns the claims of the pods bound to this node.
-func (s *Syncer) claimsOnNode() (map[types.NamespacedName]bool, error) {
-	pods, err := s.pods.List(labels.Everything())
-	if err != nil {
-		return nil, err
+// NextSync implements report.Pacer: while a GPU is not Healthy the kubelet is asked again every
+// Poll for claims that came to the node (a pod watch hears of them by itself), and while the
+// node's claims cannot be found, every RetryUnavailable.
+func (s *Syncer) NextSync() time.Time {
+	now := s.opts.Clock.Now()
+	switch {
+	case s.sick && !s.opts.PodWatch:
+		return now.Add(s.opts.Poll)
+	case s.unavailable != "":
+		return now.Add(RetryUnavailable)
 	}
-	out := map[types.NamespacedName]bool{}
-	for _, pod := range pods {
-		if pod.Spec.NodeName != s.nodeName {
-			continue
-		}
-		for _, name := range dra.PodClaimNames(pod) {
-			out[types.NamespacedName{Namespace: pod.Namespace, Name: name}] = true
-		}
-	}
-	return out, nil
+	return time.Time{}
 }
 
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
-	if s.pods == nil || s.devices == nil {
+	if s.finder == nil || s.devices == nil {
 		return 0, errors.New("claimstatus: Sync before Start")
 	}
 	catalog, err := s.devices.Catalog(ctx)
 	if err != nil {
 		return 0, err
 	}
+	if catalog.PhysicalGPUs() == 0 {
+		// No DRA device of this node and driver (a device-plugin node): no claim can hold one,
+		// and nothing needs finding.
+		s.sick = false
+		return 0, nil
+	}
 	assigned, _ := catalog.Assign(snap)
-	sick := slices.ContainsFunc(snap.Devices, func(d health.DeviceStatus) bool { return d.Health != health.Healthy })
-	// Which claims to read: those that may need a condition (every claim on the node while a
-	// GPU is not Healthy, and all of them once after start) and those that carry one.
-	check := map[types.NamespacedName]bool{}
-	if sick || s.marked == nil {
-		if check, err = s.claimsOnNode(); err != nil {
+	s.sick = len(assigned) > 0
+	fp := fingerprint(assigned)
+	if now := s.opts.Clock.Now(); s.checkedAt.IsZero() || now.Sub(s.checkedAt) >= s.opts.Recheck {
+		clear(s.checked)
+		s.checkedAt = now
+	}
+	// Which claims to read: those on the node that may need a condition (while a device is to
+	// be marked, and all of them once after start) and those that carry one, unless already
+	// checked against the same conditions.
+	var onNode map[types.NamespacedName]bool
+	if s.sick || s.marked == nil {
+		if onNode, err = s.findClaims(ctx); err != nil {
 			return 0, err
 		}
 	}
 	marked := s.marked
 	if marked == nil {
 		marked = map[types.NamespacedName]bool{}
+	}
+	for key := range s.checked {
+		if !onNode[key] && !marked[key] {
+			delete(s.checked, key)
+		}
+	}
+	check := map[types.NamespacedName]bool{}
+	for key := range onNode {
+		check[key] = true
 	}
 	for key := range marked {
 		check[key] = true
@@ -208,40 +246,85 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	writes := 0
 	var errs []error
 	for _, key := range keys {
-		claim, err := s.client.ResourceV1().ResourceClaims(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			delete(marked, key) // the claim is gone
+		if got, ok := s.checked[key]; ok && got == fp {
 			continue
 		}
+		wrote, err := s.syncClaim(ctx, key, catalog, assigned, marked)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("get claim %s: %w", key, err))
+			errs = append(errs, err)
 			continue
 		}
-		if claim.Status.Allocation == nil && !hasOurConditions(claim) {
-			delete(marked, key)
-			continue
+		s.checked[key] = fp
+		if wrote {
+			writes++
 		}
-		desired := s.desired(claim, assigned)
-		if !s.differs(claim, catalog, desired) {
-			setMark(marked, key, hasOurConditions(claim))
-			continue
-		}
-		if err := s.apply(ctx, claim, desired); err != nil {
-			if apierrors.IsNotFound(err) {
-				delete(marked, key)
-				continue
-			}
-			errs = append(errs, fmt.Errorf("claim %s: %w", key, err))
-			continue
-		}
-		setMark(marked, key, len(desired) > 0)
-		writes++
 	}
-	if s.marked != nil || len(errs) == 0 {
-		// After start, only a round without errors has seen every claim.
+	if s.marked != nil || (onNode != nil && len(errs) == 0) {
+		// After start, only a round that found the node's claims and read them all without
+		// errors has seen every claim.
 		s.marked = marked
 	}
 	return writes, errors.Join(errs...)
+}
+
+// findClaims returns the claims of the pods on this node, or nil when they cannot be found (said
+// once per cause), or an error worth a retry.
+func (s *Syncer) findClaims(ctx context.Context) (map[types.NamespacedName]bool, error) {
+	logger := klog.FromContext(ctx)
+	claims, err := s.finder.claims(ctx)
+	var u unavailableError
+	switch {
+	case errors.As(err, &u):
+		if s.unavailable != u.why {
+			s.unavailable = u.why
+			logger.Error(err, "Cannot find the ResourceClaims of this node's pods: claims holding a GPU that is not Healthy get no condition until they can be found")
+			if s.opts.Unavailable != nil {
+				s.opts.Unavailable(u.why)
+			}
+		}
+		if s.sick && s.opts.Unmarked != nil {
+			s.opts.Unmarked()
+		}
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("find the claims of the pods on %s: %w", s.nodeName, err)
+	}
+	if s.unavailable != "" {
+		logger.Info("Found the ResourceClaims of this node's pods again", "claims", len(claims))
+		s.unavailable = ""
+	}
+	return claims, nil
+}
+
+// syncClaim reads one claim and writes its conditions where they differ from what they should
+// be; it keeps marked up to date and says whether it wrote.
+func (s *Syncer) syncClaim(ctx context.Context, key types.NamespacedName, catalog *dra.Catalog, assigned map[dra.DeviceID]dra.Assignment, marked map[types.NamespacedName]bool) (bool, error) {
+	claim, err := s.client.ResourceV1().ResourceClaims(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		delete(marked, key) // the claim is gone
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get claim %s: %w", key, err)
+	}
+	if claim.Status.Allocation == nil && !hasOurConditions(claim) {
+		delete(marked, key)
+		return false, nil
+	}
+	desired := s.desired(claim, assigned)
+	if !s.differs(claim, catalog, desired) {
+		setMark(marked, key, hasOurConditions(claim))
+		return false, nil
+	}
+	if err := s.apply(ctx, claim, desired); err != nil {
+		if apierrors.IsNotFound(err) {
+			delete(marked, key)
+			return false, nil
+		}
+		return false, fmt.Errorf("claim %s: %w", key, err)
+	}
+	setMark(marked, key, len(desired) > 0)
+	return true, nil
 }
 
 func setMark(marked map[types.NamespacedName]bool, key types.NamespacedName, on bool) {
@@ -252,149 +335,19 @@ func setMark(marked map[types.NamespacedName]bool, key types.NamespacedName, on 
 	}
 }
 
-// desired returns, for each device of this node the claim holds whose GPU is not Healthy, the
-// condition it should carry.
-func (s *Syncer) desired(claim *resourceapi.ResourceClaim, assigned map[dra.DeviceID]dra.Assignment) map[dra.DeviceID]metav1.Condition {
-	out := map[dra.DeviceID]metav1.Condition{}
-	if claim.Status.Allocation == nil {
-		return out
-	}
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != s.opts.Driver {
-			continue
-		}
-		key := dra.DeviceID{Pool: r.Pool, Device: r.Device}
-		if a, ok := assigned[key]; ok {
-			out[key] = condition(a.Status)
-		}
-	}
-	return out
-}
-
-func condition(d health.DeviceStatus) metav1.Condition {
-	reason := ReasonDegraded
-	if d.Health == health.Unhealthy {
-		reason = ReasonUnhealthy
-	}
-	var parts []string
-	for _, c := range health.WorstFirst(d.Conditions) {
-		parts = append(parts, c.Reason+": "+c.Message)
-	}
-	msg := strings.Join(parts, "; ")
-	if d.Evict {
-		msg += "; eviction requested"
-	}
-	if len(msg) > 32*1024 {
-		msg = msg[:32*1024]
-	}
-	return metav1.Condition{Type: ConditionType, Status: metav1.ConditionFalse, Reason: reason, Message: msg}
-}
-
-// current returns our conditions now in the claim's status, for this node's devices.
-func current(claim *resourceapi.ResourceClaim, mine func(dra.DeviceID) bool, driver string) map[dra.DeviceID]metav1.Condition {
-	out := map[dra.DeviceID]metav1.Condition{}
-	for _, ds := range claim.Status.Devices {
-		key := dra.DeviceID{Pool: ds.Pool, Device: ds.Device}
-		if !mine(key) || ds.Driver != driver {
-			continue
-		}
-		for _, c := range ds.Conditions {
-			if c.Type == ConditionType {
-				out[key] = c
-			}
-		}
-	}
-	return out
-}
-
-func hasOurConditions(claim *resourceapi.ResourceClaim) bool {
-	for _, ds := range claim.Status.Devices {
-		if slices.ContainsFunc(ds.Conditions, func(c metav1.Condition) bool { return c.Type == ConditionType }) {
-			return true
-		}
-	}
-	return false
-}
-
-func (s *Syncer) differs(claim *resourceapi.ResourceClaim, catalog *dra.Catalog, desired map[dra.DeviceID]metav1.Condition) bool {
-	have := current(claim, catalog.Known, s.opts.Driver)
-	if len(have) != len(desired) {
-		return true
-	}
-	for key, want := range desired {
-		got, ok := have[key]
-		if !ok || got.Status != want.Status || got.Reason != want.Reason || got.Message != want.Message {
-			return true
-		}
-	}
-	return false
-}
-
-// apply writes every condition of the claim's devices on this node in one server-side apply;
-// devices left out (all of them, on recovery) lose what this field manager owned, and server-side
-// apply removes the entries nobody else owns.
-func (s *Syncer) apply(ctx context.Context, claim *resourceapi.ResourceClaim, desired map[dra.DeviceID]metav1.Condition) error {
-	have := current(claim, func(dra.DeviceID) bool { return true }, s.opts.Driver)
-	keys := make([]dra.DeviceID, 0, len(desired))
-	for k := range desired {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b dra.DeviceID) int {
+// fingerprint identifies the conditions the node's DRA devices should carry: a claim checked
+// against the same fingerprint needs no new read.
+func fingerprint(assigned map[dra.DeviceID]dra.Assignment) uint64 {
+	keys := slices.SortedFunc(maps.Keys(assigned), func(a, b dra.DeviceID) int {
 		return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Device, b.Device))
 	})
-	now := metav1.NewTime(s.opts.Clock.Now())
-	body := claimStatusApply{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim"}
-	body.Metadata.Name, body.Metadata.Namespace = claim.Name, claim.Namespace
+	h := fnv.New64a()
 	for _, k := range keys {
-		want := desired[k]
-		since := now
-		if got, ok := have[k]; ok && got.Status == want.Status {
-			since = got.LastTransitionTime
+		c := condition(assigned[k].Status)
+		for _, part := range []string{k.Pool, k.Device, c.Reason, c.Message} {
+			_, _ = h.Write([]byte(part))
+			_, _ = h.Write([]byte{0})
 		}
-		body.Status.Devices = append(body.Status.Devices, deviceStatusApply{
-			Driver: s.opts.Driver, Pool: k.Pool, Device: k.Device,
-			Conditions: []conditionApply{{
-				Type: want.Type, Status: want.Status, Reason: want.Reason, Message: want.Message,
-				LastTransitionTime: since, ObservedGeneration: claim.Generation,
-			}},
-		})
 	}
-	data, err := json.Marshal(body)
-	if err != nil {
-		return err
-	}
-	_, err = s.client.ResourceV1().ResourceClaims(claim.Namespace).Patch(ctx, claim.Name, types.ApplyPatchType, data,
-		metav1.PatchOptions{FieldManager: FieldManager, Force: ptr.To(true)}, "status")
-	return err
-}
-
-// claimStatusApply is the server-side apply configuration of a claim's device conditions, the
-// fields client-go's ResourceClaim apply configuration would send (that package links every API
-// group; see package kube).
-type claimStatusApply struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
-	} `json:"metadata"`
-	Status struct {
-		Devices []deviceStatusApply `json:"devices,omitempty"`
-	} `json:"status"`
-}
-
-type deviceStatusApply struct {
-	Driver     string           `json:"driver"`
-	Pool       string           `json:"pool"`
-	Device     string           `json:"device"`
-	Conditions []conditionApply `json:"conditions"`
-}
-
-type conditionApply struct {
-	Type               string                 `json:"type"`
-	Status             metav1.ConditionStatus `json:"status"`
-	ObservedGeneration int64                  `json:"observedGeneration"`
-	LastTransitionTime metav1.Time            `json:"lastTransitionTime"`
-	Reason             string                 `json:"reason"`
-	Message            string                 `json:"message"`
+	return h.Sum64()
 }

@@ -8,10 +8,15 @@
 //
 // The condition is written with a strategic merge patch of nodes/status that touches only this
 // condition (the kubelet's conditions are left alone), and only when type, status, reason or
-// message differ from what the Node has (read from the agent's shared cache, nodecache), or when
-// the node's heartbeat is due (Options.Heartbeat: lastHeartbeatTime and the
-// gpuhealth.dev/gpu-health-heartbeat annotation, in the same patch). A change to the condition
-// by someone else is repaired at once. lastTransitionTime changes only when status does.
+// message differ from what the Node has (read from the agent's shared cache, nodecache); the
+// agent's heartbeat is a Lease (internal/heartbeat), so nothing is written while nothing
+// changes. A change to the condition by someone else is repaired at once. lastTransitionTime
+// changes only when status does.
+//
+// With the circuit breaker it adds GPUCircuitBreakerOpen, and one repair condition for node
+// repair engines (repair.go): by default remediation's GPURebootRequired, or a configured type
+// such as AcceleratedHardwareReady that asks for a reboot or a replacement within the breaker's
+// budget (docs/repair-engines.md).
 //
 // Events records a Node Event for every health transition of a GPU.
 package nodecondition
@@ -36,6 +41,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/report"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 // Type is the condition's type.
@@ -62,20 +68,28 @@ type Options struct {
 	// Clock stamps the conditions' heartbeat and transition times (default the real clock).
 	Clock clock.PassiveClock
 	// Breaker, when set, is the circuit breaker whose held-back GPUs the syncer reports in a
-	// second condition, GPUCircuitBreakerOpen.
+	// second condition, GPUCircuitBreakerOpen. The agent gives it the BreakerGate it shares with
+	// the device-taint reporter, an Admitter the repair condition asks itself.
 	Breaker Breaker
-	// RebootRequired adds the GPURebootRequired condition (with remediation on).
+	// RebootRequired adds the GPURebootRequired condition (with remediation on) while Repair is
+	// the default.
 	RebootRequired bool
-	// Heartbeat, when its period is set, makes this syncer carry the node's heartbeat: every
-	// period, even without a change, it writes the conditions' lastHeartbeatTime and the
-	// gpuhealth.dev/gpu-health-heartbeat annotation, in one patch of nodes/status.
-	Heartbeat report.Heartbeat
+	// Repair is agent.repairCondition. Its default is GPURebootRequired, as RebootRequired says;
+	// any other type is written always, in its place, and asks for no repair of a GPU the
+	// Breaker does not admit (it asks a Breaker that is an Admitter itself).
+	Repair config.RepairConditionConfig
 }
 
 // Breaker is what the syncer asks the circuit breaker (see internal/breaker): the GPUs of this
 // node it holds back.
 type Breaker interface {
 	Held() []string
+}
+
+// DomainBreaker is a Breaker with budgets per domain (internal/breaker's): the domains
+// (label=value) whose own budgets hold back GPUs of this node, which the condition names.
+type DomainBreaker interface {
+	HeldDomains() []string
 }
 
 // Syncer keeps the GPUUnhealthy condition of one Node.
@@ -86,20 +100,19 @@ type Syncer struct {
 	clock    clock.PassiveClock
 	breaker  Breaker // nil: no GPUCircuitBreakerOpen condition
 	reboot   bool
-	beat     report.Heartbeat
+	repair   config.RepairConditionConfig // with its defaults
+	// admitted are the GPUs the breaker let ask for a repair, while they need one (repair.go).
+	admitted map[string]bool
 
 	// written is what the last patch wrote, so that the informer event of our own patch does
 	// not cost another Sync.
 	mu      sync.Mutex
 	written []corev1.NodeCondition
-	// nextBeat is when the next heartbeat is due (zero: none, or at once).
-	nextBeat time.Time
 }
 
 var (
 	_ report.Syncer  = (*Syncer)(nil)
 	_ report.Starter = (*Syncer)(nil)
-	_ report.Pacer   = (*Syncer)(nil)
 )
 
 // New returns a Syncer for nodeName.
@@ -110,7 +123,8 @@ func New(client kube.Interface, nodeName string, opts Options) *Syncer {
 	if opts.Nodes == nil {
 		opts.Nodes = nodecache.New(client, nodeName)
 	}
-	return &Syncer{client: client, nodeName: nodeName, nodes: opts.Nodes, clock: opts.Clock, breaker: opts.Breaker, reboot: opts.RebootRequired, beat: opts.Heartbeat}
+	return &Syncer{client: client, nodeName: nodeName, nodes: opts.Nodes, clock: opts.Clock, breaker: opts.Breaker, reboot: opts.RebootRequired,
+		repair: opts.Repair.WithDefaults(), admitted: map[string]bool{}}
 }
 
 // Name implements report.Syncer.
@@ -121,7 +135,7 @@ func (s *Syncer) Name() string { return "condition" }
 func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	if err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: report.OnNodeUpdate(trigger, func(o, n *corev1.Node) bool {
-			return !sameConditions(ours(o), ours(n)) && !s.isOurs(n)
+			return !sameConditions(s.ours(o), s.ours(n)) && !s.isOurs(n)
 		}),
 	}); err != nil {
 		return err
@@ -130,10 +144,10 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 }
 
 // ours returns the node's conditions of the types this syncer keeps.
-func ours(n *corev1.Node) []corev1.NodeCondition {
+func (s *Syncer) ours(n *corev1.Node) []corev1.NodeCondition {
 	var out []corev1.NodeCondition
 	for _, c := range n.Status.Conditions {
-		if c.Type == Type || c.Type == BreakerType || c.Type == RebootType {
+		if c.Type == Type || c.Type == BreakerType || c.Type == RebootType || string(c.Type) == s.repair.Type {
 			out = append(out, c)
 		}
 	}
@@ -160,7 +174,7 @@ func (s *Syncer) isOurs(n *corev1.Node) bool {
 	if s.written == nil {
 		return false
 	}
-	have := ours(n)
+	have := s.ours(n)
 	for _, w := range s.written {
 		found := false
 		for _, h := range have {
@@ -222,9 +236,19 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	status, reason, message := Desired(snap)
 	want := []corev1.NodeCondition{{Type: Type, Status: status, Reason: reason, Message: message}}
 	if s.breaker != nil {
-		want = append(want, breakerCondition(s.breaker.Held()))
+		var domains []string
+		if d, ok := s.breaker.(DomainBreaker); ok {
+			domains = d.HeldDomains()
+		}
+		want = append(want, breakerCondition(s.breaker.Held(), domains))
 	}
-	if s.reboot {
+	var breakerErr error // the repair condition is written, GPUs the breaker did not answer held
+	switch {
+	case !s.repair.IsDefault():
+		var held []string
+		held, breakerErr = s.repairHeld(ctx, snap)
+		want = append(want, repairCondition(s.repair, RepairDesired(snap, held)))
+	case s.reboot:
 		status, reason, message := RebootDesired(snap)
 		want = append(want, corev1.NodeCondition{Type: RebootType, Status: status, Reason: reason, Message: message})
 	}
@@ -252,18 +276,10 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 		}
 		changed = changed || !found
 	}
-	current := node.Annotations[gpuhealthv1.HeartbeatKey]
-	if !changed && !s.beat.Due(current, now.Time) {
-		s.setNextBeat(s.beat.Next(current))
-		return 0, nil
+	if !changed {
+		return 0, breakerErr
 	}
-	patch := map[string]any{"status": map[string]any{"conditions": want}}
-	beat := gpuhealthv1.FormatHeartbeat(now.Time)
-	if s.beat.Period > 0 {
-		// nodes/status keeps the spec but takes metadata: the heartbeat rides the same write.
-		patch["metadata"] = map[string]any{"annotations": map[string]string{gpuhealthv1.HeartbeatKey: beat}}
-	}
-	body, err := json.Marshal(patch)
+	body, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": want}})
 	if err != nil {
 		return 0, err
 	}
@@ -275,21 +291,7 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	s.mu.Lock()
 	s.written = want
 	s.mu.Unlock()
-	s.setNextBeat(s.beat.Next(beat))
-	return 1, nil
-}
-
-// NextSync implements report.Pacer: the next heartbeat.
-func (s *Syncer) NextSync() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.nextBeat
-}
-
-func (s *Syncer) setNextBeat(t time.Time) {
-	s.mu.Lock()
-	s.nextBeat = t
-	s.mu.Unlock()
+	return 1, breakerErr
 }
 
 // ReportUnknown sets the GPUUnhealthy condition of node to Unknown with reason
@@ -357,10 +359,15 @@ func RebootDesired(snap health.Snapshot) (corev1.ConditionStatus, string, string
 	}
 }
 
-func breakerCondition(held []string) corev1.NodeCondition {
+func breakerCondition(held, domains []string) corev1.NodeCondition {
 	if len(held) == 0 {
 		return corev1.NodeCondition{Type: BreakerType, Status: corev1.ConditionFalse, Reason: "CircuitBreakerClosed",
 			Message: "no GPU of this node is held back"}
+	}
+	if len(domains) > 0 {
+		return corev1.NodeCondition{Type: BreakerType, Status: corev1.ConditionTrue, Reason: "CircuitBreakerOpen",
+			Message: fmt.Sprintf("%d GPUs of this node are tainted None instead of NoSchedule/NoExecute because too many GPUs of its domain %s failed at once (%s); the rest of the cluster is admitted; `gpuhealth breaker ack` lets them through",
+				len(held), strings.Join(domains, ", "), strings.Join(held, ", "))}
 	}
 	return corev1.NodeCondition{Type: BreakerType, Status: corev1.ConditionTrue, Reason: "CircuitBreakerOpen",
 		Message: fmt.Sprintf("%d GPUs of this node are tainted None instead of NoSchedule/NoExecute because too many of the cluster's GPUs failed at once (%s); `gpuhealth breaker ack` lets them through",

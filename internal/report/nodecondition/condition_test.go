@@ -13,7 +13,6 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
-	"github.com/gpuhealth/gpuhealth/internal/report"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
@@ -157,54 +156,31 @@ func TestEventsPerTransition(t *testing.T) {
 	}
 }
 
-// TestHeartbeatConfirmsTheReportEveryPeriod: with a heartbeat the syncer writes even when
-// nothing changed, once per period: the conditions' lastHeartbeatTime and the heartbeat
-// annotation, in one patch; lastTransitionTime stays; NextSync says when the next is due.
-func TestHeartbeatConfirmsTheReportEveryPeriod(t *testing.T) {
+// TestNoWriteWithoutAChange: the heartbeat is a Lease now; the syncer writes the condition once
+// and then nothing while nothing changes, however much time passes, and never a heartbeat
+// annotation.
+func TestNoWriteWithoutAChange(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakePassiveClock(t0)
-	s := nodecondition.New(adapt.Clientset(client), "n1", nodecondition.Options{Clock: clk, Heartbeat: report.Heartbeat{Period: 5 * time.Minute}})
+	s := nodecondition.New(adapt.Clientset(client), "n1", nodecondition.Options{Clock: clk})
 	snap := health.Snapshot{Devices: []health.DeviceStatus{device(0, health.Healthy, "")}}
-	sync := func(want int) {
-		t.Helper()
+	for i, step := range []time.Duration{0, 5 * time.Minute, time.Hour} {
+		clk.SetTime(t0.Add(step))
+		want := 0
+		if i == 0 {
+			want = 1
+		}
 		if n, err := s.Sync(ctx, snap); err != nil || n != want {
-			t.Fatalf("Sync = %d, %v; want %d writes", n, err, want)
+			t.Fatalf("Sync at +%v = %d, %v; want %d writes", step, n, err, want)
 		}
 	}
-	state := func() (heartbeat string, cond corev1.NodeCondition) {
-		t.Helper()
-		node, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range node.Status.Conditions {
-			if c.Type == nodecondition.Type {
-				cond = c
-			}
-		}
-		return node.Annotations[gpuhealthv1.HeartbeatKey], cond
+	node, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	sync(1)
-	if hb, c := state(); hb != gpuhealthv1.FormatHeartbeat(t0) || !c.LastHeartbeatTime.Time.Equal(t0) {
-		t.Fatalf("heartbeat %q, condition %+v", hb, c)
-	}
-	if got := s.NextSync(); !got.Equal(t0.Add(5 * time.Minute)) {
-		t.Errorf("NextSync = %v, want %v", got, t0.Add(5*time.Minute))
-	}
-	clk.SetTime(t0.Add(4 * time.Minute))
-	sync(0)
-	clk.SetTime(t0.Add(5 * time.Minute))
-	sync(1)
-	hb, c := state()
-	if hb != gpuhealthv1.FormatHeartbeat(t0.Add(5*time.Minute)) || !c.LastHeartbeatTime.Time.Equal(t0.Add(5*time.Minute)) || !c.LastTransitionTime.Time.Equal(t0) {
-		t.Errorf("after a period: heartbeat %q, condition %+v; want both at +5m, transition at t0", hb, c)
-	}
-	// Without a heartbeat nothing is written without a change, and nothing is due.
-	quiet := nodecondition.New(adapt.Clientset(client), "n1", nodecondition.Options{Clock: clk})
-	clk.SetTime(t0.Add(time.Hour))
-	if n, err := quiet.Sync(ctx, snap); err != nil || n != 0 || !quiet.NextSync().IsZero() {
-		t.Errorf("without a heartbeat: Sync = %d, %v; NextSync %v", n, err, quiet.NextSync())
+	if v, ok := node.Annotations[gpuhealthv1.HeartbeatKey]; ok {
+		t.Errorf("the syncer wrote a heartbeat annotation %q", v)
 	}
 }

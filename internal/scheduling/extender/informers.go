@@ -3,7 +3,9 @@ package extender
 import (
 	"context"
 	"fmt"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -12,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/gpuhealth/gpuhealth/internal/heartbeat"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -30,7 +33,7 @@ type listener interface {
 
 // start runs node and pod informers that feed s, and waits for their first list. l, which may be
 // nil, hears from the informers' handlers and must not block them.
-func (s *state) start(ctx context.Context, client kubernetes.Interface, l listener) error {
+func (s *state) start(ctx context.Context, client kubernetes.Interface, agentNamespace string, l listener) error {
 	logger := klog.FromContext(ctx)
 	nodes := informers.NewSharedInformerFactory(client, 0)
 	pods := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -80,13 +83,60 @@ func (s *state) start(ctx context.Context, client kubernetes.Interface, l listen
 		return err
 	}
 
+	synced := []cache.InformerSynced{nodeReg.HasSynced, podReg.HasSynced}
+	if agentNamespace != "" {
+		// The agents' heartbeats (gpuhealthv1.HeartbeatLeaseName), only the renewal kept.
+		leases := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(agentNamespace),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.LabelSelector = gpuhealthv1.HeartbeatLeaseLabel + "=true"
+			}))
+		leaseInf := leases.Coordination().V1().Leases().Informer()
+		if err := leaseInf.SetTransform(trimLease); err != nil {
+			return err
+		}
+		onLease := func(lease *coordinationv1.Lease, present bool) {
+			renewed := time.Time{}
+			if lease.Spec.HolderIdentity == nil {
+				return
+			}
+			node := *lease.Spec.HolderIdentity
+			if lease.Name != gpuhealthv1.HeartbeatLeaseName(node) {
+				return // not that node's Lease: a name it cannot have
+			}
+			if present {
+				renewed = heartbeat.Renewed(lease, node)
+			}
+			if s.setLease(node, renewed) && l != nil {
+				l.nodeImproved(node)
+			}
+		}
+		leaseReg, err := leaseInf.AddEventHandler(kube.Handlers(func(lease *coordinationv1.Lease) { onLease(lease, true) },
+			func(lease *coordinationv1.Lease) { onLease(lease, false) }))
+		if err != nil {
+			return err
+		}
+		leases.Start(ctx.Done())
+		synced = append(synced, leaseReg.HasSynced)
+	}
 	nodes.Start(ctx.Done())
 	pods.Start(ctx.Done())
 	// The handlers, not just the stores, must have seen the first list: state is fed by them.
-	if !cache.WaitForCacheSync(ctx.Done(), nodeReg.HasSynced, podReg.HasSynced) {
-		return fmt.Errorf("node and pod informers did not sync: %w", context.Cause(ctx))
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("node, pod and heartbeat Lease informers did not sync: %w", context.Cause(ctx))
 	}
 	return nil
+}
+
+// trimLease keeps what a heartbeat reader reads.
+func trimLease(obj any) (any, error) {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return obj, nil
+	}
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: l.Name, Namespace: l.Namespace, ResourceVersion: l.ResourceVersion},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: l.Spec.HolderIdentity, RenewTime: l.Spec.RenewTime},
+	}, nil
 }
 
 // trimNode keeps what ParseNode reads.

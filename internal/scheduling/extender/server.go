@@ -83,6 +83,9 @@ type Options struct {
 	// the pod's FailedScheduling Event). 0 trusts every report; nodes without a heartbeat are
 	// judged as before. `gpuhealth extender` defaults to gpuhealthv1.DefaultStaleAfter.
 	StaleAfter time.Duration
+	// AgentNamespace is where the agents renew their heartbeat Leases (the chart's namespace);
+	// empty reads only the heartbeat annotation of agents of earlier releases.
+	AgentNamespace string
 	// SchedulerNames are the schedulers whose pods /bind binds (default: "default-scheduler").
 	SchedulerNames []string
 	// TLS, when set, serves HTTPS; with TLS.ClientCAs set, /filter, /prioritize and /bind need a
@@ -148,7 +151,7 @@ func (s *Server) Start(ctx context.Context) error {
 		l = s.requeue
 		s.workers.Go(func() { s.requeue.run(ctx) })
 	}
-	if err := s.state.start(ctx, s.client, l); err != nil {
+	if err := s.state.start(ctx, s.client, s.opts.AgentNamespace, l); err != nil {
 		return err
 	}
 	s.ready.Store(true)

@@ -38,6 +38,10 @@ type state struct {
 type nodeSlot struct {
 	entry *nodeEntry // nil before the node informer has seen the node, and after it is deleted
 	usage scheduling.Usage
+	// hasLease: the node's agent has a heartbeat Lease, renewed at leaseBeat (zero: never, or
+	// by another holder), which is the node's heartbeat instead of its annotation's.
+	hasLease  bool
+	leaseBeat time.Time
 }
 
 func newState() *state {
@@ -59,7 +63,7 @@ func (s *state) slotLocked(name string) *nodeSlot {
 
 // tidyLocked drops the slot of name once it holds nothing.
 func (s *state) tidyLocked(name string, sl *nodeSlot) {
-	if sl.entry == nil && sl.usage.GPUs == 0 && len(sl.usage.CardMemory) == 0 {
+	if sl.entry == nil && !sl.hasLease && sl.usage.GPUs == 0 && len(sl.usage.CardMemory) == 0 {
 		delete(s.nodes, name)
 	}
 }
@@ -73,6 +77,8 @@ func (s *state) setNode(node *corev1.Node) (newWarnings []string, better bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sl := s.slotLocked(node.Name)
+	sl.applyLease(e)
+	gpus = e.gpus
 	prev := sl.entry
 	sl.entry = e
 	if prev == nil {
@@ -87,6 +93,35 @@ func (s *state) setNode(node *corev1.Node) (newWarnings []string, better bool) {
 		return warnings, better
 	}
 	return nil, better
+}
+
+// applyLease makes the slot's heartbeat Lease, when the node has one, e's heartbeat.
+func (sl *nodeSlot) applyLease(e *nodeEntry) {
+	if sl.hasLease {
+		e.gpus.Heartbeat, e.gpus.HeartbeatUnreadable = sl.leaseBeat, sl.leaseBeat.IsZero()
+	}
+}
+
+// setLease records the renewal of the heartbeat Lease of node (zero: never renewed by its agent,
+// or deleted: a node whose agent had a Lease and lost it is stale, not an agent of an earlier
+// release) and reports whether the node can now hold work it could not before.
+func (s *state) setLease(node string, renewed time.Time) (better bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sl := s.slotLocked(node)
+	sl.hasLease, sl.leaseBeat = true, renewed
+	if sl.entry == nil {
+		return false
+	}
+	prev := sl.entry
+	next := *prev
+	sl.applyLease(&next)
+	sl.entry = &next
+	var now time.Time
+	if s.staleAfter > 0 {
+		now = s.clock.Now()
+	}
+	return scheduling.Improved(&prev.gpus, &next.gpus, now, s.staleAfter)
 }
 
 func (s *state) deleteNode(name string) {

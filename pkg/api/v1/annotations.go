@@ -199,28 +199,6 @@ func Summarize(d health.DeviceStatus) GPUSummary {
 	return s
 }
 
-// PeerFaults are the XID faults a peer node reports on its GPUs (its HealthKey's summaries),
-// as health.Tracker.SetPeerFaults takes them: the faults of its physical GPUs that are not
-// missing, each of them valid (health.PeerFault.Validate), sorted by GPU index then XID.
-func PeerFaults(node string, summaries map[string]GPUSummary) []health.PeerFault {
-	var out []health.PeerFault
-	for uuid, s := range summaries {
-		if s.ParentUUID != "" || s.Missing {
-			continue
-		}
-		for _, f := range s.XIDFaults {
-			p := health.PeerFault{Node: node, UUID: uuid, Index: s.Index, XID: f.XID, Since: f.Since}
-			if p.Validate() == nil {
-				out = append(out, p)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b health.PeerFault) int {
-		return cmp.Or(cmp.Compare(a.Index, b.Index), cmp.Compare(a.UUID, b.UUID), cmp.Compare(a.XID, b.XID))
-	})
-	return out
-}
-
 // Summaries returns HealthKey's value for a snapshot: every device's summary by UUID.
 func Summaries(snap health.Snapshot) map[string]GPUSummary {
 	out := make(map[string]GPUSummary, len(snap.Devices))

@@ -26,6 +26,25 @@ const (
 	ReasonAgentSilent = "AgentSilent"
 )
 
+// Reasons of the repair condition (agent.repairCondition) when its type is not the default
+// GPURebootRequired, which keeps its own reasons (remediation.go). The first two ask a node repair
+// engine for a repair (the configured repair status); the others do not (docs/repair-engines.md).
+const (
+	// ReasonRebootRequired: a GPU's fault, or remediation giving up on it, needs the node
+	// rebooted (XID 79, a lost GPU, NVML's NODE_REBOOT recovery action, resets that failed).
+	ReasonRebootRequired = "RebootRequired"
+	// ReasonReplaceRequired: a GPU needs hardware work a reboot does not do (its fault returned
+	// after repairs, a row-remap failure, auxiliary power, a GPU missing from the bus): replace
+	// the node. It wins over RebootRequired when GPUs need both.
+	ReasonReplaceRequired = "ReplaceRequired"
+	// ReasonNoRepairRequired: no GPU needs the node rebooted or replaced.
+	ReasonNoRepairRequired = "NoRepairRequired"
+	// ReasonRepairHeldByCircuitBreaker: GPUs need a repair, but the circuit breaker holds them
+	// back (too many of the cluster's GPUs failed at once); the condition asks for none until
+	// `gpuhealth breaker ack` or the wave leaves the breaker's window.
+	ReasonRepairHeldByCircuitBreaker = "RepairHeldByCircuitBreaker"
+)
+
 // AgentSilentTaintKey is the NoSchedule taint the cluster-side controller puts on a node whose
 // agent went silent, when configured to (off by default), and removes when the agent is back.
 const AgentSilentTaintKey = "gpuhealth.dev/agent-silent"

@@ -2,6 +2,7 @@ package v1
 
 import (
 	"fmt"
+	"hash/fnv"
 	"time"
 )
 
@@ -19,7 +20,9 @@ const HeartbeatKey = "gpuhealth.dev/gpu-health-heartbeat"
 // three periods, so that one lost write or a slow API server does not make a node stale.
 const (
 	DefaultHeartbeat  = 5 * time.Minute
-	DefaultStaleAfter = 3 * DefaultHeartbeat
+	DefaultStaleAfter = StaleAfterPeriods * DefaultHeartbeat
+	// StaleAfterPeriods is how many heartbeat periods readers wait by default.
+	StaleAfterPeriods = 3
 )
 
 // FormatHeartbeat is HeartbeatKey's value for t.
@@ -92,4 +95,45 @@ func (s Staleness) Describe(now time.Time) string {
 		return fmt.Sprintf("stale: heartbeat in the future (%s, %s ahead of this clock)", s.Heartbeat.UTC().Format(time.RFC3339), s.Heartbeat.Sub(now).Truncate(time.Second))
 	}
 	return fmt.Sprintf("stale since %s (%s ago)", s.Heartbeat.UTC().Format(time.RFC3339), s.Age(now).Truncate(time.Second))
+}
+
+// Since this release the heartbeat is a Lease, not a Node write: each agent renews a Lease of
+// its own (coordination.k8s.io/v1, in the chart's namespace, named HeartbeatLeaseName(node),
+// labelled HeartbeatLeaseLabel, spec.holderIdentity the node's name, spec.renewTime the
+// heartbeat) every agent.heartbeat, and writes its Node only when its GPUs' health changes.
+// Readers take the Lease when there is one and fall back to HeartbeatKey for an agent of an
+// earlier release (internal/heartbeat's Judge); that fallback goes in the next release.
+const (
+	// HeartbeatLeaseLabel marks the agents' heartbeat Leases (value "true"), so readers list
+	// and watch only those.
+	HeartbeatLeaseLabel = "gpuhealth.dev/agent-heartbeat"
+	// heartbeatLeasePrefix starts every heartbeat Lease's name.
+	heartbeatLeasePrefix = "gpuhealth-heartbeat-"
+	// maxLeaseName is the longest object name (a DNS subdomain).
+	maxLeaseName = 253
+)
+
+// HeartbeatLeaseName is the name of the heartbeat Lease of node's agent: the prefix and the
+// node's name (a node name is a DNS subdomain, so the Lease's is too), or, for a node name too
+// long to carry whole, the prefix and a hash of it.
+func HeartbeatLeaseName(node string) string {
+	if len(heartbeatLeasePrefix)+len(node) <= maxLeaseName {
+		return heartbeatLeasePrefix + node
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(node))
+	return fmt.Sprintf("%s%016x", heartbeatLeasePrefix, h.Sum64())
+}
+
+// JudgeHeartbeatTime judges a heartbeat known to exist (an agent's Lease) renewed at t, at now:
+// zero (never renewed by that node's agent) is stale, else as HeartbeatStale says.
+func JudgeHeartbeatTime(t, now time.Time, staleAfter time.Duration) Staleness {
+	if staleAfter <= 0 {
+		return Staleness{}
+	}
+	if t.IsZero() {
+		return Staleness{Stale: true, Err: fmt.Errorf("the heartbeat Lease is not renewed by the node's agent")}
+	}
+	stale, future := HeartbeatStale(t, now, staleAfter)
+	return Staleness{Heartbeat: t, Stale: stale, Future: future}
 }

@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,31 +53,62 @@ type Companion struct {
 type CompanionOptions struct {
 	// Path is the kernel log device; empty means DevKmsg.
 	Path string
+	// RelaySocket, when set, is where a Relay listens: the log is read from it, not from Path.
+	RelaySocket string
 	// Devices are the GPUs the kernel log's lines are mapped to (by PCI bus ID).
 	Devices []health.Device
 	// BootID names the current boot (see SourceOptions).
 	BootID string
+	// startWait is how long a relay that is not listening yet is waited for before the
+	// warning; 0 means relayStartWait. Tests shorten it.
+	startWait time.Duration
 }
 
 // NewCompanion returns a Companion without a kernel log: the backend runs alone.
 func NewCompanion() *Companion { return &Companion{dedup: health.NewDedup(health.DefaultDedupWindow)} }
 
+// relayStartWait is how long OpenCompanion waits for a relay that is not listening yet (its
+// container starts just before the agent's) before it warns.
+const relayStartWait = 2 * time.Second
+
 // OpenCompanion opens the kernel log for opts.Devices. Where it cannot be read (no such device,
 // no CAP_SYSLOG) the Companion it returns has no source, and that is one warning in ctx's log,
-// never an error: the backend still works.
+// never an error: the backend still works. With opts.RelaySocket the log is read from that
+// Relay; one that does not answer or cannot read the log is the same warning, but Run keeps
+// connecting again (after 1 s, doubling up to a minute) until it reads, as after a read error.
 func OpenCompanion(ctx context.Context, opts CompanionOptions) *Companion {
 	c := NewCompanion()
-	sopts := SourceOptions{Path: opts.Path, BootID: opts.BootID, Dedup: c.dedup}
-	src, err := OpenSource(opts.Devices, sopts)
-	if err != nil {
-		logr.FromContextOrDiscard(ctx).Info("Warning: the kernel log is not read; XIDs logged while the agent is down, and GPUs NVML cannot open, are missed",
-			"path", opts.Path, "err", err.Error(), "hint", Hint(err))
-		return c
+	sopts := SourceOptions{Path: opts.Path, RelaySocket: opts.RelaySocket, BootID: opts.BootID, Dedup: c.dedup}
+	open := func() (*Source, error) { return OpenSource(opts.Devices, sopts) }
+	src, err := open()
+	wait := opts.startWait
+	if wait == 0 {
+		wait = relayStartWait
 	}
-	c.source = src
-	c.reopen = func() (*Source, error) { return OpenSource(opts.Devices, sopts) }
+	for deadline := time.Now().Add(wait); errors.Is(err, ErrRelayUnreachable) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return c
+		case <-time.After(wait / 20):
+		}
+		src, err = open()
+	}
+	if err != nil {
+		from := []any{"path", opts.Path}
+		if opts.RelaySocket != "" {
+			from = []any{"relay", opts.RelaySocket}
+		}
+		logr.FromContextOrDiscard(ctx).Info("Warning: the kernel log is not read; XIDs logged while the agent is down, and GPUs NVML cannot open, are missed",
+			append(from, "err", err.Error(), "hint", Hint(err))...)
+		if opts.RelaySocket == "" {
+			return c // a device this process may not read stays so
+		}
+	} else {
+		c.source = src
+		c.up.Store(true)
+	}
+	c.reopen = open
 	c.backoffInitial, c.backoffMax = CompanionBackoffInitial, CompanionBackoffMax
-	c.up.Store(true)
 	return c
 }
 
@@ -128,7 +160,7 @@ func (c *Companion) Close() error {
 // again after a delay (1 s, doubling up to a minute), resuming after the last record applied
 // (the Monitor's cursor), until it reads again.
 func (c *Companion) Run(ctx context.Context, mon *health.Monitor, backend func(context.Context) error) error {
-	if c.current() == nil {
+	if c.reopen == nil {
 		return backend(ctx)
 	}
 	g, gctx := errgroup.WithContext(ctx)
@@ -141,41 +173,53 @@ func (c *Companion) Run(ctx context.Context, mon *health.Monitor, backend func(c
 }
 
 // readReopening reads the kernel log into mon until ctx ends or Close, opening it again after
-// each read error.
+// each read error (and first, when it could not be opened at the start).
 func (c *Companion) readReopening(ctx context.Context, mon *health.Monitor) {
 	logger := logr.FromContextOrDiscard(ctx)
 	delay := c.backoffInitial
 	for {
-		started := time.Now()
-		err := c.current().Run(ctx, mon)
-		c.up.Store(false)
-		if ctx.Err() != nil || c.isClosed() {
+		if src := c.current(); src != nil {
+			started := time.Now()
+			err := src.Run(ctx, mon)
+			c.up.Store(false)
+			if ctx.Err() != nil || c.isClosed() {
+				return
+			}
+			if time.Since(started) > c.backoffMax {
+				delay = c.backoffInitial // it read for a good while: a new failure, not the same one
+			}
+			logger.Error(err, "Stopped reading the kernel log; NVML alone until it is opened again", "retryIn", delay)
+		}
+		if !c.reopenAfter(ctx, &delay) {
 			return
 		}
-		if time.Since(started) > c.backoffMax {
-			delay = c.backoffInitial // it read for a good while: a new failure, not the same one
+	}
+}
+
+// reopenAfter opens the kernel log again, waiting delay before each try and doubling it, until
+// it is open (true) or ctx ends or Close (false).
+func (c *Companion) reopenAfter(ctx context.Context, delay *time.Duration) bool {
+	logger := logr.FromContextOrDiscard(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(*delay):
 		}
-		logger.Error(err, "Stopped reading the kernel log; NVML alone until it is opened again", "retryIn", delay)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(delay):
-			}
-			delay = min(2*delay, c.backoffMax)
-			src, err := c.reopen()
-			if err == nil && c.swap(src) {
-				c.reopens.Add(1)
-				c.up.Store(true)
-				logger.Info("Reading the kernel log again", "reopens", c.reopens.Load())
-				break
-			}
-			if err == nil { // closed meanwhile
-				_ = src.Close()
-				return
-			}
-			logger.Info("The kernel log cannot be opened yet", "err", err.Error(), "retryIn", delay)
+		*delay = min(2**delay, c.backoffMax)
+		src, err := c.reopen()
+		if err != nil {
+			logger.Info("The kernel log cannot be opened yet", "err", err.Error(), "hint", Hint(err), "retryIn", *delay)
+			continue
 		}
+		if !c.swap(src) { // closed meanwhile
+			_ = src.Close()
+			return false
+		}
+		c.reopens.Add(1)
+		c.up.Store(true)
+		logger.Info("Reading the kernel log again", "reopens", c.reopens.Load())
+		return true
 	}
 }
 
@@ -192,7 +236,9 @@ func (c *Companion) swap(src *Source) bool {
 	if c.closed {
 		return false
 	}
-	_ = c.source.Close()
+	if c.source != nil {
+		_ = c.source.Close()
+	}
 	c.source = src
 	return true
 }

@@ -25,6 +25,11 @@
 //     feeds a [ReplaySink] (a *health.Monitor) one record at a time with [health.Monitor.Advance],
 //     so the cursor and the faults it produced are saved together. Only records of the kernel
 //     facility count: an NVRM line a process wrote is counted as spoofed ([Stats]).
+//   - [Relay] reads the log for processes that may not open /dev/kmsg (a container runtime lets
+//     only a privileged container): it keeps the driver's records (kernel facility, "NVRM:") in
+//     a bounded buffer and hands them, one line each with its sequence number, to the clients of
+//     a Unix socket; [DialRelay] is the other end, a [RelayReader] a Source reads as it reads a
+//     [Reader] (SourceOptions.RelaySocket). `gpuhealth kmsg-relay` runs one.
 //   - [Companion] runs the kernel log beside a GPU backend as the agent and the device plugin
 //     do: opened again after read errors, its XIDs and the backend's paired up by a
 //     [health.Dedup] so that one reported by both counts once, the backend's fed to the

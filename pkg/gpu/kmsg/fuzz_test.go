@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,4 +96,36 @@ func checkQualifiers(t *testing.T, ev Event, s health.Signal) {
 	if (s.XIDFlags&health.XIDCausedByPrevious != 0) != (ev.CausedByXid > 0) {
 		t.Fatalf("Signals(%+v) gives flags %b for a cause of %d", ev, s.XIDFlags, ev.CausedByXid)
 	}
+}
+
+// FuzzRelayLines runs any lines through a RelayReader's parsing, as a relay's connection would
+// deliver them: no input panics, each line is a record, an overrun or a malformed line, exactly
+// one of them, and the records come out in strictly increasing order.
+func FuzzRelayLines(f *testing.F) {
+	for _, seed := range []string{
+		"r 3,1109,11994683623,-;NVRM: Xid (0000:4f:00): 79, IN= OUT=lo\no 7\nr 3,1110,11994683624,-;NVRM: x",
+		"r 3,5,1,-;a\nr 3,4,1,-;b\nr 3,5,1,-;c",
+		"o -1\no 18446744073709551616\nx\nr \nr 3,1,1,;",
+		"r 3,1,1,-;\\x0a\\xZZ\n\n",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, input string) {
+		r := &RelayReader{}
+		lines := strings.Split(input, "\n")
+		records, last := uint64(0), uint64(0)
+		for _, l := range lines {
+			rec, ok := r.parse([]byte(l))
+			if !ok {
+				continue
+			}
+			if records > 0 && rec.Seq <= last {
+				t.Fatalf("record %d after %d", rec.Seq, last)
+			}
+			records, last = records+1, rec.Seq
+		}
+		if got := records + r.Overruns() + r.Malformed(); got != uint64(len(lines)) {
+			t.Fatalf("%d records, %d overruns, %d malformed of %d lines", records, r.Overruns(), r.Malformed(), len(lines))
+		}
+	})
 }

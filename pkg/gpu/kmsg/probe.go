@@ -104,12 +104,18 @@ func probe(ctx context.Context, path string, r *Reader) (ProbeReport, error) {
 // it; "" when it has nothing to add.
 func Hint(err error) string {
 	switch {
+	case errors.Is(err, ErrRelayUnreachable):
+		return "no kmsg relay listens there: in the chart it is the kmsg-relay container of the agent's pod " +
+			"(kubectl logs ds/gpuhealth-agent -c kmsg-relay); elsewhere run `gpuhealth kmsg-relay --socket PATH` as root"
+	case errors.Is(err, ErrRelayRefused):
+		return "" // the relay's reason carries its own hint
 	case errors.Is(err, syscall.ENOENT):
-		return "no such file: in a container, mount the host's /dev/kmsg (the chart does with config.kernelLog.enabled)"
+		return "no such file: in a container, mount the host's /dev/kmsg, or read it through `gpuhealth kmsg-relay` " +
+			"(the chart's kmsg-relay container)"
 	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES):
 		return fmt.Sprintf("not permitted: reading %s needs CAP_SYSLOG where the sysctl kernel.dmesg_restrict is 1, "+
 			"and in a container a device rule that allows char 1:11 (an unprivileged container's default rules do not; "+
-			"the chart's agent.kernelLog.privileged runs the agent privileged)", DevKmsg)
+			"the chart reads it in its privileged kmsg-relay container and hands the driver's lines to the unprivileged agent)", DevKmsg)
 	}
 	return ""
 }

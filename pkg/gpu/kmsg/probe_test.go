@@ -57,7 +57,7 @@ func TestProbeSaysWhyTheLogCannotBeRead(t *testing.T) {
 	}
 	// The two causes of EPERM: dmesg_restrict without CAP_SYSLOG, and a container's device rules.
 	hint := Hint(&os.PathError{Op: "open", Path: DevKmsg, Err: syscall.EPERM})
-	for _, want := range []string{"CAP_SYSLOG", "kernel.dmesg_restrict", "char 1:11", "agent.kernelLog.privileged"} {
+	for _, want := range []string{"CAP_SYSLOG", "kernel.dmesg_restrict", "char 1:11", "privileged kmsg-relay container"} {
 		if !strings.Contains(hint, want) {
 			t.Errorf("EPERM hint %q lacks %q", hint, want)
 		}

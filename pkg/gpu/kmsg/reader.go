@@ -109,24 +109,37 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 }
 
 // read performs one read(2), which on /dev/kmsg returns exactly one record. A cancelled ctx
-// interrupts the wait by moving the read deadline into the past.
+// interrupts the wait (see cancelable).
 func (r *Reader) read(ctx context.Context) (int, error) {
-	fired := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(fired)
-		_ = r.src.SetReadDeadline(time.Unix(1, 0))
-	})
-	n, err := r.src.Read(r.buf)
-	if !stop() {
-		// The deadline was (or is being) set: wait for it, then clear it so that the next
-		// call, with a live context, can block again.
-		<-fired
-		_ = r.src.SetReadDeadline(time.Time{})
-	}
+	n, err := cancelable(ctx, r.src, func() (int, error) { return r.src.Read(r.buf) })
 	if err == nil && n == 0 {
 		return 0, io.EOF
 	}
 	return n, err
+}
+
+// deadliner is a file or connection whose blocking reads a deadline interrupts.
+type deadliner interface {
+	SetReadDeadline(t time.Time) error
+}
+
+// cancelable runs read, which blocks on d, and interrupts it when ctx ends by moving d's read
+// deadline into the past: read then fails with os.ErrDeadlineExceeded and no goroutine is left
+// stuck in read(2). The deadline is cleared afterwards, so that the next call, with a live
+// context, can block again.
+func cancelable[T any](ctx context.Context, d deadliner, read func() (T, error)) (T, error) {
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		_ = d.SetReadDeadline(time.Unix(1, 0))
+	})
+	v, err := read()
+	if !stop() {
+		// The deadline was (or is being) set: wait for it, then clear it.
+		<-fired
+		_ = d.SetReadDeadline(time.Time{})
+	}
+	return v, err
 }
 
 // Overruns returns how many times the kernel overwrote records before this reader read them.

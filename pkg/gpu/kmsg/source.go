@@ -35,6 +35,9 @@ var _ ReplaySink = (*health.Monitor)(nil)
 type SourceOptions struct {
 	// Path is the kernel log device; empty means DevKmsg.
 	Path string
+	// RelaySocket, when set, is where a Relay listens: the log is read from it, not from Path
+	// (for a process that may not open the device; see Relay).
+	RelaySocket string
 	// BootID names the current boot (health.ReadBootID). Sequence numbers restart at every boot,
 	// so a cursor of another boot is ignored and the whole buffer is replayed.
 	BootID string
@@ -55,6 +58,14 @@ type records interface {
 }
 
 var _ records = (*Reader)(nil)
+
+// lostCounter is a records source that knows how many records its overruns lost, as the relay
+// says; for /dev/kmsg itself the gap in sequence numbers tells.
+type lostCounter interface {
+	Lost() uint64
+}
+
+var _ lostCounter = (*RelayReader)(nil)
 
 // Source turns the kernel log into health signals: at Run it replays every record the kernel
 // still holds, skipping those its cursor says were applied in this boot, then follows new
@@ -92,8 +103,16 @@ type sourceStats struct {
 
 // OpenSource opens the kernel log (from its oldest record) for the GPUs in devices. It fails
 // when the log cannot be read: no such device, or no permission (reading /dev/kmsg needs
-// CAP_SYSLOG unless the sysctl kernel.dmesg_restrict is 0).
+// CAP_SYSLOG unless the sysctl kernel.dmesg_restrict is 0). With opts.RelaySocket it connects
+// to that Relay instead, and fails when the relay does not answer or cannot read the log.
 func OpenSource(devices []health.Device, opts SourceOptions) (*Source, error) {
+	if opts.RelaySocket != "" {
+		r, err := DialRelay(opts.RelaySocket, opts.BootID)
+		if err != nil {
+			return nil, err
+		}
+		return newSource(r, devices, opts), nil
+	}
 	if opts.Path == "" {
 		opts.Path = DevKmsg
 	}
@@ -136,11 +155,12 @@ func (s *Source) Run(ctx context.Context, sink ReplaySink) error {
 		logger.Info("Replaying the kernel log since boot")
 	}
 	var (
-		sigs     []health.Signal
-		overruns uint64
-		lastSeq  uint64
-		haveSeq  bool
+		sigs           []health.Signal
+		overruns, lost uint64
+		lastSeq        uint64
+		haveSeq        bool
 	)
+	counter, relayed := s.in.(lostCounter)
 	for {
 		rec, err := s.in.Next(ctx)
 		if err != nil {
@@ -152,11 +172,17 @@ func (s *Source) Run(ctx context.Context, sink ReplaySink) error {
 		s.stats.records.Add(1)
 		if n := s.in.Overruns(); n != overruns {
 			overruns = n
-			lost := uint64(0)
-			if haveSeq && rec.Seq > lastSeq+1 {
-				lost = rec.Seq - lastSeq - 1
+			var gone uint64
+			switch {
+			case relayed:
+				// The relay passes on only the driver's records: a gap in their sequence
+				// numbers is every other record, so the relay counts what was lost.
+				gone = counter.Lost() - lost
+				lost += gone
+			case haveSeq && rec.Seq > lastSeq+1:
+				gone = rec.Seq - lastSeq - 1
 			}
-			logger.Info("The kernel overwrote log records before they were read", "lost", lost, "overruns", n)
+			logger.Info("The kernel overwrote log records before they were read", "lost", gone, "overruns", n)
 		}
 		lastSeq, haveSeq = rec.Seq, true
 		if !strings.Contains(rec.Message, "NVRM:") {

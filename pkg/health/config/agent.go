@@ -21,6 +21,9 @@ const (
 	ReporterClaimStatus = "claimstatus"
 	// ReporterHAMi writes HAMi's per-GPU cordon (hami.io/device-cordon); opt-in.
 	ReporterHAMi = "hami"
+	// ReporterNVSentinel sends GPU faults to NVSentinel's platform-connector (agent.nvsentinel);
+	// opt-in.
+	ReporterNVSentinel = "nvsentinel"
 )
 
 // AllReporters lists the reporters the agent runs by default, in the order it starts them.
@@ -29,7 +32,7 @@ func AllReporters() []string {
 }
 
 // KnownReporters lists every reporter agent.reporters may name: the defaults and the opt-in ones.
-func KnownReporters() []string { return append(AllReporters(), ReporterHAMi) }
+func KnownReporters() []string { return append(AllReporters(), ReporterHAMi, ReporterNVSentinel) }
 
 // Defaults of the agent section. The DRA names are what NVIDIA's DRA driver publishes, owned by
 // package nvidia (pkg/dra/nvidia) and named here as the section's defaults.
@@ -72,15 +75,17 @@ type AgentConfig struct {
 	CheckpointPath string `yaml:"checkpointPath,omitempty" json:"checkpointPath,omitempty"`
 	// Resync is how often every reporter re-checks the API server without a change (default 5m).
 	Resync *Duration `yaml:"resync,omitempty" json:"resync,omitempty"`
-	// Heartbeat is how often the agent confirms its report on the Node even when nothing
-	// changed (default 5m, at least 10s): the gpuhealth.dev/gpu-health-heartbeat annotation and
-	// the GPUUnhealthy condition's lastHeartbeatTime, in one write. Readers take a report whose
-	// heartbeat is a few periods old for a stopped agent's.
+	// Heartbeat is how often the agent confirms its report even when nothing changed (default
+	// 5m, at least 10s): it renews its heartbeat Lease (gpuhealth-heartbeat-<node> in its
+	// namespace), with no Node write. Readers take a report whose heartbeat is a few periods old
+	// for a stopped agent's.
 	Heartbeat *Duration `yaml:"heartbeat,omitempty" json:"heartbeat,omitempty"`
 	// CircuitBreaker stops disruptive taint effects in a mass failure.
 	CircuitBreaker CircuitBreakerConfig `yaml:"circuitBreaker,omitempty" json:"circuitBreaker,omitempty"`
 	// Eviction evicts the pods holding a GPU whose condition asks for eviction (opt-in).
 	Eviction EvictionConfig `yaml:"eviction,omitempty" json:"eviction,omitempty"`
+	// ClaimStatus says how the claimstatus reporter finds the ResourceClaims of this node's pods.
+	ClaimStatus ClaimStatusConfig `yaml:"claimStatus,omitempty" json:"claimStatus,omitempty"`
 	// NVLinkDomainLabel is the Node label that names the node's NVLink domain (default
 	// nvidia.com/gpu.clique, which NVIDIA's GPU feature discovery sets to the fabric's
 	// <clusterUUID>.<cliqueID>; "-" turns it off). The agent of a node with the label reads the
@@ -88,6 +93,13 @@ type AgentConfig struct {
 	// caused waits for its root, and attributes it to a fault one of them reports (docs/agent.md,
 	// "NVLink domains").
 	NVLinkDomainLabel string `yaml:"nvlinkDomainLabel,omitempty" json:"nvlinkDomainLabel,omitempty"`
+	// RepairCondition is the Node condition node repair engines act on (docs/repair-engines.md).
+	RepairCondition RepairConditionConfig `yaml:"repairCondition,omitempty" json:"repairCondition,omitempty"`
+	// NVSentinel configures the nvsentinel reporter (docs/nvsentinel.md).
+	NVSentinel NVSentinelConfig `yaml:"nvsentinel,omitempty" json:"nvsentinel,omitempty"`
+	// DeviceAPI serves NVIDIA's Device API on a node-local socket (docs/device-api.md); off by
+	// default.
+	DeviceAPI DeviceAPIConfig `yaml:"deviceAPI,omitempty" json:"deviceAPI,omitempty"`
 }
 
 // EvictionConfig: when a GPU gets a condition that asks for eviction (XID 79, a lost GPU, ...),
@@ -118,6 +130,26 @@ type EvictionConfig struct {
 	// Retry is how often a GPU's pods are looked at again while it asks for eviction (a PDB
 	// that blocks, an unreachable kubelet; default 10s, at least 1s).
 	Retry *Duration `yaml:"retry,omitempty" json:"retry,omitempty"`
+}
+
+// ClaimStatusConfig: the claimstatus reporter finds the claims of the pods on its node through
+// the kubelet's pod-resources API, which names each container's DRA claims (kubelet 1.34 and
+// later by default), and reads only those. PodWatch finds them through a watch of the node's
+// pods instead, for kubelets that do not report claims: it needs cluster-wide pods list/watch,
+// which the chart grants only with this on.
+type ClaimStatusConfig struct {
+	// PodResourcesSocket is the kubelet's pod-resources socket (default
+	// /var/lib/kubelet/pod-resources/kubelet.sock).
+	PodResourcesSocket string `yaml:"podResourcesSocket,omitempty" json:"podResourcesSocket,omitempty"`
+	// PodWatch finds the claims through a watch of the pods bound to the node (selected by
+	// spec.nodeName) instead of the kubelet (default false).
+	PodWatch bool `yaml:"podWatch,omitempty" json:"podWatch,omitempty"`
+}
+
+// WithDefaults returns a copy with defaults filled in.
+func (c ClaimStatusConfig) WithDefaults() ClaimStatusConfig {
+	c.PodResourcesSocket = cmp.Or(c.PodResourcesSocket, DefaultPodResourcesSocket)
+	return c
 }
 
 // Eviction defaults.
@@ -173,6 +205,8 @@ type CircuitBreakerConfig struct {
 	// Namespace of the slot Leases and the count ConfigMap (default: $POD_NAMESPACE, else
 	// gpuhealth-system).
 	Namespace string `yaml:"namespace,omitempty" json:"namespace,omitempty"`
+	// Domains add a budget per value of a node label (breakerdomains.go).
+	Domains []BreakerDomain `yaml:"domains,omitempty" json:"domains,omitempty"`
 }
 
 // Circuit breaker defaults.
@@ -213,6 +247,7 @@ func (a AgentConfig) WithDefaults() AgentConfig {
 	if a.NVLinkDomainLabel == "" {
 		a.NVLinkDomainLabel = DefaultNVLinkDomainLabel
 	}
+	a.ClaimStatus = a.ClaimStatus.WithDefaults()
 	if a.CircuitBreaker.MaxFraction == 0 {
 		a.CircuitBreaker.MaxFraction = DefaultBreakerFraction
 	}
@@ -223,6 +258,8 @@ func (a AgentConfig) WithDefaults() AgentConfig {
 	if a.CircuitBreaker.Namespace == "" {
 		a.CircuitBreaker.Namespace = cmp.Or(os.Getenv("POD_NAMESPACE"), DefaultBreakerNamespace)
 	}
+	a.NVSentinel = a.NVSentinel.WithDefaults()
+	a.DeviceAPI = a.DeviceAPI.WithDefaults()
 	return a
 }
 
@@ -249,12 +286,15 @@ func (a AgentConfig) validate(bad func(path, format string, args ...any)) {
 	if w := a.CircuitBreaker.Window; w != nil && time.Duration(*w) <= 0 {
 		bad("agent.circuitBreaker.window", "must be positive, got %v", time.Duration(*w))
 	}
+	a.CircuitBreaker.validateDomains(bad)
 	if l := a.NVLinkDomainLabel; l != "" && l != "-" {
 		if err := validLabelKey(l); err != nil {
 			bad("agent.nvlinkDomainLabel", "%q is not a label key: %v", l, err)
 		}
 	}
 	a.Eviction.validate(bad)
+	a.NVSentinel.validate(bad)
+	a.DeviceAPI.validate(bad)
 }
 
 // Label keys as Kubernetes takes them (apimachinery's IsQualifiedName, which pkg/health may not

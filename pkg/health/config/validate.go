@@ -70,6 +70,8 @@ func (c *HealthConfig) Validate() error {
 	c.Agent.validate(bad)
 	c.KernelLog.validate(bad)
 	c.Remediation.validate(c.Agent.NoExecute, bad)
+	c.Agent.NVSentinel.validateRepairer(c.Remediation.Enabled, bad)
+	c.Agent.RepairCondition.validate(c.Agent, bad)
 	if len(errs) == 0 {
 		return nil
 	}

@@ -128,11 +128,16 @@ would then be taken for the whole process, which cannot start).
   mountPath: /etc/gpuhealth-sim
   readOnly: true
 {{- end }}
-{{- if and (include "gpuhealth.agent.kernelLog" . | eq "true") (ne .Values.agent.nvml.mode "hostMounts") }}
-- name: kmsg
-  mountPath: /dev/kmsg
+{{- if include "gpuhealth.agent.kmsgRelay" . | eq "true" }}
+# The kmsg relay's socket: the kernel log's NVIDIA lines, read by the kmsg-relay container.
+- name: kmsg-relay
+  mountPath: {{ include "gpuhealth.agent.kmsgRelayDir" . }}
   readOnly: true
 {{- end }}
+# The API credentials (the kube-api-access volume): these containers only, never the relay.
+- name: kube-api-access
+  mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+  readOnly: true
 {{- if eq .Values.agent.nvml.mode "hostMounts" }}
 - name: dev
   mountPath: /dev
@@ -149,6 +154,18 @@ would then be taken for the whole process, which cannot start).
 {{- $kernelLog := .Values.config.kernelLog | default dict -}}
 {{- or (not (hasKey $kernelLog "enabled")) $kernelLog.enabled -}}
 {{- end -}}
+
+{{/*
+"true" when the kmsg-relay container reads the host's kernel log for the agent and the device
+plugin: the kernel log on and the NVML backend (the simulator reads no kernel log of its node).
+*/}}
+{{- define "gpuhealth.agent.kmsgRelay" -}}
+{{- and (include "gpuhealth.agent.kernelLog" . | eq "true") (eq .Values.agent.backend "nvml") -}}
+{{- end -}}
+
+{{/* The directory of the kmsg relay's socket (an emptyDir), and the socket. */}}
+{{- define "gpuhealth.agent.kmsgRelayDir" -}}/run/gpuhealth-kmsg{{- end -}}
+{{- define "gpuhealth.agent.kmsgRelaySocket" -}}{{ include "gpuhealth.agent.kmsgRelayDir" . }}/relay.sock{{- end -}}
 
 {{/*
 "true" when the agent validates repaired GPUs: config.remediation.validation.enabled, which needs
