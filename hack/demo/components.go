@@ -18,6 +18,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/simdriver"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 )
 
@@ -47,7 +48,7 @@ func (d *demo) gpuNodes() error {
 // driver, a simulated NVIDIA driver), and waits until they report.
 func (d *demo) components() error {
 	ctx, st, admin, kubeconfig, logDir, start, status, onDriver, driverRoots, extenderAddr := d.ctx, d.st, d.admin, d.kubeconfig, d.logDir, d.start, d.status, d.onDriver, d.driverRoots, d.extenderAddr
-	if err := start("extender", "extender", "--insecure", "--listen-address", extenderAddr, "--kubeconfig", kubeconfig); err != nil {
+	if err := start("extender", "extender", "--insecure", "--listen-address", extenderAddr, "--kubeconfig", kubeconfig, "--agent-namespace", config.DefaultBreakerNamespace); err != nil {
 		return err
 	}
 	config := filepath.Join(logDir, "config.yaml")
@@ -214,8 +215,12 @@ func setUpNodes(ctx context.Context, c *controlplane.Cluster, admin kubernetes.I
 	if _, err := admin.ResourceV1().DeviceClasses().Create(ctx, controlplane.GPUDeviceClass(), metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
-	if _, err := c.CreateNamespace(ctx, namespace); err != nil {
-		return nil, err
+	// The workloads' namespace, and the agents' (their heartbeat Leases and remediation's
+	// slots live there, as in the chart's release namespace).
+	for _, ns := range []string{namespace, config.DefaultBreakerNamespace} {
+		if _, err := c.CreateNamespace(ctx, ns); err != nil {
+			return nil, err
+		}
 	}
 	var out []*controlplane.KubeletNode
 	for _, name := range nodes {

@@ -277,3 +277,23 @@ func TestAGPUsFaultIsItsOwnWhateverTheOrder(t *testing.T) {
 		t.Errorf("the GPU's fault is attributed to MIG instance %q: %s", got, faults[0].Event.Message)
 	}
 }
+
+// A fault an agent rebuilt from its Node's report after a restart without a checkpoint reads as
+// the fault before the restart: NVSentinel keeps one entry per distinct text, so the restore's
+// note would make it a second entry of the same GPU and code.
+func TestARestoredFaultKeepsItsText(t *testing.T) {
+	devs := devices(4)
+	before := xid(79, health.Unhealthy, health.ActionRebootNode)
+	restored := before
+	restored.Message += health.RestoredFromReportNote
+	msg := func(c health.Condition) string {
+		fs := nvsentinel.Faults(snap(devs, map[string][]health.Condition{"GPU-3": {c}}), nvsentinel.MapOptions{NodeName: "n1"})
+		if len(fs) != 1 {
+			t.Fatalf("%d faults, want 1", len(fs))
+		}
+		return fs[0].Event.Message
+	}
+	if a, b := msg(before), msg(restored); a != b || strings.Contains(b, "restored") {
+		t.Errorf("the restored fault reads %q, before the restart %q", b, a)
+	}
+}
