@@ -68,6 +68,9 @@ type Watcher struct {
 	leases *heartbeat.Leases // nil without Options.Namespace
 	// hadBeat are the nodes seen with a heartbeat since Run began; silent those judged silent.
 	hadBeat, silent map[string]bool
+	// marked is when the Watcher last wrote a node's condition: it writes it again only once a
+	// StaleAfter has passed, when something else (the agent) rewrote it meanwhile.
+	marked map[string]time.Time
 }
 
 // New returns a Watcher of opts.
@@ -78,7 +81,7 @@ func New(opts Options) (*Watcher, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Watcher{opts: opts, hadBeat: map[string]bool{}, silent: map[string]bool{}}, nil
+	return &Watcher{opts: opts, hadBeat: map[string]bool{}, silent: map[string]bool{}, marked: map[string]time.Time{}}, nil
 }
 
 // Run watches the Nodes and marks the silent ones until ctx is done.
@@ -186,6 +189,7 @@ func (w *Watcher) reconcile(ctx context.Context, store cache.Store, name string)
 	}
 	if !exists {
 		delete(w.hadBeat, name)
+		delete(w.marked, name)
 		w.setSilent(name, false)
 		return 0, nil
 	}
@@ -205,11 +209,20 @@ func (w *Watcher) reconcile(ctx context.Context, store cache.Store, name string)
 			w.event(ref, corev1.EventTypeNormal, gpuhealthv1.EventAgentBack, "the gpuhealth agent of node %s writes its heartbeat again", n.Name)
 		}
 		w.setSilent(name, false)
+		delete(w.marked, name)
 		return v.recheck, nil
 	}
 	message := fmt.Sprintf("the gpuhealth agent of this node is silent: %s; what it last reported about the GPUs cannot be trusted", v.why)
-	if err := w.setCondition(ctx, n, message, now); err != nil {
-		return 0, err
+	// An agent that is alive but cannot renew its heartbeat (its Lease RBAC missing, its
+	// namespace gone) repairs its condition at once: mark it again at most once per StaleAfter,
+	// so that the two never write the Node in turn without end.
+	if last, ok := w.marked[name]; !ok || now.Sub(last) >= w.opts.StaleAfter || markedSilent(n) {
+		if err := w.setCondition(ctx, n, message, now); err != nil {
+			return 0, err
+		}
+		if !markedSilent(n) {
+			w.marked[name] = now
+		}
 	}
 	if w.opts.Taint && !hasTaint(n) {
 		if err := w.patchTaint(ctx, n, true); err != nil {

@@ -1,12 +1,17 @@
 package silence
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 )
 
@@ -56,5 +61,65 @@ func TestJudgedNodeKeepsOnlyWhatIsRead(t *testing.T) {
 	if len(got.Annotations) != 2 || got.Annotations[gpuhealthv1.HealthKey] != "" || got.Annotations[gpuhealthv1.HeartbeatKey] != "t" ||
 		len(got.Spec.Taints) != 1 || !hasTaint(got) || len(got.Status.Conditions) != 1 || got.Status.Conditions[0].Type != conditionType {
 		t.Errorf("judgedNode kept %+v", got)
+	}
+}
+
+// TestAnAgentThatRewritesItsConditionIsNotFought: an agent that is alive but cannot renew its
+// heartbeat repairs its condition at once; the Watcher marks the node again at most once per
+// StaleAfter, so that the two do not write the Node in turn without end.
+func TestAnAgentThatRewritesItsConditionIsNotFought(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(now)
+	stale := gpuhealthv1.FormatHeartbeat(now.Add(-time.Hour))
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{gpuhealthv1.HealthKey: "{}", gpuhealthv1.HeartbeatKey: stale}}}
+	client := fake.NewClientset(node)
+	w, err := New(Options{Client: adapt.Clientset(client), StaleAfter: 15 * time.Minute, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	agentRewrites := func() {
+		t.Helper()
+		n, err := client.CoreV1().Nodes().Get(context.Background(), "n", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Conditions = []corev1.NodeCondition{{Type: conditionType, Status: corev1.ConditionFalse, Reason: gpuhealthv1.ReasonGPUsHealthy}}
+		if _, err := client.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Update(judgedNode(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patches := func() int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "patch" {
+				n++
+			}
+		}
+		return n
+	}
+	if err := store.Add(judgedNode(node)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, err := w.reconcile(context.Background(), store, "n"); err != nil {
+			t.Fatal(err)
+		}
+		if i < 4 {
+			agentRewrites()
+		}
+	}
+	if got := patches(); got != 1 {
+		t.Errorf("the Watcher patched the condition %d times while the agent rewrote it, want once per StaleAfter (1)", got)
+	}
+	clk.Step(15 * time.Minute)
+	if _, err := w.reconcile(context.Background(), store, "n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := patches(); got != 2 {
+		t.Errorf("after StaleAfter the Watcher patched %d times in all, want 2", got)
 	}
 }
