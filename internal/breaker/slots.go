@@ -150,3 +150,35 @@ func (p SlotPool) Release(ctx context.Context, s Slot) error {
 	}
 	return fmt.Errorf("release slot %s: %w", s.lease.Name, err)
 }
+
+// Slot is one admission, read from its Lease.
+type Slot struct {
+	Index int
+	Node  string
+	UUID  string
+	At    time.Time
+	// Expires is when a slot taken with a duration stops counting (zero: never by itself).
+	Expires time.Time
+	lease   *coordinationv1.Lease
+}
+
+// Holder is what a slot's holderIdentity says: node/uuid.
+func Holder(node, uuid string) string { return node + "/" + uuid }
+
+// ListSlots returns every slot Lease in the namespace, live or not, by index.
+func ListSlots(ctx context.Context, client kube.Interface, namespace string) ([]Slot, error) {
+	return BreakerSlots(client, namespace).List(ctx)
+}
+
+// Live reports whether a slot still counts: taken after cutoff (the window's start or the last
+// acknowledgement, whichever is later).
+func (s Slot) Live(cutoff time.Time) bool { return s.At.After(cutoff) }
+
+// Cutoff is the earliest time a slot must have been taken at to count.
+func Cutoff(now time.Time, window time.Duration, acknowledged time.Time) time.Time {
+	cutoff := now.Add(-window)
+	if acknowledged.After(cutoff) {
+		cutoff = acknowledged
+	}
+	return cutoff
+}
