@@ -83,12 +83,17 @@ func TestDeviceAPI(t *testing.T) {
 		t.Fatalf("ListGpus:\n  %s\nwant every GPU:\n  %s", strings.Join(listed, "\n  "), strings.Join(want, "\n  "))
 	}
 
-	// Bad clients: three watches whose client never reads, a connection that never speaks gRPC,
-	// and a fifth watch, refused, since four are open.
+	// Bad clients: three watches whose client reads one event (so each is known to hold its
+	// place) and then never reads again, a connection that never speaks gRPC, and a fifth watch,
+	// refused, since four are open.
 	stuck := deviceapitest.Dial(t, socket, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
-	for range 3 {
-		if _, err := stuck.WatchGpus(ctx, &v1alpha1.WatchGpusRequest{}); err != nil {
+	for i := range 3 {
+		w, err := stuck.WatchGpus(ctx, &v1alpha1.WatchGpusRequest{})
+		if err != nil {
 			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil {
+			t.Fatalf("stuck watch %d: %v", i, err)
 		}
 	}
 	mute, err := net.Dial("unix", socket)
@@ -96,17 +101,13 @@ func TestDeviceAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = mute.Close() })
-	extra := deviceapitest.Dial(t, socket)
-	eventually(t, "a watch beyond agent.deviceAPI.maxWatchers refused", func(ctx context.Context) (bool, string, error) {
-		// The stuck watches may not have reached the server yet: a watch that got in leaves.
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		w, err := extra.WatchGpus(ctx, &v1alpha1.WatchGpusRequest{})
-		if err == nil {
-			_, err = w.Recv()
-		}
-		return status.Code(err) == codes.ResourceExhausted && strings.Contains(err.Error(), "4 watches are open"), fmt.Sprint(err), nil
-	})
+	extra, err := deviceapitest.Dial(t, socket).WatchGpus(ctx, &v1alpha1.WatchGpusRequest{})
+	if err == nil {
+		_, err = extra.Recv()
+	}
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "4 watches are open") {
+		t.Fatalf("a watch beyond agent.deviceAPI.maxWatchers: %v, want ResourceExhausted: 4 watches are open", err)
+	}
 
 	// The fault, seen by the watch that reads and reported on the Node, bad clients or not.
 	faulty := "MODIFIED " + name(1) + " Ready=False/XID48 XIDHealthy=False/XID48 action=ResetGPU"
