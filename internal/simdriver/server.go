@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
@@ -88,15 +87,7 @@ func Serve(ctx context.Context, o Options) error {
 		o.node(s.node)
 	}
 	// What happens at 0s is there before the first consumer can look.
-	pending := slices.Clone(o.Scenario.Events)
-	for len(pending) > 0 && pending[0].At <= 0 {
-		_ = s.node.apply(pending[0]) // nobody holds the driver before it serves
-		if pending[0].Kind == sim.EventReset {
-			pending = afterReset(pending[1:], o.Scenario, pending[0].GPU, 0)
-			continue
-		}
-		pending = pending[1:]
-	}
+	pending := s.applyAtStart(o.Scenario)
 	o.Logger.Info("Simulated NVIDIA driver serving", "driverRoot", o.DriverRoot, "version", inst.Version, "library", inst.Library,
 		"gpus", o.Scenario.GPUCount, "node", o.Scenario.Node)
 	if o.Ready != nil {

@@ -2,12 +2,28 @@ package simdriver
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 )
 
 // The scenario's timeline: its events applied at their time on the simulator's clock.
+
+// applyAtStart applies the scenario's events at 0s, before the simulator serves, and returns
+// the rest, with the afterReset events of a GPU reset at 0s in their place.
+func (s *server) applyAtStart(sc *sim.Scenario) []sim.Event {
+	pending := slices.Clone(sc.Events)
+	for len(pending) > 0 && pending[0].At <= 0 {
+		_ = s.node.apply(pending[0]) // nobody holds the driver before it serves
+		if pending[0].Kind == sim.EventReset {
+			pending = afterReset(pending[1:], sc, pending[0].GPU, 0)
+			continue
+		}
+		pending = pending[1:]
+	}
+	return pending
+}
 
 // timeline applies the scenario's events at their time from now, and each GPU's afterReset
 // events after every reset of it.

@@ -119,26 +119,19 @@ func (g *gpuRef) UnmarshalYAML(n *yaml.Node) error {
 }
 
 // LoadScenario reads and parses a scenario file. Errors name the file.
-func LoadScenario(path string) (*Scenario, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	sc, err := ParseScenario(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return sc, nil
-}
+func LoadScenario(path string) (*Scenario, error) { return loadScenario(path, false) }
 
 // LoadDriverScenario is LoadScenario for the simulated driver: it also takes the events only a
 // driver can answer (EventKind.DriverOnly).
-func LoadDriverScenario(path string) (*Scenario, error) {
+func LoadDriverScenario(path string) (*Scenario, error) { return loadScenario(path, true) }
+
+// loadScenario reads the file at path and parses it as parseScenario does; errors name the file.
+func loadScenario(path string, driver bool) (*Scenario, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	sc, err := parseScenario(data, true)
+	sc, err := parseScenario(data, driver)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

@@ -1,10 +1,8 @@
 package config
 
 import (
-	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 )
 
 // DeviceAPIConfig is `agent.deviceAPI`: the agent serves NVIDIA's Device API (NVSentinel's
@@ -46,7 +44,8 @@ var groupName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,31}$`)
 
 func (d DeviceAPIConfig) validate(bad func(path, format string, args ...any)) {
 	if d.Socket != "" {
-		validSocketPath("agent.deviceAPI.socket", d.Socket, "/var/run/gpuhealth/device-api.sock", bad)
+		const example = "/var/run/gpuhealth/device-api.sock"
+		validSocketPath("agent.deviceAPI.socket", d.Socket, example, ", e.g. "+example, bad)
 	}
 	if g := d.Group; g != "" {
 		if gid, err := strconv.ParseUint(g, 10, 32); err == nil {
@@ -62,18 +61,5 @@ func (d DeviceAPIConfig) validate(bad func(path, format string, args ...any)) {
 	}
 	if m := d.MaxWatchers; m < 0 || m > MaxDeviceAPIWatchers {
 		bad("agent.deviceAPI.maxWatchers", "must be between 1 and %d (0: %d), got %d", MaxDeviceAPIWatchers, DefaultDeviceAPIMaxWatchers, m)
-	}
-}
-
-// validSocketPath checks the Unix socket path at field: absolute, clean (example shows one), and
-// short enough for sun_path.
-func validSocketPath(field, path, example string, bad func(path, format string, args ...any)) {
-	switch {
-	case !filepath.IsAbs(path):
-		bad(field, "must be an absolute path, e.g. %s, got %q", example, path)
-	case strings.HasSuffix(path, "/") || filepath.Clean(path) != path:
-		bad(field, "must be the socket file's clean path, e.g. %s, got %q", example, path)
-	case len(path) > maxUnixSocketPath:
-		bad(field, "is %d bytes long; a Unix socket's path may have at most %d", len(path), maxUnixSocketPath)
 	}
 }

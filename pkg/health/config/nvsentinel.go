@@ -1,10 +1,5 @@
 package config
 
-import (
-	"path/filepath"
-	"strings"
-)
-
 // NVSentinelConfig is `agent.nvsentinel`: the nvsentinel reporter (agent.reporters) sends every
 // GPU fault to NVIDIA NVSentinel's platform-connector as a health event (docs/nvsentinel.md).
 type NVSentinelConfig struct {
@@ -27,8 +22,6 @@ const (
 	NVSentinelRemediationNVSentinel = "nvsentinel"
 	NVSentinelRebootBareMetal       = "RESTART_BM"
 	NVSentinelRebootVirtualMachine  = "RESTART_VM"
-	// maxUnixSocketPath: sun_path holds 108 bytes with the terminating NUL.
-	maxUnixSocketPath = 107
 )
 
 // WithDefaults returns a copy with defaults filled in.
@@ -44,14 +37,8 @@ func (n NVSentinelConfig) WithDefaults() NVSentinelConfig {
 
 func (n NVSentinelConfig) validate(bad func(path, format string, args ...any)) {
 	if s := n.Socket; s != "" {
-		switch {
-		case !filepath.IsAbs(s):
-			bad("agent.nvsentinel.socket", "must be an absolute path (NVSentinel's platform-connector listens on %s on the host), got %q", DefaultNVSentinelSocket, s)
-		case strings.HasSuffix(s, "/") || filepath.Clean(s) != s:
-			bad("agent.nvsentinel.socket", "must be the socket file's clean path, e.g. %s, got %q", DefaultNVSentinelSocket, s)
-		case len(s) > maxUnixSocketPath:
-			bad("agent.nvsentinel.socket", "is %d bytes long; a Unix socket's path may have at most %d", len(s), maxUnixSocketPath)
-		}
+		validSocketPath("agent.nvsentinel.socket", s, DefaultNVSentinelSocket,
+			" (NVSentinel's platform-connector listens on "+DefaultNVSentinelSocket+" on the host)", bad)
 	}
 	switch n.Remediation {
 	case "", NVSentinelRemediationGPUHealth, NVSentinelRemediationNVSentinel:

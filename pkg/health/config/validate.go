@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -85,5 +86,22 @@ func positive(v float64) bool { return v > 0 }
 func validateSamples(path string, v *int, bad func(string, string, ...any)) {
 	if v != nil && (*v < 1 || *v > MaxRecoverySamples) {
 		bad(path, "must be between 1 and %d, got %d", MaxRecoverySamples, *v)
+	}
+}
+
+// maxUnixSocketPath: sun_path holds 108 bytes with the terminating NUL.
+const maxUnixSocketPath = 107
+
+// validSocketPath checks the Unix socket path at field: absolute (where says where such a socket
+// is, after "must be an absolute path"), clean (example shows one), and short enough for
+// sun_path.
+func validSocketPath(field, path, example, where string, bad func(path, format string, args ...any)) {
+	switch {
+	case !filepath.IsAbs(path):
+		bad(field, "must be an absolute path%s, got %q", where, path)
+	case strings.HasSuffix(path, "/") || filepath.Clean(path) != path:
+		bad(field, "must be the socket file's clean path, e.g. %s, got %q", example, path)
+	case len(path) > maxUnixSocketPath:
+		bad(field, "is %d bytes long; a Unix socket's path may have at most %d", len(path), maxUnixSocketPath)
 	}
 }
