@@ -63,24 +63,9 @@ type DomainUse struct {
 // Run watches until ctx is done; errors are logged and retried at the next round.
 func (w *DomainWatcher) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("controller", "breaker-domains")
-	clk := w.Clock
-	if clk == nil {
-		clk = clock.RealClock{}
-	}
-	interval := w.Interval
-	if interval <= 0 {
-		interval = 10 * time.Second
-	}
-	for {
-		if err := w.Round(klog.NewContext(ctx, logger), clk.Now()); err != nil && ctx.Err() == nil {
-			logger.Error(err, "Watching the circuit breaker's domains failed; retrying")
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-clk.After(interval):
-		}
-	}
+	ctx = klog.NewContext(ctx, logger)
+	return runRounds(ctx, logger, w.Clock, w.Interval, "Watching the circuit breaker's domains failed; retrying",
+		func(now time.Time) (time.Time, error) { return time.Time{}, w.Round(ctx, now) })
 }
 
 // Round sweeps the domain slots that stopped counting and reports the domains that filled or

@@ -77,31 +77,8 @@ func ExpiringPool(pool SlotPool) SweptPool {
 // Run sweeps until ctx is done. Errors are logged and retried at the next sweep.
 func (w *Sweeper) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("controller", "slot-sweeper")
-	clk := w.Clock
-	if clk == nil {
-		clk = clock.RealClock{}
-	}
-	interval := w.Interval
-	if interval <= 0 {
-		interval = 10 * time.Second
-	}
-	for {
-		next, err := w.Sweep(ctx, clk.Now())
-		if err != nil && ctx.Err() == nil {
-			logger.Error(err, "Sweeping slots that no longer count failed; retrying")
-		}
-		wait := interval
-		if !next.IsZero() {
-			// A second after the next slot stops counting: the agents compare with their own
-			// clocks, and a second of slack keeps the sweep from running just before.
-			wait = min(interval, max(next.Sub(clk.Now())+time.Second, time.Second))
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-clk.After(wait):
-		}
-	}
+	return runRounds(ctx, logger, w.Clock, w.Interval, "Sweeping slots that no longer count failed; retrying",
+		func(now time.Time) (time.Time, error) { return w.Sweep(ctx, now) })
 }
 
 // Sweep deletes every stale slot of every pool once and returns when the next slot that counts

@@ -168,18 +168,21 @@ func NewLeases(client kube.Interface, namespace string) *Leases {
 	inf := kube.NewInformer(client, client.CoordinationV1().Leases(namespace), &coordinationv1.Lease{}, func(o *metav1.ListOptions) {
 		o.LabelSelector = labels.SelectorFromSet(labels.Set{gpuhealthv1.HeartbeatLeaseLabel: "true"}).String()
 	})
-	// Keep only what a reader judges: a Lease of 5,000 nodes then costs a few hundred kB.
-	_ = inf.SetTransform(func(obj any) (any, error) {
-		l, ok := obj.(*coordinationv1.Lease)
-		if !ok {
-			return obj, nil
-		}
-		return &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: l.Name, Namespace: l.Namespace, ResourceVersion: l.ResourceVersion},
-			Spec:       coordinationv1.LeaseSpec{HolderIdentity: l.Spec.HolderIdentity, RenewTime: l.Spec.RenewTime},
-		}, nil
-	})
+	_ = inf.SetTransform(TrimLease)
 	return &Leases{namespace: namespace, informer: inf}
+}
+
+// TrimLease is the informer transform of a heartbeat reader: it keeps only what a reader judges
+// (the holder and the renewal), so that the Leases of 5,000 nodes cost a few hundred kB.
+func TrimLease(obj any) (any, error) {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return obj, nil
+	}
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: l.Name, Namespace: l.Namespace, ResourceVersion: l.ResourceVersion},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: l.Spec.HolderIdentity, RenewTime: l.Spec.RenewTime},
+	}, nil
 }
 
 // Informer is the Leases' informer, to add to the reader's kube.Informers before they start.

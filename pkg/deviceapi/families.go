@@ -1,6 +1,10 @@
 package deviceapi
 
-import "github.com/gpuhealth/gpuhealth/pkg/health"
+import (
+	"slices"
+
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
 
 // Condition types of a Gpu. Ready is gpuhealth's verdict; each family condition says whether
 // that family of checks found a fault. Every Gpu carries all of them, always in this order, so
@@ -32,49 +36,22 @@ const (
 	TypeOther = "OtherHealthy"
 )
 
-// FamilyTypes lists the family condition types, in the order a Gpu carries them (after Ready).
-func FamilyTypes() []string {
-	return []string{TypeXID, TypeMemory, TypeThermal, TypeClocks, TypePCIe, TypeNVLink, TypePresence, TypeRecoveryAction, TypeRepair, TypeOther}
-}
+// familyTypes are the family condition types by health.Family (from FamilyXID on), in the order a
+// Gpu carries them (after Ready).
+var familyTypes = []string{TypeXID, TypeMemory, TypeThermal, TypeClocks, TypePCIe, TypeNVLink, TypePresence, TypeRecoveryAction, TypeRepair, TypeOther}
 
-// familyOf maps the library's condition types to their family. ConditionAdmin, an operator's
-// drain, belongs to none: it is no fault of the GPU, and shows in Ready alone.
-var familyOf = map[health.ConditionType]string{
-	health.ConditionXID:                  TypeXID,
-	health.ConditionXIDRepeat:            TypeXID,
-	health.ConditionECCUncorrected:       TypeMemory,
-	health.ConditionECCCorrectedStorm:    TypeMemory,
-	health.ConditionRowRemapFailure:      TypeMemory,
-	health.ConditionRowRemapPending:      TypeMemory,
-	health.ConditionRetiredPagesPending:  TypeMemory,
-	health.ConditionRowRemapAvailability: TypeMemory,
-	health.ConditionSRAMThreshold:        TypeMemory,
-	health.ConditionThermal:              TypeThermal,
-	health.ConditionClockThrottle:        TypeClocks,
-	health.ConditionPCIeReplayRate:       TypePCIe,
-	health.ConditionPCIeLinkDegraded:     TypePCIe,
-	health.ConditionNVLinkDown:           TypeNVLink,
-	health.ConditionNVLinkErrorRate:      TypeNVLink,
-	health.ConditionNVLinkRecoveries:     TypeNVLink,
-	health.ConditionFabricRegistration:   TypeNVLink,
-	health.ConditionFabricHealth:         TypeNVLink,
-	health.ConditionGPULost:              TypePresence,
-	health.ConditionGPUMissing:           TypePresence,
-	health.ConditionGPUResetRequired:     TypeRecoveryAction,
-	health.ConditionRecoveryAction:       TypeRecoveryAction,
-	health.ConditionReplaceGPU:           TypeRepair,
-}
+// FamilyTypes lists the family condition types, in the order a Gpu carries them (after Ready).
+func FamilyTypes() []string { return slices.Clone(familyTypes) }
 
 // Family returns the family condition type of conditions of type t; ok is false for types that
-// belong to no family (an operator's drain).
+// belong to no family (ConditionAdmin, an operator's drain: it is no fault of the GPU, and shows
+// in Ready alone).
 func Family(t health.ConditionType) (family string, ok bool) {
-	if t == health.ConditionAdmin {
+	f := t.Family()
+	if f == health.FamilyNone {
 		return "", false
 	}
-	if f, ok := familyOf[t]; ok {
-		return f, true
-	}
-	return TypeOther, true
+	return familyTypes[f-health.FamilyXID], true
 }
 
 // checksOf lists the checks behind each family that a backend can report it cannot run

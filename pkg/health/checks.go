@@ -5,13 +5,36 @@ import (
 	"time"
 )
 
+// The conditions the checks raise the same way every time.
+var (
+	eccUncorrected      = raiseSpec{Type: ConditionECCUncorrected, Severity: Unhealthy, ClearsOn: ClearsOnGPUReset, RecommendedAction: ActionResetGPU, Reason: "UncorrectedECCErrors"}
+	eccStorm            = raiseSpec{Type: ConditionECCCorrectedStorm, Severity: Degraded, ClearsOn: ClearsOnQuietPeriod, RecommendedAction: ActionInspect, Reason: "SingleBitECCStorm"}
+	rowRemapPending     = raiseSpec{Type: ConditionRowRemapPending, Severity: Degraded, ClearsOn: ClearsOnGPUReset, RecommendedAction: ActionResetGPU, Reason: "RowRemapPending"}
+	retiredPagesPending = raiseSpec{Type: ConditionRetiredPagesPending, Severity: Degraded, ClearsOn: ClearsOnGPUReset, RecommendedAction: ActionResetGPU, Reason: "RetiredPagesPending"}
+)
+
+// spec is the condition of type t the rule raises, with reason.
+func (rule XIDRule) spec(t ConditionType, reason string) raiseSpec {
+	return raiseSpec{Type: t, Severity: rule.Severity, ClearsOn: rule.ClearsOn, Evict: rule.Evict, RecommendedAction: rule.Action, Reason: reason}
+}
+
+// pollFault applies a sample of a polled check that either finds the fault spec describes or
+// finds none (spec's condition heads back to Healthy, after its recovery samples).
+func (ev *evaluation) pollFault(gpu *deviceState, fault bool, spec pollSpec, msg func() string) {
+	if !fault {
+		spec.Severity = Healthy
+	}
+	ev.polled(gpu, spec, msg)
+}
+
+// exceeds says whether rate is past limit: a limit that is NaN (an embedder's policy can set
+// one) or a rate that is NaN counts as past it, as the rate checks always had it.
+func exceeds(rate, limit float64) bool { return !(rate <= limit) }
+
 // lost applies the backend's word that the GPU is lost, under the policy's rule for it.
 func (ev *evaluation) lost(gpu *deviceState) {
-	rule := ev.t.policy.Lost
-	ev.raise(gpu, raiseSpec{
-		Type: ConditionGPULost, Severity: rule.Severity, ClearsOn: rule.ClearsOn, Evict: rule.Evict,
-		RecommendedAction: rule.Action, Reason: "GPULost",
-	}, func() string { return "the GPU is lost (fell off the bus or stopped responding)" })
+	ev.raise(gpu, ev.t.policy.Lost.spec(ConditionGPULost, "GPULost"),
+		func() string { return "the GPU is lost (fell off the bus or stopped responding)" })
 }
 
 // resetRequired applies the driver's word that the GPU needs a reset (ERROR_RESET_REQUIRED).
@@ -20,10 +43,7 @@ func (ev *evaluation) resetRequired(gpu *deviceState) {
 	if rule.Severity == Healthy {
 		return
 	}
-	ev.raise(gpu, raiseSpec{
-		Type: ConditionGPUResetRequired, Severity: rule.Severity, ClearsOn: rule.ClearsOn, Evict: rule.Evict,
-		RecommendedAction: rule.Action, Reason: "GPUResetRequired",
-	}, func() string {
+	ev.raise(gpu, rule.spec(ConditionGPUResetRequired, "GPUResetRequired"), func() string {
 		return "the driver says the GPU requires a reset before it can be used again (ERROR_RESET_REQUIRED)"
 	})
 }
@@ -60,18 +80,12 @@ func (ev *evaluation) ecc(gpu *deviceState, sig Signal) {
 		return
 	}
 	if sig.Uncorrected > 0 {
-		ev.raise(gpu, raiseSpec{
-			Type: ConditionECCUncorrected, Severity: Unhealthy, ClearsOn: ClearsOnGPUReset, Evict: false,
-			RecommendedAction: ActionResetGPU, Reason: "UncorrectedECCErrors",
-		}, func() string {
+		ev.raise(gpu, eccUncorrected, func() string {
 			return fmt.Sprintf("%d uncorrected volatile ECC errors since the last GPU reset", sig.Uncorrected)
 		})
 	}
 	if rate, ok := gpu.eccCorrected.perMinute(int64(sig.Corrected), ev.now); ok && rate > p.ECC.CorrectedStormPerMinute {
-		ev.raise(gpu, raiseSpec{
-			Type: ConditionECCCorrectedStorm, Severity: Degraded, ClearsOn: ClearsOnQuietPeriod, Evict: false,
-			RecommendedAction: ActionInspect, Reason: "SingleBitECCStorm",
-		}, func() string {
+		ev.raise(gpu, eccStorm, func() string {
 			return fmt.Sprintf("corrected ECC error rate %.0f/min is above %.0f/min", rate, p.ECC.CorrectedStormPerMinute)
 		})
 	}
@@ -83,10 +97,7 @@ func (ev *evaluation) eccStorm(gpu *deviceState) {
 	if !ev.t.policy.ECC.Enabled {
 		return
 	}
-	ev.raise(gpu, raiseSpec{
-		Type: ConditionECCCorrectedStorm, Severity: Degraded, ClearsOn: ClearsOnQuietPeriod, Evict: false,
-		RecommendedAction: ActionInspect, Reason: "SingleBitECCStorm",
-	}, func() string { return "the driver reported a single-bit ECC error storm" })
+	ev.raise(gpu, eccStorm, func() string { return "the driver reported a single-bit ECC error storm" })
 }
 
 // remappedRows applies a reading of the row remapper: a failure lasts while readings show it,
@@ -95,19 +106,12 @@ func (ev *evaluation) remappedRows(gpu *deviceState, sig Signal) {
 	if !ev.t.policy.RowRemap.Enabled {
 		return
 	}
-	failure := Healthy
-	if sig.Failure {
-		failure = Unhealthy
-	}
-	ev.polled(gpu, pollSpec{
-		Type: ConditionRowRemapFailure, Severity: failure, RecoverySamples: DefaultRecoverySamples,
+	ev.pollFault(gpu, sig.Failure, pollSpec{
+		Type: ConditionRowRemapFailure, Severity: Unhealthy, RecoverySamples: DefaultRecoverySamples,
 		RecommendedAction: ActionCheckHardware, Reason: "RowRemapFailure",
 	}, func() string { return "row remapping failed: no spare row was left for a bad memory row" })
 	if sig.Pending {
-		ev.raise(gpu, raiseSpec{
-			Type: ConditionRowRemapPending, Severity: Degraded, ClearsOn: ClearsOnGPUReset, Evict: false,
-			RecommendedAction: ActionResetGPU, Reason: "RowRemapPending",
-		}, func() string { return "a row remap is pending and takes effect at the next GPU reset" })
+		ev.raise(gpu, rowRemapPending, func() string { return "a row remap is pending and takes effect at the next GPU reset" })
 	}
 }
 
@@ -117,10 +121,7 @@ func (ev *evaluation) retiredPages(gpu *deviceState, sig Signal) {
 	if !ev.t.policy.RetiredPages.Enabled || !sig.Pending {
 		return
 	}
-	ev.raise(gpu, raiseSpec{
-		Type: ConditionRetiredPagesPending, Severity: Degraded, ClearsOn: ClearsOnGPUReset, Evict: false,
-		RecommendedAction: ActionResetGPU, Reason: "RetiredPagesPending",
-	}, func() string { return "retired pages are pending and take effect at the next GPU reset" })
+	ev.raise(gpu, retiredPagesPending, func() string { return "retired pages are pending and take effect at the next GPU reset" })
 }
 
 // temperature applies a temperature reading against the slowdown and shutdown thresholds: the
@@ -143,26 +144,18 @@ func (ev *evaluation) temperature(gpu *deviceState, sig Signal) {
 	if p.Thermal.ShutdownC > 0 {
 		shutdown = p.Thermal.ShutdownC
 	}
+	spec := pollSpec{Type: ConditionThermal, Severity: Healthy, RecoverySamples: p.Thermal.RecoverySamples, RecommendedAction: ActionCheckCooling}
+	threshold, which := shutdown, "shutdown"
 	switch {
 	case sig.Value >= shutdown:
-		ev.polled(gpu, pollSpec{
-			Type: ConditionThermal, Severity: Unhealthy, RecoverySamples: p.Thermal.RecoverySamples,
-			RecommendedAction: ActionCheckCooling, Reason: "TemperatureAtShutdown",
-		}, func() string {
-			return fmt.Sprintf("temperature %d°C reached the shutdown threshold %d°C", sig.Value, shutdown)
-		})
+		spec.Severity, spec.Reason = Unhealthy, "TemperatureAtShutdown"
 	case sig.Value >= slowdown:
-		ev.polled(gpu, pollSpec{
-			Type: ConditionThermal, Severity: Degraded, RecoverySamples: p.Thermal.RecoverySamples,
-			RecommendedAction: ActionCheckCooling, Reason: "TemperatureAtSlowdown",
-		}, func() string {
-			return fmt.Sprintf("temperature %d°C reached the slowdown threshold %d°C", sig.Value, slowdown)
-		})
-	default:
-		ev.polled(gpu, pollSpec{
-			Type: ConditionThermal, Severity: Healthy, RecoverySamples: p.Thermal.RecoverySamples,
-		}, nil)
+		spec.Severity, spec.Reason = Degraded, "TemperatureAtSlowdown"
+		threshold, which = slowdown, "slowdown"
 	}
+	ev.polled(gpu, spec, func() string {
+		return fmt.Sprintf("temperature %d°C reached the %s threshold %d°C", sig.Value, which, threshold)
+	})
 }
 
 // clockEvents applies the GPU's clock event reasons; only those the policy selects count.
@@ -172,13 +165,7 @@ func (ev *evaluation) clockEvents(gpu *deviceState, sig Signal) {
 		return
 	}
 	active := sig.Reasons & p.ClockEvents.Reasons
-	if active == 0 {
-		ev.polled(gpu, pollSpec{
-			Type: ConditionClockThrottle, Severity: Healthy, RecoverySamples: p.ClockEvents.RecoverySamples,
-		}, nil)
-		return
-	}
-	ev.polled(gpu, pollSpec{
+	ev.pollFault(gpu, active != 0, pollSpec{
 		Type: ConditionClockThrottle, Severity: Degraded, RecoverySamples: p.ClockEvents.RecoverySamples,
 		RecommendedAction: ActionCheckCooling, Reason: "ClocksThrottled",
 	}, func() string { return "clocks are throttled: " + active.String() })
@@ -194,13 +181,7 @@ func (ev *evaluation) pcieReplays(gpu *deviceState, sig Signal) {
 	if !ok {
 		return
 	}
-	if rate <= p.PCIeReplays.PerMinute {
-		ev.polled(gpu, pollSpec{
-			Type: ConditionPCIeReplayRate, Severity: Healthy, RecoverySamples: p.PCIeReplays.RecoverySamples,
-		}, nil)
-		return
-	}
-	ev.polled(gpu, pollSpec{
+	ev.pollFault(gpu, exceeds(rate, p.PCIeReplays.PerMinute), pollSpec{
 		Type: ConditionPCIeReplayRate, Severity: Degraded, RecoverySamples: p.PCIeReplays.RecoverySamples,
 		RecommendedAction: ActionInspect, Reason: "PCIeReplayRateHigh",
 	}, func() string {
@@ -214,19 +195,11 @@ func (ev *evaluation) nvlinkState(gpu *deviceState, sig Signal) {
 	if !p.NVLink.Enabled || sig.Link >= maxTrackedLinks {
 		return
 	}
-	if !sig.Down {
-		ev.polled(gpu, pollSpec{
-			Type: ConditionNVLinkDown, Code: sig.Link, Severity: Healthy, RecoverySamples: p.NVLink.RecoverySamples,
-		}, nil)
-		return
-	}
-	ev.polled(gpu, pollSpec{
+	ev.pollFault(gpu, sig.Down, pollSpec{
 		Type: ConditionNVLinkDown, Code: sig.Link, Severity: Unhealthy, RecoverySamples: p.NVLink.RecoverySamples,
 		RecommendedAction: ActionResetGPU, Reason: "NVLinkDown",
 	}, func() string { return fmt.Sprintf("NVLink %d is down", sig.Link) })
 }
-
-// nvlinkErrors applies a sample of one NVLink's error counter, as a rate against the policy's
 
 // growLinks returns rates, grown to hold link's counter.
 func growLinks(rates []counterRate, link uint32) []counterRate {
@@ -236,6 +209,7 @@ func growLinks(rates []counterRate, link uint32) []counterRate {
 	return rates
 }
 
+// nvlinkErrors applies a sample of one NVLink's error counter, as a rate against the policy's
 // limit.
 func (ev *evaluation) nvlinkErrors(gpu *deviceState, sig Signal) {
 	p := ev.t.policy
@@ -247,13 +221,7 @@ func (ev *evaluation) nvlinkErrors(gpu *deviceState, sig Signal) {
 	if !ok {
 		return
 	}
-	if rate <= p.NVLink.ErrorsPerMinute {
-		ev.polled(gpu, pollSpec{
-			Type: ConditionNVLinkErrorRate, Code: sig.Link, Severity: Healthy, RecoverySamples: p.NVLink.RecoverySamples,
-		}, nil)
-		return
-	}
-	ev.polled(gpu, pollSpec{
+	ev.pollFault(gpu, exceeds(rate, p.NVLink.ErrorsPerMinute), pollSpec{
 		Type: ConditionNVLinkErrorRate, Code: sig.Link, Severity: Degraded, RecoverySamples: p.NVLink.RecoverySamples,
 		RecommendedAction: ActionInspect, Reason: "NVLinkErrorRateHigh",
 	}, func() string {

@@ -3,7 +3,6 @@ package health
 import (
 	"fmt"
 	"strconv"
-	"strings"
 )
 
 // RecoveryAction is NVML's GPU recovery action (nvmlDeviceGpuRecoveryAction_t): what the driver
@@ -24,33 +23,19 @@ const (
 	RecoverySystemReboot      RecoveryAction = 7 // SYSTEM_REBOOT
 )
 
-var recoveryActionNames = [...]string{
+var recoveryActionNames = enumNames[RecoveryAction]{typ: "RecoveryAction", what: "recovery action", names: []string{
 	RecoveryNone: "none", RecoveryGPUReset: "gpuReset", RecoveryNodeReboot: "nodeReboot",
 	RecoveryDrainP2P: "drainP2P", RecoveryDrainAndReset: "drainAndReset",
 	RecoveryRecoverIMEXDomain: "recoverIMEXDomain", RecoveryBusReset: "busReset",
 	RecoverySystemReboot: "systemReboot",
-}
+}}
 
-func (a RecoveryAction) String() string {
-	if int(a) < len(recoveryActionNames) {
-		return recoveryActionNames[a]
-	}
-	return fmt.Sprintf("RecoveryAction(%d)", uint8(a))
-}
+func (a RecoveryAction) String() string { return recoveryActionNames.String(a) }
 
 // ParseRecoveryAction parses the name of one of NVML's recovery actions, as String writes it:
 // none, gpuReset, nodeReboot, drainP2P, drainAndReset, recoverIMEXDomain, busReset or
 // systemReboot.
-func ParseRecoveryAction(s string) (RecoveryAction, error) {
-	for i, name := range recoveryActionNames {
-		if s == name {
-			return RecoveryAction(i), nil
-		}
-	}
-	last := len(recoveryActionNames) - 1
-	return 0, fmt.Errorf("unknown recovery action %q (want %s or %s)", s,
-		strings.Join(recoveryActionNames[:last], ", "), recoveryActionNames[last])
-}
+func ParseRecoveryAction(s string) (RecoveryAction, error) { return recoveryActionNames.parse(s) }
 
 // recoveryRule is the condition the RecoveryAction check raises for one action.
 type recoveryRule struct {

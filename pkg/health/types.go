@@ -1,9 +1,6 @@
 package health
 
-import (
-	"fmt"
-	"time"
-)
+import "time"
 
 // Severity is how bad a condition, or a device's effective health, is. Values are ordered: a
 // larger value is worse.
@@ -18,42 +15,18 @@ const (
 	Unhealthy
 )
 
-var severityNames = [...]string{Healthy: "Healthy", Degraded: "Degraded", Unhealthy: "Unhealthy"}
+var severityNames = enumNames[Severity]{typ: "Severity", what: "severity", names: []string{Healthy: "Healthy", Degraded: "Degraded", Unhealthy: "Unhealthy"}}
 
-func (s Severity) String() string {
-	if int(s) < len(severityNames) {
-		return severityNames[s]
-	}
-	return fmt.Sprintf("Severity(%d)", uint8(s))
-}
+func (s Severity) String() string { return severityNames.String(s) }
 
 // MarshalText implements encoding.TextMarshaler.
-func (s Severity) MarshalText() ([]byte, error) {
-	if int(s) >= len(severityNames) {
-		return nil, fmt.Errorf("invalid severity %d", uint8(s))
-	}
-	return []byte(severityNames[s]), nil
-}
+func (s Severity) MarshalText() ([]byte, error) { return severityNames.marshal(s) }
 
 // UnmarshalText implements encoding.TextUnmarshaler.
-func (s *Severity) UnmarshalText(b []byte) error {
-	v, err := ParseSeverity(string(b))
-	if err != nil {
-		return err
-	}
-	*s = v
-	return nil
-}
+func (s *Severity) UnmarshalText(b []byte) error { return severityNames.unmarshal(s, b) }
 
 // ParseSeverity parses "Healthy", "Degraded" or "Unhealthy".
-func ParseSeverity(s string) (Severity, error) {
-	for i, name := range severityNames {
-		if s == name {
-			return Severity(i), nil
-		}
-	}
-	return 0, fmt.Errorf("unknown severity %q (want Healthy, Degraded or Unhealthy)", s)
-}
+func ParseSeverity(s string) (Severity, error) { return severityNames.parse(s) }
 
 // ClearsOn says what ends a condition.
 type ClearsOn uint8
@@ -71,48 +44,24 @@ const (
 	ClearsOnAdmin
 )
 
-var clearsOnNames = [...]string{
+var clearsOnNames = enumNames[ClearsOn]{typ: "ClearsOn", what: "clearsOn", names: []string{
 	ClearsOnGPUReset:    "gpuReset",
 	ClearsOnNodeReboot:  "nodeReboot",
 	ClearsOnRecovered:   "recovered",
 	ClearsOnQuietPeriod: "quietPeriod",
 	ClearsOnAdmin:       "admin",
-}
+}}
 
-func (c ClearsOn) String() string {
-	if int(c) < len(clearsOnNames) {
-		return clearsOnNames[c]
-	}
-	return fmt.Sprintf("ClearsOn(%d)", uint8(c))
-}
+func (c ClearsOn) String() string { return clearsOnNames.String(c) }
 
 // MarshalText implements encoding.TextMarshaler.
-func (c ClearsOn) MarshalText() ([]byte, error) {
-	if int(c) >= len(clearsOnNames) {
-		return nil, fmt.Errorf("invalid clearsOn %d", uint8(c))
-	}
-	return []byte(clearsOnNames[c]), nil
-}
+func (c ClearsOn) MarshalText() ([]byte, error) { return clearsOnNames.marshal(c) }
 
 // UnmarshalText implements encoding.TextUnmarshaler.
-func (c *ClearsOn) UnmarshalText(b []byte) error {
-	v, err := ParseClearsOn(string(b))
-	if err != nil {
-		return err
-	}
-	*c = v
-	return nil
-}
+func (c *ClearsOn) UnmarshalText(b []byte) error { return clearsOnNames.unmarshal(c, b) }
 
 // ParseClearsOn parses one of gpuReset, nodeReboot, recovered, quietPeriod, admin.
-func ParseClearsOn(s string) (ClearsOn, error) {
-	for i, name := range clearsOnNames {
-		if s == name {
-			return ClearsOn(i), nil
-		}
-	}
-	return 0, fmt.Errorf("unknown clearsOn %q (want gpuReset, nodeReboot, recovered, quietPeriod or admin)", s)
-}
+func ParseClearsOn(s string) (ClearsOn, error) { return clearsOnNames.parse(s) }
 
 // ClearedByReboot reports whether a node reboot ends a condition that clears on c. A reboot
 // resets every GPU and restarts every reading, so only administrative conditions survive it.
@@ -253,6 +202,20 @@ type Snapshot struct {
 	// Findings are facts about the node as a whole that change no GPU's health, such as an XID
 	// spread over several GPUs (a likely software cause).
 	Findings []NodeFinding `json:"findings,omitempty"`
+}
+
+// UnhealthyGPUs returns the physical GPUs of the snapshot that are Unhealthy, in its order: what
+// a consumer that takes whole cards out of service (a device plugin's list, HAMi's cordon) takes
+// out. MIG instances are left out, as a card's own faults reach it and an instance's need not;
+// so are the placeholders of missing GPUs, which no consumer ever registered.
+func (s Snapshot) UnhealthyGPUs() []DeviceStatus {
+	var out []DeviceStatus
+	for _, d := range s.Devices {
+		if d.Device.MIG == nil && !d.Device.Missing && d.Health == Unhealthy {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // Transition records a change of a device's effective health.

@@ -37,56 +37,26 @@ const (
 	CheckOther = "GpuHealthOther"
 )
 
+// checks are the checkNames by health.Family (from FamilyXID on), in the order events of a batch
+// name them.
+var checks = []string{CheckXID, CheckMemory, CheckThermal, CheckClocks, CheckPCIe, CheckNVLink, CheckMissing, CheckRecoveryAction, CheckRepair, CheckOther}
+
 // Checks lists every checkName gpuhealth sends, in the order events of a batch name them.
-func Checks() []string {
-	return []string{CheckXID, CheckMemory, CheckThermal, CheckClocks, CheckPCIe, CheckNVLink, CheckMissing, CheckRecoveryAction, CheckRepair, CheckOther}
-}
-
-// checkOf maps the library's condition types to their family. ConditionAdmin (an operator's
-// drain) is left out on purpose: it is no fault of the GPU, and NVSentinel would quarantine the
-// whole node for it.
-var checkOf = map[health.ConditionType]string{
-	health.ConditionXID:                  CheckXID,
-	health.ConditionXIDRepeat:            CheckXID,
-	health.ConditionECCUncorrected:       CheckMemory,
-	health.ConditionECCCorrectedStorm:    CheckMemory,
-	health.ConditionRowRemapFailure:      CheckMemory,
-	health.ConditionRowRemapPending:      CheckMemory,
-	health.ConditionRetiredPagesPending:  CheckMemory,
-	health.ConditionRowRemapAvailability: CheckMemory,
-	health.ConditionSRAMThreshold:        CheckMemory,
-	health.ConditionThermal:              CheckThermal,
-	health.ConditionClockThrottle:        CheckClocks,
-	health.ConditionPCIeReplayRate:       CheckPCIe,
-	health.ConditionPCIeLinkDegraded:     CheckPCIe,
-	health.ConditionNVLinkDown:           CheckNVLink,
-	health.ConditionNVLinkErrorRate:      CheckNVLink,
-	health.ConditionNVLinkRecoveries:     CheckNVLink,
-	health.ConditionFabricRegistration:   CheckNVLink,
-	health.ConditionFabricHealth:         CheckNVLink,
-	health.ConditionGPULost:              CheckMissing,
-	health.ConditionGPUMissing:           CheckMissing,
-	health.ConditionGPUResetRequired:     CheckRecoveryAction,
-	health.ConditionRecoveryAction:       CheckRecoveryAction,
-	health.ConditionReplaceGPU:           CheckRepair,
-}
-
-// notSent are the condition types that never become events.
-var notSent = []health.ConditionType{health.ConditionAdmin}
+func Checks() []string { return slices.Clone(checks) }
 
 // CheckName returns the checkName of conditions of type t; extra are the embedder's own types
-// (Options.Checks), which take precedence. ok is false for types that are never sent.
+// (Options.Checks), which take precedence. ok is false for types that are never sent:
+// ConditionAdmin (an operator's drain) is left out on purpose, as it is no fault of the GPU, and
+// NVSentinel would quarantine the whole node for it.
 func CheckName(t health.ConditionType, extra map[health.ConditionType]string) (name string, ok bool) {
 	if name, ok := extra[t]; ok {
 		return name, true
 	}
-	if slices.Contains(notSent, t) {
+	f := t.Family()
+	if f == health.FamilyNone {
 		return "", false
 	}
-	if name, ok := checkOf[t]; ok {
-		return name, true
-	}
-	return CheckOther, true
+	return checks[f-health.FamilyXID], true
 }
 
 // perLink are the condition types whose Code is an NVLink link.

@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -40,10 +39,8 @@ type Syncer struct {
 	nodes    *nodecache.Cache
 	writer   *report.AnnotationWriter
 
-	// lastGarbage and lastStateErr keep bad input from other writers to one log line per value.
-	mu           sync.Mutex
-	lastGarbage  string
-	lastStateErr string
+	// garbage and stateErr keep bad input from other writers to one log line per value.
+	garbage, stateErr report.LastValue
 }
 
 var (
@@ -125,10 +122,7 @@ func (s *Syncer) logBadInput(ctx context.Context, m gpuhealthv1.MergeResult) {
 	if m.StateErr != nil {
 		stateErr = m.StateErr.Error()
 	}
-	s.mu.Lock()
-	newGarbage, newStateErr := garbage != s.lastGarbage, stateErr != s.lastStateErr
-	s.lastGarbage, s.lastStateErr = garbage, stateErr
-	s.mu.Unlock()
+	newGarbage, newStateErr := s.garbage.Changed(garbage), s.stateErr.Changed(stateErr)
 	if newGarbage && m.Oversized > 0 {
 		logger.Info("Warning: the Volcano annotation has far more entries than any node has GPUs; merging it whole, as another writer's",
 			"node", s.nodeName, "annotation", gpuhealthv1.UnhealthyIDsKey, "entries", m.Oversized, "limit", gpuhealthv1.MaxListEntries)

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -36,8 +35,7 @@ type Syncer struct {
 	nodes    *nodecache.Cache
 	writer   *report.AnnotationWriter
 
-	mu      sync.Mutex
-	lastBad string // bad input already logged
+	bad report.LastValue // bad input already logged
 }
 
 var (
@@ -75,11 +73,9 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 // Cordoned returns the UUIDs of the physical GPUs gpuhealth cordons for snap, sorted.
 func Cordoned(snap health.Snapshot) []string {
 	var out []string
-	for _, d := range snap.Devices {
-		// A missing GPU's UUID is a placeholder HAMi never registered.
-		if d.Device.MIG == nil && !d.Device.Missing && d.Health == health.Unhealthy {
-			out = append(out, d.Device.UUID)
-		}
+	// A missing GPU's UUID is a placeholder HAMi never registered: UnhealthyGPUs leaves it out.
+	for _, d := range snap.UnhealthyGPUs() {
+		out = append(out, d.Device.UUID)
 	}
 	slices.Sort(out)
 	return out
@@ -109,11 +105,7 @@ func (s *Syncer) logBadInput(ctx context.Context, m gpuhealthv1.MergeResult) {
 	if m.StateErr != nil {
 		bad += " / " + m.StateErr.Error()
 	}
-	s.mu.Lock()
-	fresh := bad != s.lastBad
-	s.lastBad = bad
-	s.mu.Unlock()
-	if fresh && bad != "" {
+	if s.bad.Changed(bad) && bad != "" {
 		klog.FromContext(ctx).Info("Keeping unexpected content of HAMi's cordon annotation as it is",
 			"node", s.nodeName, "annotation", gpuhealthv1.HAMiCordonKey, "entries", m.Invalid, "stateErr", m.StateErr, "oversized", m.Oversized)
 	}

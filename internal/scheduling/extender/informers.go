@@ -91,7 +91,7 @@ func (s *state) start(ctx context.Context, client kubernetes.Interface, agentNam
 				o.LabelSelector = gpuhealthv1.HeartbeatLeaseLabel + "=true"
 			}))
 		leaseInf := leases.Coordination().V1().Leases().Informer()
-		if err := leaseInf.SetTransform(trimLease); err != nil {
+		if err := leaseInf.SetTransform(heartbeat.TrimLease); err != nil {
 			return err
 		}
 		onLease := func(lease *coordinationv1.Lease, present bool) {
@@ -125,18 +125,6 @@ func (s *state) start(ctx context.Context, client kubernetes.Interface, agentNam
 		return fmt.Errorf("node, pod and heartbeat Lease informers did not sync: %w", context.Cause(ctx))
 	}
 	return nil
-}
-
-// trimLease keeps what a heartbeat reader reads.
-func trimLease(obj any) (any, error) {
-	l, ok := obj.(*coordinationv1.Lease)
-	if !ok {
-		return obj, nil
-	}
-	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: l.Name, Namespace: l.Namespace, ResourceVersion: l.ResourceVersion},
-		Spec:       coordinationv1.LeaseSpec{HolderIdentity: l.Spec.HolderIdentity, RenewTime: l.Spec.RenewTime},
-	}, nil
 }
 
 // trimNode keeps what ParseNode reads.

@@ -98,10 +98,14 @@ func (g *gate) parkedLoops() int {
 }
 
 // leave ends a user's calls.
-func (g *gate) leave() {
+func (g *gate) leave() { g.release(&g.users) }
+
+// release counts down n, one of what drain waits for (users, event sets): a drain in progress
+// looks again.
+func (g *gate) release(n *int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.users--
+	*n--
 	if g.state == gateDraining {
 		g.notify()
 	}
@@ -114,14 +118,7 @@ func (g *gate) setMade() {
 	g.sets++
 }
 
-func (g *gate) setFreed() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.sets--
-	if g.state == gateDraining {
-		g.notify()
-	}
-}
+func (g *gate) setFreed() { g.release(&g.sets) }
 
 // wake returns a channel closed at the next change, and whether a reset wants NVML now (the
 // gate is not open): a loop that sleeps wakes on it to let go of its event set.
