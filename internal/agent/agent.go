@@ -172,7 +172,8 @@ func Run(ctx context.Context, opts Options) error {
 	g.Go(func() error { return beat.Run(ctx) })
 	drains := &drainWatcher{nodes: w.caches.nodes, monitor: w.monitor, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef}
 	g.Go(func() error { return drains.run(ctx) })
-	clears := &clearWatcher{nodes: w.caches.nodes, client: opts.Client, monitor: w.monitor, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef}
+	clears := &requestWatcher{nodes: w.caches.nodes, client: opts.Client, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef, memory: w.monitor,
+		kind: clearRequests(w.monitor, opts.Clock, w.recorder, w.nodeRef)}
 	g.Go(func() error { return clears.run(ctx) })
 	validations := &requestWatcher{nodes: w.caches.nodes, client: opts.Client, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef, memory: w.monitor,
 		kind: validationRequests(w.rem, w.monitor, w.recorder, w.nodeRef)}

@@ -14,59 +14,61 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/gpuhealth/gpuhealth/internal/cache/nodecache"
-	"github.com/gpuhealth/gpuhealth/internal/kube"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 )
 
-// clearWatcher applies operators' requests to clear false positives (the gpu-clears annotation
-// written by `gpuhealth clear`) on this agent's Node. Each request is applied once, through the
-// monitor, and named in an Event (who, why, what was cleared, or a Warning that nothing was);
-// then the annotation is removed as requestWatcher does (requests.go), so a condition that
-// returns is raised again as any other.
-type clearWatcher struct {
-	nodes    *nodecache.Cache
-	client   kube.Interface
-	monitor  *health.Monitor
-	clock    clock.Clock
-	recorder record.EventRecorder
-	nodeRef  *corev1.ObjectReference
-
-	w *requestWatcher // built at first use
-}
-
-func (w *clearWatcher) requests() *requestWatcher {
-	if w.w == nil {
-		w.w = &requestWatcher{nodes: w.nodes, client: w.client, clock: w.clock, recorder: w.recorder, nodeRef: w.nodeRef, memory: w.monitor, kind: requestKind{
-			key: gpuhealthv1.ClearsKey, name: "clear", malformedReason: gpuhealthv1.EventMalformedClears, notRemovedReason: gpuhealthv1.EventClearsNotRemoved,
-			pending: func(value string) ([]pendingRequest, error) {
-				clears, err := gpuhealthv1.ParseClears(value)
-				if err != nil {
-					return nil, err
-				}
-				var out []pendingRequest
-				for _, uuid := range slices.Sorted(maps.Keys(clears)) {
-					for _, c := range clears[uuid] {
-						out = append(out, pendingRequest{id: requestKey(uuid, c), at: c.At, apply: func(ctx context.Context) { w.apply(ctx, uuid, c) }})
-					}
-				}
-				return out, nil
-			},
-		}}
+// clearRequests is the kind of requests `gpuhealth clear` writes on the Node
+// (gpuhealthv1.ClearsKey): operators' requests to clear false positives. Each is applied once,
+// through the monitor, and named in an Event (who, why, what was cleared, or a Warning that
+// nothing was); the annotation is then removed as for every kind (requestWatcher), so a
+// condition that returns is raised again as any other.
+func clearRequests(monitor *health.Monitor, clk clock.PassiveClock, recorder record.EventRecorder, nodeRef *corev1.ObjectReference) requestKind {
+	// apply clears what one request names and says so in an Event.
+	apply := func(ctx context.Context, uuid string, c gpuhealthv1.Clear) {
+		logger := klog.FromContext(ctx)
+		sel, _ := gpuhealthv1.ParseConditionSelector(c.Condition) // ParseClears checked it
+		res := clearConditions(monitor, uuid, sel, c.At, clk.Now())
+		what := sel.String()
+		if what == "" {
+			what = "every condition"
+		}
+		switch {
+		case !res.found:
+			logger.Info("A clear request names a GPU this node does not have", "gpu", uuid, "condition", what, "by", c.By)
+			recorder.Eventf(nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearMatchedNothing,
+				"gpuhealth cleared nothing: this node has no GPU %s (request for %s %s)", uuid, what, c.Message())
+		case len(res.cleared) == 0:
+			logger.Info("A clear request matched no condition", "gpu", uuid, "condition", what, "by", c.By, "inEffect", res.remaining, "raisedAfter", res.later)
+			recorder.Eventf(nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearMatchedNothing,
+				"gpuhealth cleared nothing on %s: %s; requested %s", res.device, res.nothingMatched(sel), c.Message())
+		default:
+			logger.Info("Cleared conditions at an operator's request", "gpu", uuid, "cleared", res.cleared, "by", c.By, "reason", c.Reason)
+			recorder.Eventf(nodeRef, corev1.EventTypeNormal, gpuhealthv1.EventConditionsCleared,
+				"gpuhealth cleared %s on %s, requested %s; %s%s", strings.Join(res.cleared, ", "), res.device, c.Message(), res.now(), res.laterNote())
+		}
 	}
-	return w.w
+	return requestKind{
+		key: gpuhealthv1.ClearsKey, name: "clear", malformedReason: gpuhealthv1.EventMalformedClears, notRemovedReason: gpuhealthv1.EventClearsNotRemoved,
+		pending: func(value string) ([]pendingRequest, error) {
+			clears, err := gpuhealthv1.ParseClears(value)
+			if err != nil {
+				return nil, err
+			}
+			var out []pendingRequest
+			for _, uuid := range slices.Sorted(maps.Keys(clears)) {
+				for _, c := range clears[uuid] {
+					out = append(out, pendingRequest{id: requestKey(uuid, c), at: c.At, apply: func(ctx context.Context) { apply(ctx, uuid, c) }})
+				}
+			}
+			return out, nil
+		},
+	}
 }
 
-func (w *clearWatcher) run(ctx context.Context) error  { return w.requests().run(ctx) }
-func (w *clearWatcher) sync(ctx context.Context) error { return w.requests().sync(ctx) }
-func (w *clearWatcher) remove(ctx context.Context, v string) error {
-	return w.requests().remove(ctx, v)
-}
-
-// requestKey identifies a request while it is on the Node.
-func requestKey(uuid string, c gpuhealthv1.Clear) string {
-	b, _ := json.Marshal(c) // a struct of strings, an int and a time: never fails
+// requestKey identifies a request of the GPU uuid while it is on the Node.
+func requestKey(uuid string, r any) string {
+	b, _ := json.Marshal(r) // requests are structs of strings, ints and times: never fails
 	return uuid + "\x00" + string(b)
 }
 
@@ -75,31 +77,6 @@ func requestKey(uuid string, c gpuhealthv1.Clear) string {
 // written since the Node was read stays.
 func ClearsRemovalPatch(value string) ([]byte, error) {
 	return removalPatch(gpuhealthv1.ClearsKey, value)
-}
-
-// apply clears what one request names and says so in an Event.
-func (w *clearWatcher) apply(ctx context.Context, uuid string, c gpuhealthv1.Clear) {
-	logger := klog.FromContext(ctx)
-	sel, _ := gpuhealthv1.ParseConditionSelector(c.Condition) // ParseClears checked it
-	res := clearConditions(w.monitor, uuid, sel, c.At, w.clock.Now())
-	what := sel.String()
-	if what == "" {
-		what = "every condition"
-	}
-	switch {
-	case !res.found:
-		logger.Info("A clear request names a GPU this node does not have", "gpu", uuid, "condition", what, "by", c.By)
-		w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearMatchedNothing,
-			"gpuhealth cleared nothing: this node has no GPU %s (request for %s %s)", uuid, what, c.Message())
-	case len(res.cleared) == 0:
-		logger.Info("A clear request matched no condition", "gpu", uuid, "condition", what, "by", c.By, "inEffect", res.remaining, "raisedAfter", res.later)
-		w.recorder.Eventf(w.nodeRef, corev1.EventTypeWarning, gpuhealthv1.EventClearMatchedNothing,
-			"gpuhealth cleared nothing on %s: %s; requested %s", res.device, res.nothingMatched(sel), c.Message())
-	default:
-		logger.Info("Cleared conditions at an operator's request", "gpu", uuid, "cleared", res.cleared, "by", c.By, "reason", c.Reason)
-		w.recorder.Eventf(w.nodeRef, corev1.EventTypeNormal, gpuhealthv1.EventConditionsCleared,
-			"gpuhealth cleared %s on %s, requested %s; %s%s", strings.Join(res.cleared, ", "), res.device, c.Message(), res.now(), res.laterNote())
-	}
 }
 
 // clearResult is what clearConditions did.

@@ -31,7 +31,7 @@ var clearsT0 = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
 // clearFixture is an agent's view of a node with GPU-a (drained, XID 48 and XID 79), GPU-b
 // (XID 48) and GPU-b's MIG instance MIG-b1 (an XID 109 of its own).
 type clearFixture struct {
-	w        *clearWatcher
+	w        *requestWatcher
 	client   *fake.Clientset
 	monitor  *health.Monitor
 	recorder *record.FakeRecorder
@@ -60,9 +60,10 @@ func newClearFixture(t *testing.T, clears string) *clearFixture {
 	client := fake.NewClientset(node)
 	clk := clocktesting.NewFakeClock(clearsT0.Add(time.Minute))
 	f := &clearFixture{client: client, monitor: m, recorder: record.NewFakeRecorder(100), clock: clk}
-	f.w = &clearWatcher{
-		nodes: nodecache.New(adapt.Clientset(client), "n1"), client: adapt.Clientset(client), monitor: m, clock: clk,
-		recorder: f.recorder, nodeRef: &corev1.ObjectReference{Kind: "Node", Name: "n1"},
+	nodeRef := &corev1.ObjectReference{Kind: "Node", Name: "n1"}
+	f.w = &requestWatcher{
+		nodes: nodecache.New(adapt.Clientset(client), "n1"), client: adapt.Clientset(client), clock: clk,
+		recorder: f.recorder, nodeRef: nodeRef, memory: m, kind: clearRequests(m, clk, f.recorder, nodeRef),
 	}
 	return f
 }
@@ -361,8 +362,8 @@ func TestClearAppliedOnceAcrossRestarts(t *testing.T) {
 	if err := m.Restore(cp, "boot-1", clearsT0.Add(2*time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	restarted := &clearWatcher{nodes: nodecache.New(adapt.Clientset(f.client), "n1"), client: adapt.Clientset(f.client), monitor: m,
-		clock: f.clock, recorder: f.recorder, nodeRef: f.w.nodeRef}
+	restarted := &requestWatcher{nodes: nodecache.New(adapt.Clientset(f.client), "n1"), client: adapt.Clientset(f.client), memory: m,
+		clock: f.clock, recorder: f.recorder, nodeRef: f.w.nodeRef, kind: clearRequests(m, f.clock, f.recorder, f.w.nodeRef)}
 	_ = restarted.sync(ctx) // the removal is still refused
 	for _, e := range f.events() {
 		if strings.Contains(e, "Cleared") || strings.Contains(e, "cleared") {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"maps"
 	"slices"
 
@@ -49,8 +48,7 @@ func validationRequests(rem *remediation.Controller, monitor *health.Monitor, re
 			out := make([]pendingRequest, 0, len(requests))
 			for _, uuid := range slices.Sorted(maps.Keys(requests)) {
 				r := requests[uuid]
-				b, _ := json.Marshal(r) // strings, an int and a time: never fails
-				out = append(out, pendingRequest{id: uuid + "\x00" + string(b), at: r.At, apply: func(ctx context.Context) { apply(ctx, uuid, r) }})
+				out = append(out, pendingRequest{id: requestKey(uuid, r), at: r.At, apply: func(ctx context.Context) { apply(ctx, uuid, r) }})
 			}
 			return out, nil
 		},

@@ -103,25 +103,16 @@ type clearedGPU struct {
 }
 
 // requestClear resolves gpu on node from the agent's report and adds req to the node's clear
-// requests, with optimistic concurrency: the patch carries the resourceVersion it read, and a
-// conflict reads again and retries, so two requests at once never lose one. A GPU the agent does
-// not report, or a clears annotation that does not parse, changes nothing. It sets req.Index.
+// requests, with optimistic concurrency (addRequest). It sets req.Index.
 func requestClear(ctx context.Context, client kubernetes.Interface, nodeName, gpu string, req *gpuhealthv1.Clear) (clearedGPU, error) {
-	var target clearedGPU
-	err := updateNodeAnnotation(ctx, client, nodeName, gpuhealthv1.ClearsKey, "gpuhealth-clear", func(node *corev1.Node) (any, bool, error) {
-		clears, err := gpuhealthv1.ParseClears(node.Annotations[gpuhealthv1.ClearsKey])
-		if err != nil {
-			return nil, false, fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
-		}
-		if target, err = reportedGPU(node, gpu); err != nil {
-			return nil, false, cmdutil.BadInput(err)
-		}
+	annotation := requestAnnotation[map[string][]gpuhealthv1.Clear]{
+		key: gpuhealthv1.ClearsKey, fieldManager: "gpuhealth-clear", parse: gpuhealthv1.ParseClears, format: gpuhealthv1.FormatClears,
+	}
+	return addRequest(ctx, client, nodeName, gpu, annotation, func(clears map[string][]gpuhealthv1.Clear, target clearedGPU) error {
 		req.Index = target.Index
 		clears[target.uuid] = append(clears[target.uuid], *req)
-		value, err := gpuhealthv1.FormatClears(clears)
-		return value, true, err
+		return nil
 	})
-	return target, err
 }
 
 // reportedGPU resolves gpu (an index, a UUID or a PCI bus ID) among the GPUs the node's agent

@@ -55,16 +55,7 @@ go one at a time to the GPU with the fewest replicas in use (NVIDIA's "distribut
   gpuhealth device-plugin --cdi --checkpoint /var/lib/gpuhealth/device-plugin.json
   gpuhealth device-plugin --backend sim --scenario examples/scenario.yaml --kubelet-socket-dir /tmp/dp`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, err := logs.context(cmd)
-			if err != nil {
-				return err
-			}
-			if err := o.validate(); err != nil {
-				return err
-			}
-			return startDevicePlugin(ctx, &o)
-		},
+		RunE: logs.RunE(o.validate, func(ctx context.Context) error { return startDevicePlugin(ctx, &o) }),
 	}
 	o.addFlags(cmd.Flags())
 	logs.addFlags(cmd.Flags())

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -114,11 +113,11 @@ func changeDrains(ctx context.Context, client kubernetes.Interface, nodeName, gp
 		if err != nil || !changed {
 			return nil, false, err
 		}
-		if len(drains) == 0 {
-			return nil, true, nil // null removes the annotation
+		value, err := gpuhealthv1.FormatDrains(drains)
+		if value == "" {
+			return nil, true, err // null removes the annotation
 		}
-		b, err := json.Marshal(drains)
-		return string(b), true, err
+		return value, true, err
 	})
 	return uuid, index, err
 }

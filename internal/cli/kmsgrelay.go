@@ -34,6 +34,21 @@ type kmsgRelayOptions struct {
 	bufferBytes  int
 }
 
+// validate refuses the relay's flags that cannot work, as bad input.
+func (o *kmsgRelayOptions) validate() error {
+	switch {
+	case o.socket == "" || !filepath.IsAbs(o.socket):
+		return cmdutil.BadInput(fmt.Errorf("--socket: an absolute path is required, got %q", o.socket))
+	case len(o.socket) > 107:
+		return cmdutil.BadInput(fmt.Errorf("--socket: a Unix socket's path is at most 107 bytes, got %d", len(o.socket)))
+	case o.uid <= 0 || o.gid <= 0:
+		return cmdutil.BadInput(fmt.Errorf("--run-as-user %d, --run-as-group %d: the relay keeps no root, give another user and group", o.uid, o.gid))
+	case o.bufferBytes <= 0:
+		return cmdutil.BadInput(fmt.Errorf("--buffer-bytes %d: must be positive", o.bufferBytes))
+	}
+	return nil
+}
+
 func newKmsgRelayCommand() *cobra.Command {
 	var o kmsgRelayOptions
 	var logs logOptions
@@ -60,23 +75,7 @@ wrote to the log are dropped and counted. It runs until SIGINT/SIGTERM and exits
 fails to read (a restart reopens it).`,
 		Example: `  gpuhealth kmsg-relay --socket /run/gpuhealth-kmsg/relay.sock`,
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, err := logs.context(cmd)
-			if err != nil {
-				return err
-			}
-			switch {
-			case o.socket == "" || !filepath.IsAbs(o.socket):
-				return cmdutil.BadInput(fmt.Errorf("--socket: an absolute path is required, got %q", o.socket))
-			case len(o.socket) > 107:
-				return cmdutil.BadInput(fmt.Errorf("--socket: a Unix socket's path is at most 107 bytes, got %d", len(o.socket)))
-			case o.uid <= 0 || o.gid <= 0:
-				return cmdutil.BadInput(fmt.Errorf("--run-as-user %d, --run-as-group %d: the relay keeps no root, give another user and group", o.uid, o.gid))
-			case o.bufferBytes <= 0:
-				return cmdutil.BadInput(fmt.Errorf("--buffer-bytes %d: must be positive", o.bufferBytes))
-			}
-			return runKmsgRelay(ctx, o)
-		},
+		RunE:    logs.RunE(o.validate, func(ctx context.Context) error { return runKmsgRelay(ctx, o) }),
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.socket, "socket", "", "the Unix socket to serve the driver's records on (created, mode 0660; a stale one is replaced)")

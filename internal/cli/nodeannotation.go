@@ -46,3 +46,36 @@ func updateNodeAnnotation(ctx context.Context, client kubernetes.Interface, node
 		return err
 	})
 }
+
+// requestAnnotation is an annotation of operators' requests about GPUs, keyed by UUID: its key,
+// the field manager of the command that writes it, and its codec.
+type requestAnnotation[M any] struct {
+	key, fieldManager string
+	parse             func(value string) (M, error)
+	format            func(requests M) (string, error)
+}
+
+// addRequest resolves gpu on node from the agent's report (reportedGPU) and lets add put a
+// request for it into the node's requests of annotation a, with optimistic concurrency
+// (updateNodeAnnotation), so two requests at once never lose one. A GPU the agent does not
+// report, one add refuses, or an annotation that does not parse changes nothing. It returns the
+// GPU as the agent reports it.
+func addRequest[M any](ctx context.Context, client kubernetes.Interface, nodeName, gpu string, a requestAnnotation[M],
+	add func(requests M, target clearedGPU) error) (clearedGPU, error) {
+	var target clearedGPU
+	err := updateNodeAnnotation(ctx, client, nodeName, a.key, a.fieldManager, func(node *corev1.Node) (any, bool, error) {
+		requests, err := a.parse(node.Annotations[a.key])
+		if err != nil {
+			return nil, false, fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
+		}
+		if target, err = reportedGPU(node, gpu); err != nil {
+			return nil, false, cmdutil.BadInput(err)
+		}
+		if err := add(requests, target); err != nil {
+			return nil, false, err
+		}
+		value, err := a.format(requests)
+		return value, true, err
+	})
+	return target, err
+}

@@ -72,27 +72,22 @@ verdict came in time (a test that gives no verdict is retried by the agent; the 
 // validation requests (a newer request of the same GPU replaces an older one), with optimistic
 // concurrency as requestClear does. It sets req.Index and returns the GPU's UUID.
 func requestValidation(ctx context.Context, client kubernetes.Interface, nodeName, gpu string, req *gpuhealthv1.ValidationRequest) (string, error) {
-	var uuid string
-	err := updateNodeAnnotation(ctx, client, nodeName, gpuhealthv1.ValidationRequestsKey, "gpuhealth-validate", func(node *corev1.Node) (any, bool, error) {
-		requests, err := gpuhealthv1.ParseValidationRequests(node.Annotations[gpuhealthv1.ValidationRequestsKey])
-		if err != nil {
-			return nil, false, fmt.Errorf("node %s: %w (fix or remove the annotation by hand)", nodeName, err)
-		}
-		target, err := reportedGPU(node, gpu)
+	annotation := requestAnnotation[map[string]gpuhealthv1.ValidationRequest]{
+		key: gpuhealthv1.ValidationRequestsKey, fieldManager: "gpuhealth-validate",
+		parse: gpuhealthv1.ParseValidationRequests, format: gpuhealthv1.FormatValidationRequests,
+	}
+	target, err := addRequest(ctx, client, nodeName, gpu, annotation, func(requests map[string]gpuhealthv1.ValidationRequest, target clearedGPU) error {
 		switch {
-		case err != nil:
-			return nil, false, cmdutil.BadInput(err)
 		case target.ParentUUID != "":
-			return nil, false, cmdutil.BadInput(fmt.Errorf("GPU %s of node %s is a MIG instance: validate its GPU, %s", gpu, nodeName, target.ParentUUID))
+			return cmdutil.BadInput(fmt.Errorf("GPU %s of node %s is a MIG instance: validate its GPU, %s", gpu, nodeName, target.ParentUUID))
 		case target.Missing:
-			return nil, false, cmdutil.BadInput(fmt.Errorf("GPU %s of node %s is missing: the driver does not answer for it, there is nothing to test", gpu, nodeName))
+			return cmdutil.BadInput(fmt.Errorf("GPU %s of node %s is missing: the driver does not answer for it, there is nothing to test", gpu, nodeName))
 		}
-		uuid, req.Index = target.uuid, target.Index
-		requests[uuid] = *req
-		value, err := gpuhealthv1.FormatValidationRequests(requests)
-		return value, true, err
+		req.Index = target.Index
+		requests[target.uuid] = *req
+		return nil
 	})
-	return uuid, err
+	return target.uuid, err
 }
 
 // waitForValidation waits for the verdict of the validation req asked for: the agent's Event

@@ -270,12 +270,8 @@ func (t *transition) takeSlot(ce ComponentEnv, running []Component) next {
 		t.later()
 		return done
 	}
-	ok, err := m.env.TakeSlot(t.ctx, dev.UUID)
-	if err != nil {
-		return t.wait("cannot take a remediation slot: " + err.Error())
-	}
-	if !ok {
-		return t.wait("waiting for a cluster-wide remediation slot")
+	if n, ok := t.holdSlot("cannot take a remediation slot", "waiting for a cluster-wide remediation slot"); !ok {
+		return n
 	}
 	if t.st.ValidateOnly {
 		t.enter(PhaseValidating, "")

@@ -60,12 +60,8 @@ func (t *transition) validating() next {
 		return done
 	}
 	// The slot was taken before the reset, and may have expired during a long run or retries.
-	ok, err := m.env.TakeSlot(t.ctx, dev.UUID)
-	if err != nil {
-		return t.wait("cannot confirm the remediation slot for the validation: " + err.Error())
-	}
-	if !ok {
-		return t.wait("waiting for a cluster-wide remediation slot for the validation")
+	if n, ok := t.holdSlot("cannot confirm the remediation slot for the validation", "waiting for a cluster-wide remediation slot for the validation"); !ok {
+		return n
 	}
 	delete(m.notBefore, dev.UUID)
 	if m.startValidation(dev) {
@@ -77,6 +73,21 @@ func (t *transition) validating() next {
 		t.emit(KindValidationStarted, false, "validating the GPU %s: it goes back into service only if the test passes", why)
 	}
 	return done
+}
+
+// holdSlot takes the GPU's cluster-wide remediation slot, or confirms the one it holds (a slot
+// may expire during a long run). Without one the GPU waits, saying so: cannot and the error
+// when the slots could not be read, waiting when none is free; ok is false and n is what the
+// transition returns.
+func (t *transition) holdSlot(cannot, waiting string) (n next, ok bool) {
+	ok, err := t.m.env.TakeSlot(t.ctx, t.dev.UUID)
+	if err != nil {
+		return t.wait(cannot + ": " + err.Error()), false
+	}
+	if !ok {
+		return t.wait(waiting), false
+	}
+	return done, true
 }
 
 // judge acts on a validation's verdict.

@@ -5,6 +5,7 @@
 package agentcmd
 
 import (
+	"context"
 	"errors"
 	"os"
 
@@ -32,16 +33,7 @@ and Prometheus metrics. Sticky faults survive restarts through a checkpoint file
 
 With --backend sim it replays a scenario on the real clock (and keeps running after its end).`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, err := logs.Context(cmd)
-			if err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return err
-			}
-			return Run(ctx, o)
-		},
+		RunE: logs.RunE(o.Validate, func(ctx context.Context) error { return Run(ctx, o) }),
 	}
 	o.AddFlags(cmd.Flags())
 	logs.AddFlags(cmd.Flags())

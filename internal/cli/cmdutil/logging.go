@@ -35,6 +35,22 @@ func (o *LogOptions) Context(cmd *cobra.Command) (context.Context, error) {
 	return klog.NewContext(cmd.Context(), logger), nil
 }
 
+// RunE is the RunE of a long-running command with these logging flags: it makes the logger
+// first (a bad --log-format is the first thing said), then checks the command's other flags with
+// validate, then runs run with the logger in its context.
+func (o *LogOptions) RunE(validate func() error, run func(ctx context.Context) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		ctx, err := o.Context(cmd)
+		if err != nil {
+			return err
+		}
+		if err := validate(); err != nil {
+			return err
+		}
+		return run(ctx)
+	}
+}
+
 // Logger builds the logger for a command and installs it as klog's global logger too, so that
 // client-go's own log lines go the same way. Only commands do this; libraries take a logger.
 func (o *LogOptions) Logger(w io.Writer) (logr.Logger, error) {

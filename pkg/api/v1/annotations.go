@@ -272,6 +272,12 @@ func ParseDrains(value string) (map[string]Drain, error) {
 	return parseRequests[Drain](DrainsKey, value)
 }
 
+// FormatDrains encodes drains as DrainsKey's value; "" when there are none (remove the
+// annotation).
+func FormatDrains(drains map[string]Drain) (string, error) {
+	return formatByUUID(drains)
+}
+
 // Message is how a drain reads in a condition message.
 func (d Drain) Message() string {
 	msg := "drained by " + d.By

@@ -1,7 +1,6 @@
 package v1
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -87,8 +86,7 @@ func FormatClears(clears map[string][]Clear) (string, error) {
 	if n == 0 {
 		return "", nil
 	}
-	b, err := json.Marshal(clears)
-	return string(b), err
+	return formatByUUID(clears)
 }
 
 // Message is how a request reads in an Event: "by alice at 2026-11-30T10:00:00Z: a loose cable".

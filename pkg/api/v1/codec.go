@@ -34,3 +34,13 @@ func parseRequests[T any](key, value string) (map[string]T, error) {
 	}
 	return out, nil
 }
+
+// formatByUUID encodes the value of an annotation that is a JSON object keyed by GPU UUID; ""
+// when there is no entry (remove the annotation).
+func formatByUUID[T any](entries map[string]T) (string, error) {
+	if len(entries) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(entries)
+	return string(b), err
+}

@@ -1,7 +1,6 @@
 package v1
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -66,11 +65,7 @@ func ParseValidationRequests(value string) (map[string]ValidationRequest, error)
 // FormatValidationRequests encodes requests as ValidationRequestsKey's value; "" when there
 // are none.
 func FormatValidationRequests(requests map[string]ValidationRequest) (string, error) {
-	if len(requests) == 0 {
-		return "", nil
-	}
-	b, err := json.Marshal(requests)
-	return string(b), err
+	return formatByUUID(requests)
 }
 
 // Message is how a request reads in an Event: "by alice at 2026-11-30T10:00:00Z: after RMA".
