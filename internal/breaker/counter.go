@@ -3,7 +3,6 @@ package breaker
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"maps"
 	"math"
 	"strconv"
@@ -108,37 +107,23 @@ func (c *Counter) Run(ctx context.Context) error {
 	if _, err := leases.Informer().AddEventHandler(dradevices.OnAnyChange(func() { queue.Add("count") })); err != nil {
 		return err
 	}
-	informers.Start(ctx)
-	defer informers.Shutdown()
-	if err := informers.WaitForCacheSync(ctx); err != nil {
-		return fmt.Errorf("breaker counter: %w", err)
-	}
-	go func() {
-		<-ctx.Done()
-		queue.ShutDown()
-	}()
 	queue.Add("count")
 	st := &counting{logger: logger, clk: clk, resources: resources, last: -1, warned: map[string]bool{}, leases: leases, domainLabels: domainLabels}
-	for {
-		key, quit := queue.Get()
-		if quit {
-			return nil
-		}
+	return kube.Work(ctx, "breaker counter", &informers, queue, func(key string) {
 		if slicesChanged.Swap(false) {
 			st.sliceGPUs = gpusInSlices(slices.GetStore().List(), driver)
 		}
 		if err := c.count(ctx, st, nodes.GetStore().List()); err != nil {
 			logger.Error(err, "Counting the cluster's GPUs failed; retrying")
 			queue.AddRateLimited(key)
-		} else {
-			queue.Forget(key)
-			if c.StaleAfter > 0 {
-				// A node goes stale by its silence, which no event announces: count again.
-				queue.AddAfter(key, min(time.Minute, c.StaleAfter/3))
-			}
+			return
 		}
-		queue.Done(key)
-	}
+		queue.Forget(key)
+		if c.StaleAfter > 0 {
+			// A node goes stale by its silence, which no event announces: count again.
+			queue.AddAfter(key, min(time.Minute, c.StaleAfter/3))
+		}
+	})
 }
 
 // counting is what one Run counts by, and what it keeps from one count to the next.

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 )
 
 // ListerWatcher is the list and watch of one resource (a Client, or client-go's metadata client
@@ -85,6 +86,30 @@ func (f *Informers) WaitForCacheSync(ctx context.Context) error {
 
 // Shutdown waits for the informers' goroutines; call it after the context given to Start is done.
 func (f *Informers) Shutdown() { f.wg.Wait() }
+
+// Work is a controller's loop: it starts informers, waits for their caches (an error names
+// what, the worker), then hands each key of queue to process, one at a time, until ctx ends,
+// when the queue and the informers are shut down. process decides what becomes of its key
+// (Forget, AddRateLimited, AddAfter); Work marks it done.
+func Work[K comparable](ctx context.Context, what string, informers *Informers, queue workqueue.TypedRateLimitingInterface[K], process func(K)) error {
+	informers.Start(ctx)
+	defer informers.Shutdown()
+	if err := informers.WaitForCacheSync(ctx); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	go func() {
+		<-ctx.Done()
+		queue.ShutDown()
+	}()
+	for {
+		key, quit := queue.Get()
+		if quit {
+			return nil
+		}
+		process(key)
+		queue.Done(key)
+	}
+}
 
 // Handlers returns informer handlers that call set with each added or updated object of type T
 // and, when del is not nil, del with each deleted one (unwrapping the tombstone of a delete the

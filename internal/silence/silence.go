@@ -114,35 +114,20 @@ func (w *Watcher) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	informers.Start(ctx)
-	defer informers.Shutdown()
-	if err := informers.WaitForCacheSync(ctx); err != nil {
-		return fmt.Errorf("agent silence watcher: %w", err)
-	}
-	go func() {
-		<-ctx.Done()
-		queue.ShutDown()
-	}()
-	for {
-		name, quit := queue.Get()
-		if quit {
-			return nil
-		}
+	return kube.Work(ctx, "agent silence watcher", &informers, queue, func(name string) {
 		recheck, err := w.reconcile(ctx, nodes.GetStore(), name)
-		switch {
-		case err != nil:
+		if err != nil {
 			logger.Error(err, "Marking a node's agent silence failed; retrying", "node", name)
 			queue.AddRateLimited(name)
-		default:
-			queue.Forget(name)
-			if recheck > 0 {
-				// Silence comes by itself, with no event to announce it: look again when the
-				// heartbeat would go stale.
-				queue.AddAfter(name, recheck)
-			}
+			return
 		}
-		queue.Done(name)
-	}
+		queue.Forget(name)
+		if recheck > 0 {
+			// Silence comes by itself, with no event to announce it: look again when the
+			// heartbeat would go stale.
+			queue.AddAfter(name, recheck)
+		}
+	})
 }
 
 // verdict is what a Node's heartbeat says at some time.
