@@ -10,9 +10,13 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
-// followHold bounds how long the following sinks wait for the scheduler path: when the API server
-// is slow or failing, they write anyway after this long.
-const followHold = 2 * time.Second
+// followHold bounds how long the following sinks wait for the scheduler path. A Sync that fails
+// settles at once, so a failing API server holds nothing back; the hold bites only while the
+// scheduler path's requests are still in flight. It is long because a busy API server answers
+// slowly for good reason: in a wave across 5,000 nodes the taints take about ten seconds to be
+// answered, and the 2 s hold this once was let the conditions and Events (half the wave's
+// requests) compete with the taints still queued, 1.26× a bare client's time to the last taint.
+const followHold = 30 * time.Second
 
 // schedulerPath names the reporters whose objects schedulers read when they place a pod: the
 // Volcano and HAMi annotations and the DRA taints. A GPU state change writes them first.
@@ -47,6 +51,8 @@ type followers struct {
 	// delivered, when set, waits until the scheduler path's Node writes have reached watchers
 	// (the agent's own Node informer has them), within the same hold.
 	delivered func(context.Context)
+	// hold is followHold, shorter in tests.
+	hold time.Duration
 
 	mu          sync.Mutex
 	pending     bool
@@ -58,7 +64,7 @@ type followers struct {
 }
 
 func newFollowers(writers []*report.Writer, events eventRecorder) *followers {
-	return &followers{writers: writers, events: events, wake: make(chan struct{}, 1)}
+	return &followers{writers: writers, events: events, hold: followHold, wake: make(chan struct{}, 1)}
 }
 
 // add queues u, which has just been reported to the scheduler-path writers.
@@ -103,7 +109,7 @@ func (f *followers) run(ctx context.Context, scheduling []*report.Writer) error 
 		if !ok {
 			continue
 		}
-		hold, cancel := context.WithTimeout(ctx, followHold)
+		hold, cancel := context.WithTimeout(ctx, f.hold)
 		for i, w := range scheduling {
 			w.WaitSettled(hold, reports[i])
 		}

@@ -109,6 +109,7 @@ func TestFollowersDoNotWaitForeverOnTheSchedulerPath(t *testing.T) {
 		go func() { _ = w.Run(ctx) }()
 	}
 	f := newFollowers([]*report.Writer{condition}, log)
+	f.hold = 100 * time.Millisecond
 	go func() { _ = f.run(ctx, []*report.Writer{stuck}) }()
 	u := health.Update{Snapshot: health.Snapshot{Time: time.Unix(3, 0)}}
 	_ = stuck.Report(ctx, u.Snapshot)

@@ -134,6 +134,7 @@ func bareWave(t *testing.T, admin kubernetes.Interface, agentCfg *rest.Config, f
 		}
 	}
 	var senders errgroup.Group
+	stopProfile := profileWave(t, admin, "bare")
 	start := time.Now()
 	for _, w := range writes {
 		senders.Go(func() error {
@@ -196,6 +197,7 @@ func bareWave(t *testing.T, admin kubernetes.Interface, agentCfg *rest.Config, f
 			}
 		}
 	}
+	stopProfile()
 	if err := senders.Wait(); err != nil {
 		t.Fatalf("bare wave: %v", err)
 	}

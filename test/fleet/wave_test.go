@@ -70,6 +70,7 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 
 	writesBefore := fleetWrites(t, fleet)
 	before := counter.snapshot()
+	stopProfile := profileWave(t, admin, "wave")
 	injected := time.Now()
 	for n, idx := range failing {
 		for _, g := range idx {
@@ -115,6 +116,7 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 			}
 		}
 	}
+	stopProfile()
 	held := fig.BreakerBudget > 0 && fig.BreakerBudget < len(wantRules)
 	if held {
 		// Part of the wave is held back: wait until exactly the budget has NoSchedule (agents
