@@ -86,11 +86,16 @@ func (w *AnnotationWriter) Write(ctx context.Context, node *corev1.Node, want ma
 // Node not having changed since it was read: the patch carries the Node's resourceVersion, so a
 // write by anyone else in between (Volcano's device plugin rewriting its list) makes the API
 // server refuse it with Conflict instead of losing that write. Then the Node is read again and
-// merge runs on it, up to retry.DefaultRetry's steps. It returns the number of writes.
-func (w *AnnotationWriter) WriteMerged(ctx context.Context, node *corev1.Node, merge func(*corev1.Node) map[string]string) (int, error) {
+// merge runs on it, up to retry.DefaultRetry's steps. An error of merge ends it, nothing written.
+// It returns the number of writes.
+func (w *AnnotationWriter) WriteMerged(ctx context.Context, node *corev1.Node, merge func(*corev1.Node) (map[string]string, error)) (int, error) {
 	writes := 0
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := w.patch(ctx, node, merge(node), node.ResourceVersion)
+		want, err := merge(node)
+		if err != nil {
+			return err
+		}
+		n, err := w.patch(ctx, node, want, node.ResourceVersion)
 		writes += n
 		if !apierrors.IsConflict(err) {
 			return err

@@ -50,9 +50,9 @@ func TestWriteMergedMergesAgainOnConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	var merged []string
-	writes, err := w.WriteMerged(t.Context(), n, func(n *corev1.Node) map[string]string {
+	writes, err := w.WriteMerged(t.Context(), n, func(n *corev1.Node) (map[string]string, error) {
 		merged = append(merged, n.Annotations["k"])
-		return map[string]string{"k": n.Annotations["k"] + ",ours"}
+		return map[string]string{"k": n.Annotations["k"] + ",ours"}, nil
 	})
 	if err != nil || writes != 1 || w.Conflicts() != 1 {
 		t.Fatalf("WriteMerged = %d writes, %v; %d conflicts", writes, err, w.Conflicts())

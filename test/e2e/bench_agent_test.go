@@ -220,6 +220,7 @@ func TestBenchSignalToObject(t *testing.T) {
 		record(pathFaultAnnotation, start, annSeen, req, ok)
 		req, ok = trace.first(http.MethodPost, "/devicetaintrules")
 		record(pathFaultRule, start, ruleSeen, req, ok)
+		faulted := getNode(t, c, node)
 		if bareRule == nil { // the bare client creates rules of the same shape
 			got, err := c.Admin().ResourceV1().DeviceTaintRules().Get(ctx, rule, metav1.GetOptions{})
 			if err != nil {
@@ -239,16 +240,18 @@ func TestBenchSignalToObject(t *testing.T) {
 		record(pathRecoveryAnnotation, start, annSeen, req, ok)
 		req, ok = trace.first(http.MethodDelete, "/devicetaintrules/"+rule)
 		record(pathRecoveryRule, start, ruleSeen, req, ok)
+		recovered := getNode(t, c, node)
 		time.Sleep(changeSpacing)
 
 		// The same two changes by the bare client, interleaved so that both see the same
-		// API server in the same state: one merge PATCH of the annotation and one create (or
-		// delete) of a rule of the same shape, sent together as the agent sends them.
-		ann, created := bareChange(ctx, t, bare, ids, ruleEvents, strconv.Itoa(gpu), bareRule)
+		// API server in the same state: one merge PATCH of the annotations the agent wrote, on a
+		// Node that carries the same ones, and one create (or delete) of a rule of the same
+		// shape, sent together as the agent sends them.
+		ann, created := bareChange(ctx, t, bare, ids, ruleEvents, faulted, strconv.Itoa(gpu), bareRule)
 		bareLat[pathFaultAnnotation] = append(bareLat[pathFaultAnnotation], ann)
 		bareLat[pathFaultRule] = append(bareLat[pathFaultRule], created)
 		time.Sleep(changeSpacing)
-		ann, deleted := bareChange(ctx, t, bare, ids, ruleEvents, "", bareRule)
+		ann, deleted := bareChange(ctx, t, bare, ids, ruleEvents, recovered, "", bareRule)
 		bareLat[pathRecoveryAnnotation] = append(bareLat[pathRecoveryAnnotation], ann)
 		bareLat[pathRecoveryRule] = append(bareLat[pathRecoveryRule], deleted)
 		time.Sleep(changeSpacing)
@@ -414,19 +417,27 @@ type roundTripperFunc func(*http.Request) (*http.Response, error)
 func (f roundTripperFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
 // bareChange makes, with a bare client, the two changes a GPU state change makes: a merge PATCH
-// of the Volcano annotation on bareNode (value "" removes it) and a create (value set) or delete
-// of rule, sent together. It returns the time until the watches saw each.
-func bareChange(ctx context.Context, t *testing.T, client kubernetes.Interface, ids, rules <-chan seen, value string, rule *resourcev1.DeviceTaintRule) (annotation, ruleSeen time.Duration) {
+// on bareNode of the annotations the agent has just written on its Node (the Volcano list, the
+// gpu-health summaries and the list's state, each with the agent's value, or removed where the
+// agent's Node has none), so that both Nodes carry the same annotations and every patch the same
+// bytes, and a create (value set) or delete of rule, sent together. value is the Volcano list's
+// value the watch waits for. It returns the time until the watches saw each.
+func bareChange(ctx context.Context, t *testing.T, client kubernetes.Interface, ids, rules <-chan seen, agentNode *corev1.Node, value string, rule *resourcev1.DeviceTaintRule) (annotation, ruleSeen time.Duration) {
 	t.Helper()
-	var patch []byte
-	var err error
-	if value == "" {
-		patch = []byte(`{"metadata":{"annotations":{"` + gpuhealthv1.UnhealthyIDsKey + `":null}}}`)
-	} else {
-		patch, err = json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{gpuhealthv1.UnhealthyIDsKey: value}}})
-		if err != nil {
-			t.Fatal(err)
+	copied := map[string]any{}
+	for _, key := range []string{gpuhealthv1.UnhealthyIDsKey, gpuhealthv1.HealthKey, gpuhealthv1.VolcanoStateKey} {
+		if v, ok := agentNode.Annotations[key]; ok {
+			copied[key] = v
+		} else {
+			copied[key] = nil
 		}
+	}
+	if copied[gpuhealthv1.UnhealthyIDsKey] != nil && copied[gpuhealthv1.UnhealthyIDsKey] != value {
+		t.Fatalf("the agent's Node has %s=%v, want %q", gpuhealthv1.UnhealthyIDsKey, copied[gpuhealthv1.UnhealthyIDsKey], value)
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": copied}})
+	if err != nil {
+		t.Fatal(err)
 	}
 	errs := make(chan error, 2)
 	start := time.Now()
@@ -455,6 +466,16 @@ func bareChange(ctx context.Context, t *testing.T, client kubernetes.Interface, 
 		}
 	}
 	return annotation, ruleSeen
+}
+
+// getNode reads the Node name as the API server has it now.
+func getNode(t *testing.T, c *controlplane.Cluster, name string) *corev1.Node {
+	t.Helper()
+	n, err := c.Admin().CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // latencyFigure summarises durations as a figure in milliseconds: the p50, with P50, P99 and Max.

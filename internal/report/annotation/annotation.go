@@ -18,9 +18,7 @@ package annotation
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -77,36 +75,26 @@ func (s *Syncer) Start(ctx context.Context, trigger func()) error {
 	return s.nodes.Start(ctx)
 }
 
-// Desired returns the two annotation values for snap; "" means the annotation must be absent.
+// Desired returns the two annotation values for snap on a Node no other writer touched; ""
+// means the annotation must be absent.
 func Desired(snap health.Snapshot) (unhealthyIDs, healthJSON string, err error) {
-	idx := gpuhealthv1.UnhealthyIndexes(snap)
-	parts := make([]string, len(idx))
-	for i, v := range idx {
-		parts[i] = strconv.Itoa(v)
-	}
-	b, err := json.Marshal(gpuhealthv1.Summaries(snap)) // map keys are sorted: the value is deterministic
-	if err != nil {
-		return "", "", err
-	}
-	return strings.Join(parts, ","), string(b), nil
+	want, _, err := gpuhealthv1.AgentAnnotations(snap, nil)
+	return want[gpuhealthv1.UnhealthyIDsKey], want[gpuhealthv1.HealthKey], err
 }
 
 // Sync implements report.Syncer.
 func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
-	_, healthJSON, err := Desired(snap)
-	if err != nil {
-		return 0, err
-	}
 	node, err := s.nodes.Get(ctx)
 	if err != nil {
 		return 0, err
 	}
-	ours := gpuhealthv1.UnhealthyIndexes(snap)
 	// The list is shared with Volcano's device plugin: merged on the Node as it is when written.
-	return s.writer.WriteMerged(ctx, node, func(node *corev1.Node) map[string]string {
-		merged := gpuhealthv1.MergeUnhealthyIDs(node.Annotations, ours)
-		s.logBadInput(ctx, merged)
-		return map[string]string{gpuhealthv1.UnhealthyIDsKey: merged.Value, gpuhealthv1.HealthKey: healthJSON, gpuhealthv1.VolcanoStateKey: merged.State}
+	return s.writer.WriteMerged(ctx, node, func(node *corev1.Node) (map[string]string, error) {
+		want, merged, err := gpuhealthv1.AgentAnnotations(snap, node.Annotations)
+		if err == nil {
+			s.logBadInput(ctx, merged)
+		}
+		return want, err
 	})
 }
 

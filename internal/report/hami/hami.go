@@ -89,10 +89,10 @@ func (s *Syncer) Sync(ctx context.Context, snap health.Snapshot) (int, error) {
 	}
 	ours := Cordoned(snap)
 	// The cordon is shared with operators: merged on the Node as it is when written.
-	return s.writer.WriteMerged(ctx, node, func(node *corev1.Node) map[string]string {
+	return s.writer.WriteMerged(ctx, node, func(node *corev1.Node) (map[string]string, error) {
 		merged := gpuhealthv1.MergeCordon(node.Annotations, ours)
 		s.logBadInput(ctx, merged)
-		return map[string]string{gpuhealthv1.HAMiCordonKey: merged.Value, gpuhealthv1.HAMiStateKey: merged.State}
+		return map[string]string{gpuhealthv1.HAMiCordonKey: merged.Value, gpuhealthv1.HAMiStateKey: merged.State}, nil
 	})
 }
 

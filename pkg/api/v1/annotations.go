@@ -258,6 +258,20 @@ func UnhealthyIndexes(snap health.Snapshot) []int {
 	return slices.Compact(idx)
 }
 
+// AgentAnnotations returns what the agent writes for the GPUs of snap on a Node whose annotations
+// are current, by key ("" means the annotation must be absent): the Volcano list with ours merged
+// into other writers' entries (MergeUnhealthyIDs), its state, and the gpu-health summaries
+// (HealthKey); and the merge, whose Invalid, StateErr and Oversized tell of other writers' bad
+// input. A conditional write computes it again from the Node as it is at each attempt.
+func AgentAnnotations(snap health.Snapshot, current map[string]string) (map[string]string, MergeResult, error) {
+	summaries, err := json.Marshal(Summaries(snap)) // map keys are sorted: the value is deterministic
+	if err != nil {
+		return nil, MergeResult{}, err
+	}
+	merged := MergeUnhealthyIDs(current, UnhealthyIndexes(snap))
+	return map[string]string{UnhealthyIDsKey: merged.Value, HealthKey: string(summaries), VolcanoStateKey: merged.State}, merged, nil
+}
+
 // Drain records who drained a GPU, when and why. A drained GPU is treated by every reporter as
 // Unhealthy with reason AdminDrain, until `gpuhealth undrain`.
 type Drain struct {
