@@ -64,7 +64,7 @@ type DomainUse struct {
 func (w *DomainWatcher) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("controller", "breaker-domains")
 	ctx = klog.NewContext(ctx, logger)
-	return runRounds(ctx, logger, w.Clock, w.Interval, "Watching the circuit breaker's domains failed; retrying",
+	return runRounds(ctx, w.Clock, w.Interval, "Watching the circuit breaker's domains failed; retrying",
 		func(now time.Time) (time.Time, error) { return time.Time{}, w.Round(ctx, now) })
 }
 

@@ -13,10 +13,11 @@ const defaultInterval = 10 * time.Second
 
 // runRounds is the loop of the breaker controller's sweepers (Sweeper, DomainWatcher): it runs
 // round until ctx is done, first at once, then after interval (default 10s), or sooner when a
-// round returns the time its next work is due (zero: none). A round's error is logged as failed
-// says and retried at the next round. clk nil is the real clock.
-func runRounds(ctx context.Context, logger klog.Logger, clk clock.Clock, interval time.Duration, failed string,
+// round returns the time its next work is due (zero: none). A round's error is logged, with
+// ctx's logger, as failed says and retried at the next round. clk nil is the real clock.
+func runRounds(ctx context.Context, clk clock.Clock, interval time.Duration, failed string,
 	round func(now time.Time) (next time.Time, err error)) error {
+	logger := klog.FromContext(ctx)
 	if clk == nil {
 		clk = clock.RealClock{}
 	}

@@ -76,8 +76,8 @@ func ExpiringPool(pool SlotPool) SweptPool {
 
 // Run sweeps until ctx is done. Errors are logged and retried at the next sweep.
 func (w *Sweeper) Run(ctx context.Context) error {
-	logger := klog.FromContext(ctx).WithValues("controller", "slot-sweeper")
-	return runRounds(ctx, logger, w.Clock, w.Interval, "Sweeping slots that no longer count failed; retrying",
+	logged := klog.NewContext(ctx, klog.FromContext(ctx).WithValues("controller", "slot-sweeper"))
+	return runRounds(logged, w.Clock, w.Interval, "Sweeping slots that no longer count failed; retrying",
 		func(now time.Time) (time.Time, error) { return w.Sweep(ctx, now) })
 }
 
