@@ -1,0 +1,67 @@
+// Package sharedcause judges what a fleet's GPU faults have in common: a driver version, a
+// VBIOS, a model, an NVLink domain, a zone, a rack, whatever the caller names. It is pure: GPUs,
+// faults and workloads in, findings out, no clock, no cluster (no k8s.io import); the breaker
+// controller, the CLI and the Events build on it.
+//
+// # What is grouped
+//
+// Every GPU carries attributes by name ("driver", "vbios", "model", "nvlinkDomain", "zone", a
+// topology label such as "rack"). For every attribute and value, the GPUs with that value make
+// one group; a GPU without a value for an attribute (absent or "") is in no group of it. Only
+// faults in [now-Window, now] on GPUs of the fleet count; the others are counted in
+// Result.Ignored. A GPU is faulty when it had at least one counted fault: rates count faulty
+// GPUs, not faults, so that a storm of XIDs on one GPU is one faulty GPU.
+//
+// # Workload signatures, first
+//
+// A workload (a Job, a PodGroup: the caller's key) whose faults of one reason fall within
+// SignatureWindow (30 s) of each other on at least MinSignatureGPUs (4) of its GPUs and at least
+// SignatureFraction (half) of them has a signature: its own doing, not as many GPU faults. The
+// faults of the burst, and those of the same reason on the same GPUs that follow one another
+// within SignatureWindow (the storm that goes on), are explained: they are left out of every
+// count below, so that one job spread over 18 racks does not make 18 racks look bad, and
+// Result.Explained / ExplainedFault tell the verdicts to say "workload signature".
+//
+// # The test
+//
+// Of N GPUs, K are faulty. A group of n GPUs with k faulty is set against the rest of the fleet,
+// N-n GPUs with K-k faulty, whose rate is taken with a continuity correction of one half,
+//
+//	p = (K-k+0.5) / (N-n+1),
+//
+// so that a rest with no fault does not make every group's ratio infinite (nor a rest with every
+// GPU faulty a rate of 1). The group is a finding when all of these hold:
+//
+//   - k ≥ MinFaultyGPUs (5): a handful of faults never raises anything;
+//   - its faulty GPUs are on at least MinFaultyNodes (2) nodes: one node's GPUs are that node's
+//     problem, which the per-node verdicts already judge, not its rack's;
+//   - k/n ≥ MinRatio (5) × p;
+//   - P[X ≥ k] < Alpha / m for X ~ Binomial(n, p), with Alpha 0.001 and m the number of groups
+//     tested (Bonferroni): the chance that a group no worse than the rest shows k or more.
+//
+// The tail is summed term by term in log space: the first term from lgamma (or, when k or n-k is
+// at most 2,000, from summed logs, good to about 1e-13), each next from the one before, until a
+// term adds less than e^-45 of the sum. It is exact to float64 precision for n of 400,000 GPUs
+// and p of 1e-9, and LogPValue keeps what PValue would underflow.
+//
+// The groups tested, m, are those that could ever be a finding whatever the faults: at least
+// MinFaultyGPUs GPUs and not the whole fleet. A group that holds every GPU has nothing to be
+// compared with and is never a finding; so a fleet of one node, or of GPUs all alike, raises
+// nothing (nor does a fleet of one node under MinFaultyNodes). Since m depends on the fleet
+// alone, Alpha bounds the chance of any false finding in one judgement, as far as GPUs fail
+// independently of one another.
+//
+// Groups nest: a rack whose every node runs the bad driver is a finding beside the driver's,
+// each with its own figures. Findings come strongest first: lowest p-value, then highest ratio,
+// then attribute and value. Signatures come by workload, first fault, then reason.
+//
+// # Measured
+//
+// On a fleet of 600 nodes of 8 GPUs (4,800 GPUs; six attributes: three drivers, four VBIOSes,
+// two models, three zones, 30 racks, 150 NVLink domains), a wave of faults on 160 of one driver's
+// 1,600 GPUs beside 16 of the other 3,200 (20× the rest's rate) is exactly that one finding under
+// each of 200 seeds; the same number of faults (about 350) spread uniformly at random raised 0
+// false findings in 200 seeds (38,400 groups tested). The tests in wave_test.go measure both.
+// Judging 400,000 GPUs × 10 attributes with 50,000 faults and 6,250 workloads takes about 0.27 s
+// and 45 MB on two cores (BenchmarkJudge400kGPUs).
+package sharedcause
