@@ -1,0 +1,141 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	"github.com/gpuhealth/gpuhealth/internal/fleet"
+	"github.com/gpuhealth/gpuhealth/internal/fleet/sharedcause"
+)
+
+func newFleetCommand() *cobra.Command {
+	var (
+		kubeconfig, output string
+		labels             []string
+		opts               sharedcause.Options
+	)
+	cmd := &cobra.Command{
+		Use:   "fleet",
+		Short: "What the cluster's recent GPU faults have in common: a driver, a model, an NVLink domain, a zone, a rack, a job",
+		Long: `Reads every node's GPU health report and the GPU-sharing pods, and groups the GPUs that had a
+fault within --window by what they share: the driver version (GPU feature discovery's labels),
+the GPU model, the NVLink domain (nvidia.com/gpu.clique), the zone, and each --label. A group whose
+share of faulty GPUs is far above the rest of the fleet's (at least --min-faulty-gpus on two nodes,
+--min-ratio times the rest's rate, and a one-sided binomial test below --alpha over the groups
+tested) is a shared cause. Faults of one reason on many GPUs of one job within seconds are that
+job's signature and count as no GPU's fault.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return cmdutil.BadInput(fmt.Errorf("--output %q: want table or json", output))
+			}
+			opts = opts.WithDefaults()
+			if err := opts.Validate(); err != nil {
+				return cmdutil.BadInput(err)
+			}
+			client, err := newUserClient(kubeconfig)
+			if err != nil {
+				return cmdutil.BadInput(err)
+			}
+			res, collected, err := judgeFleet(cmd.Context(), client, labels, opts, time.Now())
+			if err != nil {
+				return err
+			}
+			for _, s := range collected.Skipped {
+				klog.FromContext(cmd.Context()).Info("Warning: a node's GPU health report cannot be read; its GPUs are left out", "node", s)
+			}
+			if output == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			return writeFleetTable(cmd.OutOrStdout(), res)
+		},
+	}
+	addUserKubeconfig(cmd, &kubeconfig)
+	f := cmd.Flags()
+	f.StringVarP(&output, "output", "o", "table", "output format: table or json")
+	f.StringArrayVar(&labels, "label", nil, "a node label to group by as well (a rack, a switch, a node pool); repeatable")
+	f.DurationVar(&opts.Window, "window", 0, "the faults judged: those of the last window (0: 1h)")
+	f.IntVar(&opts.MinFaultyGPUs, "min-faulty-gpus", 0, "the fewest faulty GPUs a group needs to be a finding (0: 5)")
+	f.Float64Var(&opts.MinRatio, "min-ratio", 0, "how many times the rest's rate a group's rate must be (0: 5)")
+	f.Float64Var(&opts.Alpha, "alpha", 0, "the chance of a false finding allowed over every group tested (0: 0.001)")
+	return cmd
+}
+
+// judgeFleet lists the Nodes and pods (paged) and judges them at now.
+func judgeFleet(ctx context.Context, client kubernetes.Interface, labels []string, opts sharedcause.Options, now time.Time) (sharedcause.Result, fleet.Collected, error) {
+	nodes, err := listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]corev1.Node, string, error) {
+		list, err := client.CoreV1().Nodes().List(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return list.Items, list.Continue, nil
+	})
+	if err != nil {
+		return sharedcause.Result{}, fleet.Collected{}, err
+	}
+	pods, err := listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]corev1.Pod, string, error) {
+		o.FieldSelector = "status.phase=Running"
+		list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return list.Items, list.Continue, nil
+	})
+	if err != nil {
+		klog.FromContext(ctx).Info("Judging without workloads: the pods cannot be listed", "err", err)
+		pods = nil
+	}
+	collected := fleet.Collect(nodes, pods, labels)
+	res, err := sharedcause.Judge(now, collected.Fleet, opts)
+	return res, collected, err
+}
+
+// writeFleetTable prints a judgement: the fleet's rate, the shared causes, the signatures.
+func writeFleetTable(w io.Writer, res sharedcause.Result) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "fleet: %d GPUs, %d with a fault in the last %s (%s); %d groups tested\n",
+		res.GPUs, res.FaultyGPUs, duration.HumanDuration(res.Window), percent(res.FleetRate), res.GroupsTested)
+	if len(res.SharedCauses) == 0 {
+		fmt.Fprintln(tw, "no shared cause")
+	} else {
+		fmt.Fprintln(tw, "\nSHARED\tVALUE\tFAULTY GPUS\tNODES\tRATE\tREST\tRATIO\tSINCE\tREASONS")
+		for _, f := range res.SharedCauses {
+			fmt.Fprintf(tw, "%s\t%s\t%d of %d\t%d of %d\t%s\t%s\t%.1f×\t%s\t%s\n", f.Attribute, f.Value,
+				f.FaultyGPUs, f.GPUs, f.FaultyNodes, f.Nodes, percent(f.Rate), percent(f.RestRate), f.Ratio,
+				duration.HumanDuration(res.Now.Sub(f.Since)), reasons(f.Reasons))
+		}
+	}
+	if len(res.Signatures) > 0 {
+		fmt.Fprintln(tw, "\nWORKLOAD\tREASON\tGPUS\tFAULTS\tFIRST\tSPAN")
+		for _, s := range res.Signatures {
+			fmt.Fprintf(tw, "%s\t%s\t%d of %d\t%d\t%s\t%s\n", s.Workload, s.Reason, len(s.GPUs), s.WorkloadGPUs, s.Faults,
+				duration.HumanDuration(res.Now.Sub(s.First)), s.Last.Sub(s.First).Round(time.Millisecond))
+		}
+	}
+	return tw.Flush()
+}
+
+func percent(r float64) string { return fmt.Sprintf("%.2f%%", 100*r) }
+
+func reasons(rs []sharedcause.ReasonCount) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = fmt.Sprintf("%s (%d)", r.Reason, r.Faults)
+	}
+	return strings.Join(parts, ", ")
+}

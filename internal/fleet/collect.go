@@ -1,0 +1,203 @@
+// Package fleet judges what the cluster's GPUs have in common when they fail: it reads the
+// agents' reports off the Nodes (and the GPU-sharing pods' cards) into the pure judge of
+// internal/fleet/sharedcause. `gpuhealth fleet` runs it on demand.
+package fleet
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuhealth/gpuhealth/internal/fleet/sharedcause"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
+)
+
+// The attributes every GPU is grouped by, besides the node labels the caller names.
+const (
+	// AttributeDriver is the node's driver version, from NVIDIA's GPU feature discovery labels
+	// (DriverVersionLabel, or the major, minor and revision labels).
+	AttributeDriver = "driver"
+	// AttributeModel is the GPU's product name, as its agent reports it.
+	AttributeModel = "model"
+	// AttributeNVLinkDomain is the node's NVLink domain (config.DefaultNVLinkDomainLabel).
+	AttributeNVLinkDomain = "nvlinkDomain"
+	// AttributeZone is the node's zone (corev1.LabelTopologyZone).
+	AttributeZone = "zone"
+)
+
+// The labels NVIDIA's GPU feature discovery puts on a node for its driver.
+const (
+	DriverVersionLabel = "nvidia.com/cuda.driver-version.full"
+	driverMajorLabel   = "nvidia.com/cuda.driver.major"
+	driverMinorLabel   = "nvidia.com/cuda.driver.minor"
+	driverRevLabel     = "nvidia.com/cuda.driver.rev"
+)
+
+// Collected is what the Nodes and pods say, ready for the judge, and what could not be read.
+type Collected struct {
+	Fleet sharedcause.Fleet
+	// Skipped names the nodes whose report could not be read at all, with why.
+	Skipped []string
+}
+
+// Collect reads every node's GPUs from its agent's gpu-health annotation: each physical GPU
+// (MIG instances and missing GPUs left out) with its attributes (driver, model, NVLink domain,
+// zone, and the value of each of labels, under the label's own name), and its faults: the
+// fault entries of its recent history and, for a GPU not Healthy now, its worst condition since
+// it began. pods give the workloads: a pod on a node that names its cards (gpuhealthv1's pod
+// keys) belongs to its PodGroup or else its controller; a workload is the GPUs of its pods.
+func Collect(nodes []corev1.Node, pods []corev1.Pod, labels []string) Collected {
+	var out Collected
+	cards := map[string]map[int]string{} // node → index → UUID
+	for i := range nodes {
+		n := &nodes[i]
+		v, ok := n.Annotations[gpuhealthv1.HealthKey]
+		if !ok {
+			continue
+		}
+		summaries, _, err := gpuhealthv1.ParseHealthEach(v)
+		if err != nil {
+			out.Skipped = append(out.Skipped, fmt.Sprintf("%s: %v", n.Name, err))
+			continue
+		}
+		attrs := nodeAttributes(n, labels)
+		cards[n.Name] = map[int]string{}
+		for _, uuid := range slices.Sorted(maps.Keys(summaries)) {
+			s := summaries[uuid]
+			if s.ParentUUID != "" || s.Missing {
+				continue
+			}
+			cards[n.Name][s.Index] = uuid
+			gpu := sharedcause.GPU{UUID: uuid, Node: n.Name, Attributes: map[string]string{AttributeModel: s.Model}}
+			for k, v := range attrs {
+				gpu.Attributes[k] = v
+			}
+			out.Fleet.GPUs = append(out.Fleet.GPUs, gpu)
+			out.Fleet.Faults = append(out.Fleet.Faults, faults(uuid, s)...)
+		}
+	}
+	out.Fleet.Workloads = workloads(pods, cards)
+	return out
+}
+
+// nodeAttributes returns the attributes a node gives all its GPUs.
+func nodeAttributes(n *corev1.Node, labels []string) map[string]string {
+	attrs := map[string]string{
+		AttributeDriver:       driverVersion(n.Labels),
+		AttributeNVLinkDomain: n.Labels[config.DefaultNVLinkDomainLabel],
+		AttributeZone:         n.Labels[corev1.LabelTopologyZone],
+	}
+	for _, l := range labels {
+		attrs[l] = n.Labels[l]
+	}
+	return attrs
+}
+
+// driverVersion is the node's driver version as GPU feature discovery labels it; "" when it does
+// not.
+func driverVersion(labels map[string]string) string {
+	if v := labels[DriverVersionLabel]; v != "" {
+		return v
+	}
+	major := labels[driverMajorLabel]
+	if major == "" {
+		return ""
+	}
+	parts := []string{major}
+	for _, l := range []string{driverMinorLabel, driverRevLabel} {
+		if v := labels[l]; v != "" {
+			parts = append(parts, v)
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+// faults returns a GPU's faults: those of its recent history, and its worst condition now when
+// that began at a time the history does not hold (its history keeps the newest few entries).
+func faults(uuid string, s gpuhealthv1.GPUSummary) []sharedcause.Fault {
+	var out []sharedcause.Fault
+	seen := map[time.Time]bool{}
+	if s.History != nil {
+		for _, e := range s.History.Recent {
+			if e.Kind == health.HistoryFault {
+				out = append(out, sharedcause.Fault{GPU: uuid, Time: e.Time, Reason: e.Reason})
+				seen[e.Time.Truncate(time.Second)] = true
+			}
+		}
+	}
+	if s.Health != health.Healthy.String() && s.Since != nil && len(s.Reasons) > 0 && !seen[s.Since.Truncate(time.Second)] {
+		out = append(out, sharedcause.Fault{GPU: uuid, Time: *s.Since, Reason: s.Reasons[0]})
+	}
+	return out
+}
+
+// The keys that name a pod's gang: Volcano's and the scheduler-plugins' PodGroup.
+var podGroupKeys = []string{"scheduling.k8s.io/group-name", "scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io"}
+
+// workloads maps each workload to the GPUs its running pods name on their nodes.
+func workloads(pods []corev1.Pod, cards map[string]map[int]string) map[string][]string {
+	out := map[string][]string{}
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		key := workloadKey(p)
+		if key == "" {
+			continue
+		}
+		for _, uuid := range podGPUs(p, cards[p.Spec.NodeName]) {
+			if !slices.Contains(out[key], uuid) {
+				out[key] = append(out[key], uuid)
+			}
+		}
+	}
+	for k, v := range out {
+		if len(v) == 0 {
+			delete(out, k)
+		}
+	}
+	return out
+}
+
+// workloadKey names the workload a pod belongs to: "podgroup/NS/NAME" for a gang, else
+// "KIND/NS/NAME" of its controller; "" for a pod of its own.
+func workloadKey(p *corev1.Pod) string {
+	for _, k := range podGroupKeys {
+		if g := p.Annotations[k]; g != "" {
+			return "podgroup/" + p.Namespace + "/" + g
+		}
+		if g := p.Labels[k]; g != "" {
+			return "podgroup/" + p.Namespace + "/" + g
+		}
+	}
+	if ref := metav1.GetControllerOf(p); ref != nil {
+		return strings.ToLower(ref.Kind) + "/" + p.Namespace + "/" + ref.Name
+	}
+	return ""
+}
+
+// podGPUs returns the UUIDs of the cards a pod names on its node (by UUID, else by index).
+func podGPUs(p *corev1.Pod, cards map[int]string) []string {
+	if u := p.Annotations[gpuhealthv1.PodGPUUUIDKey]; u != "" {
+		return []string{u}
+	}
+	idx, present, ok := gpuhealthv1.ReadPodCards(p.Annotations)
+	if !present || !ok {
+		return nil
+	}
+	var out []string
+	for _, i := range idx {
+		if u, ok := cards[i]; ok {
+			out = append(out, u)
+		}
+	}
+	return out
+}

@@ -1,0 +1,102 @@
+package fleet
+
+import (
+	"encoding/json"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuhealth/gpuhealth/internal/fleet/sharedcause"
+	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/health"
+)
+
+func node(t *testing.T, name string, labels map[string]string, summaries map[string]gpuhealthv1.GPUSummary) corev1.Node {
+	t.Helper()
+	b, err := json.Marshal(summaries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: map[string]string{gpuhealthv1.HealthKey: string(b)}}}
+}
+
+func TestCollect(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	since := t0.Add(30 * time.Second)
+	older := t0.Add(-time.Hour)
+	nodes := []corev1.Node{
+		node(t, "a", map[string]string{DriverVersionLabel: "580.95.05", "nvidia.com/gpu.clique": "c1.0", corev1.LabelTopologyZone: "z1", "rack": "r1"}, map[string]gpuhealthv1.GPUSummary{
+			"GPU-a0": {Index: 0, Model: "H100", Health: "Healthy", History: gpuhealthv1.SummarizeHistory([]health.HistoryEntry{
+				{Time: older, Kind: health.HistoryFault, Reason: "XID48"}, {Time: older.Add(time.Minute), Kind: health.HistoryReset},
+			})},
+			// Unhealthy now: its condition is the history's newest fault, counted once.
+			"GPU-a1": {Index: 1, Model: "H100", Health: "Unhealthy", Reasons: []string{"XID79"}, Since: &since, History: gpuhealthv1.SummarizeHistory([]health.HistoryEntry{
+				{Time: since.Add(400 * time.Millisecond), Kind: health.HistoryFault, Reason: "XID79"},
+			})},
+			// Degraded with no history entry: the condition is its fault.
+			"GPU-a2":               {Index: 2, Model: "H100", Health: "Degraded", Reasons: []string{"TemperatureAtSlowdown"}, Since: &since},
+			"MIG-a0/1":             {Index: 0, ParentUUID: "GPU-a0", Health: "Healthy"},
+			"MISSING-0000:99:00.0": {Index: -1, Missing: true, Health: "Unhealthy"},
+		}),
+		node(t, "b", map[string]string{driverMajorLabel: "575", driverMinorLabel: "57", driverRevLabel: "08"}, map[string]gpuhealthv1.GPUSummary{
+			"GPU-b0": {Index: 0, Model: "H100", Health: "Healthy"},
+			"GPU-b1": {Index: 1, Model: "H100", Health: "Healthy"},
+		}),
+		{ObjectMeta: metav1.ObjectMeta{Name: "no-agent"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "garbled", Annotations: map[string]string{gpuhealthv1.HealthKey: "{"}}},
+	}
+	controller := true
+	pods := []corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Name: "p1", Namespace: "ns", Annotations: map[string]string{"scheduling.k8s.io/group-name": "g", gpuhealthv1.PodGPUIndexKey: "0,1"}}, Spec: corev1.PodSpec{NodeName: "a"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "p2", Namespace: "ns", Labels: map[string]string{"scheduling.x-k8s.io/pod-group": "g"}, Annotations: map[string]string{gpuhealthv1.PodGPUUUIDKey: "GPU-b0"}}, Spec: corev1.PodSpec{NodeName: "b"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "p3", Namespace: "ns", OwnerReferences: []metav1.OwnerReference{{Kind: "Job", Name: "train", Controller: &controller}}, Annotations: map[string]string{gpuhealthv1.PodGPUIndexKey: "1"}}, Spec: corev1.PodSpec{NodeName: "b"}},
+		// Left out: no workload, not placed, finished, a card index that is not one.
+		{ObjectMeta: metav1.ObjectMeta{Name: "alone", Namespace: "ns", Annotations: map[string]string{gpuhealthv1.PodGPUIndexKey: "2"}}, Spec: corev1.PodSpec{NodeName: "a"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "pending", Namespace: "ns", Annotations: map[string]string{"scheduling.k8s.io/group-name": "h", gpuhealthv1.PodGPUIndexKey: "0"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "done", Namespace: "ns", Annotations: map[string]string{"scheduling.k8s.io/group-name": "h", gpuhealthv1.PodGPUIndexKey: "0"}}, Spec: corev1.PodSpec{NodeName: "a"}, Status: corev1.PodStatus{Phase: corev1.PodSucceeded}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: "ns", Annotations: map[string]string{"scheduling.k8s.io/group-name": "h", gpuhealthv1.PodGPUIndexKey: "x"}}, Spec: corev1.PodSpec{NodeName: "a"}},
+	}
+	got := Collect(nodes, pods, []string{"rack"})
+
+	var uuids []string
+	for _, g := range got.Fleet.GPUs {
+		uuids = append(uuids, g.UUID)
+	}
+	if want := []string{"GPU-a0", "GPU-a1", "GPU-a2", "GPU-b0", "GPU-b1"}; !slices.Equal(uuids, want) {
+		t.Errorf("GPUs %v, want %v (no MIG instance, no missing GPU)", uuids, want)
+	}
+	wantA := map[string]string{AttributeDriver: "580.95.05", AttributeModel: "H100", AttributeNVLinkDomain: "c1.0", AttributeZone: "z1", "rack": "r1"}
+	if a := got.Fleet.GPUs[0].Attributes; !maps.Equal(a, wantA) {
+		t.Errorf("node a's attributes %v, want %v", a, wantA)
+	}
+	if d := got.Fleet.GPUs[3].Attributes[AttributeDriver]; d != "575.57.08" {
+		t.Errorf("node b's driver %q, want 575.57.08 from the major, minor and revision labels", d)
+	}
+	wantFaults := []sharedcause.Fault{
+		{GPU: "GPU-a0", Time: older, Reason: "XID48"},
+		{GPU: "GPU-a1", Time: since.Add(400 * time.Millisecond), Reason: "XID79"},
+		{GPU: "GPU-a2", Time: since, Reason: "TemperatureAtSlowdown"},
+	}
+	if !slices.EqualFunc(got.Fleet.Faults, wantFaults, func(a, b sharedcause.Fault) bool {
+		return a.GPU == b.GPU && a.Time.Equal(b.Time) && a.Reason == b.Reason
+	}) {
+		t.Errorf("faults %+v, want %+v", got.Fleet.Faults, wantFaults)
+	}
+	wantWork := map[string][]string{"podgroup/ns/g": {"GPU-a0", "GPU-a1", "GPU-b0"}, "job/ns/train": {"GPU-b1"}}
+	if len(got.Fleet.Workloads) != len(wantWork) {
+		t.Errorf("workloads %v, want %v", got.Fleet.Workloads, wantWork)
+	}
+	for k, v := range wantWork {
+		if !slices.Equal(got.Fleet.Workloads[k], v) {
+			t.Errorf("workload %s: %v, want %v", k, got.Fleet.Workloads[k], v)
+		}
+	}
+	if len(got.Skipped) != 1 || !strings.HasPrefix(got.Skipped[0], "garbled: ") {
+		t.Errorf("skipped %q, want the garbled node alone", got.Skipped)
+	}
+}
