@@ -11,8 +11,9 @@ import (
 )
 
 // followHold bounds how long the following sinks wait for the scheduler path. A Sync that fails
-// settles at once, so a failing API server holds nothing back; the hold bites only while the
-// scheduler path's requests are still in flight. It is long because a busy API server answers
+// settles when its request fails, so a failing API server holds them back no longer than that;
+// the hold bites while the scheduler path's requests are in flight or waiting in the client's
+// rate limiter, or while the agent's own Node watch lags behind its write (delivered). It is long because a busy API server answers
 // slowly for good reason: in a wave across 5,000 nodes the taints take about ten seconds to be
 // answered, and the 2 s hold this once was let the conditions and Events (half the wave's
 // requests) compete with the taints still queued, 1.26× a bare client's time to the last taint.

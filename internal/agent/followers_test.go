@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ type stepSyncer struct {
 	name    string
 	log     *stepLog
 	release chan struct{} // nil: never blocks
+	fail    bool          // every Sync fails (the step is still logged)
 }
 
 func (s *stepSyncer) Name() string { return s.name }
@@ -26,6 +28,9 @@ func (s *stepSyncer) Sync(_ context.Context, snap health.Snapshot) (int, error) 
 		<-s.release
 	}
 	s.log.add(s.name + " " + snap.Time.Format("05"))
+	if s.fail {
+		return 0, errors.New("the API server refused it")
+	}
 	return 1, nil
 }
 
@@ -117,5 +122,27 @@ func TestFollowersDoNotWaitForeverOnTheSchedulerPath(t *testing.T) {
 	// The annotation's Sync never finishes; after followHold the condition is written anyway.
 	if got := log.wait(t, 1); got[0] != "condition 03" {
 		t.Errorf("steps %v, want the condition written after the hold", got)
+	}
+}
+
+// TestFollowersDoNotWaitForAFailingSchedulerPath: the annotation's Sync fails; the condition is
+// written once it has failed, long before the hold (an hour here) would let it.
+func TestFollowersDoNotWaitForAFailingSchedulerPath(t *testing.T) {
+	log := &stepLog{added: make(chan struct{}, 100)}
+	failing := report.NewWriter(&stepSyncer{name: "annotation", log: log, fail: true}, report.WriterOptions{Resync: time.Hour, BaseDelay: time.Hour})
+	condition := report.NewWriter(&stepSyncer{name: "condition", log: log}, report.WriterOptions{Resync: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, w := range []*report.Writer{failing, condition} {
+		go func() { _ = w.Run(ctx) }()
+	}
+	f := newFollowers([]*report.Writer{condition}, log)
+	f.hold = time.Hour
+	go func() { _ = f.run(ctx, []*report.Writer{failing}) }()
+	u := health.Update{Snapshot: health.Snapshot{Time: time.Unix(4, 0)}}
+	_ = failing.Report(ctx, u.Snapshot)
+	f.add(u, []*report.Writer{failing})
+	if got := log.wait(t, 2); !slices.Equal(got, []string{"annotation 04", "condition 04"}) {
+		t.Errorf("steps %v, want the failed annotation, then the condition", got)
 	}
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/client-go/kubernetes"
@@ -42,27 +44,34 @@ job's signature and count as no GPU's fault.`,
 			if output != "table" && output != "json" {
 				return cmdutil.BadInput(fmt.Errorf("--output %q: want table or json", output))
 			}
+			if opts.Window > 0 && opts.Window < sharedcause.DefaultSignatureWindow {
+				opts.SignatureWindow = opts.Window // a burst is judged within the faults judged
+			}
 			opts = opts.WithDefaults()
 			if err := opts.Validate(); err != nil {
-				return cmdutil.BadInput(err)
+				return cmdutil.BadInput(flagError(err))
 			}
 			client, err := newUserClient(kubeconfig)
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
-			res, collected, err := judgeFleet(cmd.Context(), client, labels, opts, time.Now())
+			j, err := judgeFleet(cmd.Context(), client, labels, opts, time.Now())
 			if err != nil {
 				return err
 			}
-			for _, s := range collected.Skipped {
-				klog.FromContext(cmd.Context()).Info("Warning: a node's GPU health report cannot be read; its GPUs are left out", "node", s)
+			logger := klog.FromContext(cmd.Context())
+			for _, s := range j.collected.Skipped {
+				logger.Info("Warning: a node's GPU health report cannot be read; its GPUs are left out", "node", s)
+			}
+			if j.podsErr != nil {
+				logger.Info("Warning: judging without workloads: a job's signature counts as its GPUs' faults", "err", j.podsErr)
 			}
 			if output == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(res)
+				return enc.Encode(j.result)
 			}
-			return writeFleetTable(cmd.OutOrStdout(), res)
+			return writeFleetTable(cmd.OutOrStdout(), j)
 		},
 	}
 	addUserKubeconfig(cmd, &kubeconfig)
@@ -76,8 +85,18 @@ job's signature and count as no GPU's fault.`,
 	return cmd
 }
 
-// judgeFleet lists the Nodes and pods (paged) and judges them at now.
-func judgeFleet(ctx context.Context, client kubernetes.Interface, labels []string, opts sharedcause.Options, now time.Time) (sharedcause.Result, fleet.Collected, error) {
+// fleetJudgement is one judgement of the cluster and what it was judged from.
+type fleetJudgement struct {
+	result    sharedcause.Result
+	collected fleet.Collected
+	// podsErr is why the pods could not be listed (they may not: the judgement has no workloads).
+	podsErr error
+}
+
+// judgeFleet lists the Nodes and the running pods (paged) and judges them at now. A user who may
+// not list pods gets a judgement without workloads (podsErr says so); any other error ends it.
+func judgeFleet(ctx context.Context, client kubernetes.Interface, labels []string, opts sharedcause.Options, now time.Time) (fleetJudgement, error) {
+	var j fleetJudgement
 	nodes, err := listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]corev1.Node, string, error) {
 		list, err := client.CoreV1().Nodes().List(ctx, o)
 		if err != nil {
@@ -86,7 +105,7 @@ func judgeFleet(ctx context.Context, client kubernetes.Interface, labels []strin
 		return list.Items, list.Continue, nil
 	})
 	if err != nil {
-		return sharedcause.Result{}, fleet.Collected{}, err
+		return j, err
 	}
 	pods, err := listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]corev1.Pod, string, error) {
 		o.FieldSelector = "status.phase=Running"
@@ -96,20 +115,37 @@ func judgeFleet(ctx context.Context, client kubernetes.Interface, labels []strin
 		}
 		return list.Items, list.Continue, nil
 	})
-	if err != nil {
-		klog.FromContext(ctx).Info("Judging without workloads: the pods cannot be listed", "err", err)
-		pods = nil
+	switch {
+	case apierrors.IsForbidden(err):
+		j.podsErr = err
+	case err != nil:
+		return j, err
 	}
-	collected := fleet.Collect(nodes, pods, labels)
-	res, err := sharedcause.Judge(now, collected.Fleet, opts)
-	return res, collected, err
+	j.collected = fleet.Collect(nodes, pods, labels)
+	j.result, err = sharedcause.Judge(now, j.collected.Fleet, opts)
+	return j, err
+}
+
+// flagError names the flag of an option's error ("minRatio: ..." → "--min-ratio: ...").
+func flagError(err error) error {
+	msg := err.Error()
+	for option, flag := range map[string]string{"window": "--window", "minFaultyGPUs": "--min-faulty-gpus", "minRatio": "--min-ratio", "alpha": "--alpha"} {
+		if rest, ok := strings.CutPrefix(msg, option+":"); ok {
+			return errors.New(flag + ":" + rest)
+		}
+	}
+	return err
 }
 
 // writeFleetTable prints a judgement: the fleet's rate, the shared causes, the signatures.
-func writeFleetTable(w io.Writer, res sharedcause.Result) error {
+func writeFleetTable(w io.Writer, j fleetJudgement) error {
+	res := j.result
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "fleet: %d GPUs, %d with a fault in the last %s (%s); %d groups tested\n",
 		res.GPUs, res.FaultyGPUs, duration.HumanDuration(res.Window), percent(res.FleetRate), res.GroupsTested)
+	if j.podsErr != nil {
+		fmt.Fprintln(tw, "workloads: unknown (you may not list pods): a job's signature counts as its GPUs' faults")
+	}
 	if len(res.SharedCauses) == 0 {
 		fmt.Fprintln(tw, "no shared cause")
 	} else {

@@ -49,10 +49,9 @@ type Collected struct {
 
 // Collect reads every node's GPUs from its agent's gpu-health annotation: each physical GPU
 // (MIG instances and missing GPUs left out) with its attributes (driver, model, NVLink domain,
-// zone, and the value of each of labels, under the label's own name), and its faults: the
-// fault entries of its recent history and, for a GPU not Healthy now, its worst condition since
-// it began. pods give the workloads: a pod on a node that names its cards (gpuhealthv1's pod
-// keys) belongs to its PodGroup or else its controller; a workload is the GPUs of its pods.
+// zone, and the value of each of labels, under the label's own name) and its faults (faults).
+// pods give the workloads: a pod on a node that names its cards (gpuhealthv1's pod keys) belongs
+// to its PodGroup or else its controller; a workload is the GPUs of its pods.
 func Collect(nodes []corev1.Node, pods []corev1.Pod, labels []string) Collected {
 	var out Collected
 	cards := map[string]map[int]string{} // node → index → UUID
@@ -119,21 +118,28 @@ func driverVersion(labels map[string]string) string {
 	return strings.Join(parts, ".")
 }
 
-// faults returns a GPU's faults: those of its recent history, and its worst condition now when
-// that began at a time the history does not hold (its history keeps the newest few entries).
+// faults returns a GPU's faults: those of its recent history (a fault is recorded once per
+// repair, for a condition that needs one: not a drain, not a reading that recovers by itself),
+// and its own XID faults in effect that the history does not hold (it keeps the newest few
+// entries).
 func faults(uuid string, s gpuhealthv1.GPUSummary) []sharedcause.Fault {
 	var out []sharedcause.Fault
-	seen := map[time.Time]bool{}
+	seen := map[int64]bool{} // to the second: the annotation's times may be rounded
+	add := func(at time.Time, reason string) {
+		if key := at.Truncate(time.Second).UnixNano(); !seen[key] {
+			seen[key] = true
+			out = append(out, sharedcause.Fault{GPU: uuid, Time: at, Reason: reason})
+		}
+	}
 	if s.History != nil {
 		for _, e := range s.History.Recent {
 			if e.Kind == health.HistoryFault {
-				out = append(out, sharedcause.Fault{GPU: uuid, Time: e.Time, Reason: e.Reason})
-				seen[e.Time.Truncate(time.Second)] = true
+				add(e.Time, e.Reason)
 			}
 		}
 	}
-	if s.Health != health.Healthy.String() && s.Since != nil && len(s.Reasons) > 0 && !seen[s.Since.Truncate(time.Second)] {
-		out = append(out, sharedcause.Fault{GPU: uuid, Time: *s.Since, Reason: s.Reasons[0]})
+	for _, x := range s.XIDFaults {
+		add(x.Since, fmt.Sprintf("XID%d", x.XID))
 	}
 	return out
 }

@@ -34,12 +34,14 @@ func TestCollect(t *testing.T) {
 			"GPU-a0": {Index: 0, Model: "H100", Health: "Healthy", History: gpuhealthv1.SummarizeHistory([]health.HistoryEntry{
 				{Time: older, Kind: health.HistoryFault, Reason: "XID48"}, {Time: older.Add(time.Minute), Kind: health.HistoryReset},
 			})},
-			// Unhealthy now: its condition is the history's newest fault, counted once.
-			"GPU-a1": {Index: 1, Model: "H100", Health: "Unhealthy", Reasons: []string{"XID79"}, Since: &since, History: gpuhealthv1.SummarizeHistory([]health.HistoryEntry{
-				{Time: since.Add(400 * time.Millisecond), Kind: health.HistoryFault, Reason: "XID79"},
-			})},
-			// Degraded with no history entry: the condition is its fault.
-			"GPU-a2":               {Index: 2, Model: "H100", Health: "Degraded", Reasons: []string{"TemperatureAtSlowdown"}, Since: &since},
+			// Unhealthy now with XID 79, which is the history's newest fault: counted once.
+			"GPU-a1": {Index: 1, Model: "H100", Health: "Unhealthy", Reasons: []string{"XID79"}, Since: &since, XIDFaults: []gpuhealthv1.XIDFault{{XID: 79, Since: since}},
+				History: gpuhealthv1.SummarizeHistory([]health.HistoryEntry{{Time: since.Add(400 * time.Millisecond), Kind: health.HistoryFault, Reason: "XID79"}})},
+			// An XID fault in effect that the history no longer holds: counted.
+			"GPU-a2": {Index: 2, Model: "H100", Health: "Unhealthy", Reasons: []string{"XID48"}, Since: &since, XIDFaults: []gpuhealthv1.XIDFault{{XID: 48, Since: since}}},
+			// Not faults of the card: a drain, a warm GPU.
+			"GPU-a3":               {Index: 3, Model: "H100", Health: "Unhealthy", Reasons: []string{"AdminDrain"}, Since: &since},
+			"GPU-a4":               {Index: 4, Model: "H100", Health: "Degraded", Reasons: []string{"TemperatureAtSlowdown"}, Since: &since},
 			"MIG-a0/1":             {Index: 0, ParentUUID: "GPU-a0", Health: "Healthy"},
 			"MISSING-0000:99:00.0": {Index: -1, Missing: true, Health: "Unhealthy"},
 		}),
@@ -67,20 +69,20 @@ func TestCollect(t *testing.T) {
 	for _, g := range got.Fleet.GPUs {
 		uuids = append(uuids, g.UUID)
 	}
-	if want := []string{"GPU-a0", "GPU-a1", "GPU-a2", "GPU-b0", "GPU-b1"}; !slices.Equal(uuids, want) {
+	if want := []string{"GPU-a0", "GPU-a1", "GPU-a2", "GPU-a3", "GPU-a4", "GPU-b0", "GPU-b1"}; !slices.Equal(uuids, want) {
 		t.Errorf("GPUs %v, want %v (no MIG instance, no missing GPU)", uuids, want)
 	}
 	wantA := map[string]string{AttributeDriver: "580.95.05", AttributeModel: "H100", AttributeNVLinkDomain: "c1.0", AttributeZone: "z1", "rack": "r1"}
 	if a := got.Fleet.GPUs[0].Attributes; !maps.Equal(a, wantA) {
 		t.Errorf("node a's attributes %v, want %v", a, wantA)
 	}
-	if d := got.Fleet.GPUs[3].Attributes[AttributeDriver]; d != "575.57.08" {
+	if d := got.Fleet.GPUs[5].Attributes[AttributeDriver]; d != "575.57.08" {
 		t.Errorf("node b's driver %q, want 575.57.08 from the major, minor and revision labels", d)
 	}
 	wantFaults := []sharedcause.Fault{
 		{GPU: "GPU-a0", Time: older, Reason: "XID48"},
 		{GPU: "GPU-a1", Time: since.Add(400 * time.Millisecond), Reason: "XID79"},
-		{GPU: "GPU-a2", Time: since, Reason: "TemperatureAtSlowdown"},
+		{GPU: "GPU-a2", Time: since, Reason: "XID48"},
 	}
 	if !slices.EqualFunc(got.Fleet.Faults, wantFaults, func(a, b sharedcause.Fault) bool {
 		return a.GPU == b.GPU && a.Time.Equal(b.Time) && a.Reason == b.Reason

@@ -3,14 +3,17 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -25,8 +28,8 @@ import (
 // 8 GPUs in 6 racks of 10, on three driver versions (every third node on driver A). 15 of driver A's 20 nodes lost three GPUs each
 // within the hour (XID 79), two GPUs of the other 40 nodes one each; a job of 16 GPUs over 8
 // nodes of the other drivers logged XID 45 on every one of its GPUs within 3 s. The command names
-// driver A alone (not a rack, not the job's nodes), with its figures, and the job's signature;
-// faults older than the window count for nothing.
+// driver A alone (not a rack, not the job's nodes, not rack r5, drained for maintenance), with
+// its figures, and the job's signature; faults older than the window count for nothing.
 func TestFleetFindsWhatFaultsShare(t *testing.T) {
 	t.Parallel()
 	c := controlplane.StartT(t, controlplane.Options{DisableScheduler: true, DisableControllerManager: true})
@@ -54,13 +57,18 @@ func TestFleetFindsWhatFaultsShare(t *testing.T) {
 			}
 		case n == 1 || n == 2: // the background: one GPU each
 			faults[5] = gpuFault{now.Add(-20 * time.Minute), "XID48"}
-		case n == 4 || n == 5: // driver A's nodes have none here: older than the window
+		case n == 4 || n == 5: // older than the window
 			faults[6] = gpuFault{now.Add(-3 * time.Hour), "XID79"}
 		}
+		drained := n >= 50 // rack r5 drained for maintenance: no fault of its cards
 		summaries := map[string]gpuhealthv1.GPUSummary{}
 		for g := range 8 {
 			uuid := fmt.Sprintf("GPU-%08d-0000-0000-0000-%012d", n, g)
 			s := gpuhealthv1.GPUSummary{Index: g, Model: "NVIDIA H100 80GB HBM3", Health: health.Healthy.String()}
+			if drained {
+				since := now.Add(-5 * time.Minute)
+				s.Health, s.Reasons, s.Since = health.Unhealthy.String(), []string{health.ReasonAdminDrain}, &since
+			}
 			if f, ok := faults[g]; ok {
 				s.History = gpuhealthv1.SummarizeHistory([]health.HistoryEntry{{Time: f.at, Kind: health.HistoryFault, Reason: f.reason}, {Time: f.at.Add(time.Minute), Kind: health.HistoryReset}})
 			}
@@ -69,6 +77,8 @@ func TestFleetFindsWhatFaultsShare(t *testing.T) {
 				at := now.Add(-10*time.Minute + time.Duration(len(jobGPUs)%4)*time.Second)
 				since := at
 				s.Health, s.Reasons, s.Since = health.Unhealthy.String(), []string{"XID45"}, &since
+				s.XIDFaults = []gpuhealthv1.XIDFault{{XID: 45, Since: at}}
+				s.History = gpuhealthv1.SummarizeHistory([]health.HistoryEntry{{Time: at, Kind: health.HistoryFault, Reason: "XID45"}})
 				jobGPUs = append(jobGPUs, uuid)
 				createJobPod(t, c, name, g, uuid)
 			}
@@ -122,9 +132,36 @@ func TestFleetFindsWhatFaultsShare(t *testing.T) {
 			t.Errorf("gpuhealth fleet's table lacks %q:\n%s", want, table)
 		}
 	}
-	if _, stderr, code := gpuhealthCLI(t, "fleet", "--kubeconfig", c.AdminKubeconfig(), "--alpha", "2"); code != 2 || !strings.Contains(stderr, "alpha") {
-		t.Errorf("gpuhealth fleet --alpha 2: exit %d, %s; want exit 2 naming alpha", code, stderr)
+	if _, stderr, code := gpuhealthCLI(t, "fleet", "--kubeconfig", c.AdminKubeconfig(), "--alpha", "2"); code != 2 || !strings.Contains(stderr, "--alpha: must be above 0 and below 1") {
+		t.Errorf("gpuhealth fleet --alpha 2: exit %d, %s; want exit 2 naming --alpha", code, stderr)
 	}
+
+	// An operator who may read Nodes but not pods gets the judgement, told that it has no
+	// workloads (the job's faults then count as its GPUs').
+	nodeReader := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "fleet-node-reader"}, Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list"}}}}
+	if _, err := c.Admin().RbacV1().ClusterRoles().Create(ctx, nodeReader, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "fleet-node-reader"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: nodeReader.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "operator"}},
+	}
+	if _, err := c.Admin().RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.UserConfig("operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "operator.kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig, cfg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the operator's RBAC", func(context.Context) (bool, string, error) {
+		out, stderr, code := gpuhealthCLI(t, "fleet", "--kubeconfig", kubeconfig)
+		return code == 0 && strings.Contains(out, "workloads: unknown (you may not list pods)") && strings.Contains(out, "fleet: 480 GPUs, 63 with a fault"), out + stderr, nil
+	})
 }
 
 // createJobPod creates a running pod of job-1's PodGroup on node, on its card index (uuid).

@@ -132,7 +132,7 @@ func (j *judgement) testGroups(groups map[groupKey]*group) map[groupKey]*group {
 		if g.ratio < j.opts.MinRatio {
 			continue
 		}
-		g.logP = logBinomialTail(g.faulty, g.gpus, rest)
+		g.logP = logHypergeomTail(g.faulty, total, faulty, g.gpus)
 		if g.logP < logThreshold {
 			candidates[k] = g
 		}

@@ -132,27 +132,35 @@ func (j *judgement) widestBurst(list []int32) (lo, hi, distinct int) {
 	return lo, hi, distinct
 }
 
-// extendBurst marks list[lo..hi] and, on either side, the faults of the burst's own GPUs that
-// follow one another within SignatureWindow: a storm of one XID that goes on after the
-// workload's burst is the same signature, not a GPU fault.
+// extendBurst marks list[lo..hi] and, on either side, each of the burst's GPUs' own faults
+// that follow that GPU's previous (or next) marked fault within SignatureWindow: a storm of one
+// XID that goes on, GPU by GPU, after the workload's burst is the same signature, not a GPU
+// fault. Every GPU has its own edge, so one GPU's storm explains no other GPU's later faults.
 func (j *judgement) extendBurst(list []int32, lo, hi int) []bool {
 	in := make([]bool, len(list))
-	gpus := make(map[int32]struct{})
+	last := make(map[int32]time.Time)  // GPU → its latest marked fault
+	first := make(map[int32]time.Time) // GPU → its earliest marked fault
 	for i := lo; i <= hi; i++ {
 		in[i] = true
-		gpus[j.faults[list[i]].gpu] = struct{}{}
-	}
-	within := func(a, b time.Time) bool { return b.Sub(a) <= j.opts.SignatureWindow }
-	edge := j.faults[list[hi]].time
-	for i := hi + 1; i < len(list) && within(edge, j.faults[list[i]].time); i++ {
-		if _, ok := gpus[j.faults[list[i]].gpu]; ok {
-			in[i], edge = true, j.faults[list[i]].time
+		f := j.faults[list[i]]
+		if t, ok := last[f.gpu]; !ok || f.time.After(t) {
+			last[f.gpu] = f.time
+		}
+		if t, ok := first[f.gpu]; !ok || f.time.Before(t) {
+			first[f.gpu] = f.time
 		}
 	}
-	edge = j.faults[list[lo]].time
-	for i := lo - 1; i >= 0 && within(j.faults[list[i]].time, edge); i-- {
-		if _, ok := gpus[j.faults[list[i]].gpu]; ok {
-			in[i], edge = true, j.faults[list[i]].time
+	within := func(a, b time.Time) bool { return b.Sub(a) <= j.opts.SignatureWindow }
+	for i := hi + 1; i < len(list); i++ {
+		f := j.faults[list[i]]
+		if edge, ok := last[f.gpu]; ok && within(edge, f.time) {
+			in[i], last[f.gpu] = true, f.time
+		}
+	}
+	for i := lo - 1; i >= 0; i-- {
+		f := j.faults[list[i]]
+		if edge, ok := first[f.gpu]; ok && within(f.time, edge) {
+			in[i], first[f.gpu] = true, f.time
 		}
 	}
 	return in

@@ -139,3 +139,30 @@ func TestSignatureStorm(t *testing.T) {
 		t.Errorf("ExplainedFault of the lost GPU's XID45 %v, Explained of another %v", res.ExplainedFault(faults[3]), res.Explained(jobGPUs()[4]))
 	}
 }
+
+// TestSignatureStormIsPerGPU: after the job's burst, GPU 0 alone goes on logging XID45 every 20 s
+// for four minutes; GPU 1 logs one more XID45 three minutes after the burst. GPU 0's storm is the
+// signature's; GPU 1's late fault follows no fault of its own within the window, so it is a
+// fault of GPU 1, however close it is to GPU 0's.
+func TestSignatureStormIsPerGPU(t *testing.T) {
+	gpus := jobGPUs()
+	faults := jobBurst(0, 200*time.Millisecond, nil)
+	for step := range 12 {
+		faults = append(faults, Fault{GPU: gpus[0], Time: now.Add(-5*time.Minute + time.Duration(step+1)*20*time.Second), Reason: "XID45"})
+	}
+	late := Fault{GPU: gpus[1], Time: now.Add(-2*time.Minute + time.Second), Reason: "XID45"}
+	faults = append(faults, late)
+	res, err := Judge(now, Fleet{GPUs: testFleet(), Faults: faults, Workloads: jobWorkloads()}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Signatures) != 1 || res.Signatures[0].Faults != 16+12 {
+		t.Fatalf("signatures %+v, want one of 28 faults", res.Signatures)
+	}
+	if res.ExplainedFault(late) || res.Explained(gpus[1]) || res.FaultyGPUs != 1 {
+		t.Errorf("GPU 1's late XID45: explained %v, GPU explained %v, faulty GPUs %d; want a fault of its own", res.ExplainedFault(late), res.Explained(gpus[1]), res.FaultyGPUs)
+	}
+	if !res.Explained(gpus[0]) {
+		t.Errorf("GPU 0's storm is not explained")
+	}
+}
