@@ -119,6 +119,11 @@ bench: build controlplane $(BIN)/gpuhealth-image.tar ## Every figure of docs/ben
 	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" GPUHEALTH_CONTAINERD_BIN="$$(hack/controlplane/containerd.sh)" \
 	GPUHEALTH_IMAGE_ARCHIVE=$(abspath $(BIN)/gpuhealth-image.tar) $(GO) run ./hack/bench --gpuhealth $(BIN)/gpuhealth --agent $(BIN)/gpuhealth-agent --out docs/benchmarks.md --raw $(BIN)/bench
 
+.PHONY: bench-fleet-50k
+bench-fleet-50k: build controlplane ## The fleet at 50,000 nodes x 8 GPUs (issue 49; not in make bench or CI): NODES (50000) nodes, AGENTS (2000) with a real agent and the rest written as agents write them; time to taint (single faults, 10% wave) beside bare clients, API traffic, kube-apiserver/etcd RSS, extender, breaker counter, gpuhealth status. One run, ~30 min; merges its rows into docs/benchmarks.md. Raw output in bin/bench-50k/.
+	GPUHEALTH_CONTROLPLANE_BIN="$$(hack/controlplane/build.sh)" $(GO) run ./hack/bench -skip library,agent,container,latency,fleet \
+		-fleet-50k $${NODES:-50000} -fleet-50k-agents $${AGENTS:-2000} --gpuhealth $(BIN)/gpuhealth --out docs/benchmarks.md --raw $(BIN)/bench-50k
+
 .PHONY: bench-lib
 bench-lib: ## Library, kernel-log and extender benchmarks only (testing.B, one core, one package at a time, allocations); raw output in bin/bench.txt.
 	@mkdir -p $(BIN)

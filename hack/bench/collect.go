@@ -23,6 +23,8 @@ const (
 	partFleet        = "fleet"
 	partFleetLarge   = "fleet-large"
 	partFleetBreaker = "fleet-breaker"
+	// partScale is `make bench-fleet-50k` (run_scale.go): not in `make bench`.
+	partScale = "fleet-50k"
 )
 
 // results is everything one bench run measured, and all that the document is rendered from;
@@ -45,7 +47,13 @@ type settings struct {
 	FleetSteady  duration `json:"fleetSteady"`
 	FleetLarge   int      `json:"fleetLarge"`
 	FleetBreaker bool     `json:"fleetBreaker"`
-	Raw          string   `json:"raw"`
+	// The fleet at scale (run_scale.go; 0 nodes: not run).
+	Scale          int      `json:"scale,omitempty"`
+	ScaleAgents    int      `json:"scaleAgents,omitempty"`
+	ScaleSteady    duration `json:"scaleSteady,omitempty"`
+	ScaleHeartbeat duration `json:"scaleHeartbeat,omitempty"`
+	ScaleFaults    int      `json:"scaleFaults,omitempty"`
+	Raw            string   `json:"raw"`
 }
 
 // duration is a time.Duration written as "15s" in JSON.
@@ -216,6 +224,17 @@ func (l *lookup) one(part, run, name, unit string, labels ...string) figure.Figu
 }
 
 // hasFigure says whether part has any figure called name.
+// sampleCount is the Samples of part's first figure name (0 when none).
+func (l *lookup) sampleCount(part, name string) int {
+	for _, f := range l.figs {
+		if f.Part == part && f.Name == name {
+			return f.Samples
+		}
+	}
+	l.fail(fmt.Errorf("no figure %s in part %s", name, part))
+	return 0
+}
+
 func (l *lookup) hasFigure(part, name string) bool {
 	return slices.ContainsFunc(l.figs, func(f figure.Figure) bool { return f.Part == part && f.Name == name })
 }

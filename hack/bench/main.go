@@ -39,6 +39,8 @@ type options struct {
 	out       string
 	skip      string
 	render    string
+	// testTimeout is go test's -timeout for a measuring test (default 20m).
+	testTimeout time.Duration
 }
 
 func main() {
@@ -57,6 +59,11 @@ func main() {
 	flag.DurationVar((*time.Duration)(&o.FleetSteady), "fleet-steady", 30*time.Second, "the fleet's steady-state window")
 	flag.IntVar(&o.FleetLarge, "fleet-large", 5000, "nodes of one more fleet run, 5,000 × 8 GPUs by default: the size of the largest published GPU-health deployments (0: none)")
 	flag.BoolVar(&o.FleetBreaker, "fleet-breaker", true, "one more fleet run with the circuit breaker on")
+	flag.IntVar(&o.Scale, "fleet-50k", 0, "nodes of the fleet at scale (make bench-fleet-50k: 50000; 0: not run), its own part")
+	flag.IntVar(&o.ScaleAgents, "fleet-50k-agents", 2000, "how many of the fleet at scale's nodes run a real agent (the rest are written as an agent writes them)")
+	flag.DurationVar((*time.Duration)(&o.ScaleSteady), "fleet-50k-steady", 60*time.Second, "the fleet at scale's steady-state window")
+	flag.DurationVar((*time.Duration)(&o.ScaleHeartbeat), "fleet-50k-heartbeat", 5*time.Minute, "agent.heartbeat in the fleet at scale (the default)")
+	flag.IntVar(&o.ScaleFaults, "fleet-50k-faults", 40, "single faults timed one at a time in the fleet at scale")
 	flag.StringVar(&o.skip, "skip", "", "comma-separated parts to leave out: "+strings.Join(partNames(), ","))
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -84,6 +91,7 @@ func parts() []part {
 		{partContainer, "agent container", measureContainer},
 		{partLatency, "signal -> object latency", measureLatency},
 		{partFleet, "fleet", measureFleet},
+		{partScale, "fleet at scale", measureScale},
 	}
 }
 
@@ -133,7 +141,7 @@ func run(ctx context.Context, o options) error {
 		res.Figures = append(res.Figures, figs...)
 		// Render what there is now, so that a missing figure stops the run here rather than
 		// after the parts still to come; the raw outputs say what the test printed.
-		if _, _, err := render(res); err != nil {
+		if err := checkRender(res); err != nil {
 			return fmt.Errorf("%s: %w (raw outputs in %s)", p.title, err, o.Raw)
 		}
 	}
@@ -146,14 +154,59 @@ func run(ctx context.Context, o options) error {
 	return publish(res, o.out)
 }
 
-// publish renders res, prints the table and writes the document to out (unless out is empty).
-func publish(res results, out string) error {
-	table, doc, err := render(res)
-	if err != nil {
+// checkRender renders res as publish would, for its errors.
+func checkRender(res results) error {
+	if onlyScale(res) {
+		_, _, err := renderScale(res)
 		return err
 	}
-	fmt.Println()
-	fmt.Println(table)
+	_, _, err := render(res)
+	return err
+}
+
+// publish renders res, prints the table and writes the document to out (unless out is empty).
+// The fleet at scale is merged (mergeScale): a run of it alone replaces its rows and section in
+// the document out holds and keeps the rest; a run without it keeps those of the document.
+func publish(res results, out string) error {
+	var old string
+	if out != "" {
+		if b, err := os.ReadFile(out); err == nil {
+			old = string(b)
+		}
+	}
+	hasScale := slices.ContainsFunc(res.Figures, func(f figure.Figure) bool { return f.Part == partScale })
+	var scaleTable, section string
+	var scale []row
+	if hasScale {
+		var err error
+		if scale, section, err = renderScale(res); err != nil {
+			return err
+		}
+		scaleTable = renderTable(scale)
+	}
+	var doc string
+	if onlyScale(res) {
+		if old == "" && out != "" {
+			return fmt.Errorf("%s: no document to merge the fleet at scale into (run make bench first)", out)
+		}
+		fmt.Println()
+		fmt.Println(scaleTable)
+		doc = mergeScale(old, scale, section)
+	} else {
+		table, full, err := render(res)
+		if err != nil {
+			return err
+		}
+		fmt.Println()
+		fmt.Println(table + strings.TrimPrefix(scaleTable, "| what | median | how |\n|---|---|---|\n"))
+		if !hasScale {
+			scale, section = keptScale(old)
+		}
+		doc = full
+		if len(scale) > 0 || section != "" {
+			doc = mergeScale(full, scale, section)
+		}
+	}
 	if out == "" {
 		return nil
 	}

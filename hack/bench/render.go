@@ -503,7 +503,7 @@ phase, and ` + "`GPUHEALTH_FLEET_HEARTBEAT_WINDOW`" + ` its window, default 3 pe
 for the control plane's logs.)
 `)
 	b.WriteString(fleetRuns(l))
-	fmt.Fprintf(&b, "\n## Knobs\n\n`go run ./hack/bench -h`: runs (%d), agent window (%s), storm rate (%s XIDs/s), faults per latency run (%d), fleet nodes (%d), fleet runs (%d), fleet steady window (%s), the larger fleet run (%d nodes, `-fleet-large 0` skips it), the run with the circuit breaker (`-fleet-breaker=false` skips it); `-skip %s` leaves parts out. Raw outputs and logs go to `%s/`.\n",
+	fmt.Fprintf(&b, "\n## Knobs\n\n`go run ./hack/bench -h`: runs (%d), agent window (%s), storm rate (%s XIDs/s), faults per latency run (%d), fleet nodes (%d), fleet runs (%d), fleet steady window (%s), the larger fleet run (%d nodes, `-fleet-large 0` skips it), the run with the circuit breaker (`-fleet-breaker=false` skips it), the fleet at scale (`-fleet-50k` nodes, 0 by default: `make bench-fleet-50k` runs 50,000, with `-fleet-50k-agents` real agents; its rows and section are merged into the document, and a run without it keeps them); `-skip %s` leaves parts out. Raw outputs and logs go to `%s/`.\n",
 		s.Runs, s.AgentWindow, thousands(s.StormRate), s.Faults, s.FleetNodes, s.FleetRuns, s.FleetSteady, s.FleetLarge, strings.Join(partNames(), ","), s.Raw)
 	return b.String()
 }

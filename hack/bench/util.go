@@ -56,7 +56,8 @@ func lastLines(b []byte, n int) string {
 func runTest(ctx context.Context, o options, test, pkg, outEnv, name, part, run string, env ...string) ([]figure.Figure, error) {
 	out := filepath.Join(o.Raw, name+".jsonl")
 	_ = os.Remove(out)
-	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "e2e", "-run", "^"+test+"$", "-timeout", "20m", "-v", pkg)
+	timeout := cmp.Or(o.testTimeout, 20*time.Minute)
+	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-tags", "e2e", "-run", "^"+test+"$", "-timeout", timeout.String(), "-v", pkg)
 	cmd.Env = append(append(os.Environ(), outEnv+"="+absPath(out)), env...)
 	if _, err := runLogged(cmd, filepath.Join(o.Raw, name+".log")); err != nil {
 		return nil, err

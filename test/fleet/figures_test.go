@@ -95,6 +95,47 @@ type Figures struct {
 	HeartbeatPerNodePerPeriod float64
 	HeartbeatRequests         int64
 	HeartbeatByKind           map[string]int64
+
+	// Agents is how many nodes ran a real agent (GPUHEALTH_FLEET_AGENTS); the others were written
+	// as an agent writes them (simulated_test.go). AgentHeartbeatSeconds is the main run's
+	// agent.heartbeat (GPUHEALTH_FLEET_AGENT_HEARTBEAT), at which the simulated nodes renew too.
+	Agents                int
+	AgentHeartbeatSeconds float64
+	// Bytes of request and response bodies per second (watch streams included), at steady state
+	// and over the wave's window (from the injection until its requests were counted).
+	SteadyBytesPerSecond float64
+	WaveWindowSeconds    float64
+	WaveBytes            int64
+	// Time to taint per faulty GPU: single faults on real agents one at a time (Faults of them)
+	// and the wave, each beside a bare client's same writes.
+	Faults              int
+	FaultTaint          Percentiles
+	FaultRule           Percentiles
+	FaultAnnotation     Percentiles
+	BareFaultTaint      Percentiles
+	BareFaultRule       Percentiles
+	BareFaultAnnotation Percentiles
+	WaveTaint           Percentiles
+	BareWaveTaint       Percentiles
+	// The control plane's RSS at steady state and its peak over the run, MiB.
+	APIServerRSSMiB, APIServerPeakRSSMiB float64
+	EtcdRSSMiB, EtcdPeakRSSMiB           float64
+	// The readers (GPUHEALTH_FLEET_READERS=1, readers_test.go).
+	Readers               bool
+	ExtenderSyncSeconds   float64
+	ExtenderHeapMiB       float64
+	ExtenderRSSMiB        float64
+	FilterCalls           int
+	FilterFitNodes        int
+	FilterRequestBytes    int
+	Filter                Percentiles
+	CounterRecountSeconds float64
+	CounterHeapMiB        float64
+	CounterRSSMiB         float64
+	StatusSeconds         float64
+	StatusTimedOut        bool // stopped at GPUHEALTH_FLEET_STATUS_LIMIT, unfinished
+	StatusMaxRSSMiB       float64
+	StatusOutputMiB       float64
 }
 
 func report(t *testing.T, fig Figures) {
@@ -107,8 +148,8 @@ func report(t *testing.T, fig Figures) {
 	if fig.Breaker {
 		flow += fmt.Sprintf(", circuit breaker on (budget %d GPUs)", fig.BreakerBudget)
 	}
-	fmt.Fprintf(&b, "fleet: %d nodes × %d GPUs, one agent and one client each, reporters %s, %s, kube-apiserver %s on loopback\n",
-		fig.Nodes, gpusPerNode, strings.Join(fig.Reporters, ","), flow, controlplane.KubernetesVersion)
+	fmt.Fprintf(&b, "fleet: %d nodes × %d GPUs, %d of them with a real agent and its own client (the rest written as an agent writes them), reporters %s, %s, kube-apiserver %s on loopback\n",
+		fig.Nodes, gpusPerNode, fig.Agents, strings.Join(fig.Reporters, ","), flow, controlplane.KubernetesVersion)
 	fmt.Fprintf(&b, "| figure | value |\n|---|---|\n")
 	fmt.Fprintf(&b, "| setup (Nodes + ResourceSlices) | %.1f s |\n", fig.SetupSeconds)
 	fmt.Fprintf(&b, "| start-up: all agents ready | %.1f s, %d requests (%s) |\n", fig.StartupSeconds, fig.StartupRequests, kinds(fig.StartupByKind))
@@ -122,6 +163,24 @@ func report(t *testing.T, fig Figures) {
 	if fig.BareWaveRequests > 0 {
 		fmt.Fprintf(&b, "| bare wave: the same writes, no agent logic | all in %.2f s, %d requests (%s): the agents took %.2f× |\n",
 			fig.BareWaveAllSeconds, fig.BareWaveRequests, kinds(fig.BareWaveByKind), fig.WaveAllSeconds/fig.BareWaveAllSeconds)
+	}
+	fmt.Fprintf(&b, "| API traffic | steady %.1f requests/s, %.1f KiB/s (agent.heartbeat %.0f s); wave %.0f requests/s, %.1f MiB/s over %.1f s |\n",
+		fig.SteadyPerSecond, fig.SteadyBytesPerSecond/1024, fig.AgentHeartbeatSeconds, float64(fig.WaveRequests)/fig.WaveWindowSeconds, float64(fig.WaveBytes)/fig.WaveWindowSeconds/(1<<20), fig.WaveWindowSeconds)
+	fmt.Fprintf(&b, "| control plane RSS | kube-apiserver %.0f MiB (peak %.0f), etcd %.0f MiB (peak %.0f) |\n", fig.APIServerRSSMiB, fig.APIServerPeakRSSMiB, fig.EtcdRSSMiB, fig.EtcdPeakRSSMiB)
+	fmt.Fprintf(&b, "| time to taint, wave | %s; bare clients %s |\n", fig.WaveTaint, fig.BareWaveTaint)
+	if fig.Faults > 0 {
+		fmt.Fprintf(&b, "| time to taint, %d single faults | %s (rule %s; annotation %s); bare client %s (rule %s; annotation %s) |\n",
+			fig.Faults, fig.FaultTaint, fig.FaultRule, fig.FaultAnnotation, fig.BareFaultTaint, fig.BareFaultRule, fig.BareFaultAnnotation)
+	}
+	if fig.Readers {
+		fmt.Fprintf(&b, "| extender over %d nodes | caches synced in %.1f s, heap +%.0f MiB, RSS +%.0f MiB; /filter (%d calls, %.1f MiB request, %d nodes fit) %s |\n",
+			fig.Nodes, fig.ExtenderSyncSeconds, fig.ExtenderHeapMiB, fig.ExtenderRSSMiB, fig.FilterCalls, float64(fig.FilterRequestBytes)/(1<<20), fig.FilterFitNodes, fig.Filter)
+		fmt.Fprintf(&b, "| breaker counter | right count %.1f s after its start, heap +%.0f MiB, RSS +%.0f MiB |\n", fig.CounterRecountSeconds, fig.CounterHeapMiB, fig.CounterRSSMiB)
+		unfinished := ""
+		if fig.StatusTimedOut {
+			unfinished = " (stopped at the limit, unfinished)"
+		}
+		fmt.Fprintf(&b, "| gpuhealth status -o json | %.1f s%s, peak RSS %.0f MiB, %.0f MiB of output |\n", fig.StatusSeconds, unfinished, fig.StatusMaxRSSMiB, fig.StatusOutputMiB)
 	}
 	if fig.HeartbeatPeriodSeconds > 0 {
 		fmt.Fprintf(&b, "| heartbeat every %.0f s (agents started again), %.0f s window | %d writes %v, %d requests (%s): %.3f Lease renewals per node per period, no Node write (goal); at the default %g min, %.1f writes/s for %d nodes |\n",
@@ -194,6 +253,44 @@ func (fig Figures) figures() []figure.Figure {
 			beats,
 			one(figure.FleetHeartbeatPerNodePerPeriod, figure.UnitWritesPerNodePerPeriod, fig.HeartbeatPerNodePerPeriod),
 			requests(figure.FleetHeartbeatRequests, fig.HeartbeatRequests, fig.HeartbeatByKind))
+	}
+	pct := func(name string, p Percentiles, samples int) figure.Figure {
+		f := one(name, figure.UnitSeconds, p.P50)
+		f.Samples = samples
+		f.Percentiles = map[string]float64{figure.P50: p.P50, figure.P90: p.P90, figure.P99: p.P99}
+		return f
+	}
+	figs = append(figs,
+		one(figure.FleetAgents, figure.UnitNodes, float64(fig.Agents)),
+		one(figure.FleetAgentHeartbeat, figure.UnitSeconds, fig.AgentHeartbeatSeconds),
+		one(figure.FleetSteadyByteRate, figure.UnitBytesPerSecond, fig.SteadyBytesPerSecond),
+		one(figure.FleetWaveWindow, figure.UnitSeconds, fig.WaveWindowSeconds),
+		one(figure.FleetWaveRequestRate, figure.UnitRequestsPerSecond, float64(fig.WaveRequests)/fig.WaveWindowSeconds),
+		one(figure.FleetWaveByteRate, figure.UnitBytesPerSecond, float64(fig.WaveBytes)/fig.WaveWindowSeconds),
+		pct(figure.FleetWaveTaint, fig.WaveTaint, fig.WaveGPUs),
+		one(figure.FleetAPIServerRSS, figure.UnitMiB, fig.APIServerRSSMiB),
+		one(figure.FleetAPIServerPeakRSS, figure.UnitMiB, fig.APIServerPeakRSSMiB),
+		one(figure.FleetEtcdRSS, figure.UnitMiB, fig.EtcdRSSMiB),
+		one(figure.FleetEtcdPeakRSS, figure.UnitMiB, fig.EtcdPeakRSSMiB),
+	)
+	if fig.BareWaveRequests > 0 {
+		figs = append(figs, pct(figure.FleetBareWaveTaint, fig.BareWaveTaint, fig.WaveGPUs))
+	}
+	if fig.Faults > 0 {
+		figs = append(figs, pct(figure.FleetFaultTaint, fig.FaultTaint, fig.Faults), pct(figure.FleetBareFaultTaint, fig.BareFaultTaint, fig.Faults))
+	}
+	if fig.Readers {
+		figs = append(figs, pct(figure.FleetFilter, fig.Filter, fig.FilterCalls),
+			one(figure.FleetFilterFitNodes, figure.UnitNodes, float64(fig.FilterFitNodes)),
+			one(figure.FleetExtenderSync, figure.UnitSeconds, fig.ExtenderSyncSeconds),
+			one(figure.FleetExtenderHeap, figure.UnitMiB, fig.ExtenderHeapMiB),
+			one(figure.FleetExtenderRSS, figure.UnitMiB, fig.ExtenderRSSMiB),
+			one(figure.FleetCounterRecount, figure.UnitSeconds, fig.CounterRecountSeconds),
+			one(figure.FleetCounterHeap, figure.UnitMiB, fig.CounterHeapMiB),
+			one(figure.FleetCounterRSS, figure.UnitMiB, fig.CounterRSSMiB),
+			one(figure.FleetStatusTime, figure.UnitSeconds, fig.StatusSeconds),
+			one(figure.FleetStatusUnfinished, figure.UnitCalls, map[bool]float64{true: 1}[fig.StatusTimedOut]),
+			one(figure.FleetStatusPeakRSS, figure.UnitMiB, fig.StatusMaxRSSMiB))
 	}
 	if fig.Breaker {
 		figs = append(figs, one(figure.FleetBreakerBudget, figure.UnitGPUs, float64(fig.BreakerBudget)))

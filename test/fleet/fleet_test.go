@@ -18,10 +18,12 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -32,6 +34,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
+	"github.com/gpuhealth/gpuhealth/internal/scheduling"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/sim"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
@@ -47,8 +50,9 @@ const (
 	// waveEvery: one GPU in waveEvery fails in the wave (10%).
 	waveEvery = 10
 	// convergeLimit bounds how long the test waits for start-up and for the wave: a hang is a
-	// failure, but the figures themselves are never asserted.
-	convergeLimit = 5 * time.Minute
+	// failure, but the figures themselves are never asserted (a 10% wave on 50,000 nodes takes
+	// minutes on 2 cores).
+	convergeLimit = 15 * time.Minute
 )
 
 // TestFleet runs GPUHEALTH_FLEET_NODES (default 500) simulated nodes × 8 GPUs, each with its own
@@ -73,6 +77,17 @@ const (
 // GPUHEALTH_FLEET_HEARTBEAT, the heartbeat phase's agent.heartbeat (default 20s, at least 10s;
 // 0 skips the phase), and GPUHEALTH_FLEET_HEARTBEAT_WINDOW, its window (default 3 periods, at
 // least 2); GPUHEALTH_FLEET_KEEP=DIR keeps the control plane's logs and data in DIR.
+//
+// At scale (issue 49): GPUHEALTH_FLEET_AGENTS (default: every node) is how many nodes run a real
+// agent; the others are written as an agent writes them (simulated_test.go).
+// GPUHEALTH_FLEET_AGENT_HEARTBEAT is the main run's agent.heartbeat (default 1h: no renewal in
+// the steady window or the waves), at which the simulated nodes renew their Leases too.
+// GPUHEALTH_FLEET_FAULTS single faults (default 0 when every node has a real agent, else 40; the
+// simulated nodes' wave copies what the agents wrote for them) are timed one at a time before the
+// wave; GPUHEALTH_FLEET_READERS=1 then measures the extender, the breaker counter and
+// `gpuhealth status` over the whole fleet (GPUHEALTH_FLEET_GPUHEALTH: the gpuhealth binary).
+// GPUHEALTH_FLEET_FLOW_QUEUE is agent.flowControl.queueLengthLimit (default the chart's: four
+// requests per node that changes at once, so a 10% wave on 50,000 nodes wants 160,000).
 func TestFleet(t *testing.T) {
 	if os.Getenv("GPUHEALTH_FLEET") != "1" {
 		t.Skip("the fleet test is heavy; set GPUHEALTH_FLEET=1 to run it (make bench does)")
@@ -91,7 +106,21 @@ func TestFleet(t *testing.T) {
 	withBreaker := os.Getenv("GPUHEALTH_FLEET_BREAKER") == "1"
 	breakerFraction := envFloat(t, "GPUHEALTH_FLEET_BREAKER_FRACTION", 0.2)
 	heartbeat, heartbeatWindow := heartbeatKnobs(t)
-	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds(), FlowControl: flowControl, Breaker: withBreaker}
+	realAgents := min(envInt(t, "GPUHEALTH_FLEET_AGENTS", nodes), nodes)
+	agentBeat := envDuration(t, "GPUHEALTH_FLEET_AGENT_HEARTBEAT", time.Hour)
+	faultCount := 0
+	if realAgents < nodes {
+		faultCount = 40
+	}
+	if v := os.Getenv("GPUHEALTH_FLEET_FAULTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			t.Fatalf("GPUHEALTH_FLEET_FAULTS=%q: want a count", v)
+		}
+		faultCount = n
+	}
+	fig := Figures{Nodes: nodes, GPUs: nodes * gpusPerNode, Reporters: reporters, SteadySeconds: steady.Seconds(), FlowControl: flowControl, Breaker: withBreaker,
+		Agents: realAgents, AgentHeartbeatSeconds: agentBeat.Seconds(), Readers: os.Getenv("GPUHEALTH_FLEET_READERS") == "1"}
 
 	cpOpts := controlplane.Options{DisableScheduler: true, DisableControllerManager: true}
 	if dir := os.Getenv("GPUHEALTH_FLEET_KEEP"); dir != "" {
@@ -100,7 +129,7 @@ func TestFleet(t *testing.T) {
 	c := controlplane.StartT(t, cpOpts)
 	ctx := t.Context()
 	adminCfg := c.AdminConfig()
-	adminCfg.QPS = -1 // no client-side limit for the test's own setup and observation
+	adminCfg = protobuf(adminCfg) // no client-side limit for the test's own setup and observation
 	admin, err := kubernetes.NewForConfig(adminCfg)
 	if err != nil {
 		t.Fatal(err)
@@ -109,14 +138,20 @@ func TestFleet(t *testing.T) {
 	setupStart := time.Now()
 	agentCfg := agentConfig(t, c, admin, withBreaker)
 	if flowControl {
-		installFlowControl(t, admin)
+		installFlowControl(t, admin, envInt(t, "GPUHEALTH_FLEET_FLOW_QUEUE", agent.DefaultFlowQueueLength))
 	}
 	fleet := makeFleet(nodes)
-	if err := createNodes(ctx, admin, fleet); err != nil {
+	var simulated []int
+	for i := realAgents; i < nodes; i++ {
+		fleet[i].simulated = true
+		simulated = append(simulated, i)
+	}
+	agentNodes := fleet[:realAgents]
+	if err := createNodes(ctx, admin, agentNodes); err != nil {
 		t.Fatal(err)
 	}
 	fig.SetupSeconds = time.Since(setupStart).Seconds()
-	t.Logf("%d nodes and ResourceSlices created in %.1fs", nodes, fig.SetupSeconds)
+	t.Logf("%d nodes and ResourceSlices created in %.1fs", realAgents, fig.SetupSeconds)
 
 	// Memory and goroutines before any agent or client exists.
 	heap0, rss0, gr0 := memory(t)
@@ -124,6 +159,7 @@ func TestFleet(t *testing.T) {
 	counter := newRequestCounter()
 	agentCtx, stopAgents := context.WithCancel(klog.NewContext(ctx, logr.Discard()))
 	var agents errgroup.Group
+	sims := newSimFleet(t, agentCfg, counter, agentBeat)
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -134,12 +170,13 @@ func TestFleet(t *testing.T) {
 		if err := agents.Wait(); err != nil {
 			t.Errorf("agent: %v", err)
 		}
+		sims.renewed.Wait()
 	}
 	defer stop()
 
 	// Heartbeats an hour apart: none in the steady window or the waves (agents started together
 	// would all beat in the same half minute, five minutes on); the heartbeat phase measures them.
-	agentSettings := config.AgentConfig{CheckpointPath: "-", Resync: ptrDuration(time.Hour), Heartbeat: ptrDuration(time.Hour), Reporters: reporters}
+	agentSettings := config.AgentConfig{CheckpointPath: "-", Resync: ptrDuration(time.Hour), Heartbeat: ptrDuration(agentBeat), Reporters: reporters}
 	if withBreaker {
 		// The breaker's controller counts the cluster's GPUs from the agents' annotations, as
 		// the chart's Deployment does.
@@ -162,7 +199,7 @@ func TestFleet(t *testing.T) {
 		fig.BreakerBudget = breaker.Budget(breakerFraction, fig.GPUs)
 	}
 	start := time.Now()
-	for _, n := range fleet {
+	for _, n := range agentNodes {
 		cfg := rest.CopyConfig(agentCfg)
 		cfg.QPS, cfg.Burst = agent.ClientQPS, agent.ClientBurst // as `gpuhealth agent` runs
 		// A Proxy function makes client-go's transport uncacheable, so every agent gets its own
@@ -177,44 +214,68 @@ func TestFleet(t *testing.T) {
 		n.client = client
 		agents.Go(func() error { return runAgent(agentCtx, n, agentSettings) })
 	}
-	if err := waitReady(ctx, fleet); err != nil {
+	if err := waitReady(ctx, agentNodes); err != nil {
 		t.Fatal(err)
 	}
 	fig.StartupSeconds = time.Since(start).Seconds()
 	startup := counter.snapshot()
 	fig.StartupRequests, fig.StartupByKind = total(startup), startup
-	t.Logf("%d agents ready in %.1fs after %d requests", nodes, fig.StartupSeconds, fig.StartupRequests)
-	if withBreaker {
-		waitBreakerCount(t, admin, nodes*gpusPerNode)
-	}
+	t.Logf("%d agents ready in %.1fs after %d requests", realAgents, fig.StartupSeconds, fig.StartupRequests)
 
 	// Let the start-up's stragglers (the condition writer, watches opening) settle, then measure.
 	time.Sleep(5 * time.Second)
 	heap1, rss1, gr1 := memory(t)
-	fig.HeapPerNodeKiB = float64(heap1-heap0) / 1024 / float64(nodes)
-	fig.RSSPerNodeKiB = float64(rss1-rss0) / 1024 / float64(nodes)
-	fig.GoroutinesPerNode = float64(gr1-gr0) / float64(nodes)
+	fig.HeapPerNodeKiB = float64(heap1-heap0) / 1024 / float64(realAgents)
+	fig.RSSPerNodeKiB = float64(rss1-rss0) / 1024 / float64(realAgents)
+	fig.GoroutinesPerNode = float64(gr1-gr0) / float64(realAgents)
 
-	before, writesBefore, cpuBefore := counter.snapshot(), fleetWrites(t, fleet), processCPU(t)
+	if len(simulated) > 0 {
+		// The other nodes, as the real agents left theirs at start-up.
+		simStart := time.Now()
+		startWrites, err := startupWrites(ctx, admin, fleet[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := createSimulated(ctx, admin, fleet, simulated, startWrites, agentBeat); err != nil {
+			t.Fatal(err)
+		}
+		fig.SetupSeconds += time.Since(simStart).Seconds()
+		t.Logf("%d simulated nodes, their ResourceSlices and Leases created in %.1fs", len(simulated), time.Since(simStart).Seconds())
+		sims.renewLeases(agentCtx, fleet, simulated)
+	}
+	if withBreaker {
+		waitBreakerCount(t, admin, nodes*gpusPerNode)
+	}
+
+	before, writesBefore, cpuBefore, bytesBefore := counter.snapshot(), fleetWrites(t, fleet), processCPU(t), counter.bytes()
 	time.Sleep(steady)
-	after, writesAfter, cpuAfter := counter.snapshot(), fleetWrites(t, fleet), processCPU(t)
+	after, writesAfter, cpuAfter, bytesAfter := counter.snapshot(), fleetWrites(t, fleet), processCPU(t), counter.bytes()
 	fig.SteadyByKind = diff(after, before)
 	fig.SteadyRequests = total(fig.SteadyByKind)
 	fig.SteadyPerSecond = float64(fig.SteadyRequests) / steady.Seconds()
+	fig.SteadyBytesPerSecond = float64(bytesAfter-bytesBefore) / steady.Seconds()
+	cp := controlPlaneMemory(t, c)
+	fig.APIServerRSSMiB, fig.EtcdRSSMiB = cp["kube-apiserver"][0], cp["etcd"][0]
 	fig.SteadyWrites = sumWrites(writesAfter) - sumWrites(writesBefore)
 	fig.SteadyCPUPercent = 100 * (cpuAfter - cpuBefore).Seconds() / steady.Seconds()
 	fig.OpenWatches = counter.openWatches.Load()
 	fig.WatchesPerNode = float64(fig.OpenWatches) / float64(nodes)
 	fig.Transports = counter.transports.Load()
 
-	wave(t, admin, fleet, counter, &fig)
+	faults, templates := singleFaults(t, admin, agentCfg, fleet, faultCount, &fig)
+	wave(t, admin, fleet, counter, sims, faults, templates, &fig)
 	if os.Getenv("GPUHEALTH_FLEET_BARE") != "0" {
 		bareWave(t, admin, agentCfg, fleet, &fig)
 	}
+	if fig.Readers {
+		measureReaders(t, c, adminCfg, fleet, &fig)
+	}
+	cp = controlPlaneMemory(t, c)
+	fig.APIServerPeakRSSMiB, fig.EtcdPeakRSSMiB = cp["kube-apiserver"][1], cp["etcd"][1]
 
 	stop()
 	if heartbeat > 0 {
-		heartbeatPhase(t, admin, fleet, counter, agentSettings, heartbeat, heartbeatWindow, &fig)
+		heartbeatPhase(t, admin, agentNodes, counter, agentSettings, heartbeat, heartbeatWindow, &fig)
 	}
 	report(t, fig)
 }
@@ -238,12 +299,16 @@ func runAgent(ctx context.Context, n *fleetNode, settings config.AgentConfig) er
 // fleetNode is one simulated node: its name, GPUs, the channel backend its agent reads, the
 // agent's own client (kept for the heartbeat phase's agents) and the agent's metrics.
 type fleetNode struct {
-	name     string
-	uuids    []string
-	backend  *agenttest.Backend
-	client   kube.Interface
-	registry *prometheus.Registry
-	addr     atomic.Value // string: the agent's /readyz address once it listens
+	// simulated: no agent runs for this node; it is written as one would write it, and lease is
+	// its heartbeat Lease as the last renewal returned it (simulated_test.go).
+	simulated bool
+	lease     *coordinationv1.Lease
+	name      string
+	uuids     []string
+	backend   *agenttest.Backend
+	client    kube.Interface
+	registry  *prometheus.Registry
+	addr      atomic.Value // string: the agent's /readyz address once it listens
 }
 
 func makeFleet(n int) []*fleetNode {
@@ -296,10 +361,10 @@ func agentConfig(t *testing.T, c *controlplane.Cluster, admin kubernetes.Interfa
 
 // installFlowControl creates the FlowSchema and priority level the chart installs for the agents
 // and waits until the API server uses them.
-func installFlowControl(t *testing.T, admin kubernetes.Interface) {
+func installFlowControl(t *testing.T, admin kubernetes.Interface, queueLength int) {
 	t.Helper()
 	ctx := t.Context()
-	schema, level := agent.FlowControl(agentAccount, agentNamespace, agentAccount, agent.DefaultFlowQueueLength)
+	schema, level := agent.FlowControl(agentAccount, agentNamespace, agentAccount, int32(queueLength))
 	if _, err := admin.FlowcontrolV1().PriorityLevelConfigurations().Create(ctx, level, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -333,8 +398,7 @@ func createNodes(ctx context.Context, admin kubernetes.Interface, fleet []*fleet
 	g.SetLimit(16)
 	for _, n := range fleet {
 		g.Go(func() error {
-			node := controlplane.Node(n.name)
-			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}}
+			node := fleetNodeObject(n.name)
 			if _, err := admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("create node %s: %w", n.name, err)
 			}
@@ -345,6 +409,15 @@ func createNodes(ctx context.Context, admin kubernetes.Interface, fleet []*fleet
 		})
 	}
 	return g.Wait()
+}
+
+// fleetNodeObject is node name as the test creates it: Ready, as a kubelet would report it, with
+// the 8 GPUs NVIDIA's device plugin would advertise as capacity.
+func fleetNodeObject(name string) *corev1.Node {
+	node := controlplane.Node(name)
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}}
+	node.Status.Capacity = corev1.ResourceList{scheduling.ResourceGPU: *resource.NewQuantity(gpusPerNode, resource.DecimalSI)}
+	return node
 }
 
 // waitReady polls every agent's /readyz until all say ok.

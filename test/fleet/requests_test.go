@@ -19,12 +19,15 @@ import (
 
 // requestCounter counts the requests of every agent's client by kind ("PATCH nodes",
 // "WATCH devicetaintrules", ...) through rest.Config.WrapTransport, the failed ones again by
-// status ("failed 429"), and the watches open now.
+// status ("failed 429"), the watches open now, and the bytes of the bodies sent and received
+// (watch streams included; headers not).
 type requestCounter struct {
 	mu          sync.Mutex
 	counts      map[string]int64
 	openWatches atomic.Int64
 	transports  atomic.Int64
+	sent        atomic.Int64
+	received    atomic.Int64
 }
 
 func newRequestCounter() *requestCounter { return &requestCounter{counts: map[string]int64{}} }
@@ -40,7 +43,13 @@ func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 		c.mu.Lock()
 		c.counts[kind]++
 		c.mu.Unlock()
+		if r.ContentLength > 0 {
+			c.sent.Add(r.ContentLength)
+		}
 		resp, err := rt.RoundTrip(r)
+		if err == nil {
+			resp.Body = &countedBody{ReadCloser: resp.Body, n: &c.received}
+		}
 		if failed := failure(resp, err); failed != "" {
 			c.mu.Lock()
 			c.counts["failed "+failed]++
@@ -58,6 +67,21 @@ func (c *requestCounter) snapshot() map[string]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return maps.Clone(c.counts)
+}
+
+// bytes is the body bytes sent and received so far.
+func (c *requestCounter) bytes() int64 { return c.sent.Load() + c.received.Load() }
+
+// countedBody counts the bytes read from a response body.
+type countedBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b *countedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
 }
 
 // watchBody tells when a watch's response body is closed.

@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
@@ -49,12 +51,29 @@ func waitBreakerCount(t *testing.T, admin kubernetes.Interface, want int) {
 }
 
 // wave fails one GPU in ten at once and waits, through watches, until every DeviceTaintRule,
-// annotation and condition it implies is in the API server; then checks the final state.
-func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter *requestCounter, fig *Figures) {
+// annotation and condition it implies is in the API server; then checks the final state. The
+// simulated nodes' failing GPUs get, at the same instant, what a real agent wrote for a fault on
+// the GPU of the same index (templates); faults are the single faults before the wave (node →
+// GPU), which stay.
+func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter *requestCounter, sims *simFleet, faults map[string]int, templates map[int]*agentWrites, fig *Figures) {
 	t.Helper()
 	ctx := t.Context()
 	failing, wantIDs, wantRules := waveTargets(fleet)
 	fig.WaveGPUs, fig.WaveNodes = len(wantRules), len(wantIDs)
+	ruleNode := map[string]string{}
+	realNodes := 0
+	for n, gpus := range failing {
+		for _, g := range gpus {
+			ruleNode[devicetaint.RuleName(n.name, n.uuids[g])] = n.name
+		}
+		if !n.simulated {
+			realNodes++
+		}
+	}
+	simWrites, err := prepareSimWave(sims, failing, templates)
+	if err != nil {
+		t.Fatal(err)
+	}
 	nodes, rules := observeNodesAndRules(admin)
 	watchCtx, stopWatches := context.WithCancel(ctx)
 	defer stopWatches()
@@ -63,20 +82,25 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 		if err != nil {
 			t.Fatal(err)
 		}
-		if o == rules && len(existing) != 0 {
-			t.Fatalf("%d DeviceTaintRules before the wave, want none", len(existing))
+		if o == rules && len(existing) != len(faults) {
+			t.Fatalf("%d DeviceTaintRules before the wave, want the %d of the single faults", len(existing), len(faults))
 		}
 	}
 
 	writesBefore := fleetWrites(t, fleet)
-	before := counter.snapshot()
+	before, bytesBefore := counter.snapshot(), counter.bytes()
 	stopProfile := profileWave(t, admin, "wave")
 	injected := time.Now()
 	for n, idx := range failing {
+		if n.simulated {
+			continue
+		}
 		for _, g := range idx {
 			n.backend.Signals <- health.Signal{Kind: health.SignalXID, Device: n.uuids[g], XID: waveXID, Time: injected}
 		}
 	}
+	sendErrs := sendAll(ctx, simWrites, "gpuhealth-agent")
+	taint := map[string][2]time.Duration{} // node → when its annotation and its rule were seen
 
 	effects := &effectCount{effects: map[string]resourcev1.DeviceTaintEffect{}}
 	pendingIDs := maps.Clone(wantIDs)
@@ -94,6 +118,11 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 			t.Fatal(err)
 		case err := <-rules.errs:
 			t.Fatal(err)
+		case err := <-sendErrs:
+			if err != nil {
+				t.Fatalf("simulated nodes' wave: %v", err)
+			}
+			sendErrs = nil // all sent
 		case <-deadline:
 			t.Fatalf("after %v: %d annotations, %d DeviceTaintRules and %d conditions still missing", convergeLimit, len(pendingIDs), len(pendingRules), len(pendingConds))
 		}
@@ -103,6 +132,9 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 			if want, ok := pendingIDs[obj.Name]; ok && obj.Annotations[gpuhealthv1.UnhealthyIDsKey] == want {
 				delete(pendingIDs, obj.Name)
 				lat, lastIDs = append(lat, now), now
+				seen := taint[obj.Name]
+				seen[0] = now
+				taint[obj.Name] = seen
 			}
 			if _, ok := pendingConds[obj.Name]; ok && conditionTrue(obj) {
 				delete(pendingConds, obj.Name)
@@ -113,10 +145,19 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 			if pendingRules[obj.Name] {
 				delete(pendingRules, obj.Name)
 				lat, lastRules = append(lat, now), now
+				seen := taint[ruleNode[obj.Name]]
+				seen[1] = now
+				taint[ruleNode[obj.Name]] = seen
 			}
 		}
 	}
 	stopProfile()
+	if sendErrs != nil {
+		if err := <-sendErrs; err != nil {
+			t.Fatalf("simulated nodes' wave: %v", err)
+		}
+	}
+	fig.WaveTaint = taintTimes(taint)
 	held := fig.BreakerBudget > 0 && fig.BreakerBudget < len(wantRules)
 	if held {
 		// Part of the wave is held back: wait until exactly the budget has NoSchedule (agents
@@ -150,16 +191,26 @@ func wave(t *testing.T, admin kubernetes.Interface, fleet []*fleetNode, counter 
 	time.Sleep(3 * time.Second)
 	fig.WaveByKind = diff(counter.snapshot(), before)
 	fig.WaveRequests = total(fig.WaveByKind)
+	fig.WaveBytes = counter.bytes() - bytesBefore
+	fig.WaveWindowSeconds = time.Since(injected).Seconds()
 	writesAfter := fleetWrites(t, fleet)
 	fig.WaveWrites = map[string]int{}
 	for k, v := range writesAfter {
 		fig.WaveWrites[k] = v - writesBefore[k]
 	}
-	checkFinalState(t, admin, fleet, wantIDs, wantRules)
+	finalIDs, finalRules := maps.Clone(wantIDs), maps.Clone(wantRules)
+	for _, n := range fleet {
+		if g, ok := faults[n.name]; ok {
+			finalIDs[n.name] = strconv.Itoa(g)
+			finalRules[devicetaint.RuleName(n.name, n.uuids[g])] = true
+		}
+	}
+	checkFinalState(t, admin, fleet, finalIDs, finalRules)
 	if held {
 		checkBudget(t, admin, fig.BreakerBudget, len(wantRules))
 	}
-	for sink, want := range map[string]int{"annotation": len(wantIDs), "devicetaint": len(wantRules), "condition": len(wantIDs)} {
+	// One write per changed object by the real agents (the simulated nodes' writes are the test's).
+	for sink, want := range map[string]int{"annotation": realNodes, "devicetaint": realNodes, "condition": realNodes} {
 		if held && sink != "annotation" {
 			continue // held GPUs may be written twice (None, then NoSchedule) and get the breaker's condition
 		}
@@ -377,6 +428,31 @@ func checkFinalState(t *testing.T, admin kubernetes.Interface, fleet []*fleetNod
 			t.Errorf("node %s: no %s annotation", n.Name, gpuhealthv1.HealthKey)
 		}
 	}
+}
+
+// sendAll sends every node's writes of writes, simSenders nodes at a time, and then says on the
+// channel returned how that went (nil: all sent).
+func sendAll(ctx context.Context, writes []*simWrite, manager string) <-chan error {
+	done := make(chan error, 1)
+	var g errgroup.Group
+	g.SetLimit(simSenders)
+	go func() {
+		for _, w := range writes {
+			g.Go(func() error { return w.send(ctx, manager) })
+		}
+		done <- g.Wait()
+	}()
+	return done
+}
+
+// taintTimes are the percentiles, over the nodes of seen, of the later of the two times seen
+// holds: its annotation's and its rule's (each failing node has one failing GPU).
+func taintTimes(seen map[string][2]time.Duration) Percentiles {
+	d := make([]time.Duration, 0, len(seen))
+	for _, s := range seen {
+		d = append(d, max(s[0], s[1]))
+	}
+	return percentiles(d)
 }
 
 func conditionTrue(n *corev1.Node) bool {

@@ -16,6 +16,9 @@ const (
 	UnitWatches           = "watches"
 	UnitGoroutines        = "goroutines"
 	UnitTransports        = "transports"
+	UnitBytesPerSecond    = "bytes/s"
+	UnitMiB               = "MiB"
+	UnitCalls             = "calls"
 
 	// UnitWritesPerNodePerPeriod is writes per node per heartbeat period.
 	UnitWritesPerNodePerPeriod = "writes/node/period"
@@ -24,6 +27,7 @@ const (
 // Percentiles.
 const (
 	P50 = "p50"
+	P90 = "p90"
 	P99 = "p99"
 	Max = "max"
 )
@@ -96,6 +100,45 @@ const (
 	FleetHeartbeatWrites           = "heartbeat_writes"
 	FleetHeartbeatRequests         = "heartbeat_requests"
 	FleetHeartbeatPerNodePerPeriod = "heartbeat_writes_per_node_per_period"
+
+	// A fleet of which only some nodes run a real agent (GPUHEALTH_FLEET_AGENTS; issue 49): the
+	// real agents (UnitNodes) and the agent.heartbeat of the main run (UnitSeconds; the
+	// simulated nodes renew their Leases at it too).
+	FleetAgents          = "agents"
+	FleetAgentHeartbeat  = "agent_heartbeat"
+	FleetSteadyByteRate  = "steady_byte_rate"  // UnitBytesPerSecond: request and response bodies, watches included
+	FleetWaveWindow      = "wave_window"       // UnitSeconds: from the injection until the wave's requests were counted
+	FleetWaveRequestRate = "wave_request_rate" // UnitRequestsPerSecond over FleetWaveWindow
+	FleetWaveByteRate    = "wave_byte_rate"    // UnitBytesPerSecond over FleetWaveWindow
+	// Time to taint: from the fault's signal until its DeviceTaintRule and its
+	// volcano.sh/gpu-unhealthy-ids are both seen through watches, per faulty GPU, in UnitSeconds:
+	// the p50 with P50, P90 and P99. FleetFaultTaint: single faults on real agents one at a time
+	// (Samples: how many), FleetBareFaultTaint the bare client's same writes; FleetWaveTaint and
+	// FleetBareWaveTaint the same for every GPU of the wave.
+	FleetFaultTaint     = "fault_taint"
+	FleetBareFaultTaint = "bare_fault_taint"
+	FleetWaveTaint      = "wave_taint"
+	FleetBareWaveTaint  = "bare_wave_taint"
+	// The control plane's memory (UnitMiB) at steady state and at its peak (VmRSS, VmHWM).
+	FleetAPIServerRSS     = "apiserver_rss"
+	FleetAPIServerPeakRSS = "apiserver_peak_rss"
+	FleetEtcdRSS          = "etcd_rss"
+	FleetEtcdPeakRSS      = "etcd_peak_rss"
+	// The readers over the whole fleet: the extender's /filter (UnitSeconds, p50 with P50, P90,
+	// P99; Samples: the calls), the seconds its caches took to sync and the heap and RSS (UnitMiB)
+	// they added; the breaker counter's time from its start to the right count and its heap and
+	// RSS; `gpuhealth status`'s wall time and peak RSS.
+	FleetFilter           = "filter"
+	FleetFilterFitNodes   = "filter_fit_nodes" // UnitNodes
+	FleetExtenderSync     = "extender_sync"
+	FleetExtenderHeap     = "extender_heap"
+	FleetExtenderRSS      = "extender_rss"
+	FleetCounterRecount   = "counter_recount"
+	FleetCounterHeap      = "counter_heap"
+	FleetCounterRSS       = "counter_rss"
+	FleetStatusTime       = "status_time"
+	FleetStatusPeakRSS    = "status_peak_rss"
+	FleetStatusUnfinished = "status_unfinished" // UnitCalls: 1 when it was stopped at the test's limit
 )
 
 // The figures of TestBenchAgentContainerMemory: the agent as the chart runs it, in a container on
