@@ -34,9 +34,12 @@ type ExternalTaint struct {
 // ExternalReasonPrefix marks a reason that is not gpuhealth's in the status table.
 const ExternalReasonPrefix = "external:"
 
-// draView is what status reads to find other writers' taints.
+// draView is what status reads to find other writers' taints, indexed so that a fleet of
+// 50,000 nodes costs one pass over its slices and rules, not one per node or per GPU.
 type draView struct {
-	slices []*resourceapi.ResourceSlice
+	// byNode holds the driver's node-local slices by node; byPool the driver's slices by pool.
+	byNode, byPool map[string][]*resourceapi.ResourceSlice
+	// rules are the DeviceTaintRules that are not gpuhealth's.
 	rules  []resourceapi.DeviceTaintRule
 	driver string
 	attrs  dra.Attributes
@@ -53,12 +56,29 @@ func readDRAView(ctx context.Context, client kubernetes.Interface, driver string
 	if err != nil {
 		return nil, fmt.Errorf("list DeviceTaintRules: %w", err)
 	}
+	return newDRAView(sl.Items, rules.Items, driver), nil
+}
+
+// newDRAView indexes the driver's slices and the rules that are not gpuhealth's.
+func newDRAView(slices []resourceapi.ResourceSlice, rules []resourceapi.DeviceTaintRule, driver string) *draView {
 	// Status assumes the attribute names of NVIDIA's driver.
-	v := &draView{driver: driver, attrs: dra.DefaultAttributes(), rules: rules.Items}
-	for i := range sl.Items {
-		v.slices = append(v.slices, &sl.Items[i])
+	v := &draView{driver: driver, attrs: dra.DefaultAttributes(), byNode: map[string][]*resourceapi.ResourceSlice{}, byPool: map[string][]*resourceapi.ResourceSlice{}}
+	for i := range slices {
+		s := &slices[i]
+		if s.Spec.Driver != driver {
+			continue
+		}
+		v.byPool[s.Spec.Pool.Name] = append(v.byPool[s.Spec.Pool.Name], s)
+		if s.Spec.NodeName != nil {
+			v.byNode[*s.Spec.NodeName] = append(v.byNode[*s.Spec.NodeName], s)
+		}
 	}
-	return v, nil
+	for _, r := range rules {
+		if !isGPUHealthRule(r) {
+			v.rules = append(v.rules, r)
+		}
+	}
+	return v
 }
 
 // addExternalTaints fills in ExternalTaints of each row, and a reason per taint key marked with
@@ -70,7 +90,7 @@ func (v *draView) addExternalTaints(rows []GPUStatus, logger klog.Logger) {
 		cat, ok := catalogs[row.Node]
 		if !ok {
 			var problems []dra.Problem
-			cat, problems = dra.NewCatalog(v.slices, row.Node, v.driver, v.attrs)
+			cat, problems = dra.NewCatalog(v.byNode[row.Node], row.Node, v.driver, v.attrs)
 			for _, p := range problems {
 				logger.V(2).Info("ResourceSlice problem", "node", row.Node, "problem", p.String())
 			}
@@ -96,10 +116,7 @@ func (v *draView) addExternalTaints(rows []GPUStatus, logger klog.Logger) {
 func (v *draView) taintsOf(pool, name string) []ExternalTaint {
 	var out []ExternalTaint
 	device := pool + "/" + name
-	for _, s := range v.slices {
-		if s.Spec.Driver != v.driver || s.Spec.Pool.Name != pool {
-			continue
-		}
+	for _, s := range v.byPool[pool] {
 		for _, d := range s.Spec.Devices {
 			if d.Name != name {
 				continue
@@ -110,7 +127,7 @@ func (v *draView) taintsOf(pool, name string) []ExternalTaint {
 		}
 	}
 	for _, r := range v.rules {
-		if isGPUHealthRule(r) || !selects(r.Spec.DeviceSelector, v.driver, pool, name) {
+		if !selects(r.Spec.DeviceSelector, v.driver, pool, name) {
 			continue
 		}
 		t := r.Spec.Taint

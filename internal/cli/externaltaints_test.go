@@ -4,7 +4,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/gpuhealth/gpuhealth/pkg/dra"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,19 +37,14 @@ func TestExternalTaints(t *testing.T) {
 			Spec:       resourceapi.DeviceTaintRuleSpec{DeviceSelector: sel, Taint: resourceapi.DeviceTaint{Key: key, Effect: resourceapi.DeviceTaintEffectNoSchedule}},
 		}
 	}
-	view := &draView{
-		slices: []*resourceapi.ResourceSlice{slice},
-		driver: driver,
-		attrs:  dra.DefaultAttributes(),
-		rules: []resourceapi.DeviceTaintRule{
-			// gpuhealth's own rule: not external.
-			rule("gpuhealth-gpu-0", map[string]string{devicetaint.NodeLabel: node}, &resourceapi.DeviceTaintSelector{Driver: ptr.To(driver), Pool: ptr.To(node), Device: ptr.To("gpu-0")}, "gpuhealth.dev/xid"),
-			// An operator's rule on one device.
-			rule("maintenance", nil, &resourceapi.DeviceTaintSelector{Driver: ptr.To(driver), Pool: ptr.To(node), Device: ptr.To("gpu-1")}, "example.com/maintenance"),
-			// A rule for another driver: not ours to show.
-			rule("nics", nil, &resourceapi.DeviceTaintSelector{Driver: ptr.To("nic.example.com")}, "example.com/nic"),
-		},
-	}
+	view := newDRAView([]resourceapi.ResourceSlice{*slice}, []resourceapi.DeviceTaintRule{
+		// gpuhealth's own rule: not external.
+		rule("gpuhealth-gpu-0", map[string]string{devicetaint.NodeLabel: node}, &resourceapi.DeviceTaintSelector{Driver: ptr.To(driver), Pool: ptr.To(node), Device: ptr.To("gpu-0")}, "gpuhealth.dev/xid"),
+		// An operator's rule on one device.
+		rule("maintenance", nil, &resourceapi.DeviceTaintSelector{Driver: ptr.To(driver), Pool: ptr.To(node), Device: ptr.To("gpu-1")}, "example.com/maintenance"),
+		// A rule for another driver: not ours to show.
+		rule("nics", nil, &resourceapi.DeviceTaintSelector{Driver: ptr.To("nic.example.com")}, "example.com/nic"),
+	}, driver)
 	rows := []GPUStatus{
 		{Node: node, Index: 0, UUID: "GPU-0", Health: "Unhealthy", Reasons: []string{"XID79"}},
 		{Node: node, Index: 1, UUID: "GPU-1", Health: "Healthy"},
