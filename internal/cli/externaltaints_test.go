@@ -4,7 +4,6 @@ import (
 	"slices"
 	"testing"
 
-
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
