@@ -27,7 +27,7 @@ func (n *node) answerIdentity(g *gpuState, slot int, req *request, resp *respons
 		}
 		resp.setStr(name)
 	case opSerial:
-		resp.setStr(sim.Serial(g.index)) // what the simulated dcgmi lists too
+		resp.setStr(g.serial) // what the simulated dcgmi and the sim backend give too
 	case opMinor:
 		resp.V[0] = uint64(g.index)
 	case opPCI:

@@ -64,7 +64,7 @@ func (s *server) diag(ctx context.Context, c net.Conn, r *bufio.Reader, req *req
 	if gpu < len(s.node.gpus) {
 		g := s.node.gpus[gpu]
 		reply.State, reply.Lost = g.diag, g.lost
-		reply.Device = sim.DCGMDevice{Name: s.node.sc.Model, UUID: g.uuid, PCIBusID: g.busID, Serial: sim.Serial(gpu), DeviceID: sim.PCIDeviceID}
+		reply.Device = sim.DCGMDevice{Name: s.node.sc.Model, UUID: g.uuid, PCIBusID: g.busID, Serial: g.serial, DeviceID: sim.PCIDeviceID}
 	} else {
 		reply.Outcome = diagNoGPU
 	}
@@ -142,8 +142,8 @@ func (s *server) hang(ctx context.Context, c net.Conn, r *bufio.Reader, timeout 
 func (s *server) discovery(c net.Conn) {
 	var reply discoveryReply
 	s.node.mu.Lock()
-	for i, g := range s.node.gpus {
-		reply.GPUs = append(reply.GPUs, sim.DCGMDevice{Name: s.node.sc.Model, UUID: g.uuid, PCIBusID: g.busID, Serial: sim.Serial(i), DeviceID: sim.PCIDeviceID})
+	for _, g := range s.node.gpus {
+		reply.GPUs = append(reply.GPUs, sim.DCGMDevice{Name: s.node.sc.Model, UUID: g.uuid, PCIBusID: g.busID, Serial: g.serial, DeviceID: sim.PCIDeviceID})
 	}
 	s.node.mu.Unlock()
 	writeReply(c, reply)

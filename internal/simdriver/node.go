@@ -63,6 +63,7 @@ type event struct {
 type gpuState struct {
 	index                    int
 	uuid, busID              string
+	serial                   string // the board's: the scenario's (sim.Scenario.Serial)
 	migUUIDs                 []string
 	temperature              int64
 	corrected, uncorrected   uint64 // volatile
@@ -107,7 +108,7 @@ func newNode(sc *sim.Scenario, log func(string, ...any)) *node {
 	n := &node{sc: sc, byUUID: map[string]uint32{}, sets: map[setKey]*eventSet{}, sessions: map[uint32]int{},
 		unsupported: map[string]bool{}, log: log}
 	for i := range sc.GPUCount {
-		g := &gpuState{index: i, uuid: sim.GPUUUID(sc.Node, i), busID: sim.PCIBusID(i),
+		g := &gpuState{index: i, uuid: sim.GPUUUID(sc.Node, i), busID: sim.PCIBusID(i), serial: sc.Serial(i),
 			temperature: idleTemperatureC, links: map[uint32]*linkState{}, outOfRange: map[string]bool{}, readsLower: map[string]bool{},
 			pcie: health.PCIeLinkReading{Gen: sim.PCIeGen, MaxGen: sim.PCIeGen, Width: sim.PCIeWidth, MaxWidth: sim.PCIeWidth}}
 		n.byUUID[g.uuid] = uint32(i * migSlots)

@@ -406,7 +406,8 @@ func TestBackendOnEveryProfile(t *testing.T) {
 				t.Fatalf("driver %q, %d GPUs; want %s, 4", rep.DriverVersion, len(rep.GPUs), v)
 			}
 			for i, g := range rep.GPUs {
-				if g.Device.UUID != sim.GPUUUID("sd-node", i) || g.Device.PCIBusID != fmt.Sprintf("00000000:%02X:00.0", 0x10+i) || g.Device.Index != i {
+				if g.Device.UUID != sim.GPUUUID("sd-node", i) || g.Device.PCIBusID != fmt.Sprintf("00000000:%02X:00.0", 0x10+i) || g.Device.Index != i ||
+					g.Device.Serial != sim.DefaultSerial("sd-node", i) {
 					t.Errorf("GPU %d: %+v", i, g.Device)
 				}
 				if !slices.Contains(g.Events, "xid") {

@@ -36,8 +36,13 @@ import (
 //   - checkpoint-v3.json: version 3, which marks the XID conditions the driver said an earlier
 //     XID caused (causedByPrevious): the same as version 2, and GPU 1's XID 145 caused by
 //     another's (sticky, restored; never taken for a root cause).
+//   - checkpoint-v6.json: version 6, which adds each GPU's board serial (device.serial): the
+//     same as version 5, with the serials of GPUs 0 and 1. The serial is an attribute, as the
+//     model is: a device is matched by UUID, and a GPU the inventory has keeps the backend's.
 //   - checkpoint-next.json: a checkpoint of a newer release, made by hand from checkpoint-v1.json:
-//     version 4 (it said 2 until version 2 was made, 3 until version 3), fields this release does not know at every level, a condition type it does not
+//     version 7 (it said 2 until version 2 was made, 3 until version 3, and so on; until version 6
+//     its device.serial was a field this release did not know, boardPartNumber is now), fields
+//     this release does not know at every level, a condition type it does not
 //     raise (kept), a severity and a clearsOn it does not have (skipped), a vanished GPU, a new
 //     cursor and a cursor of another shape (skipped).
 //
@@ -135,6 +140,8 @@ func TestCheckpointFixturesRestore(t *testing.T) {
 		{"checkpoint-v1.json", v1Faults(), map[string]health.Cursor{"kmsg": kmsg}},
 		{"checkpoint-v2.json", v1Faults(), map[string]health.Cursor{"kmsg": kmsg}},
 		{"checkpoint-v3.json", currentFaults(), map[string]health.Cursor{"kmsg": kmsg}},
+		{"checkpoint-v5.json", currentFaults(), map[string]health.Cursor{"kmsg": kmsg}},
+		{"checkpoint-v6.json", currentFaults(), map[string]health.Cursor{"kmsg": kmsg}},
 		{"checkpoint-next.json", with(v1Faults(),
 			"GPU-0000 C2CLinkDown/1 Unhealthy gpuReset evict=true since=03:04:13",      // a type this release does not raise
 			"GPU-0003 FabricDegraded/0 Degraded nodeReboot evict=false since=03:04:16", // on a GPU that vanished
@@ -343,8 +350,10 @@ func compatCases(t *testing.T) []compatCase {
 		{name: "a field in the data", unknown: []string{"data.nodeName"},
 			change: func(_, data map[string]any) { data["nodeName"] = "node-a" },
 			faults: currentFaults(), cursors: kmsg},
-		{name: "a field in a device's identity", unknown: []string{"data.devices[].device.serial"},
-			change: func(_, data map[string]any) { obj(data, "devices", 0, "device")["serial"] = "1650923012345" },
+		{name: "a field in a device's identity", unknown: []string{"data.devices[].device.boardPartNumber"},
+			change: func(_, data map[string]any) {
+				obj(data, "devices", 0, "device")["boardPartNumber"] = "692-2G520-0200-000"
+			},
 			faults: currentFaults(), cursors: kmsg},
 		{name: "a field in a MIG placement", unknown: []string{"data.devices[].device.mig.profile"},
 			change: func(_, data map[string]any) { obj(data, "devices", 2, "device", "mig")["profile"] = "1g.10gb" },

@@ -107,6 +107,11 @@ type Device struct {
 	PCIBusID string `json:"pciBusID,omitempty"`
 	Minor    int    `json:"minor"`
 	Model    string `json:"model,omitempty"`
+	// Serial is the board's serial number (NVML's nvmlDeviceGetSerial): what names a physical
+	// GPU wherever it is plugged in, where UUID and PCIBusID name it on one node. Empty when the
+	// GPU or its driver has none (NVML answers NOT_SUPPORTED on GeForce boards) and on MIG
+	// instances. An attribute like the others: devices are matched by UUID, never by serial.
+	Serial string `json:"serial,omitempty"`
 	// MIG is set for a MIG instance and nil for a whole GPU.
 	MIG *MIGPlacement `json:"mig,omitempty"`
 	// Missing marks a placeholder for a GPU the node should have but the backend cannot open

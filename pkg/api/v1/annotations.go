@@ -39,6 +39,12 @@ type GPUSummary struct {
 	Index    int    `json:"index"`
 	PCIBusID string `json:"pciBusID,omitempty"`
 	Model    string `json:"model,omitempty"`
+	// Serial is a physical GPU's board serial number (health.Device.Serial, NVML's
+	// nvmlDeviceGetSerial): what names the board wherever it is plugged in, where the UUID and
+	// the PCI address name it on one node. Absent when the GPU or its driver has none, on MIG
+	// instances and on placeholders (Missing). A claim of the node's agent, as the rest is:
+	// readers check it before they key anything on it.
+	Serial string `json:"serial,omitempty"`
 	// Health is Healthy, Degraded or Unhealthy.
 	Health string `json:"health"`
 	// Reasons are the reasons of the conditions in effect, worst first.
@@ -177,6 +183,8 @@ func Summarize(d health.DeviceStatus) GPUSummary {
 	s.Missing = d.Device.Missing
 	if d.Device.MIG != nil {
 		s.ParentUUID = d.Device.MIG.ParentUUID
+	} else if !d.Device.Missing {
+		s.Serial = d.Device.Serial
 	}
 	conds := health.WorstFirst(d.Conditions)
 	for _, c := range conds {

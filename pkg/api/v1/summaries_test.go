@@ -1,7 +1,9 @@
 package v1_test
 
 import (
+	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,5 +40,36 @@ func TestSummaryListsWhatIsUnmonitored(t *testing.T) {
 	}
 	if got := gpuhealthv1.Summarize(health.DeviceStatus{Device: health.Device{UUID: "GPU-b"}}).Unmonitored; got != nil {
 		t.Errorf("a fully watched GPU lists %v", got)
+	}
+}
+
+// A physical GPU's board serial reaches its summary, after its model; a MIG instance and a
+// placeholder carry none, and a GPU without one has no serial field at all.
+func TestSummaryCarriesThePhysicalGPUsSerial(t *testing.T) {
+	snap := health.Snapshot{Devices: []health.DeviceStatus{
+		{Device: health.Device{UUID: "GPU-a", Index: 0, Model: "H100", Serial: "1650923012345"}},
+		{Device: health.Device{UUID: "MIG-a", Index: 0, Serial: "1650923012345", MIG: &health.MIGPlacement{ParentUUID: "GPU-a"}}},
+		{Device: health.Device{UUID: "GPU-b", Index: 1}},
+		{Device: health.Device{UUID: "MISSING-0000:07:00.0", Index: -1, Serial: "x", Missing: true}},
+	}}
+	sums := gpuhealthv1.Summaries(snap)
+	for uuid, want := range map[string]string{"GPU-a": "1650923012345", "MIG-a": "", "GPU-b": "", "MISSING-0000:07:00.0": ""} {
+		if got := sums[uuid].Serial; got != want {
+			t.Errorf("%s: serial %q, want %q", uuid, got, want)
+		}
+	}
+	raw, err := json.Marshal(sums["GPU-a"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"index":0,"model":"H100","serial":"1650923012345","health":"Healthy"}`; string(raw) != want {
+		t.Errorf("GPU-a's summary is %s, want %s", raw, want)
+	}
+	if raw, _ := json.Marshal(sums["GPU-b"]); strings.Contains(string(raw), "serial") {
+		t.Errorf("a GPU without a serial: %s", raw)
+	}
+	back, err := gpuhealthv1.ParseHealth(`{"GPU-a":{"index":0,"serial":"1650923012345","health":"Healthy"}}`)
+	if err != nil || back["GPU-a"].Serial != "1650923012345" {
+		t.Errorf("ParseHealth = %+v, %v; want the serial back", back, err)
 	}
 }

@@ -39,6 +39,14 @@ func (f *fixture) wireDevice(i int, st *gpuState) {
 		}
 		return p, ret
 	}
+	d.GetSerialFunc = func() (string, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if ret := f.answer(st, "serial"); ret != nvml.SUCCESS {
+			return "", ret
+		}
+		return st.serial, nvml.SUCCESS
+	}
 	d.GetEccModeFunc = func() (nvml.EnableState, nvml.EnableState, nvml.Return) {
 		f.mu.Lock()
 		defer f.mu.Unlock()

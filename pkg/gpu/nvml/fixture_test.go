@@ -58,6 +58,8 @@ type gpuState struct {
 	pcieMaxGen, pcieMaxWidth       int
 	recoveriesOK, recoveriesFailed []uint64 // per link: the recovery-count field values
 	recoveryValueType              nvml.ValueType
+	// serial answers GetSerial: the board's serial, 13 digits on NVIDIA's data-center boards.
+	serial string
 	// arch answers GetArchitecture. Ampere and later remap rows instead of retiring pages:
 	// GetRetiredPagesPendingStatus answers ERROR_NOT_SUPPORTED on them.
 	arch nvml.DeviceArchitecture
@@ -206,6 +208,7 @@ func newFixture(t *testing.T) *fixture {
 			recoveriesFailed:  make([]uint64, 2),
 			recoveryValueType: nvml.VALUE_TYPE_UNSIGNED_LONG_LONG,
 			arch:              nvml.DEVICE_ARCH_HOPPER,
+			serial:            fmt.Sprintf("16509230%05d", i),
 			supportedEvents:   nvml.EventTypeAll,
 			registerRet:       nvml.SUCCESS,
 			unsupported:       map[string]bool{},

@@ -3,6 +3,7 @@ package nvml
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -88,7 +89,23 @@ func (b *Backend) describe(g *gpu) {
 		g.dev.PCIBusID = busID(pci)
 	}
 	g.noteFault(ret)
+	b.readSerial(g)
 	b.readArchitecture(g)
+}
+
+// readSerial reads the board's serial number, an attribute no GPU needs to be tracked: without
+// the call, or with any error (NVML answers NOT_SUPPORTED on GeForce boards, which have none),
+// the serial is unknown and the GPU is opened all the same. An answer that says the GPU is
+// broken is kept for Run to report, as for the other attributes.
+func (b *Backend) readSerial(g *gpu) {
+	if !b.sym.has(symSerial) {
+		return
+	}
+	serial, ret := g.handle.GetSerial()
+	if ret == nvml.SUCCESS {
+		g.dev.Serial = strings.TrimSpace(serial)
+	}
+	g.noteFault(ret)
 }
 
 // readArchitecture learns whether the GPU is Ampere or later: those remap rows instead of

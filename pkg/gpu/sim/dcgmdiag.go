@@ -35,12 +35,9 @@ const (
 	DCGMExitBadParam       = 255 // DCGM_ST_BADPARAM (-1)
 )
 
-// PCIDeviceID is a simulated GPU's PCI device ID as DCGM prints it (H100 SXM5 80GB), and Serial
-// its serial number: what the simulated driver's NVML answers.
+// PCIDeviceID is a simulated GPU's PCI device ID as DCGM prints it (H100 SXM5 80GB). Its serial
+// is Scenario.Serial, what the simulated driver's NVML answers.
 const PCIDeviceID = "2330"
-
-// Serial is the serial number of simulated GPU index.
-func Serial(index int) string { return fmt.Sprintf("SIM%010d", index) }
 
 // DCGMDevice is what DCGM knows of a GPU beyond its id: discovery's name, bus ID and UUID, and
 // the serial and PCI device ID of a diagnostic's entity list.

@@ -15,7 +15,7 @@ import (
 var update = flag.Bool("update", false, "rewrite testdata/dcgm's golden documents from the writer")
 
 func device(gpu int) sim.DCGMDevice {
-	return sim.DCGMDevice{Name: sim.DefaultModel, UUID: sim.GPUUUID("n1", gpu), PCIBusID: "00000000:12:00.0", Serial: sim.Serial(gpu), DeviceID: sim.PCIDeviceID}
+	return sim.DCGMDevice{Name: sim.DefaultModel, UUID: sim.GPUUUID("n1", gpu), PCIBusID: "00000000:12:00.0", Serial: sim.DefaultSerial("n1", gpu), DeviceID: sim.PCIDeviceID}
 }
 
 // The documents byte for byte, as jsoncpp prints them: `go test ./pkg/gpu/sim -run Golden

@@ -157,7 +157,7 @@ func (b *Backend) Diagnose(ctx context.Context, uuid string) (output []byte, exi
 // dcgmDevice describes GPU i as DCGM's entity list and discovery do.
 func (b *Backend) dcgmDevice(i int) DCGMDevice {
 	return DCGMDevice{Name: b.sc.Model, UUID: GPUUUID(b.sc.Node, i), PCIBusID: PCIBusID(i),
-		Serial: Serial(i), DeviceID: PCIDeviceID}
+		Serial: b.sc.Serial(i), DeviceID: PCIDeviceID}
 }
 
 // setDiag applies a diag or latent event, and keeps whether each GPU is lost, which a diagnostic

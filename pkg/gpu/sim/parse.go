@@ -32,6 +32,7 @@ type gpusSpec struct {
 	Model        string         `yaml:"model"`
 	MIGInstances map[string]int `yaml:"migInstances"`
 	Missing      []int          `yaml:"missing"`
+	Serials      []string       `yaml:"serials"`
 }
 
 type eventSpec struct {
@@ -184,7 +185,8 @@ func parseScenario(data []byte, driver bool) (*Scenario, error) {
 	return sc, nil
 }
 
-// parseGPUs reads the gpus section: how many, which model, their MIG instances and the missing.
+// parseGPUs reads the gpus section: how many, which model, their MIG instances, the missing and
+// the serials.
 func (sc *Scenario) parseGPUs(g *gpusSpec) error {
 	if g == nil || g.Count == nil {
 		return errors.New("gpus.count: required")
@@ -206,7 +208,10 @@ func (sc *Scenario) parseGPUs(g *gpusSpec) error {
 		}
 		sc.MIGInstances[idx] = n
 	}
-	return sc.parseMissing(g.Missing)
+	if err := sc.parseMissing(g.Missing); err != nil {
+		return err
+	}
+	return sc.parseSerials(g.Serials)
 }
 
 // parseMissing reads gpus.missing, once the GPUs' count and MIG instances are known.

@@ -123,6 +123,9 @@ type Scenario struct {
 	// Missing are the GPUs on the PCI bus that the driver does not answer for (gpus.missing):
 	// the backend has no device for them, and only kernel-log lines can name them.
 	Missing map[int]bool
+	// Serials are the board serials the scenario gives (gpus.serials), by GPU index; the GPUs
+	// after the list's end take DefaultSerial. Serial answers for any GPU.
+	Serials []string
 	// Duration, when set, is where the replay ends; otherwise it ends a settling time after the
 	// last event (see Options.Settle).
 	Duration time.Duration
@@ -134,7 +137,8 @@ type Scenario struct {
 }
 
 // OnNode returns a copy of the scenario replayed on node instead of sc.Node: the GPUs' (and MIG
-// instances') UUIDs and the boot IDs derive from node. Events keep their meaning, as the GPUs
+// instances') UUIDs, the default serials and the boot IDs derive from node (the serials the file
+// gives are kept: see Serial). Events keep their meaning, as the GPUs
 // they name were resolved to indexes when the scenario was parsed. A DaemonSet whose pods all
 // replay one scenario gives each node its own devices this way.
 func (sc *Scenario) OnNode(node string) *Scenario {
@@ -243,6 +247,7 @@ func (sc *Scenario) Devices() []health.Device {
 			PCIBusID: PCIBusID(i),
 			Minor:    i,
 			Model:    sc.Model,
+			Serial:   sc.Serial(i),
 		}
 		devs = append(devs, gpu)
 		for m := 1; m <= sc.MIGInstances[i]; m++ {
