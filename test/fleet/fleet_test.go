@@ -5,6 +5,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -304,6 +305,7 @@ type fleetNode struct {
 	simulated bool
 	lease     *coordinationv1.Lease
 	name      string
+	labels    map[string]string // besides controlplane.Node's: a rack, a driver (labelFleet)
 	uuids     []string
 	backend   *agenttest.Backend
 	client    kube.Interface
@@ -399,6 +401,7 @@ func createNodes(ctx context.Context, admin kubernetes.Interface, fleet []*fleet
 	for _, n := range fleet {
 		g.Go(func() error {
 			node := fleetNodeObject(n.name)
+			maps.Copy(node.Labels, n.labels)
 			if _, err := admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("create node %s: %w", n.name, err)
 			}

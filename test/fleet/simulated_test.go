@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -199,6 +200,7 @@ func createSimulated(ctx context.Context, admin kubernetes.Interface, fleet []*f
 				return err
 			}
 			node := fleetNodeObject(n.name)
+			maps.Copy(node.Labels, n.labels)
 			node.Annotations = w.annotations
 			node.Status.Conditions = append(node.Status.Conditions, w.conditions...)
 			if _, err := admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
