@@ -15,6 +15,9 @@ import (
 //	gpuhealth_breaker_stale_nodes    nodes left out of the count: their agents' heartbeats are stale
 //	gpuhealth_agent_silent_nodes     nodes marked because their agents went silent (package silence)
 //	gpuhealth_agent_silences_total   agents that went silent, as the controller saw them go
+//	gpuhealth_fleet_findings{attribute,value}  1 per current shared cause (internal/fleet/watch; series only for those)
+//	gpuhealth_fleet_workload_signatures  the workload signatures of the current verdict
+//	gpuhealth_fleet_judged_timestamp_seconds  when this replica last judged the fleet (0: never)
 //
 // The agents export the breaker's effect themselves (gpuhealth_circuit_breaker_held_gpus).
 type ControllerMetrics struct {
@@ -24,6 +27,8 @@ type ControllerMetrics struct {
 	DomainFull                      *prometheus.GaugeVec
 	SilentNodes                     prometheus.Gauge
 	Silences                        prometheus.Counter
+	FleetFindings                   *prometheus.GaugeVec
+	FleetSignatures, FleetJudged    prometheus.Gauge
 }
 
 // NewControllerMetrics returns the controller's metrics, registered. Registering distinct
@@ -45,8 +50,15 @@ func NewControllerMetrics() *ControllerMetrics {
 			Help: "Nodes whose gpuhealth agent is silent (heartbeat stale, unreadable, in the future or removed), marked AgentSilent."}),
 		Silences: prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuhealth_agent_silences_total",
 			Help: "Agents that went silent, counted when the controller marks their node."}),
+		FleetFindings: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpuhealth_fleet_findings",
+			Help: "1 per current shared cause of GPU faults (fleet.sharedCauses): the GPUs whose attribute has this value fail far more often than the rest. Only current findings have a series."}, []string{"attribute", "value"}),
+		FleetSignatures: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuhealth_fleet_workload_signatures",
+			Help: "Workload signatures in the current verdict on the fleet (a workload's faults of one reason on many of its GPUs at once)."}),
+		FleetJudged: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuhealth_fleet_judged_timestamp_seconds",
+			Help: "When this replica last judged the fleet, its verdict in the ConfigMap gpuhealth-fleet-findings, in seconds since the epoch (0: never, or fleet.sharedCauses is off)."}),
 	}
-	m.Registry.MustRegister(m.ClusterGPUs, m.Leader, m.StaleNodes, m.SlotsSwept, m.DomainFull, m.SilentNodes, m.Silences, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.Registry.MustRegister(m.ClusterGPUs, m.Leader, m.StaleNodes, m.SlotsSwept, m.DomainFull, m.SilentNodes, m.Silences,
+		m.FleetFindings, m.FleetSignatures, m.FleetJudged, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -57,4 +69,13 @@ func (m *ControllerMetrics) SetDomainFull(label, value string, full bool) {
 		return
 	}
 	m.DomainFull.DeleteLabelValues(label, value)
+}
+
+// SetFleetFinding sets or removes a shared cause's gpuhealth_fleet_findings series.
+func (m *ControllerMetrics) SetFleetFinding(attribute, value string, current bool) {
+	if current {
+		m.FleetFindings.WithLabelValues(attribute, value).Set(1)
+		return
+	}
+	m.FleetFindings.DeleteLabelValues(attribute, value)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	breakercontroller "github.com/gpuhealth/gpuhealth/internal/breaker/controller"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
+	"github.com/gpuhealth/gpuhealth/internal/fleet/watch"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -196,9 +197,28 @@ const (
 	breakerControllerBurst = 40
 )
 
+// fleetSettings reads the HealthConfig at path (none when empty) for its fleet section: the
+// settings of the continuous judge of shared causes, nil when it is off. Errors name the file
+// and the field.
+func fleetSettings(path string) (*watch.Settings, error) {
+	if path == "" {
+		return nil, nil
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	if sc := cfg.Fleet.SharedCauses; sc.IsEnabled() {
+		s := watch.SettingsFrom(sc)
+		return &s, nil
+	}
+	return nil, nil
+}
+
 func newBreakerControllerCommand() *cobra.Command {
 	var (
 		kubeconfig, namespace, metricsAddress, driver string
+		configPath                                    string
 		capacityResources, domains                    []string
 		window, staleAfter                            time.Duration
 		leaderElect, agentSilence, silentTaint        bool
@@ -220,6 +240,11 @@ Unknown with reason AgentSilent, a GPUAgentSilent Event (GPUAgentBack when it wr
 metric gpuhealth_agent_silent_nodes, and with --agent-silent-taint the NoSchedule taint
 gpuhealth.dev/agent-silent until the agent is back. With
 --leader-elect (default) its replicas elect one leader through the Lease ` + breakercontroller.LeaderElectionLease + `.
+With --config FILE (the agents' HealthConfig, of which only the fleet section is read) and
+fleet.sharedCauses.enabled, it judges every fleet.sharedCauses.every what the fleet's recent GPU
+faults share, as "gpuhealth fleet" does (it then lists and watches the running pods), and
+publishes the verdict: the ConfigMap gpuhealth-fleet-findings, FleetSharedCause Events, and
+gpuhealth_fleet_findings.
 --metrics-address serves /healthz (failing when a leader stopped renewing its lease) and /metrics
 (gpuhealth_breaker_cluster_gpus, gpuhealth_breaker_leader, gpuhealth_breaker_slots_swept_total).`,
 		Args: cobra.NoArgs,
@@ -230,6 +255,10 @@ gpuhealth.dev/agent-silent until the agent is back. With
 			}
 			if window <= 0 {
 				return cmdutil.BadInput(fmt.Errorf("--window must be positive, not %v", window))
+			}
+			sharedCauses, err := fleetSettings(configPath)
+			if err != nil {
+				return cmdutil.BadInput(err)
 			}
 			cfg, err := cmdutil.ComponentConfig(kubeconfig, "gpuhealth-breaker-controller", breakerControllerQPS, breakerControllerBurst)
 			if err != nil {
@@ -246,7 +275,7 @@ gpuhealth.dev/agent-silent until the agent is back. With
 			err = breakercontroller.Run(ctx, breakercontroller.Options{
 				Client: client, Namespace: namespace, Driver: driver, CapacityResources: capacityResources,
 				Window: window, StaleAfter: staleAfter, LeaderElect: leaderElect, MetricsAddress: metricsAddress,
-				AgentSilence: agentSilence && staleAfter > 0, SilentTaint: silentTaint, Domains: budgets,
+				AgentSilence: agentSilence && staleAfter > 0, SilentTaint: silentTaint, Domains: budgets, SharedCauses: sharedCauses,
 				MoreSlots: []breaker.SweptPool{breaker.ExpiringPool(remediation.SlotPool(adapt.Clientset(client), namespace))},
 			})
 			if errors.Is(err, breakercontroller.ErrListen) {
@@ -257,6 +286,7 @@ gpuhealth.dev/agent-silent until the agent is back. With
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	f.StringVar(&configPath, "config", "", "the HealthConfig file (the agents'); only its fleet section is read: fleet.sharedCauses judges what the fleet's GPU faults share")
 	f.StringVarP(&namespace, "namespace", "n", cmp.Or(os.Getenv("POD_NAMESPACE"), config.DefaultBreakerNamespace), "namespace of the circuit breaker's ConfigMap and slots (and remediation's slots)")
 	f.DurationVar(&window, "window", config.DefaultBreakerWindow, "the agents' circuitBreaker.window: a breaker slot older than this is deleted")
 	f.StringVar(&driver, "driver", config.DefaultDriverName, "the DRA driver whose ResourceSlices bound each node's GPU count")

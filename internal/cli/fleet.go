@@ -36,7 +36,7 @@ func newFleetCommand() *cobra.Command {
 fault within --window by what they share: the driver version (GPU feature discovery's labels),
 the GPU model, the NVLink domain (nvidia.com/gpu.clique), the zone, and each --label. A group whose
 share of faulty GPUs is far above the rest of the fleet's (at least --min-faulty-gpus on two nodes,
---min-ratio times the rest's rate, and a one-sided binomial test below --alpha over the groups
+--min-ratio times the rest's rate, and Fisher's exact test, one-sided, below --alpha over the groups
 tested) is a shared cause. Faults of one reason on many GPUs of one job within seconds are that
 job's signature and count as no GPU's fault.`,
 		Args: cobra.NoArgs,

@@ -1,6 +1,7 @@
 // Package fleet judges what the cluster's GPUs have in common when they fail: it reads the
 // agents' reports off the Nodes (and the GPU-sharing pods' cards) into the pure judge of
-// internal/fleet/sharedcause. `gpuhealth fleet` runs it on demand.
+// internal/fleet/sharedcause. `gpuhealth fleet` runs it on demand, the breaker controller every
+// minute (internal/fleet/watch).
 package fleet
 
 import (
@@ -53,10 +54,25 @@ type Collected struct {
 // pods give the workloads: a pod on a node that names its cards (gpuhealthv1's pod keys) belongs
 // to its PodGroup or else its controller; a workload is the GPUs of its pods.
 func Collect(nodes []corev1.Node, pods []corev1.Pod, labels []string) Collected {
+	ptrs := make([]*corev1.Node, len(nodes))
+	for i := range nodes {
+		ptrs[i] = &nodes[i]
+	}
+	var wps []WorkloadPod
+	for i := range pods {
+		if wp, ok := WorkloadPodOf(&pods[i]); ok {
+			wps = append(wps, wp)
+		}
+	}
+	return CollectFrom(ptrs, wps, labels)
+}
+
+// CollectFrom is Collect from what a cache keeps: the Nodes (CollectedNode keeps enough of
+// them) and what WorkloadPodOf reads of the pods.
+func CollectFrom(nodes []*corev1.Node, pods []WorkloadPod, labels []string) Collected {
 	var out Collected
 	cards := map[string]map[int]string{} // node → index → UUID
-	for i := range nodes {
-		n := &nodes[i]
+	for _, n := range nodes {
 		v, ok := n.Annotations[gpuhealthv1.HealthKey]
 		if !ok {
 			continue
@@ -83,6 +99,27 @@ func Collect(nodes []corev1.Node, pods []corev1.Pod, labels []string) Collected 
 		}
 	}
 	out.Fleet.Workloads = workloads(pods, cards)
+	return out
+}
+
+// CollectedNode returns a copy of n with only what Collect reads of it: its name, the labels of
+// its attributes (driver, NVLink domain, zone, and labels) and its gpu-health annotation. A cache
+// of every Node keeps it in place of the Node: Collect gives it the same GPUs.
+func CollectedNode(n *corev1.Node, labels []string) *corev1.Node {
+	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion}}
+	keep := func(m map[string]string, key string, into *map[string]string) {
+		if v, ok := m[key]; ok {
+			if *into == nil {
+				*into = map[string]string{}
+			}
+			(*into)[key] = v
+		}
+	}
+	for _, l := range append([]string{DriverVersionLabel, driverMajorLabel, driverMinorLabel, driverRevLabel,
+		config.DefaultNVLinkDomainLabel, corev1.LabelTopologyZone}, labels...) {
+		keep(n.Labels, l, &out.Labels)
+	}
+	keep(n.Annotations, gpuhealthv1.HealthKey, &out.Annotations)
 	return out
 }
 
@@ -147,21 +184,45 @@ func faults(uuid string, s gpuhealthv1.GPUSummary) []sharedcause.Fault {
 // The keys that name a pod's gang: Volcano's and the scheduler-plugins' PodGroup.
 var podGroupKeys = []string{"scheduling.k8s.io/group-name", "scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io"}
 
-// workloads maps each workload to the GPUs its running pods name on their nodes.
-func workloads(pods []corev1.Pod, cards map[string]map[int]string) map[string][]string {
+// WorkloadPod is what Collect reads of a running pod: the workload it belongs to (workloadKey)
+// and the card it names on its node, by UUID, or else the cards by index.
+type WorkloadPod struct {
+	Workload string
+	Node     string
+	UUID     string
+	Cards    []int
+}
+
+// WorkloadPodOf returns what Collect reads of p, or false for a pod that gives no workload a GPU:
+// not placed, finished, of no workload, or naming no card (or cards that cannot be read).
+func WorkloadPodOf(p *corev1.Pod) (WorkloadPod, bool) {
+	if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return WorkloadPod{}, false
+	}
+	key := workloadKey(p)
+	if key == "" {
+		return WorkloadPod{}, false
+	}
+	wp := WorkloadPod{Workload: key, Node: p.Spec.NodeName}
+	if u := p.Annotations[gpuhealthv1.PodGPUUUIDKey]; u != "" {
+		wp.UUID = u
+		return wp, true
+	}
+	idx, present, ok := gpuhealthv1.ReadPodCards(p.Annotations)
+	if !present || !ok || len(idx) == 0 {
+		return WorkloadPod{}, false
+	}
+	wp.Cards = idx
+	return wp, true
+}
+
+// workloads maps each workload to the GPUs its pods name on their nodes.
+func workloads(pods []WorkloadPod, cards map[string]map[int]string) map[string][]string {
 	out := map[string][]string{}
-	for i := range pods {
-		p := &pods[i]
-		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		key := workloadKey(p)
-		if key == "" {
-			continue
-		}
-		for _, uuid := range podGPUs(p, cards[p.Spec.NodeName]) {
-			if !slices.Contains(out[key], uuid) {
-				out[key] = append(out[key], uuid)
+	for _, p := range pods {
+		for _, uuid := range podGPUs(p, cards[p.Node]) {
+			if !slices.Contains(out[p.Workload], uuid) {
+				out[p.Workload] = append(out[p.Workload], uuid)
 			}
 		}
 	}
@@ -191,16 +252,12 @@ func workloadKey(p *corev1.Pod) string {
 }
 
 // podGPUs returns the UUIDs of the cards a pod names on its node (by UUID, else by index).
-func podGPUs(p *corev1.Pod, cards map[int]string) []string {
-	if u := p.Annotations[gpuhealthv1.PodGPUUUIDKey]; u != "" {
-		return []string{u}
-	}
-	idx, present, ok := gpuhealthv1.ReadPodCards(p.Annotations)
-	if !present || !ok {
-		return nil
+func podGPUs(p WorkloadPod, cards map[int]string) []string {
+	if p.UUID != "" {
+		return []string{p.UUID}
 	}
 	var out []string
-	for _, i := range idx {
+	for _, i := range p.Cards {
 		if u, ok := cards[i]; ok {
 			out = append(out, u)
 		}

@@ -3,12 +3,14 @@ package fleet
 import (
 	"encoding/json"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuhealth/gpuhealth/internal/fleet/sharedcause"
@@ -100,5 +102,50 @@ func TestCollect(t *testing.T) {
 	}
 	if len(got.Skipped) != 1 || !strings.HasPrefix(got.Skipped[0], "garbled: ") {
 		t.Errorf("skipped %q, want the garbled node alone", got.Skipped)
+	}
+}
+
+// TestCollectFromWhatACacheKeeps: what CollectedNode keeps of the Nodes and WorkloadPodOf of the
+// pods collect exactly what the whole objects do.
+func TestCollectFromWhatACacheKeeps(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	since := t0.Add(30 * time.Second)
+	gpus := map[string]gpuhealthv1.GPUSummary{
+		"GPU-c0": {Index: 0, Model: "H100", Health: "Unhealthy", Reasons: []string{"XID79"}, Since: &since, XIDFaults: []gpuhealthv1.XIDFault{{XID: 79, Since: since}}},
+		"GPU-c1": {Index: 1, Model: "H100", Health: "Healthy"},
+	}
+	full := node(t, "c", map[string]string{DriverVersionLabel: "580.95.05", driverMajorLabel: "580", "nvidia.com/gpu.clique": "c1.0",
+		corev1.LabelTopologyZone: "z1", "rack": "r1", "kubernetes.io/hostname": "c", "nvidia.com/gpu.product": "H100"}, gpus)
+	full.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
+	full.Status.Capacity = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")}
+	nodes := []corev1.Node{full, node(t, "d", map[string]string{driverMajorLabel: "575", driverMinorLabel: "57"}, gpus), {ObjectMeta: metav1.ObjectMeta{Name: "bare"}}}
+	pods := []corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Name: "p1", Namespace: "ns", Annotations: map[string]string{"scheduling.k8s.io/group-name": "g", gpuhealthv1.PodGPUIndexKey: "0,1"}}, Spec: corev1.PodSpec{NodeName: "c"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "p2", Namespace: "ns", Labels: map[string]string{"pod-group.scheduling.sigs.k8s.io": "g"}, Annotations: map[string]string{gpuhealthv1.PodGPUUUIDKey: "GPU-c1"}}, Spec: corev1.PodSpec{NodeName: "d"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "alone", Namespace: "ns", Annotations: map[string]string{gpuhealthv1.PodGPUIndexKey: "1"}}, Spec: corev1.PodSpec{NodeName: "c"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "no-card", Namespace: "ns", Annotations: map[string]string{"scheduling.k8s.io/group-name": "g"}}, Spec: corev1.PodSpec{NodeName: "c"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "failed", Namespace: "ns", Annotations: map[string]string{"scheduling.k8s.io/group-name": "g", gpuhealthv1.PodGPUIndexKey: "0"}}, Spec: corev1.PodSpec{NodeName: "c"}, Status: corev1.PodStatus{Phase: corev1.PodFailed}},
+	}
+	want := Collect(nodes, pods, []string{"rack"})
+
+	var cached []*corev1.Node
+	for i := range nodes {
+		cached = append(cached, CollectedNode(&nodes[i], []string{"rack"}))
+	}
+	if c := cached[0]; c.Labels["kubernetes.io/hostname"] != "" || c.Annotations["node.alpha.kubernetes.io/ttl"] != "" || c.Status.Capacity != nil {
+		t.Errorf("CollectedNode kept what Collect does not read: %+v", c)
+	}
+	var wps []WorkloadPod
+	for i := range pods {
+		if wp, ok := WorkloadPodOf(&pods[i]); ok {
+			wps = append(wps, wp)
+		}
+	}
+	if len(wps) != 2 {
+		t.Errorf("WorkloadPodOf kept %+v, want p1 and p2 alone", wps)
+	}
+	got := CollectFrom(cached, wps, []string{"rack"})
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("collected from the cache:\n%+v\nfrom the objects:\n%+v", got, want)
 	}
 }

@@ -101,6 +101,7 @@ var valueSets = []struct {
 	{"circuit breaker, no flow control", []string{"config.agent.circuitBreaker.enabled=true", "agent.flowControl.enabled=false"}},
 	{"alerts and dashboard", []string{"prometheusRule.enabled=true", "grafanaDashboard.enabled=true"}},
 	{"remediation with validation and a dcgmi", []string{"config.remediation.enabled=true", "config.remediation.validation.enabled=true", "agent.validation.dcgmImage=dcgm:4"}},
+	{"the fleet's shared causes alone", []string{"config.fleet.sharedCauses.enabled=true", "breakerController.agentSilence.enabled=false"}},
 }
 
 func TestLint(t *testing.T) {

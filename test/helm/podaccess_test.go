@@ -74,6 +74,7 @@ func TestDefaultInstallListsNoPods(t *testing.T) {
 		{name: "no claimstatus, a pod watch asked for", set: []string{"config.agent.reporters={annotation}", "config.agent.claimStatus.podWatch=true"}, podWatch: true},
 		{name: "remediation lists the node's pods", set: []string{"config.remediation.enabled=true"}, podReads: true, mount: true},
 		{name: "eviction reads pods (its own ClusterRole)", set: []string{"config.agent.eviction.enabled=true"}, podReads: true, mount: true},
+		{name: "the fleet's shared causes list pods (the breaker controller's ClusterRole)", set: []string{"config.fleet.sharedCauses.enabled=true"}, podReads: true, mount: true, reporters: config.AllReporters()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := render(t, tc.set...)

@@ -1,7 +1,8 @@
 // Package controller runs gpuhealth's breaker controller (`gpuhealth breaker controller`, a
 // Deployment the chart runs when the circuit breaker is on): leader-elected, it keeps the
 // cluster's GPU count in the breaker's ConfigMap (breaker.Counter) and sweeps the slots that
-// stopped counting (breaker.Sweeper), and serves /healthz and /metrics. It is a package of its
+// stopped counting (breaker.Sweeper), and, with SharedCauses, judges what the fleet's GPU faults
+// share (internal/fleet/watch); and serves /healthz and /metrics. It is a package of its
 // own, not part of package breaker, because leader election needs client-go's full clientset,
 // which the agent binary (which imports package breaker) must not link
 // (cmd/gpuhealth-agent's TestAgentLinksNoFullClientset).
@@ -30,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/fleet/watch"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
@@ -63,6 +65,10 @@ type Options struct {
 	Domains []breaker.Domain
 	// MoreSlots are further slot pools to sweep (remediation's, whose package imports this one).
 	MoreSlots []breaker.SweptPool
+	// SharedCauses, when set, judges what the fleet's GPU faults share every period while this
+	// replica leads, and publishes the verdict (a HealthConfig's fleet.sharedCauses, through
+	// watch.SettingsFrom).
+	SharedCauses *watch.Settings
 	// LeaderElect elects one leader among the replicas through LeaderElectionLease; without it
 	// this replica counts and sweeps alone.
 	LeaderElect bool
@@ -78,7 +84,7 @@ type Options struct {
 // Run runs the breaker controller until ctx is done, the lead is lost (the Deployment
 // restarts the container, which then campaigns again) or a loop fails: while it leads, a
 // breaker.Counter keeps the cluster's GPU count in the breaker's ConfigMap and a breaker.Sweeper
-// deletes the slots that stopped counting.
+// deletes the slots that stopped counting (and the other loops opts turn on run beside them).
 func Run(ctx context.Context, opts Options) error {
 	if opts.Client == nil || opts.Namespace == "" {
 		return errors.New("breaker controller: a client and a namespace are required")
@@ -107,6 +113,11 @@ func Run(ctx context.Context, opts Options) error {
 	defer stopEvents()
 	domains, stopDomainEvents := domainWatcher(ctx, opts, m)
 	defer stopDomainEvents()
+	fleet, stopFleetEvents, err := fleetWatcher(ctx, opts, m)
+	if err != nil {
+		return err
+	}
+	defer stopFleetEvents()
 	work := func(ctx context.Context) error {
 		m.Leader.Set(1)
 		defer m.Leader.Set(0)
@@ -116,6 +127,9 @@ func Run(ctx context.Context, opts Options) error {
 		g.Go(func() error { return domains.Run(ctx) })
 		if silent != nil {
 			g.Go(func() error { return silent.Run(ctx) })
+		}
+		if fleet != nil {
+			g.Go(func() error { return fleet.Run(ctx) })
 		}
 		return g.Wait()
 	}

@@ -106,7 +106,7 @@ func (at *attribute) group(v string) *group {
 }
 
 // testGroups sets the Bonferroni threshold and returns the groups that pass the count, ratio
-// and binomial rules. A group is tested when it could ever be a finding: it has at least
+// and Fisher rules. A group is tested when it could ever be a finding: it has at least
 // MinFaultyGPUs GPUs and is not the whole fleet. Which groups those are depends on the fleet
 // alone, not on its faults, so the threshold stays a true Bonferroni bound.
 func (j *judgement) testGroups(groups map[groupKey]*group) map[groupKey]*group {

@@ -51,6 +51,9 @@ type HealthConfig struct {
 	KernelLog KernelLogConfig `yaml:"kernelLog,omitempty" json:"kernelLog,omitempty"`
 	// Remediation resets sick GPUs automatically (off by default); see RemediationConfig.
 	Remediation RemediationConfig `yaml:"remediation,omitempty" json:"remediation,omitempty"`
+	// Fleet configures what gpuhealth does about the fleet as a whole (the breaker controller's
+	// judge of shared causes, fleet.sharedCauses).
+	Fleet FleetConfig `yaml:"fleet,omitempty" json:"fleet,omitempty"`
 }
 
 // AgentSection returns the agent section with defaults filled in.

@@ -73,6 +73,7 @@ func (c *HealthConfig) Validate() error {
 	c.Remediation.validate(c.Agent.NoExecute, bad)
 	c.Agent.NVSentinel.validateRepairer(c.Remediation.Enabled, bad)
 	c.Agent.RepairCondition.validate(c.Agent, bad)
+	c.Fleet.validate(bad)
 	if len(errs) == 0 {
 		return nil
 	}
