@@ -47,6 +47,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/pkg/deviceapi"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
+	"github.com/gpuhealth/gpuhealth/pkg/gpurecord"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -91,6 +92,10 @@ type Options struct {
 	// GPU operator's labels through it); the caller starts and shuts it down. Nil: Run makes
 	// its own.
 	Nodes *nodecache.Cache
+	// Records, when set, are the GPURecords the agent reads when it starts: a GPU whose record
+	// meets RepeatOffender is marked a repeat offender (offenders.go).
+	Records        kube.GPURecordInterface
+	RepeatOffender gpurecord.RepeatOffenderRule
 }
 
 // Event is an Event the agent records on its Node.
@@ -181,6 +186,11 @@ func Run(ctx context.Context, opts Options) error {
 	if label := w.cfg.NVLinkDomainLabel; label != "-" {
 		peers := &peerResolver{client: opts.Client, nodes: w.caches.nodes, label: label, monitor: w.monitor, clock: opts.Clock}
 		g.Go(func() error { return peers.run(ctx) })
+	}
+	if opts.Records != nil && opts.RepeatOffender.Enabled() {
+		offenders := &offenderCheck{records: opts.Records, rule: opts.RepeatOffender, devices: opts.Backend.Devices(), monitor: w.monitor,
+			clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef}
+		g.Go(func() error { return offenders.run(ctx) })
 	}
 	if api := w.cfg.DeviceAPI; api.Socket != "" {
 		// NVIDIA's Device API for node-local readers (docs/device-api.md): straight from the

@@ -6,6 +6,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
+	"github.com/gpuhealth/gpuhealth/pkg/gpurecord"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
@@ -116,5 +117,15 @@ func RemediationRoleRules(maxConcurrent int) []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"delete"}, ResourceNames: names},
+	}
+}
+
+// RecordsClusterRoleRules are what the agent needs with fleet.repeatOffender: reading, by name,
+// the GPURecords of its GPUs' serials when it starts. No list or watch (it reads only the records
+// it can name), and no write: records are the breaker controller's (the admission policy denies
+// an agent every write to one as well).
+func RecordsClusterRoleRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{gpurecord.Group}, Resources: []string{gpurecord.Resource}, Verbs: []string{"get"}},
 	}
 }

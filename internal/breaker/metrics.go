@@ -18,6 +18,7 @@ import (
 //	gpuhealth_fleet_findings{attribute,value}  1 per current shared cause (internal/fleet/watch; series only for those)
 //	gpuhealth_fleet_workload_signatures  the workload signatures of the current verdict
 //	gpuhealth_fleet_judged_timestamp_seconds  when this replica last judged the fleet (0: never)
+//	gpuhealth_gpu_records_written_total{created}  GPURecords written (fleet.records; internal/fleet/records)
 //
 // The agents export the breaker's effect themselves (gpuhealth_circuit_breaker_held_gpus).
 type ControllerMetrics struct {
@@ -29,6 +30,7 @@ type ControllerMetrics struct {
 	Silences                        prometheus.Counter
 	FleetFindings                   *prometheus.GaugeVec
 	FleetSignatures, FleetJudged    prometheus.Gauge
+	RecordsWritten                  *prometheus.CounterVec
 }
 
 // NewControllerMetrics returns the controller's metrics, registered. Registering distinct
@@ -56,9 +58,11 @@ func NewControllerMetrics() *ControllerMetrics {
 			Help: "Workload signatures in the current verdict on the fleet (a workload's faults of one reason on many of its GPUs at once)."}),
 		FleetJudged: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuhealth_fleet_judged_timestamp_seconds",
 			Help: "When this replica last judged the fleet, its verdict in the ConfigMap gpuhealth-fleet-findings, in seconds since the epoch (0: never, or fleet.sharedCauses is off)."}),
+		RecordsWritten: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuhealth_gpu_records_written_total",
+			Help: "GPURecords written from the agents' reports (fleet.records): created true for a GPU's first record, false for a change of one."}, []string{"created"}),
 	}
 	m.Registry.MustRegister(m.ClusterGPUs, m.Leader, m.StaleNodes, m.SlotsSwept, m.DomainFull, m.SilentNodes, m.Silences,
-		m.FleetFindings, m.FleetSignatures, m.FleetJudged, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.FleetFindings, m.FleetSignatures, m.FleetJudged, m.RecordsWritten, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

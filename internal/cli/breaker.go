@@ -19,11 +19,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
 	breakercontroller "github.com/gpuhealth/gpuhealth/internal/breaker/controller"
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/fleet/watch"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/kube/adapt"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -198,21 +200,21 @@ const (
 )
 
 // fleetSettings reads the HealthConfig at path (none when empty) for its fleet section: the
-// settings of the continuous judge of shared causes, nil when it is off. Errors name the file
-// and the field.
-func fleetSettings(path string) (*watch.Settings, error) {
+// settings of the continuous judge of shared causes, nil when it is off, and the GPU records'.
+// Errors name the file and the field.
+func fleetSettings(path string) (*watch.Settings, config.RecordsConfig, error) {
 	if path == "" {
-		return nil, nil
+		return nil, config.RecordsConfig{}, nil
 	}
 	cfg, err := config.Load(path)
 	if err != nil {
-		return nil, fmt.Errorf("--config: %w", err)
+		return nil, config.RecordsConfig{}, fmt.Errorf("--config: %w", err)
 	}
 	if sc := cfg.Fleet.SharedCauses; sc.IsEnabled() {
 		s := watch.SettingsFrom(sc)
-		return &s, nil
+		return &s, cfg.Fleet.Records, nil
 	}
-	return nil, nil
+	return nil, cfg.Fleet.Records, nil
 }
 
 func newBreakerControllerCommand() *cobra.Command {
@@ -244,7 +246,8 @@ With --config FILE (the agents' HealthConfig, of which only the fleet section is
 fleet.sharedCauses.enabled, it judges every fleet.sharedCauses.every what the fleet's recent GPU
 faults share, as "gpuhealth fleet" does (it then lists and watches the running pods), and
 publishes the verdict: the ConfigMap gpuhealth-fleet-findings, FleetSharedCause Events, and
-gpuhealth_fleet_findings.
+gpuhealth_fleet_findings. With fleet.records.enabled it keeps every GPU's life by board serial in
+GPURecords (the CRD gpurecords.gpuhealth.dev), from the agents' reports.
 --metrics-address serves /healthz (failing when a leader stopped renewing its lease) and /metrics
 (gpuhealth_breaker_cluster_gpus, gpuhealth_breaker_leader, gpuhealth_breaker_slots_swept_total).`,
 		Args: cobra.NoArgs,
@@ -256,7 +259,7 @@ gpuhealth_fleet_findings.
 			if window <= 0 {
 				return cmdutil.BadInput(fmt.Errorf("--window must be positive, not %v", window))
 			}
-			sharedCauses, err := fleetSettings(configPath)
+			sharedCauses, recordsCfg, err := fleetSettings(configPath)
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
@@ -272,10 +275,17 @@ gpuhealth_fleet_findings.
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
+			var records kube.GPURecordInterface
+			if recordsCfg.IsEnabled() {
+				if records, err = kube.NewGPURecords(cfg); err != nil {
+					return cmdutil.BadInput(err)
+				}
+			}
 			err = breakercontroller.Run(ctx, breakercontroller.Options{
 				Client: client, Namespace: namespace, Driver: driver, CapacityResources: capacityResources,
 				Window: window, StaleAfter: staleAfter, LeaderElect: leaderElect, MetricsAddress: metricsAddress,
 				AgentSilence: agentSilence && staleAfter > 0, SilentTaint: silentTaint, Domains: budgets, SharedCauses: sharedCauses,
+				Records: records, MaxRecords: ptr.Deref(recordsCfg.MaxRecords, 0),
 				MoreSlots: []breaker.SweptPool{breaker.ExpiringPool(remediation.SlotPool(adapt.Clientset(client), namespace))},
 			})
 			if errors.Is(err, breakercontroller.ErrListen) {
@@ -286,7 +296,7 @@ gpuhealth_fleet_findings.
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
-	f.StringVar(&configPath, "config", "", "the HealthConfig file (the agents'); only its fleet section is read: fleet.sharedCauses judges what the fleet's GPU faults share")
+	f.StringVar(&configPath, "config", "", "the HealthConfig file (the agents'); only its fleet section is read: fleet.sharedCauses judges what the fleet's GPU faults share, fleet.records keeps GPURecords")
 	f.StringVarP(&namespace, "namespace", "n", cmp.Or(os.Getenv("POD_NAMESPACE"), config.DefaultBreakerNamespace), "namespace of the circuit breaker's ConfigMap and slots (and remediation's slots)")
 	f.DurationVar(&window, "window", config.DefaultBreakerWindow, "the agents' circuitBreaker.window: a breaker slot older than this is deleted")
 	f.StringVar(&driver, "driver", config.DefaultDriverName, "the DRA driver whose ResourceSlices bound each node's GPU count")

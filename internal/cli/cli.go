@@ -38,7 +38,7 @@ Unhealthy, and recovers it when the fault clears.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand(), agentcmd.NewCommand(), newDrainCommand(), newUndrainCommand(), newClearCommand(), newValidateCommand(), newStatusCommand(), newExtenderCommand(), newDevicePluginCommand(), newBreakerCommand(), newFleetCommand(), newSimDriverCommand(), newKmsgRelayCommand())
+	root.AddCommand(newSimulateCommand(), newVersionCommand(), newProbeCommand(), newWatchCommand(), agentcmd.NewCommand(), newDrainCommand(), newUndrainCommand(), newClearCommand(), newValidateCommand(), newStatusCommand(), newExtenderCommand(), newDevicePluginCommand(), newBreakerCommand(), newFleetCommand(), newHistoryCommand(), newSimDriverCommand(), newKmsgRelayCommand())
 	// Cobra adds these when it executes; added now, MarkUsageErrors covers them too.
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()

@@ -69,6 +69,14 @@ type GPUStatus struct {
 	// makes it stale too (a node clock far ahead, or a value written by hand).
 	FutureHeartbeat bool   `json:"futureHeartbeat,omitempty"`
 	ReportedHealth  string `json:"reportedHealth,omitempty"`
+	// Serial is the GPU's board serial; Lifetime sums up its GPURecord (its life on every node:
+	// `gpuhealth history`), read by -o wide and json only.
+	Serial   string `json:"serial,omitempty"`
+	Lifetime string `json:"lifetime,omitempty"`
+	// WorkloadSignature names the workload whose signature the GPU's recent fault is, in the
+	// breaker controller's verdict (fleet.sharedCauses): the workload's doing, not the card's.
+	// Its reasons then end in "signature:<workload>".
+	WorkloadSignature string `json:"workloadSignature,omitempty"`
 }
 
 // HealthUnknown is a row's health when the node's report is stale.
@@ -85,12 +93,15 @@ func newStatusCommand() *cobra.Command {
 prints one row per GPU: node, index, UUID, model, health, reasons, since when, and whether an
 administrator drained it. Taints that other writers put on a GPU's DRA devices (the DRA
 driver's own taints in its ResourceSlices, DeviceTaintRules that are not gpuhealth's) show as
-reasons "external:<key>": they keep the device out of scheduling whatever gpuhealth says.
+reasons "external:<key>": they keep the device out of scheduling whatever gpuhealth says. A GPU
+whose recent fault the breaker controller found to be a workload's signature (fleet.sharedCauses:
+the same fault on many of one job's GPUs at once) has the reason "signature:<workload>".
 A node whose agent's heartbeat (its Lease in --agent-namespace; for an agent of an earlier release
 the annotation gpuhealth.dev/gpu-health-heartbeat) is older than --stale-after shows its GPUs as
 "Unknown (stale since ...)": its agent stopped, and its last word proves nothing. Nodes and
 Leases are read in pages of 500, so a 50,000-node cluster costs no single huge response.
--o wide adds MIG instances, PCI bus IDs and drain details; -o json prints {"gpus": [...]}.`,
+-o wide adds MIG instances, PCI bus IDs, drain details and each GPU's lifetime across nodes (its
+GPURecord: gpuhealth history); -o json prints {"gpus": [...]}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "wide" && output != "json" {
@@ -133,6 +144,10 @@ Leases are read in pages of 500, so a 50,000-node cluster costs no single huge r
 			} else {
 				view.addExternalTaints(gpus, logger)
 			}
+			if output != "table" {
+				addRecordLifetimes(ctx, kubeconfig, gpus)
+			}
+			addWorkloadSignatures(ctx, client, agentNamespace, gpus)
 			if problems {
 				gpus = slices.DeleteFunc(gpus, func(g GPUStatus) bool {
 					return g.Health == health.Healthy.String() && !g.Drained && len(g.ExternalTaints) == 0 && !g.Stale
@@ -235,7 +250,7 @@ func collectStatusWith(nodes []corev1.Node, leases map[string]*coordinationv1.Le
 		}
 		for uuid, s := range summaries {
 			row := GPUStatus{Node: n.Name, Index: s.Index, UUID: uuid, Model: s.Model, Health: s.Health,
-				Reasons: s.Reasons, Since: s.Since, PCIBusID: s.PCIBusID, Evict: s.Evict, ParentUUID: s.ParentUUID, History: s.History, Validation: s.Validation}
+				Reasons: s.Reasons, Since: s.Since, PCIBusID: s.PCIBusID, Evict: s.Evict, ParentUUID: s.ParentUUID, History: s.History, Validation: s.Validation, Serial: s.Serial}
 			if d, ok := drains[uuid]; ok {
 				markDrained(&row, d)
 			}
@@ -297,7 +312,7 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
 	header := "NODE\tINDEX\tUUID\tMODEL\tHEALTH\tREASONS\tSINCE\tDRAINED\tREMEDIATION"
 	if wide {
-		header += "\tPCI BUS ID\tEVICT\tDRAINED BY\tDRAIN REASON\tHISTORY\tEVICTIONS"
+		header += "\tPCI BUS ID\tEVICT\tDRAINED BY\tDRAIN REASON\tHISTORY\tLIFETIME\tEVICTIONS"
 	}
 	fmt.Fprintln(tw, header)
 	for _, g := range gpus {
@@ -339,7 +354,7 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 			if g.Evictions != nil {
 				evictions = g.Evictions.Short()
 			}
-			fmt.Fprintf(tw, "\t%s\t%t\t%s\t%s\t%s\t%s", cmp.Or(g.PCIBusID, "<none>"), g.Evict, cmp.Or(g.DrainedBy, "<none>"), cmp.Or(g.DrainReason, "<none>"), g.History, evictions)
+			fmt.Fprintf(tw, "\t%s\t%t\t%s\t%s\t%s\t%s\t%s", cmp.Or(g.PCIBusID, "<none>"), g.Evict, cmp.Or(g.DrainedBy, "<none>"), cmp.Or(g.DrainReason, "<none>"), g.History, cmp.Or(g.Lifetime, "-"), evictions)
 		}
 		fmt.Fprintln(tw)
 	}
@@ -352,6 +367,18 @@ func writeStatusTable(w io.Writer, gpus []GPUStatus, wide bool, now time.Time) e
 // newUserClient builds a client for an operator: an explicit kubeconfig, else the usual
 // kubeconfig search ($KUBECONFIG, ~/.kube/config), else the in-cluster configuration.
 func newUserClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := userConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return clientFor(cfg)
+}
+
+// clientFor is a client of the API server cfg names.
+func clientFor(cfg *rest.Config) (kubernetes.Interface, error) { return kubernetes.NewForConfig(cfg) }
+
+// userConfig is the connection newUserClient makes.
+func userConfig(kubeconfig string) (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if kubeconfig != "" {
 		rules.ExplicitPath = kubeconfig
@@ -366,5 +393,5 @@ func newUserClient(kubeconfig string) (kubernetes.Interface, error) {
 		}
 	}
 	cfg.UserAgent = "gpuhealth"
-	return kubernetes.NewForConfig(cfg)
+	return cfg, nil
 }

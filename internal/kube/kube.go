@@ -33,6 +33,8 @@ import (
 	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
+
+	"github.com/gpuhealth/gpuhealth/pkg/gpurecord"
 )
 
 // Interface is the part of the Kubernetes API the node-side code uses.
@@ -99,6 +101,7 @@ func init() {
 	utilruntime.Must(corev1.AddToScheme(Scheme))
 	utilruntime.Must(resourcev1.AddToScheme(Scheme))
 	utilruntime.Must(coordinationv1.AddToScheme(Scheme))
+	utilruntime.Must(gpurecord.AddToScheme(Scheme))
 }
 
 // Clientset is Interface over the API server a rest.Config names.

@@ -27,7 +27,8 @@ const (
 	FamilyPresence
 	// FamilyRecoveryAction: the driver asks for a GPU reset or a reboot.
 	FamilyRecoveryAction
-	// FamilyRepair: faults came back after repairs; the GPU wants replacing.
+	// FamilyRepair: faults came back after repairs, here or (a repeat offender) on other nodes;
+	// the GPU wants replacing or inspecting.
 	FamilyRepair
 	// FamilyOther: a condition type this table does not know (a newer library's, an embedder's).
 	FamilyOther
@@ -59,6 +60,7 @@ var families = map[ConditionType]Family{
 	ConditionGPUResetRequired:     FamilyRecoveryAction,
 	ConditionRecoveryAction:       FamilyRecoveryAction,
 	ConditionReplaceGPU:           FamilyRepair,
+	ConditionRepeatOffender:       FamilyRepair,
 }
 
 // Family returns the family of conditions of type t: FamilyOther for a type the library does

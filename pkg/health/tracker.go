@@ -265,9 +265,10 @@ func (t *Tracker) ClearCondition(uuid string, condType ConditionType, code uint3
 		return condType == "" || (c.Type == condType && c.Code == code)
 	})
 	cleared := t.generation != before
-	// Clearing a GPU whole, or its escalation, says the card was inspected or replaced: its
-	// earlier faults no longer count towards another escalation.
-	if cleared && ds.parent == nil && (condType == "" || condType == ConditionReplaceGPU) {
+	// Clearing a GPU whole, its escalation or its past on other nodes says the card was
+	// inspected or replaced: its earlier faults no longer count towards another escalation, here
+	// or (through its GPURecord) anywhere.
+	if cleared && ds.parent == nil && (condType == "" || condType == ConditionReplaceGPU || condType == ConditionRepeatOffender) {
 		ds.record(HistoryEntry{Time: now, Kind: HistoryCleared})
 	}
 	return ev.out, cleared, nil

@@ -8,16 +8,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/gpuhealth/gpuhealth/internal/cli"
 	"github.com/gpuhealth/gpuhealth/internal/fleet"
 	"github.com/gpuhealth/gpuhealth/internal/fleet/watch"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
@@ -77,6 +78,25 @@ func TestFleetWatch(t *testing.T) {
 		return len(shared) == 1 && strings.HasPrefix(shared[0], corev1.EventTypeWarning) && strings.Contains(shared[0], "driver="+fleetDriverA) && strings.Contains(shared[0], "16 of its 80 GPUs") &&
 			len(sigs) == 1 && strings.Contains(sigs[0], "podgroup/default/job-1: XID45 on 6 of its 6 GPUs"), fmt.Sprintf("%q %q", shared, sigs), nil
 	})
+
+	// gpuhealth status says so on each of the job's GPUs, and on no other.
+	out, stderr, code := gpuhealthCLI(t, "status", "-o", "json", "--kubeconfig", c.AdminKubeconfig(), "--agent-namespace", agentNamespace, "--stale-after=0")
+	var status struct{ GPUs []cli.GPUStatus }
+	if err := json.Unmarshal([]byte(out), &status); code != 0 || err != nil {
+		t.Fatalf("status: exit %d, %v\n%s%s", code, err, out, stderr)
+	}
+	marked := 0
+	for _, g := range status.GPUs {
+		if g.WorkloadSignature != "" {
+			marked++
+			if g.WorkloadSignature != "podgroup/default/job-1" || !slices.Contains(g.Reasons, cli.SignatureReasonPrefix+"podgroup/default/job-1") {
+				t.Errorf("status of %s/%d: signature %q, reasons %v", g.Node, g.Index, g.WorkloadSignature, g.Reasons)
+			}
+		}
+	}
+	if marked != 6 {
+		t.Errorf("status marks %d GPUs as the job's signature, want its 6", marked)
+	}
 
 	// The GPUs were replaced: their reports hold no fault.
 	for n := range 20 {
@@ -153,16 +173,7 @@ func createFleetWatchNodes(t *testing.T, c *controlplane.Cluster) (reports func(
 // chart does with config.fleet.sharedCauses.enabled (watch.ClusterRoleRules).
 func grantFleetPods(t *testing.T, c *controlplane.Cluster) {
 	t.Helper()
-	const name = "gpuhealth-breaker-controller-fleet"
-	ctx := t.Context()
-	if _, err := c.Admin().RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: watch.ClusterRoleRules()}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Admin().RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
-		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: agentNamespace, Name: "gpuhealth-breaker-controller"}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	grantClusterRules(t, c, "gpuhealth-breaker-controller-fleet", "gpuhealth-breaker-controller", watch.ClusterRoleRules())
 }
 
 func fleetNode(n int) string   { return fmt.Sprintf("fleetwatch-%02d", n) }

@@ -14,6 +14,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -31,10 +32,12 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/kube"
 	"github.com/gpuhealth/gpuhealth/internal/remediation"
 	"github.com/gpuhealth/gpuhealth/internal/report/devicetaint"
 	"github.com/gpuhealth/gpuhealth/internal/report/nodecondition"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/gpurecord"
 	"github.com/gpuhealth/gpuhealth/test/controlplane"
 	"github.com/gpuhealth/gpuhealth/test/helm"
 )
@@ -77,6 +80,19 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 	}
 	applyManifest(t, c, manifest)
 	waitPolicyTypeChecked(t, c, helmPolicy)
+	// GPURecords, and a grant that lets the agent write them (as a careless ClusterRole might):
+	// the policy still denies every write.
+	installGPURecordCRD(t, c)
+	grantTooMuch := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "too-much-gpurecords"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{gpurecord.Group}, Resources: []string{gpurecord.Resource}, Verbs: []string{"create", "update", "delete"}}}}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, grantTooMuch, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: grantTooMuch.Name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: grantTooMuch.Name},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: helmNamespace, Name: helmAgentSA}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	// Tokens as the kubelet would mint them for the agent pods on A and B, and one bound to no pod.
 	cfgA := boundAgentConfig(t, c, nodeA)
@@ -340,6 +356,14 @@ func TestHelmChartConfinesAgentToItsNode(t *testing.T) {
 		{"token bound to no pod: rule", func(ctx context.Context) error {
 			return createRule(ctx, asUnbound, policyRule("unbound", nodeA, nodeA))
 		}, "not bound to a Pod on a Node"},
+		{"GPURecords: never written by an agent, whatever RBAC grants", func(ctx context.Context) error {
+			records, err := kube.NewGPURecords(cfgA)
+			if err != nil {
+				return err
+			}
+			_, err = records.Create(ctx, &gpurecord.GPURecord{ObjectMeta: metav1.ObjectMeta{Name: "1650000000000"}, Serial: "1650000000000"}, metav1.CreateOptions{})
+			return err
+		}, "may not write GPURecords"},
 		{"admin is not subject to the policy", func(ctx context.Context) error {
 			return patchAnnotations(ctx, admin, nodeB, map[string]any{"example.com/admin": "ok"})
 		}, ""},

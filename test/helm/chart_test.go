@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/agent"
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/fleet/records"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
@@ -136,12 +137,17 @@ func TestAgentClusterRoleIsLeastPrivilege(t *testing.T) {
 		{"claimstatus by a pod watch", []string{"config.agent.claimStatus.podWatch=true"}, config.AllReporters(), false, true},
 		{"a pod watch and remediation", []string{"config.agent.claimStatus.podWatch=true", "config.remediation.enabled=true"}, config.AllReporters(), true, true},
 		{"a pod watch without claimstatus grants nothing", []string{"config.agent.claimStatus.podWatch=true", "config.agent.reporters={annotation}"}, []string{"annotation"}, false, true},
+		{"no repeat offenders: no records", []string{"config.fleet.repeatOffender=null"}, config.AllReporters(), false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := render(t, tc.set...)
 			var role rbacv1.ClusterRole
 			r.get(t, "ClusterRole", "gpuhealth-agent", &role)
-			if want := agent.ClusterRoleRulesFor(tc.reporters, tc.remediation, tc.podWatch); !equality.Semantic.DeepEqual(role.Rules, want) {
+			want := agent.ClusterRoleRulesFor(tc.reporters, tc.remediation, tc.podWatch)
+			if !slices.Contains(tc.set, "config.fleet.repeatOffender=null") { // the default rule reads GPURecords
+				want = append(want, agent.RecordsClusterRoleRules()...)
+			}
+			if !equality.Semantic.DeepEqual(role.Rules, want) {
 				t.Errorf("chart's agent ClusterRole rules differ from agent.ClusterRoleRulesFor(%v, %v, %v):\n got %s\nwant %s", tc.reporters, tc.remediation, tc.podWatch, rulesString(role.Rules), rulesString(want))
 			}
 			var events rbacv1.Role
@@ -178,15 +184,16 @@ func TestCircuitBreakerRoleIsLeastPrivilege(t *testing.T) {
 	// The breaker's controller: least privilege, and the Deployment runs it in the namespace. It
 	// also sweeps remediation's slots, so it runs with either.
 	const controller = "gpuhealth-breaker-controller"
-	if render(t, "breakerController.agentSilence.enabled=false").has("Deployment", controller) {
-		t.Error("the breaker controller is rendered although the breaker, remediation and the agent silence watch are off")
+	if render(t, "breakerController.agentSilence.enabled=false", "config.fleet.records.enabled=false").has("Deployment", controller) {
+		t.Error("the breaker controller is rendered although the breaker, remediation, the agent silence watch and the GPU records are off")
 	}
 	// By default it runs to mark the nodes whose agents went silent, with no taint and no
-	// access to the Nodes' spec.
+	// access to the Nodes' spec, and to keep the GPU records (records.ControllerClusterRoleRules).
+	recs := records.ControllerClusterRoleRules()
 	var silenceRole rbacv1.ClusterRole
 	def := render(t)
 	def.get(t, "ClusterRole", controller, &silenceRole)
-	if want := breaker.ControllerClusterRoleRules(); !equality.Semantic.DeepEqual(silenceRole.Rules, want) {
+	if want := slices.Concat(breaker.ControllerClusterRoleRules(), recs); !equality.Semantic.DeepEqual(silenceRole.Rules, want) {
 		t.Errorf("default breaker controller ClusterRole differs from breaker.ControllerClusterRoleRules():\n got %s\nwant %s", rulesString(silenceRole.Rules), rulesString(want))
 	}
 	var silenceDep appsv1.Deployment
@@ -196,7 +203,7 @@ func TestCircuitBreakerRoleIsLeastPrivilege(t *testing.T) {
 	}
 	tainted := render(t, "breakerController.agentSilence.taint=true")
 	tainted.get(t, "ClusterRole", controller, &silenceRole)
-	if want := append(breaker.ControllerClusterRoleRules(), breaker.SilentTaintClusterRoleRules()...); !equality.Semantic.DeepEqual(silenceRole.Rules, want) {
+	if want := slices.Concat(breaker.ControllerClusterRoleRules(), breaker.SilentTaintClusterRoleRules(), recs); !equality.Semantic.DeepEqual(silenceRole.Rules, want) {
 		t.Errorf("breaker controller ClusterRole with the silent taint:\n got %s\nwant %s", rulesString(silenceRole.Rules), rulesString(want))
 	}
 	tainted.get(t, "Deployment", controller, &silenceDep)
@@ -208,7 +215,7 @@ func TestCircuitBreakerRoleIsLeastPrivilege(t *testing.T) {
 	}
 	var clusterRole rbacv1.ClusterRole
 	r.get(t, "ClusterRole", controller, &clusterRole)
-	if want := breaker.ControllerClusterRoleRules(); !equality.Semantic.DeepEqual(clusterRole.Rules, want) {
+	if want := slices.Concat(breaker.ControllerClusterRoleRules(), recs); !equality.Semantic.DeepEqual(clusterRole.Rules, want) {
 		t.Errorf("breaker controller ClusterRole differs from breaker.ControllerClusterRoleRules():\n got %s\nwant %s", rulesString(clusterRole.Rules), rulesString(want))
 	}
 	var controllerRole rbacv1.Role

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/fleet/records"
 	"github.com/gpuhealth/gpuhealth/internal/fleet/watch"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -29,12 +30,12 @@ func TestFleetSharedCausesChart(t *testing.T) {
 		rules []rbacv1.PolicyRule
 		on    bool
 	}{
-		{name: "off", rules: breaker.ControllerClusterRoleRules()},
-		{name: "alone", set: []string{"config.fleet.sharedCauses.enabled=true", "breakerController.agentSilence.enabled=false"},
+		{name: "off", set: []string{"config.fleet.records.enabled=false"}, rules: breaker.ControllerClusterRoleRules()},
+		{name: "alone", set: []string{"config.fleet.sharedCauses.enabled=true", "breakerController.agentSilence.enabled=false", "config.fleet.records.enabled=false"},
 			rules: append(breaker.ControllerClusterRoleRules(), watch.ClusterRoleRules()...), on: true},
-		{name: "beside the silent taint", set: []string{"config.fleet.sharedCauses.enabled=true", "breakerController.agentSilence.taint=true",
+		{name: "beside the silent taint and the records", set: []string{"config.fleet.sharedCauses.enabled=true", "breakerController.agentSilence.taint=true",
 			"config.fleet.sharedCauses.labels={topology.kubernetes.io/rack}", "config.fleet.sharedCauses.every=30s"},
-			rules: slices.Concat(breaker.ControllerClusterRoleRules(), breaker.SilentTaintClusterRoleRules(), watch.ClusterRoleRules()), on: true},
+			rules: slices.Concat(breaker.ControllerClusterRoleRules(), breaker.SilentTaintClusterRoleRules(), watch.ClusterRoleRules(), records.ControllerClusterRoleRules()), on: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := render(t, tc.set...)
@@ -54,7 +55,7 @@ func TestFleetSharedCausesChart(t *testing.T) {
 			if sc.IsEnabled() != tc.on {
 				t.Errorf("the HealthConfig the controller reads: fleet.sharedCauses %+v, want enabled %v", sc, tc.on)
 			}
-			if tc.name == "beside the silent taint" && (sc.Period() != 30*time.Second || !slices.Equal(sc.Labels, []string{"topology.kubernetes.io/rack"})) {
+			if tc.name == "beside the silent taint and the records" && (sc.Period() != 30*time.Second || !slices.Equal(sc.Labels, []string{"topology.kubernetes.io/rack"})) {
 				t.Errorf("fleet.sharedCauses %+v: want every 30s and the rack label", sc)
 			}
 		})

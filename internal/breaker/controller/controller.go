@@ -2,7 +2,8 @@
 // Deployment the chart runs when the circuit breaker is on): leader-elected, it keeps the
 // cluster's GPU count in the breaker's ConfigMap (breaker.Counter) and sweeps the slots that
 // stopped counting (breaker.Sweeper), and, with SharedCauses, judges what the fleet's GPU faults
-// share (internal/fleet/watch); and serves /healthz and /metrics. It is a package of its
+// share (internal/fleet/watch), and, with Records, keeps every GPU's life by serial
+// (internal/fleet/records); and serves /healthz and /metrics. It is a package of its
 // own, not part of package breaker, because leader election needs client-go's full clientset,
 // which the agent binary (which imports package breaker) must not link
 // (cmd/gpuhealth-agent's TestAgentLinksNoFullClientset).
@@ -16,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -31,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/gpuhealth/gpuhealth/internal/breaker"
+	"github.com/gpuhealth/gpuhealth/internal/fleet/records"
 	"github.com/gpuhealth/gpuhealth/internal/fleet/watch"
 	"github.com/gpuhealth/gpuhealth/internal/httpserve"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
@@ -69,6 +72,11 @@ type Options struct {
 	// replica leads, and publishes the verdict (a HealthConfig's fleet.sharedCauses, through
 	// watch.SettingsFrom).
 	SharedCauses *watch.Settings
+	// Records, when set, keeps every GPU's life by board serial in GPURecords while this replica
+	// leads (a HealthConfig's fleet.records; internal/fleet/records), at most MaxRecords of them
+	// (0: records.DefaultMaxRecords).
+	Records    kube.GPURecordInterface
+	MaxRecords int
 	// LeaderElect elects one leader among the replicas through LeaderElectionLease; without it
 	// this replica counts and sweeps alone.
 	LeaderElect bool
@@ -130,6 +138,11 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		if fleet != nil {
 			g.Go(func() error { return fleet.Run(ctx) })
+		}
+		if opts.Records != nil {
+			rc := &records.Controller{Client: kc, Records: opts.Records, MaxRecords: opts.MaxRecords,
+				Written: func(created bool) { m.RecordsWritten.WithLabelValues(strconv.FormatBool(created)).Inc() }}
+			g.Go(func() error { return rc.Run(ctx) })
 		}
 		return g.Wait()
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/nodegpu"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu"
 	"github.com/gpuhealth/gpuhealth/pkg/gpu/kmsg"
+	"github.com/gpuhealth/gpuhealth/pkg/gpurecord"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -60,7 +61,7 @@ func Run(ctx context.Context, o Options) error {
 	err = agent.Run(runCtx, agent.Options{
 		NodeName: o.NodeName, Client: s.client, Backend: g.opened.Backend, Policy: s.policy, BootID: g.opened.BootID,
 		BootTime: bootTime, Agent: s.agentCfg, MetricsAddress: o.MetricsAddress, KernelLog: g.kernelLog, Remediation: rem,
-		Nodes: s.nodes, Missing: g.missing, StartEvents: g.events,
+		Nodes: s.nodes, Missing: g.missing, StartEvents: g.events, Records: s.records, RepeatOffender: s.repeatOffender,
 	})
 	// Every loop has returned: NVML is shut down here, whatever comes next.
 	g.release()
@@ -83,6 +84,9 @@ type start struct {
 	nodes *nodecache.Cache
 	// pause follows the GPU operator's pause labels (nil with the simulator).
 	pause *nodegpu.OperatorPause
+	// records are read, when the agent starts, for fleet.repeatOffender (nil without it).
+	records        kube.GPURecordInterface
+	repeatOffender gpurecord.RepeatOffenderRule
 }
 
 // configure loads the config file and makes the API client.
@@ -101,6 +105,12 @@ func configure(ctx context.Context, o Options) (*start, error) {
 	}
 	if s.client, err = kube.NewForConfig(restConfig); err != nil {
 		return nil, cmdutil.BadInput(err)
+	}
+	if r := cfg.Fleet.RepeatOffender; r != nil {
+		s.repeatOffender = gpurecord.RepeatOffenderRule{Faults: r.Faults, Within: r.Window(), ReplaceGPU: r.ReplaceGPU}
+		if s.records, err = kube.NewGPURecords(restConfig); err != nil {
+			return nil, cmdutil.BadInput(err)
+		}
 	}
 	return s, nil
 }
