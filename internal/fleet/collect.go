@@ -27,6 +27,9 @@ const (
 	AttributeDriver = "driver"
 	// AttributeModel is the GPU's product name, as its agent reports it.
 	AttributeModel = "model"
+	// AttributeVBIOS is the GPU's own VBIOS version, as its agent reports it (a bad VBIOS
+	// batch fails on every node it was flashed on).
+	AttributeVBIOS = "vbios"
 	// AttributeNVLinkDomain is the node's NVLink domain (config.DefaultNVLinkDomainLabel).
 	AttributeNVLinkDomain = "nvlinkDomain"
 	// AttributeZone is the node's zone (corev1.LabelTopologyZone).
@@ -49,8 +52,8 @@ type Collected struct {
 }
 
 // Collect reads every node's GPUs from its agent's gpu-health annotation: each physical GPU
-// (MIG instances and missing GPUs left out) with its attributes (driver, model, NVLink domain,
-// zone, and the value of each of labels, under the label's own name) and its faults (faults).
+// (MIG instances and missing GPUs left out) with its attributes (driver, model, VBIOS, NVLink
+// domain, zone, and the value of each of labels, under the label's own name) and its faults (faults).
 // pods give the workloads: a pod on a node that names its cards (gpuhealthv1's pod keys) belongs
 // to its PodGroup or else its controller; a workload is the GPUs of its pods.
 func Collect(nodes []corev1.Node, pods []corev1.Pod, labels []string) Collected {
@@ -90,7 +93,7 @@ func CollectFrom(nodes []*corev1.Node, pods []WorkloadPod, labels []string) Coll
 				continue
 			}
 			cards[n.Name][s.Index] = uuid
-			gpu := sharedcause.GPU{UUID: uuid, Node: n.Name, Attributes: map[string]string{AttributeModel: s.Model}}
+			gpu := sharedcause.GPU{UUID: uuid, Node: n.Name, Attributes: map[string]string{AttributeModel: s.Model, AttributeVBIOS: s.VBIOS}}
 			for k, v := range attrs {
 				gpu.Attributes[k] = v
 			}

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -33,11 +34,12 @@ func TestCollect(t *testing.T) {
 	older := t0.Add(-time.Hour)
 	nodes := []corev1.Node{
 		node(t, "a", map[string]string{DriverVersionLabel: "580.95.05", "nvidia.com/gpu.clique": "c1.0", corev1.LabelTopologyZone: "z1", "rack": "r1"}, map[string]gpuhealthv1.GPUSummary{
-			"GPU-a0": {Index: 0, Model: "H100", Health: "Healthy", History: gpuhealthv1.SummarizeHistory([]health.HistoryEntry{
+			"GPU-a0": {Index: 0, Model: "H100", VBIOS: "96.00.89.00.01", Health: "Healthy", History: gpuhealthv1.SummarizeHistory([]health.HistoryEntry{
 				{Time: older, Kind: health.HistoryFault, Reason: "XID48"}, {Time: older.Add(time.Minute), Kind: health.HistoryReset},
 			})},
 			// Unhealthy now with XID 79, which is the history's newest fault: counted once.
-			"GPU-a1": {Index: 1, Model: "H100", Health: "Unhealthy", Reasons: []string{"XID79"}, Since: &since, XIDFaults: []gpuhealthv1.XIDFault{{XID: 79, Since: since}},
+			// Flashed apart from its neighbours: its own VBIOS version is its attribute.
+			"GPU-a1": {Index: 1, Model: "H100", VBIOS: "96.00.74.00.0B", Health: "Unhealthy", Reasons: []string{"XID79"}, Since: &since, XIDFaults: []gpuhealthv1.XIDFault{{XID: 79, Since: since}},
 				History: gpuhealthv1.SummarizeHistory([]health.HistoryEntry{{Time: since.Add(400 * time.Millisecond), Kind: health.HistoryFault, Reason: "XID79"}})},
 			// An XID fault in effect that the history no longer holds: counted.
 			"GPU-a2": {Index: 2, Model: "H100", Health: "Unhealthy", Reasons: []string{"XID48"}, Since: &since, XIDFaults: []gpuhealthv1.XIDFault{{XID: 48, Since: since}}},
@@ -74,9 +76,16 @@ func TestCollect(t *testing.T) {
 	if want := []string{"GPU-a0", "GPU-a1", "GPU-a2", "GPU-a3", "GPU-a4", "GPU-b0", "GPU-b1"}; !slices.Equal(uuids, want) {
 		t.Errorf("GPUs %v, want %v (no MIG instance, no missing GPU)", uuids, want)
 	}
-	wantA := map[string]string{AttributeDriver: "580.95.05", AttributeModel: "H100", AttributeNVLinkDomain: "c1.0", AttributeZone: "z1", "rack": "r1"}
+	wantA := map[string]string{AttributeDriver: "580.95.05", AttributeModel: "H100", AttributeVBIOS: "96.00.89.00.01", AttributeNVLinkDomain: "c1.0",
+		AttributeZone: "z1", "rack": "r1"}
 	if a := got.Fleet.GPUs[0].Attributes; !maps.Equal(a, wantA) {
 		t.Errorf("node a's attributes %v, want %v", a, wantA)
+	}
+	// Each GPU's VBIOS is its own; a report without one (an older agent) gives none, in no group.
+	for i, want := range map[int]string{1: "96.00.74.00.0B", 2: "", 5: ""} {
+		if v := got.Fleet.GPUs[i].Attributes[AttributeVBIOS]; v != want {
+			t.Errorf("%s's VBIOS %q, want %q", got.Fleet.GPUs[i].UUID, v, want)
+		}
 	}
 	if d := got.Fleet.GPUs[5].Attributes[AttributeDriver]; d != "575.57.08" {
 		t.Errorf("node b's driver %q, want 575.57.08 from the major, minor and revision labels", d)
@@ -111,7 +120,7 @@ func TestCollectFromWhatACacheKeeps(t *testing.T) {
 	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
 	since := t0.Add(30 * time.Second)
 	gpus := map[string]gpuhealthv1.GPUSummary{
-		"GPU-c0": {Index: 0, Model: "H100", Health: "Unhealthy", Reasons: []string{"XID79"}, Since: &since, XIDFaults: []gpuhealthv1.XIDFault{{XID: 79, Since: since}}},
+		"GPU-c0": {Index: 0, Model: "H100", VBIOS: "96.00.89.00.01", Health: "Unhealthy", Reasons: []string{"XID79"}, Since: &since, XIDFaults: []gpuhealthv1.XIDFault{{XID: 79, Since: since}}},
 		"GPU-c1": {Index: 1, Model: "H100", Health: "Healthy"},
 	}
 	full := node(t, "c", map[string]string{DriverVersionLabel: "580.95.05", driverMajorLabel: "580", "nvidia.com/gpu.clique": "c1.0",
@@ -147,5 +156,40 @@ func TestCollectFromWhatACacheKeeps(t *testing.T) {
 	got := CollectFrom(cached, wps, []string{"rack"})
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("collected from the cache:\n%+v\nfrom the objects:\n%+v", got, want)
+	}
+}
+
+// A bad VBIOS batch is found from the agents' reports alone: five of twenty nodes whose boards
+// carry VBIOS B, two faulty GPUs on each, and no fault on the others (VBIOS A, one model, no
+// topology labels) make the finding vbios=B, and nothing else.
+func TestCollectedVBIOSIsJudged(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	since := now.Add(-10 * time.Minute)
+	var nodes []corev1.Node
+	for n := range 20 {
+		vbios := "96.00.89.00.01"
+		if n < 5 {
+			vbios = "96.00.89.00.02"
+		}
+		gpus := map[string]gpuhealthv1.GPUSummary{}
+		for i := range 8 {
+			s := gpuhealthv1.GPUSummary{Index: i, Model: "H100", VBIOS: vbios, Health: "Healthy"}
+			if n < 5 && i < 2 {
+				s.Health, s.Reasons, s.Since = "Unhealthy", []string{"XID79"}, &since
+				s.XIDFaults = []gpuhealthv1.XIDFault{{XID: 79, Since: since}}
+			}
+			gpus[fmt.Sprintf("GPU-%02d-%d", n, i)] = s
+		}
+		nodes = append(nodes, node(t, fmt.Sprintf("n%02d", n), nil, gpus))
+	}
+	res, err := sharedcause.Judge(now, Collect(nodes, nil, nil).Fleet, sharedcause.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.SharedCauses) != 1 {
+		t.Fatalf("findings %+v, want vbios=96.00.89.00.02 alone", res.SharedCauses)
+	}
+	if f := res.SharedCauses[0]; f.Attribute != AttributeVBIOS || f.Value != "96.00.89.00.02" || f.FaultyGPUs != 10 || f.GPUs != 40 || f.FaultyNodes != 5 {
+		t.Errorf("finding %+v, want vbios=96.00.89.00.02 with 10 of its 40 GPUs faulty on 5 nodes", f)
 	}
 }

@@ -118,7 +118,7 @@ func (n *node) answer(pid uint32, req *request, resp *response) (hangUntil time.
 func (n *node) answerDevice(pid uint32, g *gpuState, slot int, req *request, resp *response) {
 	mig := slot > 0
 	switch req.Op {
-	case opUUID, opName, opSerial, opMinor, opPCI, opMemory, opCudaCC, opBrand, opArch:
+	case opUUID, opName, opSerial, opVBIOS, opMinor, opPCI, opMemory, opCudaCC, opBrand, opArch:
 		n.answerIdentity(g, slot, req, resp)
 	case opTemp, opTempThreshold, opPower, opClockReasons:
 		g.answerSensors(req, resp)

@@ -10,8 +10,8 @@ import (
 // The calls on one GPU or MIG device, by op group (answerDevice dispatches): what NVML would
 // report of the GPU's state (node.go).
 
-// answerIdentity serves what the device is: its UUID, name, serial, minor, PCI and memory,
-// compute capability, brand and architecture.
+// answerIdentity serves what the device is: its UUID, name, serial, VBIOS version, minor, PCI and
+// memory, compute capability, brand and architecture.
 func (n *node) answerIdentity(g *gpuState, slot int, req *request, resp *response) {
 	switch req.Op {
 	case opUUID:
@@ -28,6 +28,8 @@ func (n *node) answerIdentity(g *gpuState, slot int, req *request, resp *respons
 		resp.setStr(name)
 	case opSerial:
 		resp.setStr(g.serial) // what the simulated dcgmi and the sim backend give too
+	case opVBIOS:
+		resp.setStr(n.sc.VBIOS) // one for the node's boards, as the sim backend's
 	case opMinor:
 		resp.V[0] = uint64(g.index)
 	case opPCI:

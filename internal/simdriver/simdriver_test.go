@@ -407,7 +407,7 @@ func TestBackendOnEveryProfile(t *testing.T) {
 			}
 			for i, g := range rep.GPUs {
 				if g.Device.UUID != sim.GPUUUID("sd-node", i) || g.Device.PCIBusID != fmt.Sprintf("00000000:%02X:00.0", 0x10+i) || g.Device.Index != i ||
-					g.Device.Serial != sim.DefaultSerial("sd-node", i) {
+					g.Device.Serial != sim.DefaultSerial("sd-node", i) || g.Device.VBIOS != sim.DefaultVBIOS {
 					t.Errorf("GPU %d: %+v", i, g.Device)
 				}
 				if !slices.Contains(g.Events, "xid") {

@@ -71,6 +71,8 @@ const (
 	opDiag
 	// opDiscovery lists the GPUs as DCGM's discovery does, on a connection of its own.
 	opDiscovery
+	// opVBIOS answers the GPU's VBIOS version (nvmlDeviceGetVbiosVersion): the scenario's.
+	opVBIOS
 	opLast
 )
 

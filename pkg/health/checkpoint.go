@@ -21,7 +21,7 @@ import (
 // of data, data) and the meaning of every field already there; a reader ignores the fields it
 // does not know, skips the entries it cannot represent, restores the rest and says what it left
 // out (CheckpointNotes). testdata/checkpoint-v*.json hold what each version looks like.
-const CheckpointVersion = 6
+const CheckpointVersion = 7
 
 // RestoredFromReportNote ends the message of a condition an agent rebuilt from its Node's own
 // report (it had no checkpoint): readers that key on a message's text (NVSentinel merges equal

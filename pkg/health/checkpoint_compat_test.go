@@ -39,8 +39,10 @@ import (
 //   - checkpoint-v6.json: version 6, which adds each GPU's board serial (device.serial): the
 //     same as version 5, with the serials of GPUs 0 and 1. The serial is an attribute, as the
 //     model is: a device is matched by UUID, and a GPU the inventory has keeps the backend's.
+//   - checkpoint-v7.json: version 7, which adds each GPU's VBIOS version (device.vbios): the same
+//     as version 6, with the VBIOS versions of GPUs 0 and 1; an attribute as the serial is.
 //   - checkpoint-next.json: a checkpoint of a newer release, made by hand from checkpoint-v1.json:
-//     version 7 (it said 2 until version 2 was made, 3 until version 3, and so on; until version 6
+//     version 8 (it said 2 until version 2 was made, 3 until version 3, and so on; until version 6
 //     its device.serial was a field this release did not know, boardPartNumber is now), fields
 //     this release does not know at every level, a condition type it does not
 //     raise (kept), a severity and a clearsOn it does not have (skipped), a vanished GPU, a new
@@ -142,6 +144,7 @@ func TestCheckpointFixturesRestore(t *testing.T) {
 		{"checkpoint-v3.json", currentFaults(), map[string]health.Cursor{"kmsg": kmsg}},
 		{"checkpoint-v5.json", currentFaults(), map[string]health.Cursor{"kmsg": kmsg}},
 		{"checkpoint-v6.json", currentFaults(), map[string]health.Cursor{"kmsg": kmsg}},
+		{"checkpoint-v7.json", currentFaults(), map[string]health.Cursor{"kmsg": kmsg}},
 		{"checkpoint-next.json", with(v1Faults(),
 			"GPU-0000 C2CLinkDown/1 Unhealthy gpuReset evict=true since=03:04:13",      // a type this release does not raise
 			"GPU-0003 FabricDegraded/0 Degraded nodeReboot evict=false since=03:04:16", // on a GPU that vanished

@@ -112,6 +112,11 @@ type Device struct {
 	// GPU or its driver has none (NVML answers NOT_SUPPORTED on GeForce boards) and on MIG
 	// instances. An attribute like the others: devices are matched by UUID, never by serial.
 	Serial string `json:"serial,omitempty"`
+	// VBIOS is the version of the board's video BIOS (NVML's nvmlDeviceGetVbiosVersion, such as
+	// "96.00.89.00.01"): the firmware a batch of boards shares, so a bad one is a cause GPUs on
+	// many nodes have in common. Empty when unknown and on MIG instances. An attribute like the
+	// others.
+	VBIOS string `json:"vbios,omitempty"`
 	// MIG is set for a MIG instance and nil for a whole GPU.
 	MIG *MIGPlacement `json:"mig,omitempty"`
 	// Missing marks a placeholder for a GPU the node should have but the backend cannot open

@@ -357,6 +357,7 @@ static nvmlReturn_t dev_string(nvmlDevice_t d, unsigned int op, char *out, unsig
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int n) { return dev_string(d, SIM_OP_UUID, uuid, n); }
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int n) { return dev_string(d, SIM_OP_NAME, name, n); }
 EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t d, char *serial, unsigned int n) { return dev_string(d, SIM_OP_SERIAL, serial, n); }
+EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t d, char *version, unsigned int n) { return dev_string(d, SIM_OP_VBIOS, version, n); }
 
 /* dev_u32 asks op and stores v[0] in *out. */
 static nvmlReturn_t dev_u32(nvmlDevice_t d, unsigned int op, unsigned int a, unsigned int b, unsigned int *out) {

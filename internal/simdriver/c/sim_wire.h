@@ -86,6 +86,7 @@ enum sim_op {
 	SIM_OP_PCIE_LINK, /* a: 0 current generation, 1 current width, 2 maximum generation, 3 maximum width, 4 the GPU's own maximum generation */
 	SIM_OP_DIAG,      /* from the simulated dcgmi (Go only): a DCGM diagnostic of dev, level a, timeout b s; c bytes follow */
 	SIM_OP_DISCOVERY, /* from the simulated dcgmi (Go only): the GPUs as dcgmi discovery -l lists them */
+	SIM_OP_VBIOS,     /* nvmlDeviceGetVbiosVersion: the scenario's gpus.vbios */
 	SIM_OP_LAST
 };
 

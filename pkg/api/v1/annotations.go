@@ -45,6 +45,10 @@ type GPUSummary struct {
 	// instances and on placeholders (Missing). A claim of the node's agent, as the rest is:
 	// readers check it before they key anything on it.
 	Serial string `json:"serial,omitempty"`
+	// VBIOS is a physical GPU's VBIOS version (health.Device.VBIOS, NVML's
+	// nvmlDeviceGetVbiosVersion, such as "96.00.89.00.01"): boards flashed alike share it, so the
+	// fleet's judge groups faults by it. Absent when unknown, on MIG instances and on placeholders.
+	VBIOS string `json:"vbios,omitempty"`
 	// Health is Healthy, Degraded or Unhealthy.
 	Health string `json:"health"`
 	// Reasons are the reasons of the conditions in effect, worst first.
@@ -184,7 +188,7 @@ func Summarize(d health.DeviceStatus) GPUSummary {
 	if d.Device.MIG != nil {
 		s.ParentUUID = d.Device.MIG.ParentUUID
 	} else if !d.Device.Missing {
-		s.Serial = d.Device.Serial
+		s.Serial, s.VBIOS = d.Device.Serial, d.Device.VBIOS
 	}
 	conds := health.WorstFirst(d.Conditions)
 	for _, c := range conds {

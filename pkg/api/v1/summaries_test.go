@@ -73,3 +73,34 @@ func TestSummaryCarriesThePhysicalGPUsSerial(t *testing.T) {
 		t.Errorf("ParseHealth = %+v, %v; want the serial back", back, err)
 	}
 }
+
+// A physical GPU's VBIOS version reaches its summary, right after its serial; a MIG instance and
+// a placeholder carry none, and a GPU without one has no vbios field at all.
+func TestSummaryCarriesThePhysicalGPUsVBIOS(t *testing.T) {
+	snap := health.Snapshot{Devices: []health.DeviceStatus{
+		{Device: health.Device{UUID: "GPU-a", Index: 0, Model: "H100", Serial: "1650923012345", VBIOS: "96.00.89.00.01"}},
+		{Device: health.Device{UUID: "MIG-a", Index: 0, VBIOS: "96.00.89.00.01", MIG: &health.MIGPlacement{ParentUUID: "GPU-a"}}},
+		{Device: health.Device{UUID: "GPU-b", Index: 1}},
+		{Device: health.Device{UUID: "MISSING-0000:07:00.0", Index: -1, VBIOS: "x", Missing: true}},
+	}}
+	sums := gpuhealthv1.Summaries(snap)
+	for uuid, want := range map[string]string{"GPU-a": "96.00.89.00.01", "MIG-a": "", "GPU-b": "", "MISSING-0000:07:00.0": ""} {
+		if got := sums[uuid].VBIOS; got != want {
+			t.Errorf("%s: VBIOS %q, want %q", uuid, got, want)
+		}
+	}
+	raw, err := json.Marshal(sums["GPU-a"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"index":0,"model":"H100","serial":"1650923012345","vbios":"96.00.89.00.01","health":"Healthy"}`; string(raw) != want {
+		t.Errorf("GPU-a's summary is %s, want %s", raw, want)
+	}
+	if raw, _ := json.Marshal(sums["GPU-b"]); strings.Contains(string(raw), "vbios") {
+		t.Errorf("a GPU without a VBIOS version: %s", raw)
+	}
+	back, err := gpuhealthv1.ParseHealth(`{"GPU-a":{"index":0,"vbios":"96.00.89.00.01","health":"Healthy"}}`)
+	if err != nil || back["GPU-a"].VBIOS != "96.00.89.00.01" {
+		t.Errorf("ParseHealth = %+v, %v; want the VBIOS version back", back, err)
+	}
+}

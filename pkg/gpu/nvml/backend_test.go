@@ -31,8 +31,10 @@ func TestOpenTakesTheInventory(t *testing.T) {
 		}
 	}
 	for i, d := range gpus {
-		want := health.Device{UUID: f.uuid(i), Index: i, Minor: i, PCIBusID: f.device(i).PciBusID, Model: "NVIDIA H100 80GB HBM3", Serial: f.gpus[i].serial}
-		if d.UUID != want.UUID || d.Index != want.Index || d.Minor != want.Minor || d.PCIBusID != want.PCIBusID || d.Model != want.Model || d.Serial != want.Serial {
+		want := health.Device{UUID: f.uuid(i), Index: i, Minor: i, PCIBusID: f.device(i).PciBusID, Model: "NVIDIA H100 80GB HBM3", Serial: f.gpus[i].serial,
+			VBIOS: f.gpus[i].vbios}
+		if d.UUID != want.UUID || d.Index != want.Index || d.Minor != want.Minor || d.PCIBusID != want.PCIBusID || d.Model != want.Model || d.Serial != want.Serial ||
+			d.VBIOS != want.VBIOS {
 			t.Errorf("GPU %d = %+v, want %+v", i, d, want)
 		}
 	}
@@ -43,7 +45,7 @@ func TestOpenTakesTheInventory(t *testing.T) {
 			t.Fatalf("device %d = %+v, want MIG device %s", 3+j, d, uuid)
 		}
 		want := health.MIGPlacement{ParentUUID: f.uuid(2), GPUInstance: uint32(j), ComputeInstance: 0}
-		if *d.MIG != want || d.Index != 2 || d.Model != "NVIDIA H100 80GB HBM3 MIG 1g.10gb" || d.Serial != "" {
+		if *d.MIG != want || d.Index != 2 || d.Model != "NVIDIA H100 80GB HBM3 MIG 1g.10gb" || d.Serial != "" || d.VBIOS != "" {
 			t.Errorf("MIG device %d = %+v %+v, want index 2 and %+v", j, d, *d.MIG, want)
 		}
 	}

@@ -47,6 +47,14 @@ func (f *fixture) wireDevice(i int, st *gpuState) {
 		}
 		return st.serial, nvml.SUCCESS
 	}
+	d.GetVbiosVersionFunc = func() (string, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if ret := f.answer(st, "vbios"); ret != nvml.SUCCESS {
+			return "", ret
+		}
+		return st.vbios, nvml.SUCCESS
+	}
 	d.GetEccModeFunc = func() (nvml.EnableState, nvml.EnableState, nvml.Return) {
 		f.mu.Lock()
 		defer f.mu.Unlock()

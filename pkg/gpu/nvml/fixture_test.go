@@ -60,6 +60,8 @@ type gpuState struct {
 	recoveryValueType              nvml.ValueType
 	// serial answers GetSerial: the board's serial, 13 digits on NVIDIA's data-center boards.
 	serial string
+	// vbios answers GetVbiosVersion: the board's VBIOS version, as an H100 SXM reports it.
+	vbios string
 	// arch answers GetArchitecture. Ampere and later remap rows instead of retiring pages:
 	// GetRetiredPagesPendingStatus answers ERROR_NOT_SUPPORTED on them.
 	arch nvml.DeviceArchitecture
@@ -209,6 +211,7 @@ func newFixture(t *testing.T) *fixture {
 			recoveryValueType: nvml.VALUE_TYPE_UNSIGNED_LONG_LONG,
 			arch:              nvml.DEVICE_ARCH_HOPPER,
 			serial:            fmt.Sprintf("16509230%05d", i),
+			vbios:             "96.00.89.00.01",
 			supportedEvents:   nvml.EventTypeAll,
 			registerRet:       nvml.SUCCESS,
 			unsupported:       map[string]bool{},

@@ -90,20 +90,33 @@ func (b *Backend) describe(g *gpu) {
 	}
 	g.noteFault(ret)
 	b.readSerial(g)
+	b.readVBIOS(g)
 	b.readArchitecture(g)
 }
 
-// readSerial reads the board's serial number, an attribute no GPU needs to be tracked: without
-// the call, or with any error (NVML answers NOT_SUPPORTED on GeForce boards, which have none),
-// the serial is unknown and the GPU is opened all the same. An answer that says the GPU is
-// broken is kept for Run to report, as for the other attributes.
+// readSerial reads the board's serial number, an attribute no GPU needs to be tracked: NVML
+// answers NOT_SUPPORTED on GeForce boards, which have none.
 func (b *Backend) readSerial(g *gpu) {
-	if !b.sym.has(symSerial) {
+	b.readAttribute(g, symSerial, g.handle.GetSerial, &g.dev.Serial)
+}
+
+// readVBIOS reads the version of the board's video BIOS ("96.00.89.00.01"), an attribute as the
+// serial is and as optional.
+func (b *Backend) readVBIOS(g *gpu) {
+	b.readAttribute(g, symVBIOS, g.handle.GetVbiosVersion, &g.dev.VBIOS)
+}
+
+// readAttribute reads an optional string attribute of a board into out: without the call (sym
+// missing from the library) or with any error it stays unknown and the GPU is opened all the
+// same; an answer that says the GPU is broken is kept for Run to report, as for the other
+// attributes.
+func (b *Backend) readAttribute(g *gpu, sym string, read func() (string, nvml.Return), out *string) {
+	if !b.sym.has(sym) {
 		return
 	}
-	serial, ret := g.handle.GetSerial()
+	v, ret := read()
 	if ret == nvml.SUCCESS {
-		g.dev.Serial = strings.TrimSpace(serial)
+		*out = strings.TrimSpace(v)
 	}
 	g.noteFault(ret)
 }

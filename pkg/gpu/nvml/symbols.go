@@ -35,6 +35,8 @@ const (
 	// The board serial: in every branch NVML supports, but only an attribute, so a library
 	// without it (a partial or stub one) costs the serial and nothing else.
 	symSerial = "nvmlDeviceGetSerial"
+	// The VBIOS version: likewise in every branch, likewise only an attribute.
+	symVBIOS = "nvmlDeviceGetVbiosVersion"
 	// The fabric state: the versioned call (driver 550 and later) adds the health mask; the
 	// plain one (525 and later) answers state and status only.
 	symGpuFabricInfoV = "nvmlDeviceGetGpuFabricInfoV"
@@ -106,7 +108,7 @@ var (
 	eventSymbols = []string{symEventSetCreate, symEventSetFree, symSupportedEventTypes, symRegisterEvents}
 	// Looked up on their own: one missing leaves the rest of a reading working.
 	partSymbols = []string{symEccMode, symTemperatureThreshold, symEnforcedPowerLimit, symNvLinkErrorCounter, symEventSetWait, symEventSetWaitV2,
-		symArchitecture, symSerial, symCurrPcieLinkGeneration, symMaxPcieLinkGeneration, symGpuMaxPcieLinkGeneration, symMaxPcieLinkWidth}
+		symArchitecture, symSerial, symVBIOS, symCurrPcieLinkGeneration, symMaxPcieLinkGeneration, symGpuMaxPcieLinkGeneration, symMaxPcieLinkWidth}
 )
 
 // symbols records which optional NVML functions the loaded library lacks.

@@ -33,6 +33,7 @@ type gpusSpec struct {
 	MIGInstances map[string]int `yaml:"migInstances"`
 	Missing      []int          `yaml:"missing"`
 	Serials      []string       `yaml:"serials"`
+	VBIOS        *string        `yaml:"vbios"`
 }
 
 type eventSpec struct {
@@ -185,8 +186,8 @@ func parseScenario(data []byte, driver bool) (*Scenario, error) {
 	return sc, nil
 }
 
-// parseGPUs reads the gpus section: how many, which model, their MIG instances, the missing and
-// the serials.
+// parseGPUs reads the gpus section: how many, which model, their MIG instances, the missing, the
+// serials and the VBIOS version.
 func (sc *Scenario) parseGPUs(g *gpusSpec) error {
 	if g == nil || g.Count == nil {
 		return errors.New("gpus.count: required")
@@ -211,7 +212,10 @@ func (sc *Scenario) parseGPUs(g *gpusSpec) error {
 	if err := sc.parseMissing(g.Missing); err != nil {
 		return err
 	}
-	return sc.parseSerials(g.Serials)
+	if err := sc.parseSerials(g.Serials); err != nil {
+		return err
+	}
+	return sc.parseVBIOS(g.VBIOS)
 }
 
 // parseMissing reads gpus.missing, once the GPUs' count and MIG instances are known.

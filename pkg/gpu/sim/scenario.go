@@ -126,6 +126,9 @@ type Scenario struct {
 	// Serials are the board serials the scenario gives (gpus.serials), by GPU index; the GPUs
 	// after the list's end take DefaultSerial. Serial answers for any GPU.
 	Serials []string
+	// VBIOS is the VBIOS version of every GPU of the node (gpus.vbios, DefaultVBIOS when the file
+	// gives none); MIG instances have none.
+	VBIOS string
 	// Duration, when set, is where the replay ends; otherwise it ends a settling time after the
 	// last event (see Options.Settle).
 	Duration time.Duration
@@ -248,6 +251,7 @@ func (sc *Scenario) Devices() []health.Device {
 			Minor:    i,
 			Model:    sc.Model,
 			Serial:   sc.Serial(i),
+			VBIOS:    sc.VBIOS,
 		}
 		devs = append(devs, gpu)
 		for m := 1; m <= sc.MIGInstances[i]; m++ {
