@@ -432,7 +432,7 @@ func fakeDCGMI(uuid string, args []string, stdout, stderr io.Writer) int {
 			_ = f.Close()
 		}
 	}
-	dev := sim.DCGMDevice{Name: sim.DefaultModel, UUID: uuid, PCIBusID: "00000000:18:00.0", Serial: sim.Serial(0), DeviceID: sim.PCIDeviceID}
+	dev := sim.DCGMDevice{Name: sim.DefaultModel, UUID: uuid, PCIBusID: "00000000:18:00.0", Serial: sim.DefaultSerial(sim.DefaultNode, 0), DeviceID: sim.PCIDeviceID}
 	switch {
 	case len(args) >= 2 && args[0] == "discovery" && args[1] == "-l":
 		border := "+--------+----------------------------------------------------------------------+\n"

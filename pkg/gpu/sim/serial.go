@@ -53,10 +53,6 @@ func base36(v uint64, width int) string {
 	return strings.Repeat("0", max(0, width-len(s))) + s
 }
 
-// Serial is DefaultSerial of GPU index on DefaultNode, for callers that name no node (a fake
-// dcgmi of one GPU). Every other caller has a scenario or a node: Scenario.Serial, DefaultSerial.
-func Serial(index int) string { return DefaultSerial(DefaultNode, index) }
-
 // Serial is the board serial of GPU index: the scenario's (gpus.serials) when it gives one,
 // DefaultSerial of the node otherwise. A scenario replayed on another node (OnNode) keeps the
 // serials it gives: its GPUs are then the same boards on every node that replays it, as if they
