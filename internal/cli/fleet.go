@@ -12,8 +12,10 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -21,13 +23,15 @@ import (
 	"github.com/gpuhealth/gpuhealth/internal/cli/cmdutil"
 	"github.com/gpuhealth/gpuhealth/internal/fleet"
 	"github.com/gpuhealth/gpuhealth/internal/fleet/sharedcause"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
+	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
 
 func newFleetCommand() *cobra.Command {
 	var (
-		kubeconfig, output string
-		labels             []string
-		opts               sharedcause.Options
+		kubeconfig, output, driver string
+		labels                     []string
+		opts                       sharedcause.Options
 	)
 	cmd := &cobra.Command{
 		Use:   "fleet",
@@ -38,7 +42,9 @@ the GPU model, the NVLink domain (nvidia.com/gpu.clique), the zone, and each --l
 share of faulty GPUs is far above the rest of the fleet's (at least --min-faulty-gpus on two nodes,
 --min-ratio times the rest's rate, and Fisher's exact test, one-sided, below --alpha over the groups
 tested) is a shared cause. Faults of one reason on many GPUs of one job within seconds are that
-job's signature and count as no GPU's fault.`,
+job's signature and count as no GPU's fault. A job holds the GPUs its pods name (GPU sharing) or
+hold through ResourceClaims allocated by --driver-name (the driver's ResourceSlices say which GPU
+each device is).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -55,7 +61,7 @@ job's signature and count as no GPU's fault.`,
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
-			j, err := judgeFleet(cmd.Context(), client, labels, opts, time.Now())
+			j, err := judgeFleet(cmd.Context(), client, labels, driver, opts, time.Now())
 			if err != nil {
 				return err
 			}
@@ -65,6 +71,8 @@ job's signature and count as no GPU's fault.`,
 			}
 			if j.podsErr != nil {
 				logger.Info("Warning: judging without workloads: a job's signature counts as its GPUs' faults", "err", j.podsErr)
+			} else if j.claimsErr != nil {
+				logger.Info("Warning: judging without the GPUs pods hold through ResourceClaims: such a job's signature counts as its GPUs' faults", "err", j.claimsErr)
 			}
 			if output == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
@@ -77,6 +85,7 @@ job's signature and count as no GPU's fault.`,
 	addUserKubeconfig(cmd, &kubeconfig)
 	f := cmd.Flags()
 	f.StringVarP(&output, "output", "o", "table", "output format: table or json")
+	f.StringVar(&driver, "driver-name", config.DefaultDriverName, "the DRA driver whose ResourceClaims' devices are GPUs")
 	f.StringArrayVar(&labels, "label", nil, "a node label to group by as well (a rack, a switch, a node pool); repeatable")
 	f.DurationVar(&opts.Window, "window", 0, "the faults judged: those of the last window (0: 1h)")
 	f.IntVar(&opts.MinFaultyGPUs, "min-faulty-gpus", 0, "the fewest faulty GPUs a group needs to be a finding (0: 5)")
@@ -91,11 +100,16 @@ type fleetJudgement struct {
 	collected fleet.Collected
 	// podsErr is why the pods could not be listed (they may not: the judgement has no workloads).
 	podsErr error
+	// claimsErr is why the ResourceClaims or the driver's ResourceSlices could not be listed: the
+	// pods that hold GPUs through claims give their workloads none.
+	claimsErr error
 }
 
-// judgeFleet lists the Nodes and the running pods (paged) and judges them at now. A user who may
-// not list pods gets a judgement without workloads (podsErr says so); any other error ends it.
-func judgeFleet(ctx context.Context, client kubernetes.Interface, labels []string, opts sharedcause.Options, now time.Time) (fleetJudgement, error) {
+// judgeFleet lists the Nodes, the running pods, the ResourceClaims and driver's ResourceSlices
+// (all paged) and judges them at now. A user who may not list pods gets a judgement without
+// workloads (podsErr says so), one who may not list claims or slices one without the GPUs pods
+// hold through claims (claimsErr); any other error ends it.
+func judgeFleet(ctx context.Context, client kubernetes.Interface, labels []string, driver string, opts sharedcause.Options, now time.Time) (fleetJudgement, error) {
 	var j fleetJudgement
 	nodes, err := listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]corev1.Node, string, error) {
 		list, err := client.CoreV1().Nodes().List(ctx, o)
@@ -121,9 +135,55 @@ func judgeFleet(ctx context.Context, client kubernetes.Interface, labels []strin
 	case err != nil:
 		return j, err
 	}
-	j.collected = fleet.Collect(nodes, pods, labels)
+	var held map[string][]string
+	if j.podsErr == nil {
+		held, err = listClaimCards(ctx, client, pods, driver)
+		switch {
+		case apierrors.IsForbidden(err):
+			j.claimsErr = err
+		case err != nil:
+			return j, err
+		}
+	}
+	j.collected = fleet.CollectHeld(nodes, pods, held, labels)
 	j.result, err = sharedcause.Judge(now, j.collected.Fleet, opts)
 	return j, err
+}
+
+// listClaimCards lists the ResourceClaims and driver's ResourceSlices and returns the GPUs each
+// of pods holds through claims (fleet.ClaimCards). No pod uses a claim: nothing is listed.
+func listClaimCards(ctx context.Context, client kubernetes.Interface, pods []corev1.Pod, driver string) (map[string][]string, error) {
+	uses := false
+	for i := range pods {
+		if uses = len(dra.PodClaimNames(&pods[i])) > 0; uses {
+			break
+		}
+	}
+	if !uses {
+		return nil, nil
+	}
+	claims, err := listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]resourceapi.ResourceClaim, string, error) {
+		list, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return list.Items, list.Continue, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	rslices, err := listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]resourceapi.ResourceSlice, string, error) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.driver", driver).String()
+		list, err := client.ResourceV1().ResourceSlices().List(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return list.Items, list.Continue, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return fleet.ClaimCards(pods, claims, rslices, driver, dra.DefaultAttributes()), nil
 }
 
 // flagError names the flag of an option's error ("minRatio: ..." → "--min-ratio: ...").
@@ -145,6 +205,8 @@ func writeFleetTable(w io.Writer, j fleetJudgement) error {
 		res.GPUs, res.FaultyGPUs, duration.HumanDuration(res.Window), percent(res.FleetRate), res.GroupsTested)
 	if j.podsErr != nil {
 		fmt.Fprintln(tw, "workloads: unknown (you may not list pods): a job's signature counts as its GPUs' faults")
+	} else if j.claimsErr != nil {
+		fmt.Fprintln(tw, "workloads: without ResourceClaims (you may not list them or the driver's ResourceSlices): such a job's signature counts as its GPUs' faults")
 	}
 	if len(res.SharedCauses) == 0 {
 		fmt.Fprintln(tw, "no shared cause")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/fleet/sharedcause"
 	gpuhealthv1 "github.com/gpuhealth/gpuhealth/pkg/api/v1"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
 	"github.com/gpuhealth/gpuhealth/pkg/health"
 	"github.com/gpuhealth/gpuhealth/pkg/health/config"
 )
@@ -55,8 +56,15 @@ type Collected struct {
 // (MIG instances and missing GPUs left out) with its attributes (driver, model, VBIOS, NVLink
 // domain, zone, and the value of each of labels, under the label's own name) and its faults (faults).
 // pods give the workloads: a pod on a node that names its cards (gpuhealthv1's pod keys) belongs
-// to its PodGroup or else its controller; a workload is the GPUs of its pods.
+// to its PodGroup or else its controller; a workload is the GPUs of its pods. A pod that names no
+// card counts with the GPUs its ResourceClaims hold (CollectHeld).
 func Collect(nodes []corev1.Node, pods []corev1.Pod, labels []string) Collected {
+	return CollectHeld(nodes, pods, nil, labels)
+}
+
+// CollectHeld is Collect with the GPUs pods hold through ResourceClaims (ClaimCards: by
+// "namespace/name"), for the pods that name no card.
+func CollectHeld(nodes []corev1.Node, pods []corev1.Pod, held map[string][]string, labels []string) Collected {
 	ptrs := make([]*corev1.Node, len(nodes))
 	for i := range nodes {
 		ptrs[i] = &nodes[i]
@@ -64,6 +72,7 @@ func Collect(nodes []corev1.Node, pods []corev1.Pod, labels []string) Collected 
 	var wps []WorkloadPod
 	for i := range pods {
 		if wp, ok := WorkloadPodOf(&pods[i]); ok {
+			wp.ClaimGPUs = held[pods[i].Namespace+"/"+pods[i].Name]
 			wps = append(wps, wp)
 		}
 	}
@@ -188,16 +197,23 @@ func faults(uuid string, s gpuhealthv1.GPUSummary) []sharedcause.Fault {
 var podGroupKeys = []string{"scheduling.k8s.io/group-name", "scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io"}
 
 // WorkloadPod is what Collect reads of a running pod: the workload it belongs to (workloadKey)
-// and the card it names on its node, by UUID, or else the cards by index.
+// and the card it names on its node, by UUID, or else the cards by index, or else the
+// ResourceClaims it uses (of its namespace) and the GPUs they hold (HoldClaims).
 type WorkloadPod struct {
 	Workload string
 	Node     string
 	UUID     string
 	Cards    []int
+	// Namespace and Claims are set for a pod that names no card but uses ResourceClaims.
+	Namespace string
+	Claims    []string
+	// ClaimGPUs are the GPUs its claims hold, once HoldClaims has read them.
+	ClaimGPUs []string
 }
 
 // WorkloadPodOf returns what Collect reads of p, or false for a pod that gives no workload a GPU:
-// not placed, finished, of no workload, or naming no card (or cards that cannot be read).
+// not placed, finished, of no workload, or naming no card (or cards that cannot be read) and
+// using no ResourceClaim.
 func WorkloadPodOf(p *corev1.Pod) (WorkloadPod, bool) {
 	if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		return WorkloadPod{}, false
@@ -212,6 +228,12 @@ func WorkloadPodOf(p *corev1.Pod) (WorkloadPod, bool) {
 		return wp, true
 	}
 	idx, present, ok := gpuhealthv1.ReadPodCards(p.Annotations)
+	if !present {
+		if wp.Claims = dra.PodClaimNames(p); len(wp.Claims) > 0 {
+			wp.Namespace = p.Namespace
+			return wp, true
+		}
+	}
 	if !present || !ok || len(idx) == 0 {
 		return WorkloadPod{}, false
 	}
@@ -254,10 +276,14 @@ func workloadKey(p *corev1.Pod) string {
 	return ""
 }
 
-// podGPUs returns the UUIDs of the cards a pod names on its node (by UUID, else by index).
+// podGPUs returns the UUIDs of the cards a pod names on its node (by UUID, else by index, else
+// those its claims hold).
 func podGPUs(p WorkloadPod, cards map[int]string) []string {
 	if p.UUID != "" {
 		return []string{p.UUID}
+	}
+	if len(p.Cards) == 0 {
+		return p.ClaimGPUs
 	}
 	var out []string
 	for _, i := range p.Cards {

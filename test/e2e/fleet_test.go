@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -73,6 +75,7 @@ func TestFleetFindsWhatFaultsShare(t *testing.T) {
 				s.History = gpuhealthv1.SummarizeHistory([]health.HistoryEntry{{Time: f.at, Kind: health.HistoryFault, Reason: f.reason}, {Time: f.at.Add(time.Minute), Kind: health.HistoryReset}})
 			}
 			// The job: GPUs 6 and 7 of 8 nodes of the other drivers, XID 45 on every one within 3 s.
+			// Its pods on GPU 6 name their card; those on GPU 7 hold it through a ResourceClaim.
 			if n%3 != 0 && n >= 30 && n < 42 && g >= 6 && len(jobGPUs) < 16 {
 				at := now.Add(-10*time.Minute + time.Duration(len(jobGPUs)%4)*time.Second)
 				since := at
@@ -80,9 +83,19 @@ func TestFleetFindsWhatFaultsShare(t *testing.T) {
 				s.XIDFaults = []gpuhealthv1.XIDFault{{XID: 45, Since: at}}
 				s.History = gpuhealthv1.SummarizeHistory([]health.HistoryEntry{{Time: at, Kind: health.HistoryFault, Reason: "XID45"}})
 				jobGPUs = append(jobGPUs, uuid)
-				createJobPod(t, c, name, g, uuid)
+				if g == 6 {
+					createJobPod(t, c, name, g, uuid)
+				} else {
+					createClaimJobPod(t, c, name, g)
+				}
 			}
 			summaries[uuid] = s
+		}
+		if n%3 != 0 && n >= 30 && n < 42 { // the driver's devices, one per GPU, by UUID
+			uuids := slices.Sorted(maps.Keys(summaries))
+			if _, err := c.Admin().ResourceV1().ResourceSlices().Create(ctx, controlplane.GPUResourceSlice(name, uuids...), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		b, err := json.Marshal(summaries)
 		if err != nil {
@@ -185,6 +198,47 @@ func createJobPod(t *testing.T, c *controlplane.Cluster, node string, index int,
 	}
 	created.Status.Phase = corev1.PodRunning
 	if _, err := c.Admin().CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// createClaimJobPod creates a running pod of job-1's PodGroup on node that names no card but
+// holds the GPU of device index (controlplane.GPUResourceSlice's) through a ResourceClaim made
+// from a template, allocated as the scheduler would.
+func createClaimJobPod(t *testing.T, c *controlplane.Cluster, node string, index int) {
+	t.Helper()
+	ctx := t.Context()
+	name := fmt.Sprintf("job-1-%s-%d", node, index)
+	claim := &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-gpu", Namespace: metav1.NamespaceDefault},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{
+			{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: controlplane.GPUDriver}},
+		}}},
+	}
+	claims := c.Admin().ResourceV1().ResourceClaims(claim.Namespace)
+	created, err := claims.Create(ctx, claim, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status.Allocation = &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{Results: []resourcev1.DeviceRequestAllocationResult{
+		{Request: "gpu", Driver: controlplane.GPUDriver, Pool: node, Device: controlplane.GPUDeviceName(index)},
+	}}}
+	if _, err := claims.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	template := "job-1-gpu"
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Annotations: map[string]string{"scheduling.k8s.io/group-name": "job-1"}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "example.com/job:1"}},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &template}}},
+	}
+	createdPod, err := c.Admin().CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	createdPod.Status.Phase = corev1.PodRunning
+	createdPod.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: &claim.Name}}
+	if _, err := c.Admin().CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, createdPod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -29,11 +29,11 @@ import (
 // TestFleetWatch runs `gpuhealth breaker controller` with a HealthConfig that turns on
 // fleet.sharedCauses (every 10s, the least allowed) against the real API server, as its
 // least-privilege ServiceAccount plus watch.ClusterRoleRules: 20 nodes of 8 GPUs on two drivers.
-// Two GPUs of each of 8 of driver A's 10 nodes fail with XID 79, and a job of 6 GPUs on driver
-// B's nodes logs XID 45 on every one within 3 s: the ConfigMap gpuhealth-fleet-findings names
-// driver A alone and the job's signature, one FleetSharedCause Event and one
-// FleetWorkloadSignature Event are posted on it, and gpuhealth_fleet_findings has driver A's
-// series. The agents' reports then lose the faults (the GPUs were replaced): one
+// Two GPUs of each of 8 of driver A's 10 nodes fail with XID 79, and a job of 6 GPUs (3 named on
+// its pods, 3 held through ResourceClaims) on driver B's nodes logs XID 45 on every one within
+// 3 s: the ConfigMap gpuhealth-fleet-findings names driver A alone and the job's signature, one
+// FleetSharedCause Event and one FleetWorkloadSignature Event are posted on it, and
+// gpuhealth_fleet_findings has driver A's series. The agents' reports then lose the faults (the GPUs were replaced): one
 // FleetSharedCauseGone Event, no series, and still only the one FleetSharedCause Event.
 func TestFleetWatch(t *testing.T) {
 	t.Parallel()
@@ -160,16 +160,31 @@ func createFleetWatchNodes(t *testing.T, c *controlplane.Cluster) (reports func(
 			t.Fatal(err)
 		}
 		writeReport(t, c, fleetNode(n), reports(n, true))
+		// The job's pods on nodes 1, 5 and 9 name their card; those on 3, 7 and 11 hold it
+		// through a ResourceClaim of a device of the node's ResourceSlice.
 		for g := range 8 {
-			if job(n, g) {
+			switch {
+			case job(n, g) && n%4 == 1:
 				createJobPod(t, c, fleetNode(n), g, fleetGPU(n, g))
+			case job(n, g):
+				createClaimJobPod(t, c, fleetNode(n), g)
+			}
+		}
+		if n%4 == 3 && n < 12 {
+			uuids := make([]string, 8)
+			for g := range uuids {
+				uuids[g] = fleetGPU(n, g)
+			}
+			if _, err := c.Admin().ResourceV1().ResourceSlices().Create(t.Context(), controlplane.GPUResourceSlice(fleetNode(n), uuids...), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
 			}
 		}
 	}
 	return reports
 }
 
-// grantFleetPods lets the breaker controller's ServiceAccount list and watch pods too, as the
+// grantFleetPods lets the breaker controller's ServiceAccount list and watch pods and
+// ResourceClaims too, as the
 // chart does with config.fleet.sharedCauses.enabled (watch.ClusterRoleRules).
 func grantFleetPods(t *testing.T, c *controlplane.Cluster) {
 	t.Helper()

@@ -23,7 +23,7 @@ func fleetWatcher(ctx context.Context, opts Options, m *breaker.ControllerMetric
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(kube.EventSink{Client: kc})
 	w, err := watch.New(watch.Options{
-		Settings: *opts.SharedCauses, Client: kc, Namespace: opts.Namespace,
+		Settings: *opts.SharedCauses, Client: kc, Namespace: opts.Namespace, Driver: opts.Driver,
 		Recorder:   broadcaster.NewRecorder(kube.Scheme, corev1.EventSource{Component: "gpuhealth-breaker-controller"}),
 		Finding:    m.SetFleetFinding,
 		Signatures: func(n int) { m.FleetSignatures.Set(float64(n)) },

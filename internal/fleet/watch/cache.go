@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuhealth/gpuhealth/internal/fleet"
 	"github.com/gpuhealth/gpuhealth/internal/kube"
+	"github.com/gpuhealth/gpuhealth/pkg/dra"
 )
 
 // Input is one reading of the cluster, for one judgement.
@@ -28,14 +29,21 @@ type Input struct {
 	// PodsErr says why there are no pods to read (Forbidden, or not read yet): the judgement has
 	// no workloads.
 	PodsErr error
+	// Claims are the devices of the driver each ResourceClaim is allocated ("namespace/name"),
+	// Devices the GPU each device is (fleet.HoldClaims joins them to the pods).
+	Claims  map[string][]dra.DeviceID
+	Devices map[dra.DeviceID]string
+	// ClaimsErr says why there are no claims to read (Forbidden, or not read yet): pods count
+	// for their workloads without the GPUs they hold through claims.
+	ClaimsErr error
 }
 
 // runningPods selects the pods a judgement reads: a pod that stops running leaves the watch.
 var runningPods = fields.OneTermEqualSelector("status.phase", string(corev1.PodRunning)).String()
 
 // clusterCache reads the cluster for the Watcher: an informer of the Nodes that keeps what
-// fleet.CollectedNode keeps, and a podCache fed by a reflector of the running pods, started once
-// pods may be listed.
+// fleet.CollectedNode keeps, a podCache fed by a reflector of the running pods, started once
+// pods may be listed, and a claimCache, started once claims and slices may be listed.
 type clusterCache struct {
 	client kube.Interface
 	nodes  cache.SharedIndexInformer
@@ -43,10 +51,11 @@ type clusterCache struct {
 	pods *podCache
 	// forbidden is true while pods may not be listed (logged once each time it becomes so).
 	forbidden bool
+	claims    claimCache
 	wg        sync.WaitGroup
 }
 
-func newClusterCache(client kube.Interface, labels []string) (*clusterCache, error) {
+func newClusterCache(client kube.Interface, labels []string, driver string) (*clusterCache, error) {
 	nodes := kube.NewInformer(client, client.CoreV1().Nodes(), &corev1.Node{}, nil)
 	if err := nodes.SetTransform(func(obj any) (any, error) {
 		if n, ok := obj.(*corev1.Node); ok {
@@ -56,11 +65,11 @@ func newClusterCache(client kube.Interface, labels []string) (*clusterCache, err
 	}); err != nil {
 		return nil, err
 	}
-	return &clusterCache{client: client, nodes: nodes}, nil
+	return &clusterCache{client: client, nodes: nodes, claims: claimCache{client: client, driver: driver, attrs: dra.DefaultAttributes()}}, nil
 }
 
-// start starts the Nodes' informer and, if pods may be listed, the pods' reflector, both until
-// ctx is done (wait waits for them), and waits for their first lists. It returns false when ctx
+// start starts the Nodes' informer and, if pods may be listed, the pods' reflector (and if
+// claims and slices may, their informers), all until ctx is done (wait waits for them), and waits for their first lists. It returns false when ctx
 // ended first.
 func (c *clusterCache) start(ctx context.Context) bool {
 	c.wg.Go(func() { c.nodes.RunWithContext(ctx) })
@@ -68,13 +77,17 @@ func (c *clusterCache) start(ctx context.Context) bool {
 	if err := c.startPods(ctx); err == nil {
 		synced = append(synced, c.pods.hasSynced)
 	}
+	if claimsSynced, err := c.claims.start(ctx, &c.wg); err == nil {
+		synced = append(synced, claimsSynced)
+	}
 	return cache.WaitForCacheSync(ctx.Done(), synced...)
 }
 
 // wait waits for the caches' goroutines, once the context given to start is done.
 func (c *clusterCache) wait() { c.wg.Wait() }
 
-// read returns what the caches hold. Pods that may not be listed yet are asked for again.
+// read returns what the caches hold. Pods, claims or slices that may not be listed yet are asked
+// for again.
 func (c *clusterCache) read(ctx context.Context) (Input, error) {
 	if !c.nodes.HasSynced() {
 		return Input{}, errors.New("the Nodes are not listed yet")
@@ -84,6 +97,12 @@ func (c *clusterCache) read(ctx context.Context) (Input, error) {
 		if n, ok := obj.(*corev1.Node); ok {
 			in.Nodes = append(in.Nodes, n)
 		}
+	}
+	if c.claims.claims == nil {
+		_, in.ClaimsErr = c.claims.start(ctx, &c.wg)
+	}
+	if in.ClaimsErr == nil {
+		in.Claims, in.Devices, in.ClaimsErr = c.claims.read()
 	}
 	if c.pods == nil {
 		if err := c.startPods(ctx); err != nil {

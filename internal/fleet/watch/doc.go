@@ -17,7 +17,9 @@
 //
 // A failure to read the cluster or to write the ConfigMap keeps the last published verdict; the
 // next period tries again. Without the right to list pods the fleet is judged without workloads
-// (a job's signature then counts as its GPUs' faults), which is logged once.
+// (a job's signature then counts as its GPUs' faults), which is logged once; without the right
+// to list ResourceClaims (or the driver's ResourceSlices), without the GPUs pods hold through
+// claims, logged once too.
 //
 // # What it reads, and its cost at 50,000 nodes
 //
@@ -40,6 +42,19 @@
 // (client-go's watch-list) holds only the pods that matter. The reflector starts only once a
 // one-item LIST says pods may be listed; until then every period asks again, one small request.
 // Every pod event of the cluster is still decoded once (the watch's cost, not the cache's).
+//
+// A pod that names no card but uses ResourceClaims (DRA, this project's main path) is kept with
+// its claims' names. What ties them to GPUs comes from two informers (claims.go), started once a
+// one-item LIST of each says they may be listed (else the judge counts no GPU held through
+// claims, logs it once and asks again every period): the ResourceClaims, each kept as its
+// namespace, name and the devices of the driver it is allocated (heldClaim: estimated at about
+// 0.2 KB with its store entry; one or a few claims a GPU pod, so tens of MB at 50,000 nodes of 8
+// GPUs), and the driver's ResourceSlices (field selector spec.driver), each kept as its pool,
+// generation and each device's GPU UUID (slicedGPUs: about 50 B a device, a GPU's MIG partitions
+// sharing one UUID string; about 0.5 KB a node of 8 GPUs). Neither has a namespace index. Every
+// period joins them to the pods (fleet.HoldClaims) through a map of every device of the newest
+// generation of each pool (about 400,000 entries at 50,000 nodes: some tens of MB, short-lived).
+// These claim and slice figures are estimates, not yet measured by BenchmarkCacheMemory.
 //
 // BenchmarkCacheMemory measures what each cache keeps: about 2.8 KB a Node of 8 GPUs (mostly the
 // agent's report) instead of about 25 KB, so about 140 MB for 50,000 nodes; nothing for a pod that

@@ -3,11 +3,14 @@ package watch
 import rbacv1 "k8s.io/api/rbac/v1"
 
 // ClusterRoleRules are what the Watcher needs cluster-wide beyond what the breaker controller
-// has already (breaker.ControllerClusterRoleRules: the Nodes listed and watched, Events): the
-// running pods, listed and watched, for the workloads. Without them it judges without workloads.
+// has already (breaker.ControllerClusterRoleRules: the Nodes and ResourceSlices listed and
+// watched, Events): the running pods, listed and watched, for the workloads, and the
+// ResourceClaims, for the GPUs their pods hold through them. Without pods it judges without
+// workloads; without claims, without the GPUs held through them.
 func ClusterRoleRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"list", "watch"}},
 	}
 }
 

@@ -55,6 +55,9 @@ type Options struct {
 	Client kube.Interface
 	// Namespace holds the findings ConfigMap (the breaker controller's).
 	Namespace string
+	// Driver is the DRA driver whose ResourceClaims' devices are GPUs (default
+	// config.DefaultDriverName).
+	Driver string
 	// Clock is the real clock when nil.
 	Clock clock.Clock
 	// Recorder, when set, posts the Events.
@@ -85,6 +88,7 @@ func New(opts Options) (*Watcher, error) {
 		return nil, errors.New("fleet watcher: a client and a namespace are required")
 	}
 	opts.Every = cmp.Or(opts.Every, config.DefaultSharedCausesEvery)
+	opts.Driver = cmp.Or(opts.Driver, config.DefaultDriverName)
 	if opts.Every < 0 {
 		return nil, errors.New("fleet watcher: the period must be positive")
 	}
@@ -105,7 +109,7 @@ func New(opts Options) (*Watcher, error) {
 func (w *Watcher) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("controller", "fleet-shared-causes")
 	ctx = klog.NewContext(ctx, logger)
-	c, err := newClusterCache(w.opts.Client, w.opts.Labels)
+	c, err := newClusterCache(w.opts.Client, w.opts.Labels, w.opts.Driver)
 	if err != nil {
 		return err
 	}
@@ -139,7 +143,7 @@ func (w *Watcher) round(ctx context.Context, c *clusterCache) error {
 
 // judge judges in at now, publishes the verdict and reports what changed.
 func (w *Watcher) judge(ctx context.Context, now time.Time, in Input) error {
-	collected := fleet.CollectFrom(in.Nodes, in.Pods, w.opts.Labels)
+	collected := fleet.CollectFrom(in.Nodes, fleet.HoldClaims(in.Pods, in.Claims, in.Devices), w.opts.Labels)
 	if n := len(collected.Skipped); n != w.skipped {
 		w.skipped = n
 		if n > 0 {
