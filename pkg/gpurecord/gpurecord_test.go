@@ -159,6 +159,10 @@ func TestRepeatOffenderRule(t *testing.T) {
 			}
 		})
 	}
+	one := RepeatOffenderRule{Faults: 1, Within: day}.Judge(&GPURecord{Serial: "S", Events: []Event{fault(39*day, "a")}}, now)
+	if !one.Offender || !strings.Contains(one.Message, "1 fault within 24h0m0s on node a;") {
+		t.Errorf("one fault: %+v", one)
+	}
 	if (RepeatOffenderRule{}).Enabled() {
 		t.Error("the zero rule is enabled")
 	}

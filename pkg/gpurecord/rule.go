@@ -51,7 +51,7 @@ func (rule RepeatOffenderRule) Judge(r *GPURecord, now time.Time) Verdict {
 		}
 		if faults := r.FaultsSince(from); len(faults) >= rule.Faults {
 			counted = append(counted, faults...)
-			why = append(why, fmt.Sprintf("%d faults within %v on %s", len(faults), rule.Within, nodesOf(faults)))
+			why = append(why, fmt.Sprintf("%s within %v on %s", plural(len(faults), "fault"), rule.Within, nodesOf(faults)))
 		}
 	}
 	if rule.ReplaceGPU {
@@ -103,4 +103,12 @@ func describe(events []Event) string {
 		parts = append(parts, fmt.Sprintf("%s on %s GPU %d at %s", what, e.Node, e.Index, e.Time.UTC().Format(time.RFC3339)))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// plural is "1 fault", "3 faults".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
