@@ -175,6 +175,28 @@ func Run(ctx context.Context, opts Options) error {
 	beat := &heartbeat.Renewer{Client: opts.Client, Namespace: w.cfg.CircuitBreaker.Namespace, Node: opts.NodeName,
 		Period: period, StaleAfter: gpuhealthv1.StaleAfterPeriods * period, Clock: opts.Clock}
 	g.Go(func() error { return beat.Run(ctx) })
+	w.goClusterWatchers(ctx, g)
+	if api := w.cfg.DeviceAPI; api.Socket != "" {
+		// NVIDIA's Device API for node-local readers (docs/device-api.md): straight from the
+		// Monitor, like every subscriber, so no reader can slow the reporters.
+		srv := deviceapi.New(w.monitor, deviceapi.Options{MaxWatchers: api.MaxWatchers, Clock: opts.Clock})
+		g.Go(func() error { return srv.ServeSocket(ctx, deviceapi.SocketOptions{Path: api.Socket, Group: api.Group}) })
+	}
+	if opts.MetricsAddress != "" {
+		g.Go(func() error { return serve(ctx, opts, w.writers, w.rt.CheckpointSaved) })
+	}
+	for _, e := range opts.StartEvents {
+		w.recorder.Event(w.nodeRef, e.Type, e.Reason, e.Message)
+	}
+	logger.Info("Agent started", "gpus", len(opts.Backend.Devices()), "missingGPUs", len(opts.Missing), "reporters", w.cfg.Reporters, "bootID", opts.BootID)
+	return g.Wait()
+}
+
+// goClusterWatchers runs in g the loops that follow what the cluster says of this node's GPUs:
+// the operators' drains, clear and validation requests, the NVLink-domain peers' faults, and the
+// GPUs' records (fleet.repeatOffender), each only when configured.
+func (w *wiring) goClusterWatchers(ctx context.Context, g *errgroup.Group) {
+	opts := w.opts
 	drains := &drainWatcher{nodes: w.caches.nodes, monitor: w.monitor, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef}
 	g.Go(func() error { return drains.run(ctx) })
 	clears := &requestWatcher{nodes: w.caches.nodes, client: opts.Client, clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef, memory: w.monitor,
@@ -192,20 +214,6 @@ func Run(ctx context.Context, opts Options) error {
 			clock: opts.Clock, recorder: w.recorder, nodeRef: w.nodeRef}
 		g.Go(func() error { return offenders.run(ctx) })
 	}
-	if api := w.cfg.DeviceAPI; api.Socket != "" {
-		// NVIDIA's Device API for node-local readers (docs/device-api.md): straight from the
-		// Monitor, like every subscriber, so no reader can slow the reporters.
-		srv := deviceapi.New(w.monitor, deviceapi.Options{MaxWatchers: api.MaxWatchers, Clock: opts.Clock})
-		g.Go(func() error { return srv.ServeSocket(ctx, deviceapi.SocketOptions{Path: api.Socket, Group: api.Group}) })
-	}
-	if opts.MetricsAddress != "" {
-		g.Go(func() error { return serve(ctx, opts, w.writers, w.rt.CheckpointSaved) })
-	}
-	for _, e := range opts.StartEvents {
-		w.recorder.Event(w.nodeRef, e.Type, e.Reason, e.Message)
-	}
-	logger.Info("Agent started", "gpus", len(opts.Backend.Devices()), "missingGPUs", len(opts.Missing), "reporters", w.cfg.Reporters, "bootID", opts.BootID)
-	return g.Wait()
 }
 
 // serve runs the HTTP server until ctx is done. /readyz turns ready once every reporter has
