@@ -176,20 +176,21 @@ func lifetimeOf(rec *gpurecord.GPURecord) string {
 // readLifetimes lists every GPURecord (in pages) and returns each one's lifetime by serial, for
 // `gpuhealth status -o wide`.
 func readLifetimes(ctx context.Context, records kube.GPURecordInterface) (map[string]string, error) {
-	out := map[string]string{}
-	opts := metav1.ListOptions{Limit: 500}
-	for {
-		list, err := records.List(ctx, opts)
+	items, err := listAll(ctx, func(ctx context.Context, o metav1.ListOptions) ([]gpurecord.GPURecord, string, error) {
+		list, err := records.List(ctx, o)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		for i := range list.Items {
-			out[list.Items[i].Serial] = lifetimeOf(&list.Items[i])
-		}
-		if opts.Continue = list.Continue; opts.Continue == "" {
-			return out, nil
-		}
+		return list.Items, list.Continue, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	out := make(map[string]string, len(items))
+	for i := range items {
+		out[items[i].Serial] = lifetimeOf(&items[i])
+	}
+	return out, nil
 }
 
 // addLifetimes sets each GPU's lifetime from the records; GPUs without a record have none.
@@ -203,12 +204,8 @@ func addLifetimes(gpus []GPUStatus, lifetimes map[string]string) {
 
 // addRecordLifetimes sets the GPUs' lifetimes from their records; a cluster whose records cannot
 // be read (no CRD, no permission) shows none, and says why once.
-func addRecordLifetimes(ctx context.Context, kubeconfig string, gpus []GPUStatus) {
+func addRecordLifetimes(ctx context.Context, cfg *rest.Config, gpus []GPUStatus) {
 	logger := klog.FromContext(ctx)
-	cfg, err := userConfig(kubeconfig)
-	if err != nil {
-		return
-	}
 	records, err := kube.NewGPURecords(cfg)
 	if err != nil {
 		logger.Info("Not showing the GPUs' lifetimes", "err", err)

@@ -107,7 +107,11 @@ GPURecord: gpuhealth history); -o json prints {"gpus": [...]}.`,
 			if output != "table" && output != "wide" && output != "json" {
 				return cmdutil.BadInput(fmt.Errorf("-o: must be table, wide or json, got %q", output))
 			}
-			client, err := newUserClient(kubeconfig)
+			cfg, err := userConfig(kubeconfig)
+			if err != nil {
+				return cmdutil.BadInput(err)
+			}
+			client, err := clientFor(cfg)
 			if err != nil {
 				return cmdutil.BadInput(err)
 			}
@@ -145,7 +149,7 @@ GPURecord: gpuhealth history); -o json prints {"gpus": [...]}.`,
 				view.addExternalTaints(gpus, logger)
 			}
 			if output != "table" {
-				addRecordLifetimes(ctx, kubeconfig, gpus)
+				addRecordLifetimes(ctx, cfg, gpus)
 			}
 			addWorkloadSignatures(ctx, client, agentNamespace, gpus)
 			if problems {
